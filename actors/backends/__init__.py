@@ -1,0 +1,40 @@
+"""Generation backends. Each turns prompt token ids into G sampled completions per prompt with
+the behaviour log-prob of every sampled token, and loads new weights in place.
+
+`hf` (transformers, CPU or GPU) is always available; `vllm` and `sglang` import their engines
+only when chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from streamrl.registry import Registry
+
+
+class Completion(msgspec.Struct):
+    tokens: list[int]
+    """Sampled token ids, up to and including EOS when it was sampled."""
+    logprobs: list[float]
+    """Behaviour log-prob of each sampled token at the sampling temperature."""
+    finish_reason: str
+    """'stop' (EOS sampled) or 'length' (max_new_tokens reached)."""
+
+
+class Backend(Protocol):
+    def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
+        """n completions for each prompt (outer list follows `prompts`)."""
+
+    def load_weights(self, state: dict) -> None:
+        """Replace the policy's weights with `state` ({name: tensor}) in place."""
+
+
+BACKENDS: Registry = Registry("generation backend")
+
+
+def build(name: str, cfg, model, tokenizer) -> Backend:
+    if name == "hf":
+        from actors.backends import hf  # noqa: F401  (registers itself)
+    return BACKENDS.get(name)(cfg, model, tokenizer)

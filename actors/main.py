@@ -1,0 +1,100 @@
+"""The actor process: newest weights → prompts → G samples each → score → PUSH to the learner.
+
+Weights are applied between generate calls, and every group carries the policy version that
+generated it. In strict on-policy mode an actor makes its share of one batch per version and then
+waits for the next version, so the learner never sees a group from older weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+
+import torch
+import zmq
+
+from actors import backends, rollout
+from streamrl import model as model_lib
+from streamrl import tasks
+from streamrl.config import Config
+from streamrl.lifecycle import stop_on_signals
+from streamrl.transport import GroupSender, WeightSubscriber, endpoint
+
+log = logging.getLogger("streamrl.actor")
+
+
+def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
+    actor_id = f"actor-{index}"
+    stop = stop_on_signals()
+    if cfg.actors.threads:
+        torch.set_num_threads(cfg.actors.threads)
+    torch.manual_seed(cfg.seed * 1000 + index + 1)
+    rng = random.Random(cfg.seed * 1000 + index + 1)
+
+    task = tasks.build(cfg.task)
+    model, tokenizer = model_lib.build(cfg, task.vocabulary)
+    backend = backends.build(cfg.actors.backend, cfg, model, tokenizer)
+
+    host, t = learner_host or cfg.transport.host, cfg.transport
+    ctx = zmq.Context()
+    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm)
+    weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
+                               actor_id, t.max_message_bytes)
+    # Strict: this actor's share of one batch per policy version.
+    quota = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1)) if cfg.strict else None
+    stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
+             "generate_s": 0.0}
+    version, made = -1, 0
+
+    def apply(got) -> None:
+        nonlocal version, made
+        backend.load_weights(got[1])
+        version, made = got[0], 0
+        stats["versions_applied"] += 1
+
+    try:
+        got = _wait(weights, 0, cfg, stop, stats)  # never generate before holding the learner's weights
+        while got is not None:
+            apply(got)
+            log.info("%s: starting at policy version %d", actor_id, version)
+            while not stop() and weights.shutdown is None:
+                newer = weights.poll(0)
+                if newer is not None and newer[0] > version:
+                    apply(newer)
+                if quota is not None and made >= quota:
+                    break  # strict: wait for the next version below
+                k = min(cfg.actors.prompts_per_generate, quota - made) if quota else cfg.actors.prompts_per_generate
+                t0 = time.perf_counter()
+                prompts = rollout.sample_prompts(task, rng, k)
+                groups = rollout.make_groups(backend, tokenizer, task, prompts, cfg.actors.group_size, version, actor_id)
+                stats["generate_s"] += time.perf_counter() - t0
+                for g in groups:
+                    while not sender.send(g, timeout_s=0.2):
+                        weights.poll(0)  # keep watching for shutdown while the learner applies backpressure
+                        if stop() or weights.shutdown is not None:
+                            break
+                    else:
+                        stats["groups_sent"] += 1
+                        continue
+                    break
+                made += len(groups)
+            got = _wait(weights, version + 1, cfg, stop, stats) if quota is not None else None
+    finally:
+        stats["send_blocked_s"] = round(sender.blocked_s, 3)
+        stats["rejected"] = dict(weights.rejected.counts)
+        sender.close()
+        weights.close()
+        ctx.term()
+    log.info("%s: done %s", actor_id, stats)
+    return stats
+
+
+def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats):
+    t0 = time.perf_counter()
+    try:
+        return weights.wait_for(min_version, cfg.actors.weights_timeout_s, stop=stop)
+    finally:
+        stats["weights_wait_s"] += time.perf_counter() - t0
+

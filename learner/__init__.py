@@ -1,0 +1,1 @@
+"""The learner process: receive → gate → batch → advantages → DeepSpeed step → publish."""

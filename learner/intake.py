@@ -1,0 +1,84 @@
+"""Receive → validate → staleness gate: fills one batch of groups, and accounts for every group.
+
+While it waits for data it also answers actors' requests for the newest weights, so a late actor
+never waits for the next broadcast.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import zmq
+
+from streamrl import staleness
+from streamrl.transport import GroupReceiver, WeightPublisher
+from streamrl.wire import ScoredGroup
+
+log = logging.getLogger("streamrl.learner")
+
+
+class Intake:
+    def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int):
+        self.receiver = receiver
+        self.publisher = publisher
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.used = 0
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.poller = zmq.Poller()
+        self.poller.register(receiver.sock, zmq.POLLIN)
+        self.poller.register(publisher.router, zmq.POLLIN)
+
+    @property
+    def received(self) -> int:
+        """Groups that decoded and validated (rejected ones are in receiver.rejected)."""
+        return self.receiver.received
+
+    def collect(self, version: int, n: int, timeout_s: float, stop=lambda: False) -> tuple[list[ScoredGroup], float]:
+        """n groups that pass the gate at `version`, and the seconds spent waiting for them.
+
+        Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
+        arrives for `timeout_s`.
+        """
+        t0 = time.perf_counter()
+        batch: list[ScoredGroup] = []
+        last_arrival = time.monotonic()
+        while len(batch) < n and not stop():
+            self.poller.poll(100)
+            self.publisher.serve_requests()
+            while len(batch) < n:
+                group = self.receiver.take()
+                if group is None:
+                    break
+                last_arrival = time.monotonic()
+                verdict = self._verdict(group, version)
+                if verdict == "ok":
+                    batch.append(group)
+                else:
+                    self.dropped[verdict] += 1
+            if time.monotonic() - last_arrival > timeout_s:
+                raise TimeoutError(
+                    f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
+                    f"(have {len(batch)}/{n} for this batch); are the actors alive and pointed at this learner?")
+        self.used += len(batch)
+        return batch, time.perf_counter() - t0
+
+    def _verdict(self, group: ScoredGroup, version: int) -> str:
+        if group.group_size != self.group_size:
+            if not self.dropped["wrong_group_size"]:
+                log.warning("dropping group from %s with %d samples; this run uses group_size %d",
+                            group.actor_id, group.group_size, self.group_size)
+            return "wrong_group_size"
+        return staleness.gate(version, group.policy_version, self.max_staleness)
+
+    def accounting(self) -> dict:
+        return {
+            "groups_received": self.received,
+            "groups_used": self.used,
+            "groups_dropped": dict(self.dropped),
+            "messages_rejected": dict(self.receiver.rejected.counts),
+            "weight_requests_rejected": dict(self.publisher.rejected.counts),
+            "weight_requests_served": self.publisher.requests_served,
+        }

@@ -1,0 +1,90 @@
+"""The learner process: receive → gate → batch → advantages → DeepSpeed step → publish."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import zmq
+
+from learner import stepstats
+from learner.batch import collate
+from learner.engine import Engine
+from learner.intake import Intake
+from learner.runlog import RunLog
+from streamrl import advantages
+from streamrl import model as model_lib
+from streamrl import tasks
+from streamrl.config import Config
+from streamrl.lifecycle import stop_on_signals
+from streamrl.transport import GroupReceiver, WeightPublisher, endpoint
+
+log = logging.getLogger("streamrl.learner")
+
+
+def run(cfg: Config) -> dict:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("streamrl learner: more than one rank is not supported yet (one rank trains and talks to actors)")
+    stop = stop_on_signals()
+    if cfg.learner.threads:
+        torch.set_num_threads(cfg.learner.threads)
+    torch.manual_seed(cfg.seed)
+    task = tasks.build(cfg.task)
+    model, tokenizer = model_lib.build(cfg, task.vocabulary)
+    engine = Engine(cfg, model)
+    runlog = RunLog(cfg, resume=cfg.learner.resume)
+    resumed = engine.load(str(runlog.checkpoints)) if cfg.learner.resume else None
+    step, version = (resumed["step"], resumed["version"]) if resumed else (0, 0)
+
+    t, L, a = cfg.transport, cfg.learner, cfg.advantage
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
+                             model_lib.vocab_size(model))
+    publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
+                                t.max_message_bytes)
+    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness)
+    publisher.publish(version, engine.full_state_dict())
+    log.info("learner ready at version %d, step %d; waiting for actors on %s", version, step, t.group_port)
+    started = time.time()
+    try:
+        while step < cfg.steps and not stop():
+            groups, wait_s = intake.collect(version, L.batch_groups, L.data_timeout_s, stop)    # receive → gate
+            if len(groups) < L.batch_groups:
+                break
+            t0 = time.perf_counter()
+            batch = collate(groups, tokenizer.pad_token_id)                                      # batch
+            adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)  # advantages
+            t1 = time.perf_counter()
+            out, train = engine.train_step(batch, adv)                                           # step
+            t2 = time.perf_counter()
+            if (version + 1) % L.publish_every == 0:                                             # publish
+                publisher.publish(version + 1, engine.full_state_dict())
+            t3 = time.perf_counter()
+            timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2}
+            rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
+            version, step = version + 1, step + 1
+            runlog.step({**rec, **intake.accounting(), "elapsed_s": time.time() - started})
+            if cfg.strict:
+                stepstats.check_strict(rec, L.strict_ratio_tol)
+            if L.checkpoint_every and step % L.checkpoint_every == 0:
+                engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
+            if L.slow_step_s:
+                time.sleep(L.slow_step_s)
+    finally:
+        publisher.shutdown()
+        engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
+        summary = runlog.summary(
+            {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
+             **intake.accounting()},
+            reward_range=(min(task.reward_levels), max(task.reward_levels)))
+        runlog.close()
+        time.sleep(0.2)  # let the shutdown notice leave before the sockets close
+        receiver.close()
+        publisher.close()
+        ctx.term()
+        engine.close()
+    log.info("learner done: %s", summary)
+    return summary
+

@@ -1,0 +1,65 @@
+"""The run directory: runs/<name>/{config.yaml, metrics.jsonl, summary.json, checkpoints/}."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from streamrl import config as config_lib
+
+
+def _finite(v):
+    """JSON has no inf/nan: an undefined ratio (e.g. r_count with no negative advantage) is null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def write_json(path: Path, obj) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_finite(obj), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class RunLog:
+    def __init__(self, cfg: config_lib.Config, resume: bool):
+        self.dir = cfg.run_path
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = self.dir / "checkpoints"
+        (self.dir / "config.yaml").write_text(config_lib.dump(cfg))
+        if not resume:
+            for stale in ("metrics.jsonl", "summary.json"):
+                (self.dir / stale).unlink(missing_ok=True)
+        self._metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)
+        self.rewards: list[float] = []
+
+    def step(self, record: dict) -> None:
+        self.rewards.append(record["reward_mean"])
+        self._metrics.write(json.dumps(_finite(record)) + "\n")
+
+    def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:
+        n = len(self.rewards)
+        k = max(1, n // 10)
+        first = sum(self.rewards[:k]) / k if n else None
+        last = sum(self.rewards[-k:]) / k if n else None
+        span = reward_range[1] - reward_range[0]
+        out = {
+            "steps": n,
+            "reward_first_10pct": first,
+            "reward_last_10pct": last,
+            "reward_range": list(reward_range),
+            "improvement_fraction_of_range": (last - first) / span if n else None,
+            **extra,
+        }
+        write_json(self.dir / "summary.json", out)
+        return out
+
+    def close(self) -> None:
+        self._metrics.close()

@@ -1,0 +1,60 @@
+"""One metrics.jsonl record per learner step, and the strict on-policy self-check."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from learner.batch import Batch
+from streamrl import learning_signal
+from streamrl.losses import LossOutput
+
+
+class StrictModeViolation(RuntimeError):
+    """on_policy=strict saw a step that was not on-policy; the run stops rather than lie."""
+
+
+def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
+           r_min_correct: float, timings: dict) -> dict:
+    """Metrics of one step. `version` is the learner version the batch was consumed at."""
+    num_groups, G = batch.rewards.shape
+    sample_loss = out.token_loss.sum(-1).view(num_groups, G)
+    m = batch.completion_mask.bool()
+    ratio = out.ratio[m]
+    lags = (version - batch.policy_versions).tolist()
+    hist = collections.Counter(lags)
+    wall = sum(timings.values())
+    return {
+        "step": step,
+        "policy_version": version + 1,
+        **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
+        "reward_std": float(batch.rewards.std()),
+        "advantage_mean": float(adv.mean()),
+        "lag_max": max(lags),
+        "lag_mean": sum(lags) / len(lags),
+        "lag_hist": {str(k): v for k, v in sorted(hist.items())},
+        "is_ratio_mean": float(ratio.mean()),
+        "is_ratio_min": float(ratio.min()),
+        "is_ratio_max": float(ratio.max()),
+        "is_ratio_max_abs_dev": float((ratio - 1).abs().max()),
+        "clipped_fraction": float(out.clipped[m].float().mean()),
+        **train,
+        **{k: round(v, 6) for k, v in timings.items()},
+        "step_s": wall,
+        "samples": num_groups * G,
+        "tokens": int(m.sum()),
+        "samples_per_s": num_groups * G / wall if wall else None,
+        "tokens_per_s": int(m.sum()) / wall if wall else None,
+    }
+
+
+def check_strict(rec: dict, ratio_tol: float) -> None:
+    if rec["lag_max"] != 0:
+        raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
+    if rec["optimizer_steps"] != 1:
+        raise StrictModeViolation(f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
+    if rec["is_ratio_max_abs_dev"] > ratio_tol:
+        raise StrictModeViolation(
+            f"step {rec['step']}: importance ratio off by {rec['is_ratio_max_abs_dev']:.2e} > {ratio_tol:.0e}: "
+            "actors did not sample from the learner's current weights")

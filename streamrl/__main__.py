@@ -1,0 +1,5 @@
+import sys
+
+from streamrl.cli import main
+
+sys.exit(main())

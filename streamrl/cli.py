@@ -1,0 +1,89 @@
+"""The `streamrl` command.
+
+  streamrl run [CONFIG] [key=value ...]        learner + actors on this machine, with progress
+  streamrl learner CONFIG [key=value ...]      one learner (also under `deepspeed` or `torchrun`)
+  streamrl actor CONFIG --learner HOST [...]   one actor
+  streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
+
+Any config error is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from streamrl import config as config_lib
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrl", description="Asynchronous RL with ordinal rewards and CoRPO.")
+    sub = p.add_subparsers(dest="command", required=True)
+    spec = "[CONFIG] [key=value ...]: a YAML file from configs/ (default: the tiny CPU job) and dotted overrides"
+    run = sub.add_parser("run", help="run the learner and the configured actors on this machine")
+    run.add_argument("args", nargs="*", help=spec)
+    learner = sub.add_parser("learner", help="run one learner process")
+    learner.add_argument("args", nargs="*", help=spec)
+    learner.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    actor = sub.add_parser("actor", help="run one actor process")
+    actor.add_argument("args", nargs="*", help=spec)
+    actor.add_argument("--learner", default=None, help="learner host (default: transport.host)")
+    actor.add_argument("--index", type=int, default=0, help="actor index: its id and seed")
+    check = sub.add_parser("check", help="validate a config and print it resolved")
+    check.add_argument("args", nargs="*", help=spec)
+    return p
+
+
+def split_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """The first item that is not key=value (or is an existing file) is the config path."""
+    path, overrides = None, []
+    for item in items:
+        if path is None and not overrides and ("=" not in item or Path(item).is_file()):
+            path = item
+        elif "=" in item:
+            overrides.append(item)
+        else:
+            raise config_lib.ConfigError(f"unexpected argument {item!r}: give one CONFIG file, then key=value overrides")
+    return path, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        path, overrides = split_args(args.args)
+        if path is None and args.command in ("run", "check"):
+            path = str(config_lib.DEFAULT_CONFIG) if config_lib.DEFAULT_CONFIG.is_file() else None
+        cfg = config_lib.load(path, overrides)
+    except config_lib.ConfigError as e:
+        msg = str(e)
+        print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
+        return 2
+
+    from streamrl.lifecycle import setup_logging
+
+    if args.command == "check":
+        print(config_lib.dump(cfg), end="")
+        return 0
+    if args.command == "run":
+        from streamrl import launch
+
+        return launch.run(cfg)
+    if args.command == "learner":
+        setup_logging("learner")
+        if args.local_rank is not None:
+            os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+        from learner.main import run as run_learner
+
+        run_learner(cfg)
+        return 0
+    setup_logging(f"actor-{args.index}")
+    from actors.main import run as run_actor
+
+    run_actor(cfg, index=args.index, learner_host=args.learner)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Typed run configuration: YAML files in `configs/` plus dotted `key=value` overrides.
+
+Every field carries a one-line docstring. A bad key or value fails at once with one line that
+names the key, the bad value and what is allowed (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct
+
+PositiveInt = Annotated[int, Meta(gt=0)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message is one line meant for the user."""
+
+
+class _Section(Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ModelConfig(_Section):
+    path: str | None = None
+    """Local Hugging Face model folder; null builds the tiny random-init Llama described below."""
+    hidden_size: PositiveInt = 64
+    """Tiny model: hidden size."""
+    num_layers: PositiveInt = 2
+    """Tiny model: number of decoder layers."""
+    num_heads: PositiveInt = 4
+    """Tiny model: attention heads (hidden_size must divide by it)."""
+    intermediate_size: PositiveInt = 128
+    """Tiny model: MLP width."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype on learner and actors."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size}: must divide by num_heads ({self.num_heads})")
+
+
+class TaskConfig(_Section):
+    name: str = "copy"
+    """Task from the task registry (see `streamrl.tasks.TASKS`)."""
+    num_symbols: Annotated[int, Meta(ge=2, le=26)] = 4
+    """Alphabet size of the built-in symbol tasks."""
+    length: Annotated[int, Meta(ge=1, le=64)] = 4
+    """Prompt length in symbols for the built-in symbol tasks."""
+
+    def __post_init__(self) -> None:
+        from streamrl.tasks import TASKS
+
+        if self.name not in TASKS:
+            raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
+
+
+class AdvantageConfig(_Section):
+    estimator: str = "corpo"
+    """Advantage estimator: corpo, grpo or static."""
+    r_min_correct: float = 0.75
+    """Smallest reward that counts as correct (the CoRPO/static threshold)."""
+    std_normalize: bool = False
+    """GRPO only: divide by the group's reward std."""
+
+    def __post_init__(self) -> None:
+        from streamrl.advantages import ESTIMATORS
+
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r}: {ESTIMATORS.unknown(self.estimator)}")
+
+
+class LossConfig(_Section):
+    name: str = "token_pg"
+    """Policy loss from the loss registry (see `streamrl.losses.LOSSES`)."""
+    clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
+    """PPO clip range below 1 for the importance ratio."""
+    clip_high: NonNegFloat = 0.2
+    """PPO clip range above 1 for the importance ratio."""
+    is_cap: Annotated[float, Meta(ge=1)] = 2.0
+    """Truncation cap on the importance ratio where PPO clipping does not bound it (A < 0)."""
+    kl_coef: NonNegFloat = 0.0
+    """Weight of the k3 KL penalty against the initial (reference) policy."""
+    entropy_coef: NonNegFloat = 0.0
+    """Weight of the entropy bonus."""
+
+    def __post_init__(self) -> None:
+        from streamrl.losses import LOSSES
+
+        if self.name not in LOSSES:
+            raise ValueError(f"name={self.name!r}: {LOSSES.unknown(self.name)}")
+
+
+class OptimConfig(_Section):
+    lr: PositiveFloat = 3e-4
+    """Peak learning rate (AdamW)."""
+    weight_decay: NonNegFloat = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: NonNegInt = 0
+    """Linear warm-up steps from 0 to lr."""
+    grad_clip: NonNegFloat = 1.0
+    """Gradient-norm clip; 0 disables."""
+
+
+class LearnerConfig(_Section):
+    batch_groups: PositiveInt = 16
+    """Groups per optimizer step (each group holds group_size samples)."""
+    zero_stage: Annotated[int, Meta(ge=0, le=3)] = 0
+    """DeepSpeed ZeRO stage."""
+    publish_every: PositiveInt = 1
+    """Publish weights to actors every this many steps (strict mode requires 1)."""
+    checkpoint_every: NonNegInt = 0
+    """Save a DeepSpeed checkpoint every this many steps (0: only at the end)."""
+    resume: bool = False
+    """Resume from the newest checkpoint in the run directory."""
+    data_timeout_s: PositiveFloat = 300.0
+    """Fail with a clear error if no group arrives for this long."""
+    threads: NonNegInt = 1
+    """torch threads in the learner (0: torch's default)."""
+    strict_ratio_tol: PositiveFloat = 1e-3
+    """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    slow_step_s: NonNegFloat = 0.0
+    """Extra sleep per step, to test staleness handling under a slow learner."""
+
+
+class ActorConfig(_Section):
+    num: NonNegInt = 2
+    """Actor processes that `streamrl run` starts."""
+    backend: Literal["hf", "vllm", "sglang"] = "hf"
+    """Generation backend."""
+    group_size: Annotated[int, Meta(ge=2)] = 8
+    """Samples per prompt (G)."""
+    prompts_per_generate: PositiveInt = 4
+    """Prompts batched into one generate call."""
+    max_new_tokens: PositiveInt = 8
+    """Completion length cap in tokens."""
+    temperature: PositiveFloat = 1.0
+    """Sampling temperature (behaviour log-probs are taken at this temperature)."""
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass."""
+    threads: NonNegInt = 1
+    """torch threads per actor (0: torch's default)."""
+    weights_timeout_s: PositiveFloat = 120.0
+    """Fail with a clear error if awaited weights do not arrive in this time."""
+
+
+class TransportConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the learner binds and actors connect to."""
+    group_port: Port = 29610
+    """Learner PULL port for scored groups."""
+    weights_port: Port = 29611
+    """Learner PUB port for weight broadcasts."""
+    weights_request_port: Port = 29612
+    """Learner ROUTER port where a (late) actor asks for the newest weights."""
+    send_hwm: PositiveInt = 4
+    """Actor-side queue bound in groups (backpressure instead of memory growth)."""
+    recv_hwm: PositiveInt = 4
+    """Learner-side queue bound in groups."""
+    max_message_bytes: PositiveInt = 256 * 1024 * 1024
+    """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
+
+
+class Config(_Section):
+    name: str = "tiny"
+    """Run name: the run directory is run_dir/name."""
+    seed: int = 0
+    """Seed for model init, prompts and sampling."""
+    steps: PositiveInt = 300
+    """Learner optimizer steps; the run stops after this many."""
+    on_policy: Literal["async", "strict"] = "async"
+    """strict: lag 0 on every consumed group and one step per batch, checked every step."""
+    max_staleness: NonNegInt = 2
+    """Drop groups whose lag (learner version - generating version) exceeds this."""
+    run_dir: str = "runs"
+    """Parent folder of run directories."""
+    log_every: PositiveInt = 10
+    """`streamrl run` prints progress every this many steps."""
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    """Policy model."""
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    """Prompt source and reward."""
+    advantage: AdvantageConfig = msgspec.field(default_factory=AdvantageConfig)
+    """Advantage estimator."""
+    loss: LossConfig = msgspec.field(default_factory=LossConfig)
+    """Policy loss."""
+    optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    """Learner process."""
+    actors: ActorConfig = msgspec.field(default_factory=ActorConfig)
+    """Actor processes."""
+    transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
+    """Sockets between actors and learner."""
+
+    def __post_init__(self) -> None:
+        if self.on_policy == "strict" and self.learner.publish_every != 1:
+            raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
+                             "(actors must see every version)")
+
+    @property
+    def strict(self) -> bool:
+        return self.on_policy == "strict"
+
+    @property
+    def effective_max_staleness(self) -> int:
+        return 0 if self.strict else self.max_staleness
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir) / self.name
+
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (None: the tiny CPU default), apply `key=value` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(raw).__name__}")
+    for item in overrides:
+        _apply_override(raw, item)
+    _check_keys(raw, Config, "")
+    return from_dict(raw)
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_explain(str(e), raw)) from None
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return msgspec.to_builtins(cfg)
+
+
+def dump(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def overrides_for(cfg: Config) -> list[str]:
+    """The dotted overrides that rebuild `cfg` from defaults (how `streamrl run` hands it on)."""
+    out: list[str] = []
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out.append(f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}")
+
+    walk(to_dict(cfg), "")
+    return out
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not key=value (e.g. advantage.estimator=grpo)")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _check_keys(raw: dict[str, Any], struct: type, prefix: str) -> None:
+    hints = get_type_hints(struct)
+    fields = struct.__struct_fields__
+    for key, value in raw.items():
+        where = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
+            section = f"under {prefix[:-1]!r}" if prefix else "at top level"
+            raise ConfigError(f"unknown config key {where!r}{hint}; valid keys {section}: {', '.join(fields)}")
+        sub = hints[key]
+        if isinstance(sub, type) and issubclass(sub, Struct):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {where!r} is a section ({', '.join(sub.__struct_fields__)}), got {value!r}")
+            _check_keys(value, sub, where + ".")
+
+
+def _explain(message: str, raw: dict[str, Any]) -> str:
+    """Turn msgspec's 'Expected ... - at `$.a.b`' into 'a.b=VALUE: ...; allowed: ...'."""
+    m = re.search(r" - at `\$\.?([^`]*)`", message)
+    path = m.group(1) if m else ""
+    reason = message[: m.start()] if m else message
+    value: Any = raw
+    for part in path.split(".") if path else []:
+        part = re.sub(r"\[\d+\]$", "", part)
+        value = value.get(part) if isinstance(value, dict) else None
+    own = re.match(r"([\w.]+)=", reason)
+    if own:  # raised by a section's __post_init__: it names its own field and what is allowed
+        return f"config error: {path + '.' if path else ''}{reason}"
+    allowed = _allowed(path)
+    text = f"config error: {path}={value!r}: {reason}" if path else f"config error: {reason}"
+    return text + (f"; allowed: {allowed}" if allowed and "valid:" not in reason else "")
+
+
+def _allowed(path: str) -> str:
+    typ: Any = Config
+    for part in path.split(".") if path else []:
+        part = re.sub(r"\[\d+\]$", "", part)
+        try:
+            typ = get_type_hints(typ, include_extras=True)[part]
+        except (KeyError, TypeError):
+            return ""
+    if get_origin(typ) is Annotated:
+        base, *metas = get_args(typ)
+        bounds = [f"{k} {v}" for m in metas if isinstance(m, Meta) for k, v in
+                  (("≥", m.ge), (">", m.gt), ("≤", m.le), ("<", m.lt)) if v is not None]
+        return f"{base.__name__} {' and '.join(bounds)}"
+    if get_origin(typ) is Literal:
+        return ", ".join(map(str, get_args(typ)))
+    if get_origin(typ) is Union:
+        return " or ".join(getattr(a, "__name__", str(a)) for a in get_args(typ))
+    return getattr(typ, "__name__", "")

@@ -1,0 +1,153 @@
+"""`streamrl run`: one learner and N actors as OS processes on this machine, with live progress.
+
+Children run in their own sessions, so Ctrl-C reaches only this supervisor, which asks the
+learner to stop cleanly (it finishes the step, checkpoints, tells the actors to exit) and then
+makes sure no child is left behind. Progress is read from the learner's metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from streamrl import config as config_lib
+from streamrl.config import Config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_free_ports(cfg: Config) -> Config:
+    """Port 0 means 'any free port', resolved here so learner and actors agree on it."""
+    t = cfg.transport
+    ports = {k: getattr(t, k) or _free_port() for k in ("group_port", "weights_port", "weights_request_port")}
+    return msgspec.structs.replace(cfg, transport=msgspec.structs.replace(t, **ports))
+
+
+class _Tail:
+    """Reads the complete lines appended to a file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos, self.buf = path, 0, ""
+
+    def lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            f.seek(self.pos)
+            self.buf += f.read()
+            self.pos = f.tell()
+        *done, self.buf = self.buf.split("\n")
+        return [line for line in done if line.strip()]
+
+
+def _fmt(v, spec: str) -> str:
+    return "  -  " if v is None else format(v, spec)
+
+
+def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
+    dropped = sum(rec.get("groups_dropped", {}).values())
+    return (f"step {rec['step'] + 1:>5}/{steps}  reward {_fmt(rec['reward_mean'], '.3f')}  "
+            f"r_count {_fmt(rec['r_count'], '.3f')}  failed+ {_fmt(rec['failed_positive_fraction'], '.3f')}  "
+            f"lag {rec['lag_mean']:.2f} (max {rec['lag_max']}/{max_staleness})  "
+            f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
+
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "w")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _tail_of(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def run(cfg: Config, out=sys.stdout) -> int:
+    cfg = with_free_ports(cfg)
+    run_dir = cfg.run_path
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if not cfg.learner.resume:
+        for stale in ("metrics.jsonl", "summary.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+    cfg_file = run_dir / "config.yaml"
+    cfg_file.write_text(config_lib.dump(cfg))
+    print(f"streamrl: run {cfg.name!r} -> {run_dir}/  ({cfg.on_policy}, estimator {cfg.advantage.estimator}, "
+          f"{cfg.actors.num} actors, {cfg.steps} steps; logs in {run_dir}/logs/)", file=out, flush=True)
+
+    learner = _spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log")
+    actors = [_spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")
+              for i in range(cfg.actors.num)]
+    interrupts = {"n": 0}
+
+    def on_interrupt(signum, frame):
+        interrupts["n"] += 1
+        print("\nstreamrl: stopping (Ctrl-C again to kill)" if interrupts["n"] == 1 else "\nstreamrl: killing",
+              file=out, flush=True)
+        if interrupts["n"] == 1:
+            learner.send_signal(signal.SIGTERM)
+        else:
+            for p in [learner, *actors]:
+                p.kill()
+
+    old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    tail, failure = _Tail(run_dir / "metrics.jsonl"), None
+    try:
+        while learner.poll() is None:
+            for line in tail.lines():
+                rec = json.loads(line)
+                if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
+                    print(progress_line(rec, cfg.steps, cfg.effective_max_staleness), file=out, flush=True)
+            dead = [i for i, p in enumerate(actors) if p.poll() not in (None, 0)]
+            if actors and dead and all(p.poll() is not None for p in actors) and failure is None:
+                failure = f"every actor exited (actor-{dead[0]} with status {actors[dead[0]].returncode})"
+                print(f"streamrl: {failure}; stopping the learner. actor-{dead[0]}.log ends:\n"
+                      f"{_tail_of(run_dir / 'logs' / f'actor-{dead[0]}.log')}", file=out, flush=True)
+                learner.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        _stop_all(actors, grace_s=10.0)  # they exit on the learner's shutdown notice; this is the backstop
+    finally:
+        _stop_all([learner, *actors], grace_s=5.0)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    if learner.returncode != 0:
+        print(f"streamrl: learner exited with status {learner.returncode}; learner.log ends:\n"
+              f"{_tail_of(run_dir / 'logs' / 'learner.log')}", file=out, flush=True)
+        return learner.returncode or 1
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        print(f"streamrl: done in {s['wall_s']:.0f}s: {s['steps']} steps, reward {_fmt(s['reward_first_10pct'], '.3f')}"
+              f" (first 10%) -> {_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
+              f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}",
+              file=out, flush=True)
+    return 1 if failure else 0

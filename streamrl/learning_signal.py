@@ -1,0 +1,48 @@
+"""Learning-signal statistics of a batch (DESIGN.md, "Learning-signal metrics").
+
+Inputs are per sample: rewards R (N,), advantages A (N,), the loss contribution of each sample
+(N,) and, per group, rewards (num_groups, G). All outputs are plain floats for metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _ratio(num: float, den: float) -> float:
+    """num / den, with inf for x/0 (x > 0) and nan for 0/0: both are what the signal really is."""
+    if den == 0:
+        return math.inf if num > 0 else math.nan
+    return num / den
+
+
+def learning_signal(
+    group_rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    sample_loss: torch.Tensor,
+    r_min_correct: float,
+) -> dict[str, float]:
+    """r_count, r_loss, failed-positive fraction and CoRPO phase fraction.
+
+    group_rewards, advantages: (num_groups, G). sample_loss: (num_groups, G), each sample's summed
+    token loss. r_loss compares magnitudes of the loss contributed by A > 0 and A < 0 samples.
+    """
+    r = group_rewards.flatten()
+    a = advantages.flatten()
+    l = sample_loss.flatten().abs()
+    pos, neg = a > 0, a < 0
+    failed = r < r_min_correct
+    return {
+        "r_count": _ratio(float(pos.sum()), float(neg.sum())),
+        "r_loss": _ratio(float(l[pos].sum()), float(l[neg].sum())),
+        "adv_pos": int(pos.sum()),
+        "adv_neg": int(neg.sum()),
+        "adv_zero": int((a == 0).sum()),
+        "failed_positive_fraction": float((failed & pos).float().mean()),
+        # Share of groups whose CoRPO baseline sits at R_min_correct (group mean below threshold).
+        "corpo_phase_fraction": float((group_rewards.mean(dim=1) < r_min_correct).float().mean()),
+        "reward_mean": float(r.mean()),
+        "success_rate": float((~failed).float().mean()),
+    }

@@ -1,0 +1,245 @@
+"""ZeroMQ channels between actors and the learner.
+
+- Group channel: actors PUSH scored groups, the learner PULLs. Both ends have a small high-water
+  mark, so a slow learner blocks actors (backpressure) instead of queueing without bound.
+- Weight channel: the learner PUBlishes each new version; actors SUBscribe. A late or lagging
+  actor asks the learner's ROUTER for the newest weights (WeightsRequest) and gets them at once.
+
+Receivers never raise on bad input: a rejected message is counted in `rejected[reason]` and
+logged once per reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Callable
+
+import zmq
+
+from streamrl import wire
+
+log = logging.getLogger(__name__)
+
+
+def endpoint(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+class RejectCounter:
+    """Counts rejected messages by reason and logs the first of each kind."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, err: wire.WireError) -> None:
+        if not self.counts[err.reason]:
+            log.warning("%s rejected a message (%s); further ones of this kind are only counted", self.where, err)
+        self.counts[err.reason] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _socket(ctx: zmq.Context, kind: int, max_bytes: int | None = None) -> zmq.Socket:
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)
+    if max_bytes:
+        s.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    return s
+
+
+class GroupSender:
+    """Actor side of the group channel (PUSH, connects)."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int):
+        self.sock = _socket(ctx, zmq.PUSH)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.connect(addr)
+        self.blocked_s = 0.0
+
+    def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
+        """Send one group; False if the learner applied backpressure for `timeout_s`."""
+        t0 = time.perf_counter()
+        ready = self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+        self.blocked_s += time.perf_counter() - t0
+        if not ready:
+            return False
+        self.sock.send_multipart(wire.encode_group(group), copy=False)
+        return True
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class GroupReceiver:
+    """Learner side of the group channel (PULL, binds). Validates every message."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None):
+        self.sock = _socket(ctx, zmq.PULL, max_bytes)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        self.sock.bind(addr)
+        self.vocab_size = vocab_size
+        self.rejected = RejectCounter("group receiver")
+        self.received = 0
+
+    def take(self) -> wire.ScoredGroup | None:
+        """One waiting message, decoded and validated; None if nothing waits or it was rejected."""
+        try:
+            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        try:
+            group = wire.decode_group(frames, vocab_size=self.vocab_size)
+        except wire.WireError as e:
+            self.rejected(e)
+            return None
+        self.received += 1
+        return group
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class WeightPublisher:
+    """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests."""
+
+    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int):
+        self.pub = _socket(ctx, zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, 2)  # a slow subscriber misses versions and asks the ROUTER
+        self.pub.bind(pub_addr)
+        self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.router.bind(router_addr)
+        self.latest: list | None = None
+        self.version = -1
+        self.rejected = RejectCounter("weights request server")
+        self.bytes_sent = 0
+        self.requests_served = 0
+
+    def publish(self, version: int, state: dict) -> int:
+        """Broadcast `state` as `version`; returns the bytes of one copy."""
+        self.latest = wire.encode_weights(version, state)
+        self.version = version
+        self.pub.send_multipart(self.latest, copy=False)
+        nbytes = sum(memoryview(f).nbytes for f in self.latest)
+        self.bytes_sent += nbytes
+        return nbytes
+
+    def serve_requests(self) -> int:
+        """Answer every waiting WeightsRequest with the newest weights; returns how many."""
+        served = 0
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return served
+            identity, body = frames[0], frames[1:]
+            try:
+                msg = wire.decode_header(body)
+                if not isinstance(msg, wire.WeightsRequest):
+                    raise wire.WireError("unexpected_type", f"expected weights_request, got {type(msg).__name__}")
+            except wire.WireError as e:
+                self.rejected(e)
+                continue
+            if self.latest is not None:
+                self.router.send_multipart([identity, *self.latest], copy=False)
+                served += 1
+                self.requests_served += 1
+
+    def shutdown(self, reason: str = "done") -> None:
+        self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))
+
+    def close(self) -> None:
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+class WeightSubscriber:
+    """Actor side of the weight channel: SUB for broadcasts, DEALER to ask for the newest weights.
+
+    `poll` returns the newest version waiting (older ones are skipped), so an actor that fell
+    behind jumps straight to the current policy.
+    """
+
+    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, actor_id: str, max_bytes: int):
+        self.sub = _socket(ctx, zmq.SUB, max_bytes)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(pub_addr)
+        self.dealer = _socket(ctx, zmq.DEALER, max_bytes)
+        self.dealer.connect(router_addr)
+        self.actor_id = actor_id
+        self.rejected = RejectCounter(f"weight subscriber {actor_id}")
+        self.shutdown: wire.Shutdown | None = None
+        self.poller = zmq.Poller()
+        self.poller.register(self.sub, zmq.POLLIN)
+        self.poller.register(self.dealer, zmq.POLLIN)
+
+    def request(self, have_version: int) -> None:
+        self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id, have_version=have_version)))
+
+    def poll(self, timeout_ms: int = 0) -> tuple[int, dict] | None:
+        """Newest (version, tensors) that arrived within `timeout_ms`, else None. Sets `shutdown`."""
+        best: tuple[int, dict] | None = None
+        events = dict(self.poller.poll(timeout_ms))
+        while events:
+            for sock in (self.sub, self.dealer):
+                if sock not in events:
+                    continue
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    got = self._decode(frames)
+                    if got is not None and (best is None or got[0] > best[0]):
+                        best = got
+            events = dict(self.poller.poll(0))
+        return best
+
+    def wait_for(self, min_version: int, timeout_s: float, ask_every_s: float = 1.0,
+                 stop: Callable[[], bool] = lambda: False) -> tuple[int, dict] | None:
+        """Block until weights with version ≥ min_version arrive (asking the ROUTER now and then).
+
+        Returns None if a Shutdown arrived or `stop()` became true; raises TimeoutError after
+        `timeout_s` with what it waited for.
+        """
+        deadline = time.monotonic() + timeout_s
+        self.request(min_version - 1)
+        next_ask = time.monotonic() + ask_every_s
+        best: tuple[int, dict] | None = None
+        while True:
+            got = self.poll(timeout_ms=100)
+            if got is not None and (best is None or got[0] > best[0]):
+                best = got
+            if best is not None and best[0] >= min_version:
+                return best
+            if self.shutdown is not None or stop():
+                return None
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(
+                    f"actor {self.actor_id}: no weights with version >= {min_version} from the learner "
+                    f"in {timeout_s:.0f}s (newest seen: {best[0] if best else 'none'}); is the learner alive?"
+                )
+            if now > next_ask:
+                self.request(min_version - 1)
+                next_ask = now + ask_every_s
+
+    def _decode(self, frames) -> tuple[int, dict] | None:
+        try:
+            header = wire.decode_header(frames)
+            if isinstance(header, wire.Shutdown):
+                self.shutdown = header
+                return None
+            return wire.decode_weights(frames, header)
+        except wire.WireError as e:
+            self.rejected(e)
+            return None
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.dealer.close(linger=0)

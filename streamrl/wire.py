@@ -1,0 +1,292 @@
+"""Messages that cross a socket: msgspec Structs with a type tag and a schema version.
+
+A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and bulk arrays
+follow as separate frames so they travel without copies (numpy/torch views on the received
+buffers). Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every
+failure is a `WireError` with a short `reason` label that receivers count by.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal, Sequence, Union
+
+import msgspec
+import numpy as np
+from msgspec import Struct
+
+SCHEMA_VERSION = 1
+
+TOKEN_DTYPE = np.int32
+LOGPROB_DTYPE = np.float32
+
+
+class WireError(ValueError):
+    """A message was rejected. `reason` is a short label (metrics), the text says what and why."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class SampleInfo(Struct, array_like=True, frozen=True):
+    """Per-sample scalars of a group; the sample's tokens and log-probs are in the bulk frames."""
+
+    num_tokens: int
+    reward: float
+    finish_reason: Literal["stop", "length"]
+
+
+class GroupHeader(Struct, tag="scored_group", kw_only=True):
+    """Frame 0 of a scored group. Frames 1..3: prompt tokens, completion tokens, behaviour log-probs."""
+
+    schema: int = SCHEMA_VERSION
+    prompt_id: str
+    policy_version: int
+    actor_id: str
+    num_prompt_tokens: int
+    samples: list[SampleInfo]
+    created_at: float
+    sent_at: float = 0.0
+
+
+class TensorInfo(Struct, array_like=True, frozen=True):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class WeightsHeader(Struct, tag="weights", kw_only=True):
+    """Frame 0 of a weight broadcast; one raw frame per tensor follows, in `tensors` order."""
+
+    schema: int = SCHEMA_VERSION
+    version: int
+    tensors: list[TensorInfo]
+    sent_at: float = 0.0
+
+
+class WeightsRequest(Struct, tag="weights_request", kw_only=True):
+    """An actor asks the learner for its newest weights (on start, or when it missed a broadcast)."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    have_version: int = -1
+
+
+class Shutdown(Struct, tag="shutdown", kw_only=True):
+    """The learner is done; actors finish their current group and exit."""
+
+    schema: int = SCHEMA_VERSION
+    reason: str = "done"
+
+
+Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Header)
+
+
+class ScoredGroup(Struct, kw_only=True):
+    """One prompt's G scored samples, as actors build them and the learner consumes them.
+
+    Arrays are flat: sample i's completion is `completion_tokens[offsets[i]:offsets[i+1]]`.
+    Shapes: prompt_tokens (P,), completion_tokens (sum T_i,), behaviour_logprobs (sum T_i,).
+    """
+
+    prompt_id: str
+    policy_version: int
+    actor_id: str
+    prompt_tokens: np.ndarray
+    completion_tokens: np.ndarray
+    behaviour_logprobs: np.ndarray
+    samples: list[SampleInfo]
+    created_at: float = msgspec.field(default_factory=time.time)
+    sent_at: float = 0.0
+
+    @property
+    def group_size(self) -> int:
+        return len(self.samples)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([s.num_tokens for s in self.samples])]).astype(np.int64)
+
+    def sample_tokens(self, i: int) -> np.ndarray:
+        o = self.offsets
+        return self.completion_tokens[o[i] : o[i + 1]]
+
+    def sample_logprobs(self, i: int) -> np.ndarray:
+        o = self.offsets
+        return self.behaviour_logprobs[o[i] : o[i + 1]]
+
+    @classmethod
+    def from_samples(
+        cls,
+        *,
+        prompt_id: str,
+        policy_version: int,
+        actor_id: str,
+        prompt_tokens: Sequence[int],
+        completions: Sequence[Sequence[int]],
+        logprobs: Sequence[Sequence[float]],
+        rewards: Sequence[float],
+        finish_reasons: Sequence[str],
+    ) -> "ScoredGroup":
+        return cls(
+            prompt_id=prompt_id,
+            policy_version=policy_version,
+            actor_id=actor_id,
+            prompt_tokens=np.asarray(prompt_tokens, dtype=TOKEN_DTYPE),
+            completion_tokens=np.concatenate([np.asarray(c, dtype=TOKEN_DTYPE) for c in completions]),
+            behaviour_logprobs=np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs]),
+            samples=[
+                SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f)  # type: ignore[arg-type]
+                for c, r, f in zip(completions, rewards, finish_reasons)
+            ],
+        )
+
+
+def encode_group(group: ScoredGroup) -> list:
+    """Frames for `group`: [header, prompt tokens, completion tokens, log-probs] (arrays not copied)."""
+    header = GroupHeader(
+        prompt_id=group.prompt_id,
+        policy_version=group.policy_version,
+        actor_id=group.actor_id,
+        num_prompt_tokens=int(group.prompt_tokens.size),
+        samples=group.samples,
+        created_at=group.created_at,
+        sent_at=time.time(),
+    )
+    return [
+        _encoder.encode(header),
+        np.ascontiguousarray(group.prompt_tokens, dtype=TOKEN_DTYPE),
+        np.ascontiguousarray(group.completion_tokens, dtype=TOKEN_DTYPE),
+        np.ascontiguousarray(group.behaviour_logprobs, dtype=LOGPROB_DTYPE),
+    ]
+
+
+def encode(msg: WeightsRequest | Shutdown) -> list[bytes]:
+    """Frames for a header-only message."""
+    return [_encoder.encode(msg)]
+
+
+def decode_header(frames: Sequence) -> Header:
+    """Decode and version-check frame 0; raises WireError("bad_header" | "schema_version" | ...)."""
+    if not frames:
+        raise WireError("empty", "message has no frames")
+    try:
+        header = _decoder.decode(_buffer(frames[0]))
+    except msgspec.ValidationError as e:
+        raise WireError("bad_header", f"header does not match any message type: {e}") from None
+    except msgspec.DecodeError as e:
+        raise WireError("bad_frame", f"frame 0 is not a msgpack header: {e}") from None
+    if header.schema != SCHEMA_VERSION:
+        raise WireError(
+            "schema_version", f"{type(header).__name__} schema {header.schema}, this build speaks {SCHEMA_VERSION}"
+        )
+    return header
+
+
+def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size: int | None = None) -> ScoredGroup:
+    """Rebuild and validate a ScoredGroup from its frames; arrays are views on the frames."""
+    if header is None:
+        header = decode_header(frames)
+    if not isinstance(header, GroupHeader):
+        raise WireError("unexpected_type", f"expected a scored_group, got {type(header).__name__}")
+    if len(frames) != 4:
+        raise WireError("frame_count", f"scored_group needs 4 frames, got {len(frames)}")
+    if not header.samples:
+        raise WireError("empty_group", "scored_group has no samples")
+    if header.policy_version < 0:
+        raise WireError("bad_version", f"policy_version {header.policy_version} < 0")
+    total = 0
+    for i, s in enumerate(header.samples):
+        if s.num_tokens < 0:
+            raise WireError("length_mismatch", f"sample {i} has num_tokens {s.num_tokens} < 0")
+        if not math.isfinite(s.reward):
+            raise WireError("non_finite_reward", f"sample {i} reward is {s.reward}")
+        total += s.num_tokens
+    prompt = _array(frames[1], TOKEN_DTYPE, header.num_prompt_tokens, "prompt tokens")
+    tokens = _array(frames[2], TOKEN_DTYPE, total, "completion tokens")
+    logprobs = _array(frames[3], LOGPROB_DTYPE, total, "behaviour log-probs")
+    if not np.isfinite(logprobs).all():
+        raise WireError("non_finite_logprob", "behaviour log-probs contain NaN or inf")
+    if (logprobs > 1e-4).any():
+        raise WireError("bad_logprob", f"behaviour log-prob {float(logprobs.max())} > 0")
+    if vocab_size is not None:
+        for name, arr in (("prompt", prompt), ("completion", tokens)):
+            if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+                raise WireError(
+                    "token_out_of_range",
+                    f"{name} token ids span [{arr.min()}, {arr.max()}], vocabulary is [0, {vocab_size})",
+                )
+    return ScoredGroup(
+        prompt_id=header.prompt_id,
+        policy_version=header.policy_version,
+        actor_id=header.actor_id,
+        prompt_tokens=prompt,
+        completion_tokens=tokens,
+        behaviour_logprobs=logprobs,
+        samples=header.samples,
+        created_at=header.created_at,
+        sent_at=header.sent_at,
+    )
+
+
+def encode_weights(version: int, state: dict) -> list:
+    """Frames for a state dict of torch tensors: [WeightsHeader, one raw frame per tensor]."""
+    import torch
+
+    infos, frames = [], []
+    for name, t in state.items():
+        t = t.detach().to("cpu").contiguous()
+        infos.append(TensorInfo(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)))
+        frames.append(t.reshape(-1).view(torch.uint8).numpy())
+    header = WeightsHeader(version=version, tensors=infos, sent_at=time.time())
+    return [_encoder.encode(header), *frames]
+
+
+def decode_weights(frames: Sequence, header: WeightsHeader | None = None) -> tuple[int, dict]:
+    """(version, {name: tensor}) from weight frames; tensors share memory with the frames."""
+    import warnings
+
+    import torch
+
+    if header is None:
+        header = decode_header(frames)
+    if not isinstance(header, WeightsHeader):
+        raise WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
+    if len(frames) != len(header.tensors) + 1:
+        raise WireError("frame_count", f"weights: {len(header.tensors)} tensors but {len(frames) - 1} frames")
+    out = {}
+    for info, frame in zip(header.tensors, frames[1:]):
+        dtype = getattr(torch, info.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise WireError("bad_dtype", f"tensor {info.name!r} has unknown dtype {info.dtype!r}")
+        buf = _buffer(frame)
+        numel = math.prod(info.shape)
+        if len(buf) != numel * dtype.itemsize:
+            raise WireError("length_mismatch", f"tensor {info.name!r}: {len(buf)} bytes for shape {info.shape}")
+        with warnings.catch_warnings():  # received buffers are read-only; we only ever copy out of them
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(buf, dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+        out[info.name] = flat.view(info.shape)
+    return header.version, out
+
+
+def _buffer(frame) -> memoryview:
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+
+
+def _array(frame, dtype, count: int, what: str) -> np.ndarray:
+    buf = _buffer(frame)
+    itemsize = np.dtype(dtype).itemsize
+    if len(buf) != count * itemsize:
+        raise WireError("length_mismatch", f"{what}: {len(buf)} bytes, header says {count} × {itemsize}")
+    return np.frombuffer(buf, dtype=dtype)
