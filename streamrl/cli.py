@@ -11,6 +11,7 @@ Any config error is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -70,18 +71,23 @@ def main(argv: list[str] | None = None) -> int:
         from streamrl import launch
 
         return launch.run(cfg)
-    if args.command == "learner":
-        setup_logging("learner")
-        if args.local_rank is not None:
-            os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-        from learner.main import run as run_learner
+    name = "learner" if args.command == "learner" else f"actor-{args.index}"
+    setup_logging(name)
+    try:
+        if args.command == "learner":
+            if args.local_rank is not None:
+                os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+            from learner.main import run as run_learner
 
-        run_learner(cfg)
-        return 0
-    setup_logging(f"actor-{args.index}")
-    from actors.main import run as run_actor
+            run_learner(cfg)
+        else:
+            from actors.main import run as run_actor
 
-    run_actor(cfg, index=args.index, learner_host=args.learner)
+            run_actor(cfg, index=args.index, learner_host=args.learner)
+    except Exception as e:  # the traceback goes to the log; the last line says what went wrong
+        logging.getLogger(f"streamrl.{name}").exception("failed")
+        print(f"streamrl {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -52,6 +52,14 @@ def _socket(ctx: zmq.Context, kind: int, max_bytes: int | None = None) -> zmq.So
     return s
 
 
+def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
+    try:
+        sock.bind(addr)
+    except zmq.ZMQError as e:
+        raise RuntimeError(f"cannot bind the {what} to {addr} ({e}); is another run using it? "
+                           "Choose another port in the transport section (0 = any free port under `streamrl run`)") from None
+
+
 class GroupSender:
     """Actor side of the group channel (PUSH, connects)."""
 
@@ -81,7 +89,7 @@ class GroupReceiver:
     def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None):
         self.sock = _socket(ctx, zmq.PULL, max_bytes)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.bind(addr)
+        _bind(self.sock, addr, "group channel")
         self.vocab_size = vocab_size
         self.rejected = RejectCounter("group receiver")
         self.received = 0
@@ -110,10 +118,10 @@ class WeightPublisher:
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int):
         self.pub = _socket(ctx, zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # a slow subscriber misses versions and asks the ROUTER
-        self.pub.bind(pub_addr)
+        _bind(self.pub, pub_addr, "weight broadcast")
         self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.router.bind(router_addr)
+        _bind(self.router, router_addr, "weights request server")
         self.latest: list | None = None
         self.version = -1
         self.rejected = RejectCounter("weights request server")

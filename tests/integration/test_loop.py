@@ -1,0 +1,153 @@
+"""The whole loop with real processes on loopback: learner, actors, garbage, Ctrl-C, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from procs import FREE_PORTS, REPO, metrics, streamrl, summary
+
+pytestmark = pytest.mark.slow
+TINY = str(REPO / "configs" / "tiny.yaml")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_text(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path} after {timeout}s:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def _garbage(ctx: zmq.Context, kind: int, addr: str, messages: list[list[bytes]]) -> None:
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.connect(addr)
+    time.sleep(0.3)  # let the connection come up so nothing is dropped before it exists
+    for frames in messages:
+        s.send_multipart(frames)
+    s.close()
+
+
+GARBAGE = [
+    [os.urandom(64)],
+    [b""],
+    [b"\x81\xa4type\xa4nope"],  # msgpack {"type": "nope"}
+    [os.urandom(16), os.urandom(8), os.urandom(8), os.urandom(8)],
+    [b"\xc1"],  # a byte msgpack never uses
+]
+
+
+def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_stop_cleanly(tmp_path):
+    g, w, r = _free_ports(3)
+    common = [TINY, f"run_dir={tmp_path}", "name=loop", "steps=15", f"transport.group_port={g}",
+              f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
+    learner = _spawn(["learner", *common], tmp_path / "learner.log")
+    actors = []
+    try:
+        _wait_for_text(tmp_path / "learner.log", "learner ready", timeout=180)
+        ctx = zmq.Context()
+        _garbage(ctx, zmq.PUSH, f"tcp://127.0.0.1:{g}", GARBAGE)
+        _garbage(ctx, zmq.DEALER, f"tcp://127.0.0.1:{r}", GARBAGE[:3])
+        ctx.term()
+        actors = [_spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"], tmp_path / f"actor-{i}.log")
+                  for i in range(2)]
+        assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        for i, a in enumerate(actors):  # they leave on the learner's shutdown notice, by themselves
+            assert a.wait(timeout=30) == 0, (tmp_path / f"actor-{i}.log").read_text()[-3000:]
+    finally:
+        for p in [learner, *actors]:
+            if p.poll() is None:
+                p.kill()
+
+    run = tmp_path / "loop"
+    recs = metrics(run)
+    consumed_versions = [r["step"] - r["lag_mean"] for r in recs]
+    assert consumed_versions[-1] > consumed_versions[0] + 5, "actors must generate with newer weights as the learner steps"
+    s = summary(run)
+    assert s["policy_version"] == 15
+    assert sum(s["messages_rejected"].values()) == len(GARBAGE)
+    assert sum(s["weight_requests_rejected"].values()) == 3
+    for i in range(2):
+        log = (tmp_path / f"actor-{i}.log").read_text()
+        assert "versions_applied" in log and "'groups_sent': 0" not in log
+
+
+def _children_of_run(run_dir: Path) -> list[int]:
+    marker = str(run_dir / "config.yaml")
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
+    run = tmp_path / "runs" / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl", "run", TINY, "steps=100000", "name=interrupted",
+         f"run_dir={tmp_path / 'runs'}", *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
+            assert time.monotonic() < deadline and proc.poll() is None, "run never got going"
+            time.sleep(0.2)
+        assert len(_children_of_run(run)) == 3  # learner + 2 actors
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopping" in out
+    s = summary(run)
+    assert s["stopped_early"] is True and s["steps"] == len(metrics(run))
+    assert _children_of_run(run) == []
+
+
+def test_resume_continues_from_the_newest_checkpoint(run_job):
+    run = run_job("steps=4", name="resumable")
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-4"
+    run_job("steps=7", "learner.resume=true", name="resumable")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(7))
+    assert [r["policy_version"] for r in recs] == list(range(1, 8))
+    assert summary(run)["policy_version"] == 7
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-7"
+
+
+def test_a_bad_override_fails_at_once_with_one_clear_line(tmp_path):
+    proc = streamrl("run", "advantage.estimator=gpro", cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "advantage.estimator='gpro'" in lines[0] and "corpo, grpo, static" in lines[0]
+    assert not (tmp_path / "runs").exists()

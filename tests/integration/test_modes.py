@@ -1,0 +1,40 @@
+"""Strict on-policy and bounded-staleness modes, and the estimators' learning signal, end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from procs import metrics, summary
+
+pytestmark = pytest.mark.slow
+
+
+def test_strict_mode_consumes_only_lag_zero_groups_with_one_step_per_batch(run_job):
+    run = run_job("on_policy=strict", "steps=20", name="strict")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(20))
+    for r in recs:
+        assert r["lag_max"] == 0 and r["lag_hist"] == {"0": 16}
+        assert r["optimizer_steps"] == 1
+        assert r["is_ratio_max_abs_dev"] < 1e-3  # actors sampled from exactly the learner's weights
+    assert summary(run)["groups_dropped"] == {}
+
+
+def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):
+    run = run_job("max_staleness=1", "learner.slow_step_s=0.3", "steps=12", name="slow")
+    recs = metrics(run)
+    assert max(r["lag_max"] for r in recs) <= 1
+    assert any(r["lag_max"] == 1 for r in recs), "a slow learner should consume some lag-1 groups"
+    s = summary(run)
+    assert s["groups_dropped"].get("stale", 0) > 0
+    assert s["groups_used"] == 12 * 16
+
+
+@pytest.mark.parametrize("estimator", ["static", "grpo"])
+def test_failed_positive_fraction_is_zero_under_static_and_positive_under_grpo(run_job, estimator):
+    run = run_job(f"advantage.estimator={estimator}", "steps=15", name=estimator)
+    early = [r["failed_positive_fraction"] for r in metrics(run)[:15]]
+    if estimator == "static":
+        assert all(f == 0.0 for f in early)
+    else:
+        assert sum(early) > 0, "GRPO reinforces some failed samples when the group mean is below the threshold"
