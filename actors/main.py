@@ -1,8 +1,9 @@
 """The actor process: newest weights → prompts → G samples each → score → PUSH to the learner.
 
 Weights are applied between generate calls, and every group carries the policy version that
-generated it. In strict on-policy mode an actor makes its share of one batch per version and then
-waits for the next version, so the learner never sees a group from older weights.
+generated it. An actor stays at most `max_staleness` batches ahead of the learner (see
+`staleness.generation_budget`), so it waits for weights rather than make groups that would be
+dropped; with `on_policy: strict` that is exactly its share of one batch per version.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import zmq
 
 from actors import backends, rollout
 from streamrl import model as model_lib
+from streamrl import staleness
 from streamrl import tasks
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -42,45 +44,42 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm)
     weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                actor_id, t.max_message_bytes)
-    # Strict: this actor's share of one batch per policy version.
-    quota = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1)) if cfg.strict else None
+    # The learner takes about this many groups per version from each actor.
+    share = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1))
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
-    version, made = -1, 0
+    version = start_version = produced = 0
+    throttle = cfg.actors.throttle or cfg.strict
 
     def apply(got) -> None:
-        nonlocal version, made
+        nonlocal version
         backend.load_weights(got[1])
-        version, made = got[0], 0
+        version = got[0]
         stats["versions_applied"] += 1
 
     try:
         got = _wait(weights, 0, cfg, stop, stats)  # never generate before holding the learner's weights
-        while got is not None:
+        if got is not None:
             apply(got)
+            start_version = version
             log.info("%s: starting at policy version %d", actor_id, version)
-            while not stop() and weights.shutdown is None:
-                newer = weights.poll(0)
-                if newer is not None and newer[0] > version:
-                    apply(newer)
-                if quota is not None and made >= quota:
-                    break  # strict: wait for the next version below
-                k = min(cfg.actors.prompts_per_generate, quota - made) if quota else cfg.actors.prompts_per_generate
-                t0 = time.perf_counter()
-                prompts = rollout.sample_prompts(task, rng, k)
-                groups = rollout.make_groups(backend, tokenizer, task, prompts, cfg.actors.group_size, version, actor_id)
-                stats["generate_s"] += time.perf_counter() - t0
-                for g in groups:
-                    while not sender.send(g, timeout_s=0.2):
-                        weights.poll(0)  # keep watching for shutdown while the learner applies backpressure
-                        if stop() or weights.shutdown is not None:
-                            break
-                    else:
-                        stats["groups_sent"] += 1
-                        continue
-                    break
-                made += len(groups)
-            got = _wait(weights, version + 1, cfg, stop, stats) if quota is not None else None
+        while got is not None and not stop() and weights.shutdown is None:
+            newer = weights.poll(0)
+            if newer is not None and newer[0] > version:
+                apply(newer)
+            budget = staleness.generation_budget(version, start_version, produced, share,
+                                                 cfg.effective_max_staleness) if throttle else 1 << 30
+            if budget == 0:  # further groups would arrive too stale: wait for the learner
+                got = _wait(weights, version + 1, cfg, stop, stats)
+                if got is not None:
+                    apply(got)
+                continue
+            t0 = time.perf_counter()
+            prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
+            groups = rollout.make_groups(backend, tokenizer, task, prompts, cfg.actors.group_size, version, actor_id)
+            stats["generate_s"] += time.perf_counter() - t0
+            produced += len(groups)
+            stats["groups_sent"] += _send_all(sender, weights, groups, stop)
     finally:
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
         stats["rejected"] = dict(weights.rejected.counts)
@@ -89,6 +88,16 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         ctx.term()
     log.info("%s: done %s", actor_id, stats)
     return stats
+
+
+def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop) -> int:
+    """Send groups, waiting out backpressure; stops early on shutdown. Returns how many went."""
+    for sent, group in enumerate(groups):
+        while not sender.send(group, timeout_s=0.2):
+            weights.poll(0)  # keep watching for the shutdown notice while the learner is busy
+            if stop() or weights.shutdown is not None:
+                return sent
+    return len(groups)
 
 
 def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats):

@@ -152,6 +152,8 @@ class ActorConfig(_Section):
     """Nucleus sampling mass."""
     threads: NonNegInt = 1
     """torch threads per actor (0: torch's default)."""
+    throttle: bool = True
+    """Stay within max_staleness batches of the learner (false: run free; the learner drops what is too stale)."""
     weights_timeout_s: PositiveFloat = 120.0
     """Fail with a clear error if awaited weights do not arrive in this time."""
 

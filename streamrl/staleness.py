@@ -25,3 +25,16 @@ def gate(learner_version: int, policy_version: int, max_staleness: int) -> Verdi
     if d > max_staleness:
         return "stale"
     return "ok"
+
+
+def generation_budget(known_version: int, start_version: int, produced: int, share: int, max_staleness: int) -> int:
+    """Groups an actor may still generate before it must wait for newer weights.
+
+    The learner consumes about `share` groups per version from each actor, so an actor that has
+    seen `known_version` may have made at most (versions seen + max_staleness) × share groups since
+    it started at `start_version`. Anything beyond that would arrive too stale to train on (the
+    per-actor form of AReaL's staleness-aware capacity). max_staleness 0 is strict on-policy: one
+    share per version, then wait.
+    """
+    allowed = (known_version - start_version + 1 + max_staleness) * share
+    return max(0, allowed - produced)
