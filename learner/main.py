@@ -33,6 +33,7 @@ def run(cfg: Config) -> dict:
     torch.manual_seed(cfg.seed)
     task = tasks.build(cfg.task)
     model, tokenizer = model_lib.build(cfg, task.vocabulary)
+    vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     engine = Engine(cfg, model)
     runlog = RunLog(cfg, resume=cfg.learner.resume)
     resumed = engine.load(str(runlog.checkpoints)) if cfg.learner.resume else None
@@ -40,8 +41,7 @@ def run(cfg: Config) -> dict:
 
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
     ctx = zmq.Context()
-    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
-                             model_lib.vocab_size(model))
+    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size)
     publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
                                 t.max_message_bytes)
     intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness)

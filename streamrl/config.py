@@ -140,6 +140,8 @@ class ActorConfig(_Section):
     """Actor processes that `streamrl run` starts."""
     backend: Literal["hf", "vllm", "sglang"] = "hf"
     """Generation backend."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
     """Samples per prompt (G)."""
     prompts_per_generate: PositiveInt = 4

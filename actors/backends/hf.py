@@ -11,7 +11,11 @@ from actors.backends import BACKENDS, Completion
 class HFBackend:
     def __init__(self, cfg, model, tokenizer):
         self.cfg = cfg.actors
-        self.model = model.eval()
+        device = cfg.actors.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
         self.pad_id = tokenizer.pad_token_id
         self.eos_id = tokenizer.eos_token_id
 
@@ -26,8 +30,8 @@ class HFBackend:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         out = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
             do_sample=True,
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
@@ -38,8 +42,8 @@ class HFBackend:
             return_dict_in_generate=True,
             output_logits=True,
         )
-        seq = out.sequences[:, width:]  # (B, T)
-        logits = torch.stack(out.logits, dim=1).float() / self.cfg.temperature  # (B, T, V)
+        seq = out.sequences[:, width:].cpu()  # (B, T)
+        logits = torch.stack(out.logits, dim=1).float().cpu() / self.cfg.temperature  # (B, T, V)
         logp = logits.gather(-1, seq[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
         completions = [self._completion(seq[i], logp[i]) for i in range(len(rows))]
         return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]

@@ -48,3 +48,11 @@ def test_throttled_actors_stay_within_the_bound_so_almost_nothing_is_dropped(run
     s = summary(run)
     # Only the imbalance between two actors can make a group too stale; nowhere near a batch per step.
     assert s["groups_dropped"].get("stale", 0) <= 16, s["groups_dropped"]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_stages_train_and_publish_full_weights(run_job, stage):
+    run = run_job(f"learner.zero_stage={stage}", "steps=8", name=f"zero{stage}")
+    recs = metrics(run)
+    assert len(recs) == 8 and all(r["optimizer_steps"] == 1 for r in recs)
+    assert recs[-1]["step"] - recs[-1]["lag_mean"] > 3  # actors applied the gathered weights

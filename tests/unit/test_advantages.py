@@ -10,6 +10,14 @@ import torch
 from streamrl import advantages
 from streamrl.advantages import compute
 
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float = 0.0, atol: float = 1e-7) -> None:
+    """Cheap stand-in for torch.testing.assert_close (whose first call imports half of torch.distributed)."""
+    want = torch.as_tensor(want, dtype=got.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.allclose(got, want, rtol=rtol, atol=atol), f"\n got {got}\nwant {want}"
+
+
 R_MIN = 0.75
 
 # Group "low": R = [0, 0.25, 0.5, 1], mean = 1.75 / 4 = 0.4375 (below R_MIN = 0.75).
@@ -61,7 +69,7 @@ def test_grpo_std_normalize_divides_by_the_population_std():
     got = compute(_rewards([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]), "grpo", R_MIN, std_normalize=True)
     s3 = math.sqrt(3.0)
     want = torch.tensor([[-1.0, -1.0, 1.0, 1.0], [-1 / s3, -1 / s3, -1 / s3, s3]])
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_grpo_std_normalize_gives_zero_for_a_zero_variance_group():

@@ -10,6 +10,14 @@ import torch
 from streamrl import losses
 from streamrl.losses import token_pg
 
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float = 0.0, atol: float = 1e-7) -> None:
+    """Cheap stand-in for torch.testing.assert_close (whose first call imports half of torch.distributed)."""
+    want = torch.as_tensor(want, dtype=got.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.allclose(got, want, rtol=rtol, atol=atol), f"\n got {got}\nwant {want}"
+
+
 # Two samples: 3 real tokens + 1 pad, and 2 real tokens + 2 pads -> 5 real tokens.
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
 N_TOKENS = 5.0
@@ -39,15 +47,15 @@ def test_on_policy_gradient_is_minus_advantage_over_token_count_and_zero_on_padd
     out, grad = _run(0.0, adv)
     # d loss / d logprob = -A / 5 on real tokens: -0.1 for sample 0, +0.05 for sample 1; 0 on pads.
     want = torch.tensor([[-0.1, -0.1, -0.1, 0.0], [0.05, 0.05, 0.0, 0.0]])
-    torch.testing.assert_close(grad, want, rtol=0, atol=1e-7)
+    assert_close(grad, want, rtol=0, atol=1e-7)
     assert torch.equal(grad[MASK == 0], torch.zeros(3))
 
 
 def test_on_policy_loss_weighs_every_token_equally():
     # loss = -(sum over real tokens of A) / N = -(3 * 0.5 + 2 * -0.25) / 5 = -(1.5 - 0.5) / 5 = -0.2
     out, _ = _run(0.0, [0.5, -0.25])
-    torch.testing.assert_close(out.loss, torch.tensor(-0.2), rtol=0, atol=1e-7)
-    torch.testing.assert_close(out.token_loss.sum(), out.loss.detach(), rtol=0, atol=1e-7)
+    assert_close(out.loss, torch.tensor(-0.2), rtol=0, atol=1e-7)
+    assert_close(out.token_loss.sum(), out.loss.detach(), rtol=0, atol=1e-7)
     assert torch.equal(out.token_loss[MASK == 0], torch.zeros(3))
 
 
@@ -66,7 +74,7 @@ def test_ppo_clip_removes_the_gradient_for_positive_advantage_above_one_plus_cli
     out, grad = _run(math.log(1.5), [0.5], mask=mask[:, :2], clip_high=0.2)
     assert torch.equal(grad, torch.zeros(1, 2))
     assert out.clipped.all()
-    torch.testing.assert_close(out.loss, torch.tensor(-0.6), rtol=1e-6, atol=1e-7)
+    assert_close(out.loss, torch.tensor(-0.6), rtol=1e-6, atol=1e-7)
 
 
 def test_clip_high_is_its_own_knob():
@@ -74,7 +82,7 @@ def test_clip_high_is_its_own_knob():
     # same ratio 1.5 with clip_high 0.6: inside the range, gradient -A * ratio / n = -0.5 * 1.5 / 2
     out, grad = _run(math.log(1.5), [0.5], mask=mask, clip_high=0.6)
     assert not out.clipped.any()
-    torch.testing.assert_close(grad, torch.full((1, 2), -0.375), rtol=1e-6, atol=1e-7)
+    assert_close(grad, torch.full((1, 2), -0.375), rtol=1e-6, atol=1e-7)
 
 
 def test_positive_advantage_inside_the_clip_range_keeps_its_gradient():
@@ -82,7 +90,7 @@ def test_positive_advantage_inside_the_clip_range_keeps_its_gradient():
     # ratio 1.1: d(-ratio * A / n)/d logprob = -ratio * A / n = -1.1 * 0.5 / 2 = -0.275
     out, grad = _run(math.log(1.1), [0.5], mask=mask)
     assert not out.clipped.any()
-    torch.testing.assert_close(grad, torch.full((1, 2), -0.275), rtol=1e-6, atol=1e-7)
+    assert_close(grad, torch.full((1, 2), -0.275), rtol=1e-6, atol=1e-7)
 
 
 def test_negative_advantage_below_one_minus_clip_low_is_clipped():
@@ -91,7 +99,7 @@ def test_negative_advantage_below_one_minus_clip_low_is_clipped():
     out, grad = _run(math.log(0.5), [-1.0], mask=mask)
     assert torch.equal(grad, torch.zeros(1, 2))
     assert out.clipped.all()
-    torch.testing.assert_close(out.loss, torch.tensor(0.8), rtol=1e-6, atol=1e-7)
+    assert_close(out.loss, torch.tensor(0.8), rtol=1e-6, atol=1e-7)
 
 
 def test_negative_advantage_between_clip_and_cap_keeps_its_gradient():
@@ -99,7 +107,7 @@ def test_negative_advantage_between_clip_and_cap_keeps_its_gradient():
     # ratio 1.5 (above 1.2, below is_cap 2), A = -1: objective -1.5, gradient flows: -ratio * A / n = 0.75
     out, grad = _run(math.log(1.5), [-1.0], mask=mask, is_cap=2.0)
     assert not out.clipped.any()
-    torch.testing.assert_close(grad, torch.full((1, 2), 0.75), rtol=1e-6, atol=1e-7)
+    assert_close(grad, torch.full((1, 2), 0.75), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("log_ratio", [math.log(20.0), 1000.0])
@@ -107,8 +115,8 @@ def test_negative_advantage_ratio_is_truncated_at_is_cap(log_ratio):
     mask = torch.ones(1, 2)
     # huge ratio, A = -0.5, is_cap = 3: objective floored at 3 * -0.5 -> per-token loss 1.5 / 2, sum 1.5
     out, grad = _run(log_ratio, [-0.5], mask=mask, is_cap=3.0)
-    torch.testing.assert_close(out.loss, torch.tensor(1.5), rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(out.token_loss, torch.full((1, 2), 0.75), rtol=1e-6, atol=1e-7)
+    assert_close(out.loss, torch.tensor(1.5), rtol=1e-6, atol=1e-7)
+    assert_close(out.token_loss, torch.full((1, 2), 0.75), rtol=1e-6, atol=1e-7)
     assert torch.equal(grad, torch.zeros(1, 2))
     assert out.clipped.all()
 
@@ -142,7 +150,7 @@ def test_kl_against_an_identical_reference_adds_zero_loss_and_zero_gradient():
     assert torch.equal(base.loss, kl.loss)
     (g1,) = torch.autograd.grad(base.loss, lp1)
     (g2,) = torch.autograd.grad(kl.loss, lp2)
-    torch.testing.assert_close(g1, g2, rtol=0, atol=1e-8)
+    assert_close(g1, g2, rtol=0, atol=1e-8)
 
 
 def test_kl_penalty_is_the_k3_estimator_per_token():
@@ -151,7 +159,7 @@ def test_kl_penalty_is_the_k3_estimator_per_token():
     ref = logprobs + math.log(2.0)
     mask = torch.tensor([[1.0, 0.0]])
     out = token_pg(logprobs, logprobs, torch.tensor([0.0]), mask, kl_coef=0.5, ref_logprobs=ref)
-    torch.testing.assert_close(out.loss, torch.tensor(0.5 * (1 - math.log(2.0))), rtol=1e-6, atol=1e-7)
+    assert_close(out.loss, torch.tensor(0.5 * (1 - math.log(2.0))), rtol=1e-6, atol=1e-7)
 
 
 def test_entropy_bonus_subtracts_the_token_mean_entropy():
@@ -160,7 +168,7 @@ def test_entropy_bonus_subtracts_the_token_mean_entropy():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     ent = torch.tensor([[1.0, 3.0, 100.0]])
     out = token_pg(logprobs, logprobs, torch.tensor([0.0]), mask, entropy_coef=0.1, entropy=ent)
-    torch.testing.assert_close(out.loss, torch.tensor(-0.2), rtol=1e-6, atol=1e-7)
+    assert_close(out.loss, torch.tensor(-0.2), rtol=1e-6, atol=1e-7)
 
 
 def test_an_all_padding_batch_gives_zero_loss_not_nan():

@@ -1,0 +1,219 @@
+"""streamrl.config: every shipped YAML loads, overrides apply, errors say key/value/allowed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from streamrl import config
+from streamrl.config import ConfigError, load
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
+
+
+def test_the_configs_folder_holds_yaml_files():
+    assert config.DEFAULT_CONFIG in CONFIG_FILES
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(REPO / "configs")))
+def test_every_shipped_config_loads(path):
+    cfg = load(path)
+    assert isinstance(cfg, config.Config)
+    # and survives the round trip `streamrl run` uses to hand it to child processes
+    assert load(None, config.overrides_for(cfg)) == cfg
+
+
+@pytest.mark.xfail(reason="BUG: configs/tiny.yaml sets actors.max_new_tokens: 4 but ActorConfig defaults to 8, "
+                          "so `streamrl run` (tiny.yaml) and `streamrl learner`/`actor` with no CONFIG "
+                          "(load(None)) run different jobs", strict=True)
+def test_the_defaults_are_the_tiny_job():
+    assert load(config.DEFAULT_CONFIG) == load(None)
+
+
+def test_the_tiny_job_and_the_defaults_differ_only_in_max_new_tokens():
+    # Pins the extent of the mismatch above, so no other drift creeps in unnoticed.
+    a, b = config.to_dict(load(config.DEFAULT_CONFIG)), config.to_dict(load(None))
+    diff = {(s, k) for s in a if isinstance(a[s], dict) for k in a[s] if a[s][k] != b[s][k]}
+    diff |= {(s, None) for s in a if not isinstance(a[s], dict) and a[s] != b[s]}
+    assert diff <= {("actors", "max_new_tokens")}
+
+
+def test_defaults_are_corpo_async_with_bounded_staleness():
+    cfg = load(None)
+    assert cfg.advantage.estimator == "corpo"
+    assert cfg.on_policy == "async" and not cfg.strict
+    assert cfg.effective_max_staleness == cfg.max_staleness == 2
+    assert cfg.transport.host == "127.0.0.1"
+    assert cfg.model.path is None
+
+
+def test_overrides_apply():
+    cfg = load(None, ["advantage.estimator=grpo", "on_policy=strict", "max_staleness=1"])
+    assert cfg.advantage.estimator == "grpo"
+    assert cfg.on_policy == "strict" and cfg.strict
+    assert cfg.max_staleness == 1
+    assert cfg.effective_max_staleness == 0  # strict means lag 0 whatever max_staleness says
+
+
+def test_overrides_apply_on_top_of_a_file_and_keep_its_other_values(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: mine\nactors:\n  group_size: 4\n  num: 3\n")
+    cfg = load(f, ["actors.group_size=6", "optim.betas=[0.5, 0.6]", "model.path=null"])
+    assert cfg.name == "mine" and cfg.actors.num == 3 and cfg.actors.group_size == 6
+    assert cfg.optim.betas == (0.5, 0.6)
+
+
+def _error(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load(None, list(overrides))
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_a_bad_key_names_the_key_and_the_valid_keys():
+    msg = _error("advantage.estimatr=grpo")
+    assert "advantage.estimatr" in msg
+    assert "did you mean 'advantage.estimator'" in msg
+    assert "estimator, r_min_correct, std_normalize" in msg
+
+
+def test_a_bad_top_level_key_lists_the_top_level_keys():
+    msg = _error("stepz=3")
+    assert "'stepz'" in msg and "steps" in msg and "max_staleness" in msg
+
+
+def test_a_bad_value_type_names_key_value_and_allowed():
+    msg = _error("steps=abc")
+    assert "steps='abc'" in msg
+    assert "allowed: int > 0" in msg
+
+
+def test_an_out_of_range_value_names_key_value_and_allowed():
+    msg = _error("actors.group_size=1")
+    assert "actors.group_size=1" in msg
+    assert "allowed: int ≥ 2" in msg
+    msg = _error("loss.clip_low=1.5")
+    assert "loss.clip_low=1.5" in msg and "allowed: float ≥ 0 and < 1" in msg
+
+
+def test_a_bad_enum_names_key_value_and_allowed():
+    msg = _error("on_policy=sometimes")
+    assert "on_policy='sometimes'" in msg and "async, strict" in msg
+    msg = _error("actors.backend=tgi")
+    assert "actors.backend='tgi'" in msg and "hf, vllm, sglang" in msg
+
+
+def test_a_bad_estimator_name_names_key_value_and_allowed():
+    msg = _error("advantage.estimator=ppo")
+    assert "advantage.estimator='ppo'" in msg
+    assert "corpo, grpo, static" in msg
+
+
+def test_a_bad_task_or_loss_name_names_key_value_and_allowed():
+    msg = _error("task.name=sort")
+    assert "task.name='sort'" in msg and "copy, repeat_first, reverse" in msg
+    msg = _error("loss.name=dpo")
+    assert "loss.name='dpo'" in msg and "token_pg" in msg
+
+
+def test_a_value_for_a_section_is_refused():
+    msg = _error("learner=3")
+    assert "'learner'" in msg and "section" in msg and "batch_groups" in msg
+
+
+def test_strict_mode_requires_publishing_every_step():
+    msg = _error("on_policy=strict", "learner.publish_every=2")
+    assert "learner.publish_every=2" in msg and "strict" in msg
+
+
+def test_hidden_size_must_divide_by_num_heads():
+    msg = _error("model.num_heads=3")
+    assert "hidden_size=64" in msg and "num_heads (3)" in msg
+
+
+def test_an_override_that_is_not_key_value_is_refused():
+    assert "not key=value" in _error("estimator")
+    assert "not key=value" in _error("=3")
+
+
+def test_a_missing_or_malformed_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(broken)
+
+
+def _section_classes(tree: ast.Module) -> list[ast.ClassDef]:
+    sections = {"_Section"}
+    found = []
+    for node in tree.body:  # in source order, so subclasses of subclasses count too
+        if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id in sections for b in node.bases):
+            sections.add(node.name)
+            found.append(node)
+    return found
+
+
+def _undocumented_fields(source: str) -> list[str]:
+    tree = ast.parse(source)
+    missing = []
+    for cls in _section_classes(tree):
+        body = cls.body
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, ast.AnnAssign):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                ok = (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                      and isinstance(nxt.value.value, str) and nxt.value.value.strip()
+                      and "\n" not in nxt.value.value.strip())
+                if not ok:
+                    missing.append(f"{cls.name}.{stmt.target.id}")
+    return missing
+
+
+def test_the_docstring_checker_catches_a_missing_docstring():
+    src = "class _Section: pass\nclass A(_Section):\n    x: int = 1\n    'doc'\n    y: int = 2\n    z: int = 3\n    'two\\nlines'\n"
+    assert _undocumented_fields(src) == ["A.y", "A.z"]
+
+
+def test_every_config_field_has_a_one_line_docstring():
+    source = (REPO / "streamrl" / "config.py").read_text()
+    classes = _section_classes(ast.parse(source))
+    assert {c.name for c in classes} >= {"ModelConfig", "TaskConfig", "AdvantageConfig", "LossConfig", "OptimConfig",
+                                         "LearnerConfig", "ActorConfig", "TransportConfig", "Config"}
+    assert _undocumented_fields(source) == []
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["advantage.estimator=grpo", "advantage.std_normalize=true", "on_policy=strict", "seed=-3"],
+    ["optim.betas=[0.5, 0.6]", "optim.lr=1e-10", "advantage.r_min_correct=0.30000000000000004"],
+    ["model.path=/some/where", "model.dtype=bfloat16", "actors.backend=vllm", "actors.throttle=false"],
+])
+def test_overrides_for_rebuilds_an_equal_config(overrides):
+    cfg = load(None, overrides)
+    assert load(None, config.overrides_for(cfg)) == cfg
+
+
+@pytest.mark.parametrize("text", ["null", "yes", "123", "1e3", "a b", "a: b", "#x", "[1]", "", "~", "...",
+                                  "x=y", "it's", "é", "a\nb", "x" * 200])
+def test_overrides_for_keeps_strings_that_look_like_other_yaml(text):
+    cfg = msgspec.structs.replace(load(None), name=text, run_dir=text)
+    back = load(None, config.overrides_for(cfg))
+    assert back.name == text and back.run_dir == text
+
+
+def test_dump_is_yaml_that_loads_back(tmp_path):
+    cfg = load(None, ["advantage.estimator=static", "steps=5"])
+    f = tmp_path / "resolved.yaml"
+    f.write_text(config.dump(cfg))
+    assert load(f) == cfg

@@ -1,0 +1,65 @@
+"""streamrl.learning_signal on a hand-made batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from streamrl.learning_signal import learning_signal
+
+R_MIN = 0.75
+
+# Group 0: R = [1, 1, 0.5, 1], mean 0.875 >= 0.75 (not in the CoRPO phase).
+# Group 1: R = [0.25, 0.5, 0.5, 0.25], mean 0.375 < 0.75 (CoRPO phase: baseline clamped).
+REWARDS = torch.tensor([[1.0, 1.0, 0.5, 1.0], [0.25, 0.5, 0.5, 0.25]])
+# GRPO advantages of those groups (R - mean), so that failed samples get A > 0 in group 1.
+ADV = torch.tensor([[0.125, 0.125, -0.375, 0.125], [-0.125, 0.125, 0.125, -0.125]])
+# Per-sample summed losses (signs as a PG loss would have them, magnitudes chosen by hand).
+LOSS = torch.tensor([[-1.0, -2.0, 3.0, -1.0], [0.5, -0.5, -0.5, 0.5]])
+
+
+def test_learning_signal_matches_hand_computed_values():
+    s = learning_signal(REWARDS, ADV, LOSS, R_MIN)
+    # A > 0: group 0 samples 0, 1, 3 and group 1 samples 1, 2 -> 5; A < 0: 1 + 2 = 3.
+    assert s["adv_pos"] == 5 and s["adv_neg"] == 3 and s["adv_zero"] == 0
+    assert s["r_count"] == pytest.approx(5 / 3)
+    # |loss| of A > 0 samples: 1 + 2 + 1 + 0.5 + 0.5 = 5; of A < 0 samples: 3 + 0.5 + 0.5 = 4.
+    assert s["r_loss"] == pytest.approx(5 / 4)
+    # R < 0.75 and A > 0: group 1 samples 1 and 2 -> 2 of 8.
+    assert s["failed_positive_fraction"] == pytest.approx(0.25)
+    # one group of two has its mean below the threshold.
+    assert s["corpo_phase_fraction"] == pytest.approx(0.5)
+    # mean reward (3.5 + 1.5) / 8; successes (R >= 0.75): the three 1.0 in group 0 -> 3 / 8
+    assert s["reward_mean"] == pytest.approx(5 / 8)
+    assert s["success_rate"] == pytest.approx(3 / 8)
+
+
+def test_every_metric_is_a_plain_number():
+    s = learning_signal(REWARDS, ADV, LOSS, R_MIN)
+    assert all(type(v) in (int, float) for v in s.values())
+
+
+def test_r_count_and_r_loss_are_inf_with_positives_and_no_negatives():
+    adv = torch.tensor([[1.0, 0.0, 0.5, 0.0]])
+    s = learning_signal(torch.tensor([[1.0, 0.5, 1.0, 0.5]]), adv, torch.tensor([[-1.0, 0.0, -1.0, 0.0]]), R_MIN)
+    assert s["r_count"] == math.inf
+    assert s["r_loss"] == math.inf
+
+
+def test_r_count_and_r_loss_are_nan_for_zero_over_zero():
+    zeros = torch.zeros(2, 4)
+    s = learning_signal(torch.full((2, 4), 0.5), zeros, zeros, R_MIN)
+    assert math.isnan(s["r_count"])
+    assert math.isnan(s["r_loss"])
+    assert s["adv_zero"] == 8
+
+
+def test_r_count_is_zero_with_negatives_and_no_positives():
+    adv = torch.tensor([[-1.0, -0.5]])
+    s = learning_signal(torch.tensor([[0.0, 0.25]]), adv, torch.tensor([[1.0, 1.0]]), R_MIN)
+    assert s["r_count"] == 0.0
+    assert s["r_loss"] == 0.0
+    assert s["failed_positive_fraction"] == 0.0
+    assert s["corpo_phase_fraction"] == 1.0
