@@ -58,7 +58,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         stats["versions_applied"] += 1
 
     try:
-        got = _wait(weights, 0, cfg, stop, stats)  # never generate before holding the learner's weights
+        got = _wait(weights, 0, cfg, stop, stats, ask_first=True)  # never generate before holding the learner's weights
         if got is not None:
             apply(got)
             start_version = version
@@ -100,10 +100,10 @@ def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop) -> i
     return len(groups)
 
 
-def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats):
+def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, ask_first: bool = False):
     t0 = time.perf_counter()
     try:
-        return weights.wait_for(min_version, cfg.actors.weights_timeout_s, stop=stop)
+        return weights.wait_for(min_version, cfg.actors.weights_timeout_s, ask_first=ask_first, stop=stop)
     finally:
         stats["weights_wait_s"] += time.perf_counter() - t0
 

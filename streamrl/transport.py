@@ -208,15 +208,18 @@ class WeightSubscriber:
             events = dict(self.poller.poll(0))
         return best
 
-    def wait_for(self, min_version: int, timeout_s: float, ask_every_s: float = 1.0,
+    def wait_for(self, min_version: int, timeout_s: float, ask_first: bool = False, ask_every_s: float = 1.0,
                  stop: Callable[[], bool] = lambda: False) -> tuple[int, dict] | None:
-        """Block until weights with version ≥ min_version arrive (asking the ROUTER now and then).
+        """Block until weights with version ≥ min_version arrive.
 
-        Returns None if a Shutdown arrived or `stop()` became true; raises TimeoutError after
-        `timeout_s` with what it waited for.
+        A joining actor asks the ROUTER at once (`ask_first`); otherwise the broadcast normally
+        brings the version, and the ROUTER is asked only if nothing came for `ask_every_s` (a
+        missed broadcast). Returns None if a Shutdown arrived or `stop()` became true; raises
+        TimeoutError after `timeout_s` with what it waited for.
         """
         deadline = time.monotonic() + timeout_s
-        self.request(min_version - 1)
+        if ask_first:
+            self.request(min_version - 1)
         next_ask = time.monotonic() + ask_every_s
         best: tuple[int, dict] | None = None
         while True:

@@ -31,6 +31,7 @@ def test_every_shipped_config_loads(path):
                           "so `streamrl run` (tiny.yaml) and `streamrl learner`/`actor` with no CONFIG "
                           "(load(None)) run different jobs", strict=True)
 def test_the_defaults_are_the_tiny_job():
+    assert config.to_dict(load(config.DEFAULT_CONFIG)) == config.to_dict(load(None))
     assert load(config.DEFAULT_CONFIG) == load(None)
 
 
