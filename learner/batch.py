@@ -34,6 +34,8 @@ class Batch(msgspec.Struct):
 
 
 def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
+    if any(g.prompt_tokens.size == 0 for g in groups):
+        raise ValueError("every group needs a prompt of at least one token (the wire rejects empty prompts)")
     rows = [(g, i) for g in groups for i in range(g.group_size)]
     lengths = [g.prompt_tokens.size + g.samples[i].num_tokens for g, i in rows]
     L = max(lengths)

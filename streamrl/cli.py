@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     actor.add_argument("--index", type=int, default=0, help="actor index: its id and seed")
     check = sub.add_parser("check", help="validate a config and print it resolved")
     check.add_argument("args", nargs="*", help=spec)
+    bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
+    bench.add_argument("names", nargs="*", choices=["transport", "advantages", []], help="default: all")
+    bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     return p
 
 
@@ -52,6 +55,11 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        from streamrl import bench
+
+        bench.run(args.names, short=args.short)
+        return 0
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check"):

@@ -47,7 +47,7 @@ class ModelConfig(_Section):
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size}: must divide by num_heads ({self.num_heads})")
+            raise ValueError(f"num_heads={self.num_heads}: must divide hidden_size ({self.hidden_size})")
 
 
 class TaskConfig(_Section):
@@ -146,7 +146,7 @@ class ActorConfig(_Section):
     """Samples per prompt (G)."""
     prompts_per_generate: PositiveInt = 4
     """Prompts batched into one generate call."""
-    max_new_tokens: PositiveInt = 8
+    max_new_tokens: PositiveInt = 4
     """Completion length cap in tokens."""
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""

@@ -184,8 +184,9 @@ def decode_header(frames: Sequence) -> Header:
         header = _decoder.decode(_buffer(frames[0]))
     except msgspec.ValidationError as e:
         raise WireError("bad_header", f"header does not match any message type: {e}") from None
-    except msgspec.DecodeError as e:
-        raise WireError("bad_frame", f"frame 0 is not a msgpack header: {e}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
+        # Bad UTF-8 in a string field or absurd nesting surface as these, not as DecodeError.
+        raise WireError("bad_frame", f"frame 0 is not a msgpack header: {type(e).__name__}: {e}") from None
     if header.schema != SCHEMA_VERSION:
         raise WireError(
             "schema_version", f"{type(header).__name__} schema {header.schema}, this build speaks {SCHEMA_VERSION}"
@@ -205,6 +206,8 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         raise WireError("empty_group", "scored_group has no samples")
     if header.policy_version < 0:
         raise WireError("bad_version", f"policy_version {header.policy_version} < 0")
+    if header.num_prompt_tokens < 1:
+        raise WireError("empty_prompt", f"num_prompt_tokens is {header.num_prompt_tokens}; a prompt needs ≥ 1 token")
     total = 0
     for i, s in enumerate(header.samples):
         if s.num_tokens < 0:
@@ -264,8 +267,14 @@ def decode_weights(frames: Sequence, header: WeightsHeader | None = None) -> tup
         raise WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
     if len(frames) != len(header.tensors) + 1:
         raise WireError("frame_count", f"weights: {len(header.tensors)} tensors but {len(frames) - 1} frames")
+    if header.version < 0:
+        raise WireError("bad_version", f"weights version {header.version} < 0")
     out = {}
     for info, frame in zip(header.tensors, frames[1:]):
+        if info.name in out:
+            raise WireError("duplicate_tensor", f"tensor {info.name!r} appears twice")
+        if any(d < 0 for d in info.shape):
+            raise WireError("bad_shape", f"tensor {info.name!r} has shape {info.shape}")
         dtype = getattr(torch, info.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise WireError("bad_dtype", f"tensor {info.name!r} has unknown dtype {info.dtype!r}")

@@ -97,9 +97,6 @@ def test_an_empty_completion_contributes_no_tokens():
     assert b.input_ids.tolist() == [[5, 6, PAD], [5, 6, 7]]
 
 
-@pytest.mark.xfail(reason="BUG: collate slices completion positions from p-1 = -1 for an empty prompt and raises "
-                          "RuntimeError (the wire accepts num_prompt_tokens=0, so this reaches the learner)",
-                   strict=True)
 def test_a_group_with_an_empty_prompt_does_not_crash_collate():
     g = group([], [[3, 4], [5]], [[-1.0, -1.0], [-1.0]], [0.0, 1.0])
     try:

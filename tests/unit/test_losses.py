@@ -45,6 +45,7 @@ def test_on_policy_ratio_is_exactly_one_and_nothing_is_clipped():
 def test_on_policy_gradient_is_minus_advantage_over_token_count_and_zero_on_padding():
     adv = [0.5, -0.25]
     out, grad = _run(0.0, adv)
+    assert MASK.sum() == N_TOKENS
     # d loss / d logprob = -A / 5 on real tokens: -0.1 for sample 0, +0.05 for sample 1; 0 on pads.
     want = torch.tensor([[-0.1, -0.1, -0.1, 0.0], [0.05, 0.05, 0.0, 0.0]])
     assert_close(grad, want, rtol=0, atol=1e-7)

@@ -258,8 +258,6 @@ def test_the_subscriber_counts_bad_weight_messages_and_takes_the_next_good_one(z
     assert dict(sub.rejected.counts) == {"bad_frame": 1, "frame_count": 1}
 
 
-@pytest.mark.xfail(reason="BUG: wire.decode_weights raises RuntimeError (not WireError) for negative shape dims, "
-                          "so WeightSubscriber.poll lets it escape and the actor process dies", strict=True)
 def test_a_weights_message_with_negative_dims_does_not_crash_the_subscriber(zmq_ctx):
     ctx, track = zmq_ctx
     router, pub = _fake_learner(ctx, track)
@@ -272,9 +270,6 @@ def test_a_weights_message_with_negative_dims_does_not_crash_the_subscriber(zmq_
     assert sub.rejected.total == 1
 
 
-@pytest.mark.xfail(reason="BUG: a header string that is not UTF-8 raises UnicodeDecodeError out of "
-                          "GroupReceiver.take (wire.decode_header only maps msgspec errors to WireError)",
-                   strict=True)
 def test_a_header_that_is_not_utf8_is_counted_not_raised(zmq_ctx):
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))

@@ -1,0 +1,136 @@
+"""`streamrl bench`: hot-path benchmarks, each reported as a ratio against a reference measured in
+the same run (never a bare time).
+
+- transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
+  loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec).
+- advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+
+import numpy as np
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group(completion_tokens: int, group_size: int = 8):
+    from streamrl.wire import ScoredGroup
+
+    per = max(1, completion_tokens // group_size)
+    rng = np.random.default_rng(0)
+    return ScoredGroup.from_samples(
+        prompt_id="bench", policy_version=1, actor_id="bench", prompt_tokens=rng.integers(0, 1000, 64),
+        completions=[rng.integers(0, 1000, per) for _ in range(group_size)],
+        logprobs=[-rng.random(per) for _ in range(group_size)],
+        rewards=rng.random(group_size), finish_reasons=["stop"] * group_size)
+
+
+def _receiver(port: int, n: int, kind: str, ready, result) -> None:
+    import zmq
+
+    from streamrl import wire
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.setsockopt(zmq.RCVHWM, 64)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    ready.set()
+    first = s.recv_multipart(copy=False)  # the clock starts at the first message
+    t0 = time.perf_counter()
+    for _ in range(n - 1):
+        frames = s.recv_multipart(copy=False)
+        if kind == "group":
+            wire.decode_group(frames, vocab_size=1 << 20)
+    result.put(time.perf_counter() - t0)
+    del first
+    s.close()
+    ctx.term()
+
+
+def _one_way(kind: str, payload, n: int) -> float:
+    """Messages per second, process to process."""
+    import zmq
+
+    from streamrl import wire
+
+    port = _free_port()
+    mpc = mp.get_context("spawn")
+    ready, result = mpc.Event(), mpc.Queue()
+    proc = mpc.Process(target=_receiver, args=(port, n, kind, ready, result))
+    proc.start()
+    ready.wait(30)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 64)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    for _ in range(n):
+        if kind == "group":
+            s.send_multipart(wire.encode_group(payload), copy=False)
+        else:
+            s.send(payload, copy=False)
+    elapsed = result.get(timeout=300)
+    proc.join(30)
+    s.close()
+    ctx.term()
+    return (n - 1) / elapsed
+
+
+def transport(short: bool = False) -> list[dict]:
+    from streamrl import wire
+
+    rows = []
+    for tokens, n in ((32, 20000), (128 * 1024, 1000), (2 * 1024 * 1024, 60)):
+        if short:
+            n = max(10, n // 50)
+        group = _group(tokens)
+        nbytes = sum(memoryview(f).nbytes for f in wire.encode_group(group))
+        raw = np.random.default_rng(1).bytes(nbytes)
+        ours = _one_way("group", group, n)
+        ref = _one_way("raw", raw, n)
+        rows.append({"bench": "transport", "group_bytes": nbytes, "groups_per_s": ours,
+                     "MB_per_s": ours * nbytes / 1e6, "raw_zmq_msgs_per_s": ref, "ratio_vs_raw_zmq": ours / ref})
+    return rows
+
+
+def advantages_bench(short: bool = False) -> list[dict]:
+    import torch
+
+    from streamrl import advantages
+
+    rows = []
+    for groups in (64, 4096):
+        r = torch.rand(groups, 8)
+        reps = 50 if short else 2000
+
+        def timeit(fn) -> float:
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t0) / reps
+
+        ours = timeit(lambda: advantages.compute(r, "corpo", 0.75))
+        ref = timeit(lambda: r - r.mean(dim=1, keepdim=True).clamp_min(0.75))
+        rows.append({"bench": "advantages", "groups": groups, "us_per_call": ours * 1e6,
+                     "ratio_vs_bare_expression": ref / ours})
+    return rows
+
+
+BENCHES = {"transport": transport, "advantages": advantages_bench}
+
+
+def run(names: list[str], short: bool) -> list[dict]:
+    rows = []
+    for name in names or list(BENCHES):
+        for row in BENCHES[name](short=short):
+            print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            rows.append(row)
+    return rows
