@@ -23,6 +23,9 @@ from streamrl import wire
 log = logging.getLogger(__name__)
 
 
+_ZERO_COPY_MIN = 64 * 1024
+
+
 def endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
@@ -76,7 +79,9 @@ class GroupSender:
         self.blocked_s += time.perf_counter() - t0
         if not ready:
             return False
-        self.sock.send_multipart(wire.encode_group(group), copy=False)
+        frames = wire.encode_group(group)
+        # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
+        self.sock.send_multipart(frames, copy=sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN)
         return True
 
     def close(self) -> None:

@@ -218,13 +218,15 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
     prompt = _array(frames[1], TOKEN_DTYPE, header.num_prompt_tokens, "prompt tokens")
     tokens = _array(frames[2], TOKEN_DTYPE, total, "completion tokens")
     logprobs = _array(frames[3], LOGPROB_DTYPE, total, "behaviour log-probs")
-    if not np.isfinite(logprobs).all():
+    # One reduction per check (this runs for every group): a sum is non-finite iff some element is.
+    if logprobs.size and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
         raise WireError("non_finite_logprob", "behaviour log-probs contain NaN or inf")
-    if (logprobs > 1e-4).any():
+    if logprobs.size and logprobs.max() > 1e-4:
         raise WireError("bad_logprob", f"behaviour log-prob {float(logprobs.max())} > 0")
     if vocab_size is not None:
         for name, arr in (("prompt", prompt), ("completion", tokens)):
-            if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+            # Viewed as unsigned, a negative id is huge, so one max() checks both ends.
+            if arr.size and arr.view(np.uint32).max() >= vocab_size:
                 raise WireError(
                     "token_out_of_range",
                     f"{name} token ids span [{arr.min()}, {arr.max()}], vocabulary is [0, {vocab_size})",

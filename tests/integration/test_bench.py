@@ -1,0 +1,16 @@
+"""`streamrl bench --short` runs and reports every figure as a ratio (CI proves it runs, not how fast)."""
+
+from __future__ import annotations
+
+from procs import REPO, streamrl
+
+
+def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
+    out = streamrl("bench", "--short", cwd=tmp_path, timeout=300).stdout.splitlines()
+    transport = [line for line in out if line.startswith("bench=transport")]
+    adv = [line for line in out if line.startswith("bench=advantages")]
+    assert len(transport) == 3 and all("ratio_vs_raw_zmq=" in line for line in transport)
+    assert len(adv) == 2 and all("ratio_vs_bare_expression=" in line for line in adv)
+    for line in transport + adv:
+        ratio = float(line.rsplit("=", 1)[1])
+        assert 0 < ratio < 100
