@@ -63,7 +63,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             apply(got)
             start_version = version
             log.info("%s: starting at policy version %d", actor_id, version)
-        while got is not None and not stop() and weights.shutdown is None:
+        while not stop() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and newer[0] > version:
                 apply(newer)
@@ -73,6 +73,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                 got = _wait(weights, version + 1, cfg, stop, stats)
                 if got is not None:
                     apply(got)
+                elif (demand := weights.take_demand(version)) is not None:  # fewer actors than planned
+                    share = min(cfg.learner.batch_groups, share + demand.groups_missing)
+                    stats["share"] = share
                 continue
             t0 = time.perf_counter()
             prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))

@@ -20,12 +20,15 @@ log = logging.getLogger("streamrl.learner")
 
 
 class Intake:
-    def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int):
+    def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int,
+                 demand_after_s: float = 1.0):
         self.receiver = receiver
         self.publisher = publisher
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.used = 0
+        self.demand_after_s = demand_after_s
+        self.demands_sent = 0
         self.dropped: collections.Counter[str] = collections.Counter()
         self.poller = zmq.Poller()
         self.poller.register(receiver.sock, zmq.POLLIN)
@@ -40,11 +43,12 @@ class Intake:
         """n groups that pass the gate at `version`, and the seconds spent waiting for them.
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
-        arrives for `timeout_s`.
+        arrives for `timeout_s`. After `demand_after_s` without a group it asks actors that hold
+        back (to stay within the staleness bound) for the missing groups, and again as often.
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
-        last_arrival = time.monotonic()
+        last_arrival = last_demand = time.monotonic()
         while len(batch) < n and not stop():
             self.poller.poll(100)
             self.publisher.serve_requests()
@@ -58,7 +62,12 @@ class Intake:
                     batch.append(group)
                 else:
                     self.dropped[verdict] += 1
-            if time.monotonic() - last_arrival > timeout_s:
+            now = time.monotonic()
+            if min(now - last_arrival, now - last_demand) > self.demand_after_s and len(batch) < n:
+                self.publisher.demand(version, n - len(batch))
+                self.demands_sent += 1
+                last_demand = now
+            if now - last_arrival > timeout_s:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {len(batch)}/{n} for this batch); are the actors alive and pointed at this learner?")
@@ -81,4 +90,5 @@ class Intake:
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.publisher.rejected.counts),
             "weight_requests_served": self.publisher.requests_served,
+            "demands_sent": self.demands_sent,
         }

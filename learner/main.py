@@ -44,7 +44,7 @@ def run(cfg: Config) -> dict:
     receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size)
     publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
                                 t.max_message_bytes)
-    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness)
+    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s)
     publisher.publish(version, engine.full_state_dict())
     log.info("learner ready at version %d, step %d; waiting for actors on %s", version, step, t.group_port)
     started = time.time()

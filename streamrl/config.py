@@ -125,6 +125,8 @@ class LearnerConfig(_Section):
     """Save a DeepSpeed checkpoint every this many steps (0: only at the end)."""
     resume: bool = False
     """Resume from the newest checkpoint in the run directory."""
+    demand_after_s: PositiveFloat = 1.0
+    """Ask held-back actors for more groups after waiting this long with none arriving."""
     data_timeout_s: PositiveFloat = 300.0
     """Fail with a clear error if no group arrives for this long."""
     threads: NonNegInt = 1

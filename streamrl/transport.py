@@ -163,6 +163,9 @@ class WeightPublisher:
                 served += 1
                 self.requests_served += 1
 
+    def demand(self, version: int, groups_missing: int) -> None:
+        self.pub.send_multipart(wire.encode(wire.Demand(version=version, groups_missing=groups_missing)))
+
     def shutdown(self, reason: str = "done") -> None:
         self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))
 
@@ -187,6 +190,7 @@ class WeightSubscriber:
         self.actor_id = actor_id
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
+        self.demand: wire.Demand | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.dealer, zmq.POLLIN)
@@ -219,8 +223,9 @@ class WeightSubscriber:
 
         A joining actor asks the ROUTER at once (`ask_first`); otherwise the broadcast normally
         brings the version, and the ROUTER is asked only if nothing came for `ask_every_s` (a
-        missed broadcast). Returns None if a Shutdown arrived or `stop()` became true; raises
-        TimeoutError after `timeout_s` with what it waited for.
+        missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, or the
+        learner asked for more groups at the version before `min_version` (see `take_demand`);
+        raises TimeoutError after `timeout_s` with what it waited for.
         """
         deadline = time.monotonic() + timeout_s
         if ask_first:
@@ -233,7 +238,7 @@ class WeightSubscriber:
                 best = got
             if best is not None and best[0] >= min_version:
                 return best
-            if self.shutdown is not None or stop():
+            if self.shutdown is not None or stop() or self._demanded(min_version - 1):
                 return None
             now = time.monotonic()
             if now > deadline:
@@ -245,11 +250,25 @@ class WeightSubscriber:
                 self.request(min_version - 1)
                 next_ask = now + ask_every_s
 
+    def _demanded(self, version: int) -> bool:
+        return self.demand is not None and self.demand.version == version
+
+    def take_demand(self, version: int) -> wire.Demand | None:
+        """The learner's request for more groups made at `version`, once."""
+        if not self._demanded(version):
+            return None
+        d, self.demand = self.demand, None
+        return d
+
     def _decode(self, frames) -> tuple[int, dict] | None:
         try:
             header = wire.decode_header(frames)
             if isinstance(header, wire.Shutdown):
                 self.shutdown = header
+                return None
+            if isinstance(header, wire.Demand):
+                if self.demand is None or header.version >= self.demand.version:
+                    self.demand = header
                 return None
             return wire.decode_weights(frames, header)
         except wire.WireError as e:

@@ -82,7 +82,20 @@ class Shutdown(Struct, tag="shutdown", kw_only=True):
     reason: str = "done"
 
 
-Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown]
+class Demand(Struct, tag="demand", kw_only=True):
+    """The learner has waited in vain at `version` and still needs `groups_missing` groups.
+
+    An actor that held back to stay within the staleness bound makes more when it sees this, so
+    fewer live actors than configured (one crashed, or a cluster started with fewer) slow a run
+    down instead of stalling it.
+    """
+
+    schema: int = SCHEMA_VERSION
+    version: int
+    groups_missing: int
+
+
+Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown, Demand]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -171,7 +184,7 @@ def encode_group(group: ScoredGroup) -> list:
     ]
 
 
-def encode(msg: WeightsRequest | Shutdown) -> list[bytes]:
+def encode(msg: WeightsRequest | Shutdown | Demand) -> list[bytes]:
     """Frames for a header-only message."""
     return [_encoder.encode(msg)]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procs import REPO, streamrl
+from procs import streamrl
 
 
 def test_bench_short_reports_ratios_against_same_run_references(tmp_path):

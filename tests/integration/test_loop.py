@@ -151,3 +151,23 @@ def test_a_bad_override_fails_at_once_with_one_clear_line(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert "advantage.estimator='gpro'" in lines[0] and "corpo, grpo, static" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
+    """Fewer live actors than configured slow the first step, then the actor takes a larger share."""
+    g, w, r = _free_ports(3)
+    common = [TINY, f"run_dir={tmp_path}", "name=lone", "steps=20", "actors.num=2", f"transport.group_port={g}",
+              f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
+    learner = _spawn(["learner", *common], tmp_path / "learner.log")
+    actor = _spawn(["actor", *common, "--index", "0"], tmp_path / "actor.log")
+    try:
+        assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        assert actor.wait(timeout=30) == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    finally:
+        for p in (learner, actor):
+            if p.poll() is None:
+                p.kill()
+    s = summary(tmp_path / "lone")
+    assert s["policy_version"] == 20 and s["groups_used"] == 20 * 16
+    assert 1 <= s["demands_sent"] <= 3, "after the first demand the actor should supply whole batches itself"
+    assert "'share': 16" in (tmp_path / "actor.log").read_text()

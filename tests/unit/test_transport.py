@@ -281,3 +281,20 @@ def test_a_header_that_is_not_utf8_is_counted_not_raised(zmq_ctx):
     got = take(receiver)
     assert got is not None and got.policy_version == 1
     assert receiver.rejected.total == 1
+
+
+def test_a_demand_wakes_a_waiting_subscriber_once_and_only_for_its_version(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, MAX_BYTES))
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
+    time.sleep(0.3)  # let the SUB connection come up, so the broadcasts below reach it
+    pub.publish(3, {"w": torch.zeros(2)})
+    assert sub.wait_for(3, timeout_s=10)[0] == 3
+    pub.demand(version=2, groups_missing=5)  # for a version this actor no longer holds
+    pub.demand(version=3, groups_missing=4)
+    t0 = time.monotonic()
+    assert sub.wait_for(4, timeout_s=10) is None  # woken by the demand, not by new weights
+    assert time.monotonic() - t0 < 5
+    d = sub.take_demand(3)
+    assert d is not None and d.groups_missing == 4
+    assert sub.take_demand(3) is None
