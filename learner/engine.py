@@ -126,7 +126,8 @@ class Engine:
             params = list(self.engine.module.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
                 return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
-        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}
+        # A copy: the publisher sends without copying, and the next step updates parameters in place.
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
 
     def save(self, directory: str, tag: str, client_state: dict) -> None:
         self.engine.save_checkpoint(directory, tag=tag, client_state={"streamrl": client_state})

@@ -29,6 +29,8 @@ class Intake:
         self.used = 0
         self.demand_after_s = demand_after_s
         self.demands_sent = 0
+        self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
+        self._previous_arrival: float | None = None
         self.dropped: collections.Counter[str] = collections.Counter()
         self.poller = zmq.Poller()
         self.poller.register(receiver.sock, zmq.POLLIN)
@@ -43,8 +45,9 @@ class Intake:
         """n groups that pass the gate at `version`, and the seconds spent waiting for them.
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
-        arrives for `timeout_s`. After `demand_after_s` without a group it asks actors that hold
-        back (to stay within the staleness bound) for the missing groups, and again as often.
+        arrives for `timeout_s`. When no group has come for clearly longer than groups usually
+        take (`demand_wait_s`), it asks actors that hold back to stay within the staleness bound
+        for the missing groups, and asks again as often.
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
@@ -56,14 +59,17 @@ class Intake:
                 group = self.receiver.take()
                 if group is None:
                     break
-                last_arrival = time.monotonic()
+                now = time.monotonic()
+                if self._previous_arrival is not None:
+                    self.gaps.append(now - self._previous_arrival)
+                last_arrival = self._previous_arrival = now
                 verdict = self._verdict(group, version)
                 if verdict == "ok":
                     batch.append(group)
                 else:
                     self.dropped[verdict] += 1
             now = time.monotonic()
-            if min(now - last_arrival, now - last_demand) > self.demand_after_s and len(batch) < n:
+            if min(now - last_arrival, now - last_demand) > self.demand_wait_s and len(batch) < n:
                 self.publisher.demand(version, n - len(batch))
                 self.demands_sent += 1
                 last_demand = now
@@ -73,6 +79,12 @@ class Intake:
                     f"(have {len(batch)}/{n} for this batch); are the actors alive and pointed at this learner?")
         self.used += len(batch)
         return batch, time.perf_counter() - t0
+
+    @property
+    def demand_wait_s(self) -> float:
+        """How long a silence means missing actors rather than slow ones: ≥ 3× the longest recent
+        gap between groups, so actors that take minutes per generate call are not mistaken for gone."""
+        return max(self.demand_after_s, 3 * max(self.gaps, default=0.0))
 
     def _verdict(self, group: ScoredGroup, version: int) -> str:
         if group.group_size != self.group_size:

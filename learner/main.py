@@ -80,7 +80,6 @@ def run(cfg: Config) -> dict:
              **intake.accounting()},
             reward_range=(min(task.reward_levels), max(task.reward_levels)))
         runlog.close()
-        time.sleep(0.2)  # let the shutdown notice leave before the sockets close
         receiver.close()
         publisher.close()
         ctx.term()

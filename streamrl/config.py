@@ -126,7 +126,7 @@ class LearnerConfig(_Section):
     resume: bool = False
     """Resume from the newest checkpoint in the run directory."""
     demand_after_s: PositiveFloat = 1.0
-    """Ask held-back actors for more groups after waiting this long with none arriving."""
+    """Ask held-back actors for more groups after this long with none arriving (at least 3× recent gaps)."""
     data_timeout_s: PositiveFloat = 300.0
     """Fail with a clear error if no group arrives for this long."""
     threads: NonNegInt = 1

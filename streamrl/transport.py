@@ -4,6 +4,8 @@
   mark, so a slow learner blocks actors (backpressure) instead of queueing without bound.
 - Weight channel: the learner PUBlishes each new version; actors SUBscribe. A late or lagging
   actor asks the learner's ROUTER for the newest weights (WeightsRequest) and gets them at once.
+- Control notices (Demand, Shutdown) go to each known actor through the ROUTER: PUB drops
+  messages when a subscriber's small queue is full of weights, and a notice must not be lost.
 
 Receivers never raise on bad input: a rejected message is counted in `rejected[reason]` and
 logged once per reason.
@@ -132,6 +134,7 @@ class WeightPublisher:
         self.rejected = RejectCounter("weights request server")
         self.bytes_sent = 0
         self.requests_served = 0
+        self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights
 
     def publish(self, version: int, state: dict) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy."""
@@ -158,20 +161,31 @@ class WeightPublisher:
             except wire.WireError as e:
                 self.rejected(e)
                 continue
+            self.peers.add(bytes(identity.buffer))
             if self.latest is not None:
                 self.router.send_multipart([identity, *self.latest], copy=False)
                 served += 1
                 self.requests_served += 1
 
     def demand(self, version: int, groups_missing: int) -> None:
-        self.pub.send_multipart(wire.encode(wire.Demand(version=version, groups_missing=groups_missing)))
+        self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
     def shutdown(self, reason: str = "done") -> None:
-        self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))
+        self._notify(wire.Shutdown(reason=reason))
+        self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))  # also reaches an actor that never asked
 
-    def close(self) -> None:
-        self.pub.close(linger=0)
-        self.router.close(linger=0)
+    def _notify(self, msg) -> None:
+        frames = wire.encode(msg)
+        for peer in self.peers:  # a peer that has gone away is dropped silently (not ROUTER_MANDATORY)
+            try:
+                self.router.send_multipart([peer, *frames], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def close(self, linger_ms: int = 500) -> None:
+        """Give queued notices (the shutdown above all) up to `linger_ms` to leave."""
+        self.pub.close(linger=linger_ms)
+        self.router.close(linger=linger_ms)
 
 
 class WeightSubscriber:
