@@ -35,9 +35,11 @@ def run(cfg: Config) -> dict:
     model, tokenizer = model_lib.build(cfg, task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     engine = Engine(cfg, model)
-    runlog = RunLog(cfg, resume=cfg.learner.resume)
+    runlog = RunLog(cfg)
     resumed = engine.load(str(runlog.checkpoints)) if cfg.learner.resume else None
     step, version = (resumed["step"], resumed["version"]) if resumed else (0, 0)
+    runlog.open(resumed_step=step)
+    saved_at = step
 
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
     ctx = zmq.Context()
@@ -70,11 +72,13 @@ def run(cfg: Config) -> dict:
                 stepstats.check_strict(rec, L.strict_ratio_tol)
             if L.checkpoint_every and step % L.checkpoint_every == 0:
                 engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
+                saved_at = step
             if L.slow_step_s:
                 time.sleep(L.slow_step_s)
     finally:
         publisher.shutdown()
-        engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
+        if step != saved_at or not (runlog.checkpoints / "latest").exists():
+            engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
              **intake.accounting()},

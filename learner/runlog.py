@@ -29,16 +29,26 @@ def write_json(path: Path, obj) -> None:
 
 
 class RunLog:
-    def __init__(self, cfg: config_lib.Config, resume: bool):
+    def __init__(self, cfg: config_lib.Config):
         self.dir = cfg.run_path
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.dir / "checkpoints"
         (self.dir / "config.yaml").write_text(config_lib.dump(cfg))
-        if not resume:
-            for stale in ("metrics.jsonl", "summary.json"):
-                (self.dir / stale).unlink(missing_ok=True)
-        self._metrics = open(self.dir / "metrics.jsonl", "a", buffering=1)
+        (self.dir / "summary.json").unlink(missing_ok=True)
         self.rewards: list[float] = []
+        self._metrics = None
+
+    def open(self, resumed_step: int) -> None:
+        """Start metrics.jsonl afresh, or keep the records of the steps a resumed checkpoint holds
+        (steps logged after that checkpoint are dropped: they are about to be redone)."""
+        path = self.dir / "metrics.jsonl"
+        kept = []
+        if resumed_step and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] < resumed_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.rewards = [json.loads(line)["reward_mean"] for line in kept]
+        self._metrics = open(path, "a", buffering=1)
 
     def step(self, record: dict) -> None:
         self.rewards.append(record["reward_mean"])

@@ -45,6 +45,8 @@ class _Tail:
         if not self.path.exists():
             return []
         with open(self.path) as f:
+            if f.seek(0, os.SEEK_END) < self.pos:  # rewritten (a resumed learner trims its log)
+                self.pos, self.buf = 0, ""
             f.seek(self.pos)
             self.buf += f.read()
             self.pos = f.tell()
