@@ -97,7 +97,7 @@ def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop) -> i
     """Send groups, waiting out backpressure; stops early on shutdown. Returns how many went."""
     for sent, group in enumerate(groups):
         while not sender.send(group, timeout_s=0.2):
-            weights.poll(0)  # keep watching for the shutdown notice while the learner is busy
+            weights.watch()  # notice a shutdown (and keep new weights) while the learner is busy
             if stop() or weights.shutdown is not None:
                 return sent
     return len(groups)

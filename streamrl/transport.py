@@ -205,6 +205,7 @@ class WeightSubscriber:
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self._newest: tuple[int, dict] | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.dealer, zmq.POLLIN)
@@ -212,9 +213,8 @@ class WeightSubscriber:
     def request(self, have_version: int) -> None:
         self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id, have_version=have_version)))
 
-    def poll(self, timeout_ms: int = 0) -> tuple[int, dict] | None:
-        """Newest (version, tensors) that arrived within `timeout_ms`, else None. Sets `shutdown`."""
-        best: tuple[int, dict] | None = None
+    def watch(self, timeout_ms: int = 0) -> None:
+        """Take in whatever arrived within `timeout_ms`: notices, and the newest weights (kept for `poll`)."""
         events = dict(self.poller.poll(timeout_ms))
         while events:
             for sock in (self.sub, self.dealer):
@@ -226,10 +226,15 @@ class WeightSubscriber:
                     except zmq.Again:
                         break
                     got = self._decode(frames)
-                    if got is not None and (best is None or got[0] > best[0]):
-                        best = got
+                    if got is not None and (self._newest is None or got[0] > self._newest[0]):
+                        self._newest = got
             events = dict(self.poller.poll(0))
-        return best
+
+    def poll(self, timeout_ms: int = 0) -> tuple[int, dict] | None:
+        """Newest (version, tensors) received and not yet returned, waiting up to `timeout_ms`."""
+        self.watch(timeout_ms)
+        got, self._newest = self._newest, None
+        return got
 
     def wait_for(self, min_version: int, timeout_s: float, ask_first: bool = False, ask_every_s: float = 1.0,
                  stop: Callable[[], bool] = lambda: False) -> tuple[int, dict] | None:

@@ -297,3 +297,17 @@ def test_a_demand_wakes_a_waiting_subscriber_once_and_only_for_its_version(zmq_c
     d = sub.take_demand(3)
     assert d is not None and d.groups_missing == 4
     assert sub.take_demand(3) is None
+
+
+def test_weights_seen_while_watching_for_notices_are_kept_for_the_next_poll(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    pub.publish(1, _state(1))
+    assert sub.wait_for(1, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))[0] == 1
+    pub.publish(2, _state(2))
+    deadline = time.monotonic() + 5
+    while sub._newest is None and time.monotonic() < deadline:
+        sub.watch(timeout_ms=50)  # what an actor does while the learner applies backpressure
+    got = sub.poll()
+    assert got is not None and got[0] == 2
+    assert sub.poll() is None  # handed out once
