@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import torch
 
 from streamrl.wire import ScoredGroup
@@ -36,26 +37,31 @@ class Batch(msgspec.Struct):
 def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
     if any(g.prompt_tokens.size == 0 for g in groups):
         raise ValueError("every group needs a prompt of at least one token (the wire rejects empty prompts)")
-    rows = [(g, i) for g in groups for i in range(g.group_size)]
-    lengths = [g.prompt_tokens.size + g.samples[i].num_tokens for g, i in rows]
-    L = max(lengths)
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), L), dtype=torch.long)
-    cmask = torch.zeros((len(rows), L - 1))
-    blogp = torch.zeros((len(rows), L - 1))
-    for r, (g, i) in enumerate(rows):
-        p, toks = g.prompt_tokens.size, g.sample_tokens(i)
-        n = toks.size
-        ids[r, :p] = torch.from_numpy(g.prompt_tokens.astype("int64"))
-        ids[r, p:p + n] = torch.from_numpy(toks.astype("int64"))
-        attn[r, :p + n] = 1
-        cmask[r, p - 1:p - 1 + n] = 1
-        blogp[r, p - 1:p - 1 + n] = torch.from_numpy(g.sample_logprobs(i).copy())
+    B = sum(g.group_size for g in groups)
+    L = max(g.prompt_tokens.size + s.num_tokens for g in groups for s in g.samples)
+    # Filled in numpy and handed to torch once: per-row torch indexing cost more than the step's
+    # advantage and loss math together.
+    ids = np.full((B, L), pad_id, dtype=np.int64)
+    attn = np.zeros((B, L), dtype=np.int64)
+    cmask = np.zeros((B, L - 1), dtype=np.float32)
+    blogp = np.zeros((B, L - 1), dtype=np.float32)
+    row = 0
+    for g in groups:
+        p, offsets = g.prompt_tokens.size, g.offsets
+        for i in range(g.group_size):
+            a, b = offsets[i], offsets[i + 1]
+            end = p + b - a
+            ids[row, :p] = g.prompt_tokens
+            ids[row, p:end] = g.completion_tokens[a:b]
+            attn[row, :end] = 1
+            cmask[row, p - 1:end - 1] = 1
+            blogp[row, p - 1:end - 1] = g.behaviour_logprobs[a:b]
+            row += 1
     return Batch(
-        input_ids=ids,
-        attention_mask=attn,
-        completion_mask=cmask,
-        behaviour_logprobs=blogp,
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy(attn),
+        completion_mask=torch.from_numpy(cmask),
+        behaviour_logprobs=torch.from_numpy(blogp),
         rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
         policy_versions=torch.tensor([g.policy_version for g in groups]),
     )

@@ -4,6 +4,7 @@ the same run (never a bare time).
 - transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
   loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec).
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
+- batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
 """
 
 from __future__ import annotations
@@ -128,7 +129,31 @@ def advantages_bench(short: bool = False) -> list[dict]:
     return rows
 
 
-BENCHES = {"transport": transport, "advantages": advantages_bench}
+def batching(short: bool = False) -> list[dict]:
+    """learner.batch.collate (groups → padded tensors) against copying the same bytes once."""
+    from learner.batch import collate  # the benchmark drives the learner's real batcher
+
+    rows = []
+    for tokens in (32, 4096):
+        groups = [_group(tokens) for _ in range(16)]
+        reps = 10 if short else 200
+
+        def timeit(fn) -> float:
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t0) / reps
+
+        ours = timeit(lambda: collate(groups, 0))
+        ref = timeit(lambda: [np.concatenate([g.prompt_tokens, g.completion_tokens, g.behaviour_logprobs.view(np.int32)])
+                              for g in groups])
+        rows.append({"bench": "batching", "groups": 16, "tokens_per_group": tokens, "ms_per_batch": ours * 1e3,
+                     "ratio_vs_copying_the_bytes": ref / ours})
+    return rows
+
+
+BENCHES = {"transport": transport, "advantages": advantages_bench, "batching": batching}
 
 
 def run(names: list[str], short: bool) -> list[dict]:

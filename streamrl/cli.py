@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate a config and print it resolved")
     check.add_argument("args", nargs="*", help=spec)
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
-    bench.add_argument("names", nargs="*", choices=["transport", "advantages", []], help="default: all")
+    bench.add_argument("names", nargs="*", choices=["transport", "advantages", "batching", []], help="default: all")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     return p
 

@@ -11,6 +11,8 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     adv = [line for line in out if line.startswith("bench=advantages")]
     assert len(transport) == 3 and all("ratio_vs_raw_zmq=" in line for line in transport)
     assert len(adv) == 2 and all("ratio_vs_bare_expression=" in line for line in adv)
-    for line in transport + adv:
+    batching = [line for line in out if line.startswith("bench=batching")]
+    assert len(batching) == 2 and all("ratio_vs_copying_the_bytes=" in line for line in batching)
+    for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
