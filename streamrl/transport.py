@@ -76,14 +76,20 @@ class GroupSender:
 
     def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
         """Send one group; False if the learner applied backpressure for `timeout_s`."""
+        frames = wire.encode_group(group)
+        # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
+        copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)  # the usual case: room in the queue
+            return True
+        except zmq.Again:
+            pass
         t0 = time.perf_counter()
         ready = self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
         self.blocked_s += time.perf_counter() - t0
         if not ready:
             return False
-        frames = wire.encode_group(group)
-        # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
-        self.sock.send_multipart(frames, copy=sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN)
+        self.sock.send_multipart(frames, copy=copy)
         return True
 
     def close(self) -> None:

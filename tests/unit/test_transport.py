@@ -288,7 +288,12 @@ def test_a_demand_wakes_a_waiting_subscriber_once_and_only_for_its_version(zmq_c
     pub = track(WeightPublisher(ctx, ANY, ANY, MAX_BYTES))
     sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
     pub.publish(3, {"w": torch.zeros(2)})
-    assert sub.wait_for(3, timeout_s=10, ask_first=True, stop=_serving(pub))[0] == 3  # now the learner knows it
+    assert sub.wait_for(3, timeout_s=10, ask_first=True, stop=_serving(pub))[0] == 3
+    deadline = time.monotonic() + 5
+    while not pub.peers:  # the broadcast may have beaten the reply; the learner knows the actor once it serves
+        assert time.monotonic() < deadline
+        pub.router.poll(50)
+        pub.serve_requests()
     pub.demand(version=2, groups_missing=5)  # for a version this actor no longer holds
     pub.demand(version=3, groups_missing=4)
     t0 = time.monotonic()
