@@ -18,8 +18,7 @@ import zmq
 
 from actors import backends, rollout
 from streamrl import model as model_lib
-from streamrl import staleness
-from streamrl import tasks
+from streamrl import staleness, tasks
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
 from streamrl.transport import GroupSender, WeightSubscriber, endpoint

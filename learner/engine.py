@@ -89,18 +89,18 @@ class Engine:
 
     def train_step(self, batch: Batch, advantages: torch.Tensor) -> tuple[losses.LossOutput, dict]:
         """One forward/backward/optimizer step on the whole batch. advantages: (num_groups, G)."""
-        l = self.cfg.loss
+        lc = self.cfg.loss
         t0 = time.perf_counter()
         self.engine.train()
-        logp, entropy = self.token_logprobs(self.engine, batch, with_entropy=bool(l.entropy_coef))
+        logp, entropy = self.token_logprobs(self.engine, batch, with_entropy=bool(lc.entropy_coef))
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = self.token_logprobs(self.ref_model.to(self.device), batch)
         out = losses.compute(
-            l.name, logp, batch.behaviour_logprobs.to(self.device), advantages.flatten().to(self.device),
-            batch.completion_mask.to(self.device), clip_low=l.clip_low, clip_high=l.clip_high, is_cap=l.is_cap,
-            kl_coef=l.kl_coef, entropy_coef=l.entropy_coef, ref_logprobs=ref, entropy=entropy)
+            lc.name, logp, batch.behaviour_logprobs.to(self.device), advantages.flatten().to(self.device),
+            batch.completion_mask.to(self.device), clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap,
+            kl_coef=lc.kl_coef, entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy)
         self.engine.backward(out.loss)
         t1 = time.perf_counter()
         steps_before = self.optimizer_steps

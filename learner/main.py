@@ -14,9 +14,8 @@ from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.runlog import RunLog
-from streamrl import advantages
+from streamrl import advantages, tasks
 from streamrl import model as model_lib
-from streamrl import tasks
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
 from streamrl.transport import GroupReceiver, WeightPublisher, endpoint
@@ -26,7 +25,8 @@ log = logging.getLogger("streamrl.learner")
 
 def run(cfg: Config) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("streamrl learner: more than one rank is not supported yet (one rank trains and talks to actors)")
+        raise SystemExit("streamrl learner: more than one rank is not supported yet "
+                         "(one rank trains and talks to actors)")
     stop = stop_on_signals()
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)

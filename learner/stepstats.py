@@ -53,7 +53,8 @@ def check_strict(rec: dict, ratio_tol: float) -> None:
     if rec["lag_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
     if rec["optimizer_steps"] != 1:
-        raise StrictModeViolation(f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
+        raise StrictModeViolation(
+            f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
     if rec["is_ratio_max_abs_dev"] > ratio_tol:
         raise StrictModeViolation(
             f"step {rec['step']}: importance ratio off by {rec['is_ratio_max_abs_dev']:.2e} > {ratio_tol:.0e}: "

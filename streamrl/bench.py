@@ -22,6 +22,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _per_call(fn, reps: int) -> float:
+    """Seconds per call, after one warm-up call."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
 def _group(completion_tokens: int, group_size: int = 8):
     from streamrl.wire import ScoredGroup
 
@@ -114,16 +123,8 @@ def advantages_bench(short: bool = False) -> list[dict]:
     for groups in (64, 4096):
         r = torch.rand(groups, 8)
         reps = 50 if short else 2000
-
-        def timeit(fn) -> float:
-            fn()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t0) / reps
-
-        ours = timeit(lambda: advantages.compute(r, "corpo", 0.75))
-        ref = timeit(lambda: r - r.mean(dim=1, keepdim=True).clamp_min(0.75))
+        ours = _per_call(lambda: advantages.compute(r, "corpo", 0.75), reps)
+        ref = _per_call(lambda: r - r.mean(dim=1, keepdim=True).clamp_min(0.75), reps)
         rows.append({"bench": "advantages", "groups": groups, "us_per_call": ours * 1e6,
                      "ratio_vs_bare_expression": ref / ours})
     return rows
@@ -137,17 +138,9 @@ def batching(short: bool = False) -> list[dict]:
     for tokens in (32, 4096):
         groups = [_group(tokens) for _ in range(16)]
         reps = 10 if short else 200
-
-        def timeit(fn) -> float:
-            fn()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t0) / reps
-
-        ours = timeit(lambda: collate(groups, 0))
-        ref = timeit(lambda: [np.concatenate([g.prompt_tokens, g.completion_tokens, g.behaviour_logprobs.view(np.int32)])
-                              for g in groups])
+        ours = _per_call(lambda: collate(groups, 0), reps)
+        ref = _per_call(lambda: [np.concatenate([g.prompt_tokens, g.completion_tokens,
+                                                 g.behaviour_logprobs.view(np.int32)]) for g in groups], reps)
         rows.append({"bench": "batching", "groups": 16, "tokens_per_group": tokens, "ms_per_batch": ours * 1e3,
                      "ratio_vs_copying_the_bytes": ref / ours})
     return rows

@@ -49,7 +49,8 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
         elif "=" in item:
             overrides.append(item)
         else:
-            raise config_lib.ConfigError(f"unexpected argument {item!r}: give one CONFIG file, then key=value overrides")
+            raise config_lib.ConfigError(
+                f"unexpected argument {item!r}: give one CONFIG file, then key=value overrides")
     return path, overrides
 
 

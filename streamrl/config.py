@@ -275,7 +275,8 @@ def overrides_for(cfg: Config) -> list[str]:
             if isinstance(v, dict):
                 walk(v, f"{prefix}{k}.")
             else:
-                out.append(f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}")
+                text = yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+                out.append(f"{prefix}{k}={text}")
 
     walk(to_dict(cfg), "")
     return out
@@ -312,7 +313,8 @@ def _check_keys(raw: dict[str, Any], struct: type, prefix: str) -> None:
         sub = hints[key]
         if isinstance(sub, type) and issubclass(sub, Struct):
             if not isinstance(value, dict):
-                raise ConfigError(f"config key {where!r} is a section ({', '.join(sub.__struct_fields__)}), got {value!r}")
+                keys = ", ".join(sub.__struct_fields__)
+                raise ConfigError(f"config key {where!r} is a section ({keys}), got {value!r}")
             _check_keys(value, sub, where + ".")
 
 

@@ -31,12 +31,12 @@ def learning_signal(
     """
     r = group_rewards.flatten()
     a = advantages.flatten()
-    l = sample_loss.flatten().abs()
+    loss = sample_loss.flatten().abs()
     pos, neg = a > 0, a < 0
     failed = r < r_min_correct
     return {
         "r_count": _ratio(float(pos.sum()), float(neg.sum())),
-        "r_loss": _ratio(float(l[pos].sum()), float(l[neg].sum())),
+        "r_loss": _ratio(float(loss[pos].sum()), float(loss[neg].sum())),
         "adv_pos": int(pos.sum()),
         "adv_neg": int(neg.sum()),
         "adv_zero": int((a == 0).sum()),

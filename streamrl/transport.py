@@ -24,7 +24,6 @@ from streamrl import wire
 
 log = logging.getLogger(__name__)
 
-
 _ZERO_COPY_MIN = 64 * 1024
 
 
@@ -61,8 +60,9 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
     try:
         sock.bind(addr)
     except zmq.ZMQError as e:
-        raise RuntimeError(f"cannot bind the {what} to {addr} ({e}); is another run using it? "
-                           "Choose another port in the transport section (0 = any free port under `streamrl run`)") from None
+        raise RuntimeError(
+            f"cannot bind the {what} to {addr} ({e}); is another run using it? Choose another port "
+            "in the transport section (0 = any free port under `streamrl run`)") from None
 
 
 class GroupSender:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from procs import metrics, summary
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import zmq
-
 from procs import FREE_PORTS, REPO, metrics, streamrl, summary
 
 pytestmark = pytest.mark.slow
