@@ -67,10 +67,10 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
 
 
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
-    log = open(log_path, "w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
 
 def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -121,20 +121,28 @@ def run(cfg: Config, out=sys.stdout) -> int:
                 p.kill()
 
     old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    tail, failure = _Tail(run_dir / "metrics.jsonl"), None
+    tail, failure, reported = _Tail(run_dir / "metrics.jsonl"), None, set()
+
+    def show_progress() -> None:
+        for line in tail.lines():
+            rec = json.loads(line)
+            if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
+                print(progress_line(rec, cfg.steps, cfg.effective_max_staleness), file=out, flush=True)
+
     try:
         while learner.poll() is None:
-            for line in tail.lines():
-                rec = json.loads(line)
-                if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
-                    print(progress_line(rec, cfg.steps, cfg.effective_max_staleness), file=out, flush=True)
-            dead = [i for i, p in enumerate(actors) if p.poll() not in (None, 0)]
-            if actors and dead and all(p.poll() is not None for p in actors) and failure is None:
-                failure = f"every actor exited (actor-{dead[0]} with status {actors[dead[0]].returncode})"
-                print(f"streamrl: {failure}; stopping the learner. actor-{dead[0]}.log ends:\n"
-                      f"{_tail_of(run_dir / 'logs' / f'actor-{dead[0]}.log')}", file=out, flush=True)
+            show_progress()
+            for i, p in enumerate(actors):
+                if p.poll() not in (None, 0) and i not in reported:
+                    reported.add(i)
+                    print(f"streamrl: actor-{i} exited with status {p.returncode}; actor-{i}.log ends:\n"
+                          f"{_tail_of(run_dir / 'logs' / f'actor-{i}.log')}", file=out, flush=True)
+            if actors and reported and all(p.poll() is not None for p in actors) and failure is None:
+                failure = "every actor exited"
+                print(f"streamrl: {failure}; stopping the learner", file=out, flush=True)
                 learner.send_signal(signal.SIGTERM)
             time.sleep(0.2)
+        show_progress()
         _stop_all(actors, grace_s=10.0)  # they exit on the learner's shutdown notice; this is the backstop
     finally:
         _stop_all([learner, *actors], grace_s=5.0)
@@ -148,8 +156,9 @@ def run(cfg: Config, out=sys.stdout) -> int:
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         s = json.loads(summary_path.read_text())
-        print(f"streamrl: done in {s['wall_s']:.0f}s: {s['steps']} steps, reward {_fmt(s['reward_first_10pct'], '.3f')}"
-              f" (first 10%) -> {_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
+        print(f"streamrl: done in {s['wall_s']:.0f}s: {s['steps']} steps, "
+              f"reward {_fmt(s['reward_first_10pct'], '.3f')} (first 10%) -> "
+              f"{_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
               f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}",
               file=out, flush=True)
     return 1 if failure else 0

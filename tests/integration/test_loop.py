@@ -171,3 +171,28 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
     assert s["policy_version"] == 20 and s["groups_used"] == 20 * 16
     assert 1 <= s["demands_sent"] <= 3, "after the first demand the actor should supply whole batches itself"
     assert "'share': 16" in (tmp_path / "actor.log").read_text()
+
+
+def test_the_run_goes_on_when_an_actor_dies(tmp_path):
+    run = tmp_path / "runs" / "one-down"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl", "run", TINY, "steps=60", "name=one-down", f"run_dir={tmp_path / 'runs'}",
+         *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
+            assert time.monotonic() < deadline and proc.poll() is None, "run never got going"
+            time.sleep(0.1)
+        victim = next(pid for pid in _children_of_run(run)
+                      if b"--index\x001" in (Path("/proc") / str(pid) / "cmdline").read_bytes())
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "actor-1 exited with status -9" in out
+    s = summary(run)
+    assert s["steps"] == 60 and not s["stopped_early"]
+    assert s["demands_sent"] >= 1  # the survivor was asked for the dead actor's share
+    assert _children_of_run(run) == []
