@@ -140,8 +140,8 @@ class LearnerConfig(_Section):
 class ActorConfig(_Section):
     num: NonNegInt = 2
     """Actor processes that `streamrl run` starts."""
-    backend: Literal["hf", "vllm", "sglang"] = "hf"
-    """Generation backend."""
+    backend: Literal["hf"] = "hf"
+    """Generation backend (vllm and sglang are planned: issue #8)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
@@ -153,7 +153,7 @@ class ActorConfig(_Section):
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass (behaviour log-probs are taken from the untruncated tempered distribution)."""
     threads: NonNegInt = 1
     """torch threads per actor (0: torch's default)."""
     throttle: bool = True

@@ -1,8 +1,8 @@
 """Generation backends. Each turns prompt token ids into G sampled completions per prompt with
 the behaviour log-prob of every sampled token, and loads new weights in place.
 
-`hf` (transformers, CPU or GPU) is always available; `vllm` and `sglang` import their engines
-only when chosen.
+`hf` (transformers, CPU or GPU) is the one backend today; a backend module is imported only
+when chosen, so a GPU engine's heavy imports never slow down the others.
 """
 
 from __future__ import annotations
