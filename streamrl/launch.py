@@ -137,8 +137,9 @@ def run(cfg: Config, out=sys.stdout) -> int:
                     reported.add(i)
                     print(f"streamrl: actor-{i} exited with status {p.returncode}; actor-{i}.log ends:\n"
                           f"{_tail_of(run_dir / 'logs' / f'actor-{i}.log')}", file=out, flush=True)
-            if actors and reported and all(p.poll() is not None for p in actors) and failure is None:
-                failure = "every actor exited"
+            # An actor that exits 0 has had the learner's shutdown notice: only all of them failing is fatal.
+            if actors and failure is None and len(reported) == len(actors):
+                failure = "every actor failed"
                 print(f"streamrl: {failure}; stopping the learner", file=out, flush=True)
                 learner.send_signal(signal.SIGTERM)
             time.sleep(0.2)

@@ -26,7 +26,8 @@ def streamrl(*args: str, cwd: Path, timeout: float = 300, check: bool = True) ->
 def _logs(cwd: Path) -> str:
     out = []
     for log in sorted(cwd.glob("runs/*/logs/*.log")):
-        out.append(f"--- {log.relative_to(cwd)} (tail)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        out.append(f"--- {log.relative_to(cwd)} (tail)\n" + "\n".join(tail))
     return "\n".join(out)
 
 

@@ -86,7 +86,7 @@ def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_
     run = tmp_path / "loop"
     recs = metrics(run)
     consumed_versions = [r["step"] - r["lag_mean"] for r in recs]
-    assert consumed_versions[-1] > consumed_versions[0] + 5, "actors must generate with newer weights as the learner steps"
+    assert consumed_versions[-1] > consumed_versions[0] + 5, "actors must follow the learner's new weights"
     s = summary(run)
     assert s["policy_version"] == 15
     assert sum(s["messages_rejected"].values()) == len(GARBAGE)
@@ -109,16 +109,24 @@ def _children_of_run(run_dir: Path) -> list[int]:
     return pids
 
 
-def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
-    run = tmp_path / "runs" / "interrupted"
+def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen, Path]:
+    """`streamrl run` in the background, returned once its learner has logged 5 steps."""
+    run = tmp_path / "runs" / name
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", TINY, "steps=100000", "name=interrupted",
+        [sys.executable, "-m", "streamrl", "run", TINY, f"steps={steps}", f"name={name}",
          f"run_dir={tmp_path / 'runs'}", *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"run never got going:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.1)
+    return proc, run
+
+
+def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
+    proc, run = _start_run(tmp_path, "interrupted", steps=100000)
     try:
-        deadline = time.monotonic() + 180
-        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
-            assert time.monotonic() < deadline and proc.poll() is None, "run never got going"
-            time.sleep(0.2)
         assert len(_children_of_run(run)) == 3  # learner + 2 actors
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
@@ -174,15 +182,8 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
 
 
 def test_the_run_goes_on_when_an_actor_dies(tmp_path):
-    run = tmp_path / "runs" / "one-down"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", TINY, "steps=60", "name=one-down", f"run_dir={tmp_path / 'runs'}",
-         *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, run = _start_run(tmp_path, "one-down", steps=60)
     try:
-        deadline = time.monotonic() + 180
-        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
-            assert time.monotonic() < deadline and proc.poll() is None, "run never got going"
-            time.sleep(0.1)
         victim = next(pid for pid in _children_of_run(run)
                       if b"--index\x001" in (Path("/proc") / str(pid) / "cmdline").read_bytes())
         os.kill(victim, signal.SIGKILL)
@@ -195,4 +196,20 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     s = summary(run)
     assert s["steps"] == 60 and not s["stopped_early"]
     assert s["demands_sent"] >= 1  # the survivor was asked for the dead actor's share
+    assert _children_of_run(run) == []
+
+
+def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):
+    proc, run = _start_run(tmp_path, "all-down", steps=100000)
+    try:
+        for pid in _children_of_run(run):
+            if b"\x00actor\x00" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert "every actor failed; stopping the learner" in out
+    assert summary(run)["stopped_early"] is True
     assert _children_of_run(run) == []
