@@ -44,32 +44,42 @@ def _group(completion_tokens: int, group_size: int = 8):
 
 
 def _receiver(port: int, n: int, kind: str, ready, result) -> None:
+    """Receive n messages: groups through the learner's GroupReceiver (decode + validate), raw ones bare."""
     import zmq
 
-    from streamrl import wire
+    from streamrl.transport import GroupReceiver
 
     ctx = zmq.Context()
-    s = ctx.socket(zmq.PULL)
-    s.setsockopt(zmq.RCVHWM, 64)
-    s.bind(f"tcp://127.0.0.1:{port}")
+    addr = f"tcp://127.0.0.1:{port}"
+    if kind == "group":
+        receiver = GroupReceiver(ctx, addr, hwm=64, max_bytes=1 << 30, vocab_size=1 << 20)
+        sock = receiver.sock
+
+        def take() -> None:
+            while receiver.take() is None:
+                sock.poll(1000)
+    else:
+        sock = ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 64)
+        sock.bind(addr)
+
+        def take() -> None:
+            sock.recv_multipart(copy=False)
     ready.set()
-    first = s.recv_multipart(copy=False)  # the clock starts at the first message
+    take()  # the clock starts at the first message
     t0 = time.perf_counter()
     for _ in range(n - 1):
-        frames = s.recv_multipart(copy=False)
-        if kind == "group":
-            wire.decode_group(frames, vocab_size=1 << 20)
+        take()
     result.put(time.perf_counter() - t0)
-    del first
-    s.close()
+    sock.close(linger=0)
     ctx.term()
 
 
 def _one_way(kind: str, payload, n: int) -> float:
-    """Messages per second, process to process."""
+    """Messages per second, process to process: groups through GroupSender, raw bytes bare."""
     import zmq
 
-    from streamrl.transport import GroupSender
+    from streamrl.transport import _ZERO_COPY_MIN, GroupSender
 
     port = _free_port()
     mpc = mp.get_context("spawn")
@@ -78,21 +88,21 @@ def _one_way(kind: str, payload, n: int) -> float:
     proc.start()
     ready.wait(30)
     ctx = zmq.Context()
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.SNDHWM, 64)
-    s.connect(f"tcp://127.0.0.1:{port}")
+    addr = f"tcp://127.0.0.1:{port}"
     if kind == "group":
-        sender = GroupSender.__new__(GroupSender)  # the real send path, on this benchmark's socket
-        sender.sock, sender.blocked_s = s, 0.0
-    copy = len(payload) < 64 * 1024 if kind == "raw" else None
-    for _ in range(n):
-        if kind == "group":
+        sender = GroupSender(ctx, addr, hwm=64)
+        for _ in range(n):
             sender.send(payload, timeout_s=60)
-        else:
-            s.send(payload, copy=copy)
+        sock = sender.sock
+    else:
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 64)
+        sock.connect(addr)
+        for _ in range(n):
+            sock.send(payload, copy=len(payload) < _ZERO_COPY_MIN)
     elapsed = result.get(timeout=300)
     proc.join(30)
-    s.close()
+    sock.close(linger=0)
     ctx.term()
     return (n - 1) / elapsed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -31,6 +32,17 @@ def _free_ports(n: int) -> list[int]:
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@contextlib.contextmanager
+def _reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
+    """Whatever the test's outcome, no process it started outlives it (a list may grow inside)."""
+    try:
+        yield
+    finally:
+        for p in [q for item in procs for q in (item if isinstance(item, list) else [item])]:
+            if p.poll() is None:
+                p.kill()
 
 
 def _wait_for_text(path: Path, text: str, timeout: float) -> None:
@@ -66,22 +78,18 @@ def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_
     common = [TINY, f"run_dir={tmp_path}", "name=loop", "steps=15", f"transport.group_port={g}",
               f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
     learner = _spawn(["learner", *common], tmp_path / "learner.log")
-    actors = []
-    try:
+    actors: list[subprocess.Popen] = []
+    with _reaped(learner, actors):
         _wait_for_text(tmp_path / "learner.log", "learner ready", timeout=180)
         ctx = zmq.Context()
         _garbage(ctx, zmq.PUSH, f"tcp://127.0.0.1:{g}", GARBAGE)
         _garbage(ctx, zmq.DEALER, f"tcp://127.0.0.1:{r}", GARBAGE[:3])
         ctx.term()
-        actors = [_spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"], tmp_path / f"actor-{i}.log")
-                  for i in range(2)]
+        actors.extend(_spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"],
+                             tmp_path / f"actor-{i}.log") for i in range(2))
         assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         for i, a in enumerate(actors):  # they leave on the learner's shutdown notice, by themselves
             assert a.wait(timeout=30) == 0, (tmp_path / f"actor-{i}.log").read_text()[-3000:]
-    finally:
-        for p in [learner, *actors]:
-            if p.poll() is None:
-                p.kill()
 
     run = tmp_path / "loop"
     recs = metrics(run)
@@ -126,13 +134,10 @@ def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen,
 
 def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
     proc, run = _start_run(tmp_path, "interrupted", steps=100000)
-    try:
+    with _reaped(proc):
         assert len(_children_of_run(run)) == 3  # learner + 2 actors
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, out
     assert "stopping" in out
     s = summary(run)
@@ -168,13 +173,9 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
               f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
     learner = _spawn(["learner", *common], tmp_path / "learner.log")
     actor = _spawn(["actor", *common, "--index", "0"], tmp_path / "actor.log")
-    try:
+    with _reaped(learner, actor):
         assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         assert actor.wait(timeout=30) == 0, (tmp_path / "actor.log").read_text()[-3000:]
-    finally:
-        for p in (learner, actor):
-            if p.poll() is None:
-                p.kill()
     s = summary(tmp_path / "lone")
     assert s["policy_version"] == 20 and s["groups_used"] == 20 * 16
     assert 1 <= s["demands_sent"] <= 3, "after the first demand the actor should supply whole batches itself"
@@ -183,14 +184,11 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
 
 def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     proc, run = _start_run(tmp_path, "one-down", steps=60)
-    try:
+    with _reaped(proc):
         victim = next(pid for pid in _children_of_run(run)
                       if b"--index\x001" in (Path("/proc") / str(pid) / "cmdline").read_bytes())
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, out
     assert "actor-1 exited with status -9" in out
     s = summary(run)
@@ -201,14 +199,11 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
 
 def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):
     proc, run = _start_run(tmp_path, "all-down", steps=100000)
-    try:
+    with _reaped(proc):
         for pid in _children_of_run(run):
             if b"\x00actor\x00" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 1, out
     assert "every actor failed; stopping the learner" in out
     assert summary(run)["stopped_early"] is True

@@ -40,6 +40,14 @@ def bound(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def _raw_pusher(ctx, track, receiver: GroupReceiver) -> zmq.Socket:
+    """A bare PUSH socket aimed at `receiver`, for sending frames the project would never make."""
+    raw = track(ctx.socket(zmq.PUSH))
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(bound(receiver.sock))
+    return raw
+
+
 def make_group(version=0, tokens=(9, 10, 11)) -> wire.ScoredGroup:
     return wire.ScoredGroup.from_samples(
         prompt_id="copy-ab", policy_version=version, actor_id="actor-0", prompt_tokens=[5, 6],
@@ -82,9 +90,7 @@ def test_take_returns_none_when_nothing_waits(zmq_ctx):
 def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_ctx):
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
-    raw = track(ctx.socket(zmq.PUSH))
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(bound(receiver.sock))
+    raw = _raw_pusher(ctx, track, receiver)
     good = wire.encode_group(make_group())
     garbage = [
         [b"\xc1\xc1\xc1"],                                            # bad_frame
@@ -273,9 +279,7 @@ def test_a_weights_message_with_negative_dims_does_not_crash_the_subscriber(zmq_
 def test_a_header_that_is_not_utf8_is_counted_not_raised(zmq_ctx):
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
-    raw = track(ctx.socket(zmq.PUSH))
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(bound(receiver.sock))
+    raw = _raw_pusher(ctx, track, receiver)
     raw.send_multipart([b"\x81\xa4type\xa2\xff\xfe"])
     raw.send_multipart(wire.encode_group(make_group(version=1)))
     got = take(receiver)
