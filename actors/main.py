@@ -17,8 +17,8 @@ import torch
 import zmq
 
 from actors import backends, rollout
+from streamrl import exporter, metrics, staleness, tasks
 from streamrl import model as model_lib
-from streamrl import staleness, tasks
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
 from streamrl.transport import GroupSender, WeightSubscriber, endpoint
@@ -37,6 +37,11 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     task = tasks.build(cfg.task)
     model, tokenizer = model_lib.build(cfg, task.vocabulary)
     backend = backends.build(cfg.actors.backend, cfg, model, tokenizer)
+    telemetry, health, server = _monitoring(cfg, index, actor_id)
+
+    def stopping() -> bool:  # asked every few hundred ms while waiting: proof of life for /healthz
+        health.beat()
+        return stop()
 
     host, t = learner_host or cfg.transport.host, cfg.transport
     ctx = zmq.Context()
@@ -45,6 +50,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                                actor_id, t.max_message_bytes)
     # The learner takes about this many groups per version from each actor.
     share = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1))
+    telemetry.share.set(share)
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
     version = start_version = produced = 0
@@ -52,42 +58,51 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
     def apply(got) -> None:
         nonlocal version
+        t0 = time.perf_counter()
         backend.load_weights(got[1])
         version = got[0]
         stats["versions_applied"] += 1
+        telemetry.observe_weights(version, time.perf_counter() - t0)
+        health.beat(policy_version=version)
 
     try:
-        got = _wait(weights, 0, cfg, stop, stats, ask_first=True)  # never generate before holding the learner's weights
+        # never generate before holding the learner's weights
+        got = _wait(weights, 0, cfg, stopping, stats, telemetry, ask_first=True)
         if got is not None:
             apply(got)
             start_version = version
             log.info("%s: starting at policy version %d", actor_id, version)
-        while not stop() and weights.shutdown is None:
+        while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and newer[0] > version:
                 apply(newer)
             budget = staleness.generation_budget(version, start_version, produced, share,
                                                  cfg.effective_max_staleness) if throttle else 1 << 30
             if budget == 0:  # further groups would arrive too stale: wait for the learner
-                got = _wait(weights, version + 1, cfg, stop, stats)
+                got = _wait(weights, version + 1, cfg, stopping, stats, telemetry)
                 if got is not None:
                     apply(got)
                 elif (demand := weights.take_demand(version)) is not None:  # fewer actors than planned
                     share = min(cfg.learner.batch_groups, share + demand.groups_missing)
                     stats["share"] = share
+                    telemetry.share.set(share)
                 continue
             t0 = time.perf_counter()
             prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
             groups = rollout.make_groups(backend, tokenizer, task, prompts, cfg.actors.group_size, version, actor_id)
-            stats["generate_s"] += time.perf_counter() - t0
+            stats["generate_s"] += (gen_s := time.perf_counter() - t0)
+            telemetry.observe_generate(groups, gen_s)
             produced += len(groups)
-            stats["groups_sent"] += _send_all(sender, weights, groups, stop)
+            stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping))
+            telemetry.observe_sent(sent, sender.blocked_s)
     finally:
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
         stats["rejected"] = dict(weights.rejected.counts)
         sender.close()
         weights.close()
         ctx.term()
+        if server:
+            server.close()
     log.info("%s: done %s", actor_id, stats)
     return stats
 
@@ -102,10 +117,20 @@ def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop) -> i
     return len(groups)
 
 
-def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, ask_first: bool = False):
+def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, telemetry: metrics.ActorMetrics,
+          ask_first: bool = False):
     t0 = time.perf_counter()
     try:
         return weights.wait_for(min_version, cfg.actors.weights_timeout_s, ask_first=ask_first, stop=stop)
     finally:
-        stats["weights_wait_s"] += time.perf_counter() - t0
+        stats["weights_wait_s"] += (waited := time.perf_counter() - t0)
+        telemetry.weights_wait.inc(waited)
+
+
+def _monitoring(cfg: Config, index: int, actor_id: str):
+    registry = metrics.new_registry()
+    telemetry = metrics.ActorMetrics(registry, cfg.name, actor_id)
+    health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
+    port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
+    return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, port)
 

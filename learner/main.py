@@ -14,7 +14,7 @@ from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.runlog import RunLog
-from streamrl import advantages, tasks
+from streamrl import advantages, exporter, metrics, tasks
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -47,12 +47,24 @@ def run(cfg: Config) -> dict:
     publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
                                 t.max_message_bytes)
     intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s)
-    publisher.publish(version, engine.full_state_dict())
+    telemetry, health, server = _monitoring(cfg, task)
+
+    def publish(v: int) -> None:
+        t0 = time.perf_counter()
+        nbytes = publisher.publish(v, engine.full_state_dict())
+        telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+
+    def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
+        health.beat()
+        return stop()
+
+    publish(version)
+    health.beat(step=step, policy_version=version)
     log.info("learner ready at version %d, step %d; waiting for actors on %s", version, step, t.group_port)
     started = time.time()
     try:
-        while step < cfg.steps and not stop():
-            groups, wait_s = intake.collect(version, L.batch_groups, L.data_timeout_s, stop)    # receive → gate
+        while step < cfg.steps and not stopping():
+            groups, wait_s = intake.collect(version, L.batch_groups, L.data_timeout_s, stopping)  # receive → gate
             if len(groups) < L.batch_groups:
                 break
             t0 = time.perf_counter()
@@ -62,12 +74,17 @@ def run(cfg: Config) -> dict:
             out, train = engine.train_step(batch, adv)                                           # step
             t2 = time.perf_counter()
             if (version + 1) % L.publish_every == 0:                                             # publish
-                publisher.publish(version + 1, engine.full_state_dict())
+                publish(version + 1)
             t3 = time.perf_counter()
             timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2}
             rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
+            t4 = time.perf_counter()
+            telemetry.observe_step(rec, stepstats.distributions(version, batch, out))            # observe
+            telemetry.observe_accounting(accounting := intake.accounting())
+            rec["metrics_s"] = time.perf_counter() - t4
             version, step = version + 1, step + 1
-            runlog.step({**rec, **intake.accounting(), "elapsed_s": time.time() - started})
+            health.beat(step=step, policy_version=version)
+            runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})
             if cfg.strict:
                 stepstats.check_strict(rec, L.strict_ratio_tol)
             if L.checkpoint_every and step % L.checkpoint_every == 0:
@@ -81,13 +98,33 @@ def run(cfg: Config) -> dict:
             engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
-             **intake.accounting()},
+             **intake.accounting(), **_metrics_cost(runlog, server)},
             reward_range=(min(task.reward_levels), max(task.reward_levels)))
         runlog.close()
         receiver.close()
         publisher.close()
         ctx.term()
         engine.close()
+        if server:
+            server.close()
     log.info("learner done: %s", summary)
     return summary
 
+
+def _monitoring(cfg: Config, task) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
+    registry = metrics.new_registry()
+    settings = {"on_policy": cfg.on_policy, "max_staleness": str(cfg.max_staleness), "task": cfg.task.name,
+                "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
+                "batch_groups": str(cfg.learner.batch_groups), "r_min_correct": str(cfg.advantage.r_min_correct)}
+    telemetry = metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, task.reward_levels,
+                                       cfg.effective_max_staleness, settings)
+    health = exporter.Health("learner", cfg.monitoring.healthy_within_s)
+    return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, cfg.monitoring.learner_port)
+
+
+def _metrics_cost(runlog: RunLog, server: exporter.Exporter | None) -> dict:
+    """Time spent updating metrics plus CPU time spent rendering scrapes, as a share of step time."""
+    scrape_s = server.scrape_cpu_s if server else 0.0
+    return {"metrics_s": runlog.metrics_s, "metrics_scrape_cpu_s": scrape_s,
+            "metrics_scrapes": server.scrapes if server else 0,
+            "metrics_overhead_fraction": (runlog.metrics_s + scrape_s) / runlog.step_s if runlog.step_s else None}

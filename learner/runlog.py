@@ -36,6 +36,7 @@ class RunLog:
         (self.dir / "config.yaml").write_text(config_lib.dump(cfg))
         (self.dir / "summary.json").unlink(missing_ok=True)
         self.rewards: list[float] = []
+        self.step_s = self.metrics_s = 0.0  # this process's steps: the base of the metrics overhead
         self._metrics = None
 
     def open(self, resumed_step: int) -> None:
@@ -52,6 +53,8 @@ class RunLog:
 
     def step(self, record: dict) -> None:
         self.rewards.append(record["reward_mean"])
+        self.step_s += record["step_s"]
+        self.metrics_s += record.get("metrics_s", 0.0)
         self._metrics.write(json.dumps(_finite(record)) + "\n")
 
     def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:

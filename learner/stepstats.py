@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import torch
 
 from learner.batch import Batch
@@ -46,6 +47,18 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "tokens": int(m.sum()),
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
+    }
+
+
+def distributions(version: int, batch: Batch, out: LossOutput) -> dict[str, np.ndarray]:
+    """Per-sample reward, lag and completion tokens (B,), and per-token importance ratio (T,), for histograms."""
+    G = batch.rewards.shape[1]
+    m = batch.completion_mask.numpy() > 0
+    return {
+        "reward": batch.rewards.numpy().ravel(),
+        "lag": np.repeat(version - batch.policy_versions.numpy(), G),
+        "tokens": m.sum(-1),
+        "is_ratio": out.ratio.detach().float().cpu().numpy()[m],
     }
 
 

@@ -179,6 +179,17 @@ class TransportConfig(_Section):
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
 
 
+class MonitoringConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address /metrics and /healthz bind to (0.0.0.0 lets a Prometheus on another host scrape)."""
+    learner_port: Port = 29620
+    """Learner /metrics and /healthz port; 0 disables."""
+    actor_port: Port = 29630
+    """Actor i serves /metrics and /healthz on actor_port + i; 0 disables."""
+    healthy_within_s: PositiveFloat = 600.0
+    """/healthz answers 503 when the main loop has made no progress for this long."""
+
+
 class Config(_Section):
     name: str = "tiny"
     """Run name: the run directory is run_dir/name."""
@@ -210,6 +221,8 @@ class Config(_Section):
     """Actor processes."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """Sockets between actors and learner."""
+    monitoring: MonitoringConfig = msgspec.field(default_factory=MonitoringConfig)
+    """Prometheus endpoints of learner and actors."""
 
     def __post_init__(self) -> None:
         if self.on_policy == "strict" and self.learner.publish_every != 1:

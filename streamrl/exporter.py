@@ -1,0 +1,149 @@
+"""Serve a process's Prometheus registry on /metrics, and /healthz, from a background thread.
+
+Each process owns its CollectorRegistry (never prometheus_client's global one), so several
+exporters can live in one test process and nothing is registered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socketserver
+import threading
+import time
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import numpy as np
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger("streamrl.exporter")
+
+
+class Health:
+    """Proof of life for /healthz: the main loop calls beat(); a silence longer than the limit is 503."""
+
+    def __init__(self, role: str, healthy_within_s: float):
+        self.role = role
+        self.healthy_within_s = healthy_within_s
+        self.info: dict = {}  # extra fields shown on /healthz (policy version, step, …)
+        self._last = time.monotonic()
+
+    def beat(self, **info) -> None:
+        self._last = time.monotonic()
+        self.info.update(info)
+
+    def status(self) -> tuple[bool, dict]:
+        age = time.monotonic() - self._last
+        ok = age <= self.healthy_within_s
+        return ok, {"status": "ok" if ok else "stalled", "role": self.role, "last_progress_s_ago": round(age, 3),
+                    "healthy_within_s": self.healthy_within_s, **self.info}
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # one line per scrape would drown the process log
+        pass
+
+
+class Exporter:
+    """HTTP server for /metrics (prometheus-client's WSGI app) and /healthz (JSON, 200 or 503)."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health, host: str, port: int):
+        self.health = health
+        self.scrapes = 0
+        self.scrape_cpu_s = 0.0  # CPU time this process spent rendering /metrics: the cost of being scraped
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "/")
+            if path == "/healthz":
+                ok, body = self.health.status()
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "application/json")])
+                return [json.dumps(body).encode()]
+            if path in ("/metrics", "/"):
+                t0 = time.thread_time()
+                try:
+                    return metrics_app(environ, start_response)
+                finally:
+                    self.scrape_cpu_s += time.thread_time() - t0
+                    self.scrapes += 1
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"streamrl serves /metrics and /healthz\n"]
+
+        self.server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve(registry: CollectorRegistry, health: Health, host: str, port: int) -> Exporter | None:
+    """Start serving, or return None when port is 0 or cannot be bound (training goes on; the
+    warning says why, and Prometheus's `up` for this target shows it)."""
+    if not port:
+        return None
+    try:
+        exporter = Exporter(registry, health, host, port)
+    except OSError as e:
+        log.warning("metrics: cannot serve /metrics on %s:%d (%s); this process runs without metrics. "
+                    "Set monitoring.%s_port to a free port, or 0 to turn this off.", host, port, e.strerror or e,
+                    health.role)
+        return None
+    log.info("metrics: http://%s:%d/metrics and /healthz", host, exporter.port)
+    return exporter
+
+
+class WeightedHistogram:
+    """A Prometheus histogram filled from whole arrays at once, each value with a weight (a count).
+
+    prometheus_client's Histogram.observe takes one value per call (about a microsecond each), a
+    second per step at a million tokens; here a step's values are binned by numpy. Non-finite
+    values are not observed (they are counted in `dropped`).
+    """
+
+    def __init__(self, registry: CollectorRegistry, name: str, documentation: str, buckets, labels: dict[str, str]):
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.bounds = np.asarray(sorted(set(float(b) for b in buckets)), dtype=np.float64)
+        self.counts = np.zeros(len(self.bounds) + 1)  # per bucket, the last one is +Inf
+        self.sum = 0.0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, values, weights=None) -> None:
+        """values: any shape; weights: same shape (default 1 each)."""
+        v = np.asarray(values, dtype=np.float64).ravel()
+        w = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
+        finite = np.isfinite(v)
+        if not finite.all():
+            self.dropped += int((~finite).sum())
+            v, w = v[finite], (None if w is None else w[finite])
+        per_bucket = np.bincount(self.bounds.searchsorted(v), weights=w, minlength=len(self.counts))
+        total = float(v.sum() if w is None else v @ w)
+        with self._lock:
+            self.counts += per_bucket
+            self.sum += total
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+
+    def describe(self):
+        return [self._family()]
+
+    def collect(self):
+        with self._lock:
+            cumulative, total = np.cumsum(self.counts), self.sum
+        family = self._family()
+        buckets = [(floatToGoString(b), float(c)) for b, c in zip(self.bounds, cumulative[:-1])]
+        family.add_metric(list(self.labels.values()), buckets + [("+Inf", float(cumulative[-1]))], sum_value=total)
+        return [family]
