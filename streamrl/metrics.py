@@ -22,6 +22,7 @@ SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 # *_created series double what a scrape carries and no panel or rule reads them (process-wide switch).
 disable_created_metrics()
 
+DROP_REASONS = ("stale", "future", "wrong_group_size")
 STEP_PHASES = {"wait_s": "wait_for_data", "batch_s": "batch", "fwd_bwd_s": "forward_backward",
                "optimizer_s": "optimizer", "publish_s": "publish"}
 
@@ -120,7 +121,9 @@ class LearnerMetrics:
         self.steps = m.counter("streamrl_learner_steps_total", "Optimizer steps taken")
         self.samples = m.counter("streamrl_trained_samples_total", "Samples trained on")
         self.tokens = m.counter("streamrl_trained_tokens_total", "Completion tokens trained on")
-        self.last_step = m.gauge("streamrl_last_step_timestamp_seconds", "Unix time of the last optimizer step")
+        self.last_step = m.gauge("streamrl_last_step_timestamp_seconds",
+                                 "Unix time of the last optimizer step (start time before the first)")
+        self.last_step.set(time.time())
         self.step_seconds = m.histogram("streamrl_learner_step_seconds", "Wall time of one learner step",
                                         SECONDS_BUCKETS)
         self.phase_seconds = m.counter("streamrl_learner_phase_seconds_total",
@@ -132,6 +135,8 @@ class LearnerMetrics:
         self.received = m.counter("streamrl_groups_received_total", "Scored groups that decoded and validated")
         self.used = m.counter("streamrl_groups_used_total", "Scored groups trained on")
         self.dropped = m.counter("streamrl_groups_dropped_total", "Valid groups not trained on, by reason", by="reason")
+        for reason in DROP_REASONS:  # present at 0 from the start, so rates and alerts see "none" rather than no data
+            self.dropped(reason)
         self.rejected = m.counter("streamrl_messages_rejected_total", "Messages that failed validation, by reason",
                                   by="reason")
         self.weight_requests = m.counter("streamrl_weight_requests_served_total",

@@ -1,0 +1,219 @@
+"""The streamrl Grafana dashboard, as code: `python monitoring/dashboard.py` rewrites
+monitoring/grafana/dashboards/streamrl.json (a test fails when the committed JSON is not current).
+
+Plain dicts in Grafana's dashboard JSON model (schemaVersion 39), so nothing beyond the standard
+library is needed to change a panel. Every query filters on the `$run` variable; the actor row
+repeats once per value of `$actor`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "grafana" / "dashboards" / "streamrl.json"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+L = '{run=~"$run"}'  # the label filter every learner query carries
+A = '{run=~"$run", actor=~"$actor"}'
+RI = "$__rate_interval"
+
+
+POS = '{run=~"$run", sign="positive"}'
+NEG = '{run=~"$run", sign="negative"}'
+
+
+class Layout:
+    """Places panels left to right in rows of 24 grid units."""
+
+    def __init__(self):
+        self.panels: list[dict] = []
+        self.x = self.y = 0
+        self.next_id = 1
+
+    def add(self, panel: dict, w: int = 8, h: int = 8) -> None:
+        if self.x + w > 24:
+            self.x, self.y = 0, self.y + h
+        panel.update(id=self.next_id, gridPos={"x": self.x, "y": self.y, "w": w, "h": h}, datasource=DS)
+        self.next_id += 1
+        self.x += w
+        self.panels.append(panel)
+
+    def row(self, title: str, repeat: str | None = None) -> None:
+        if self.x:
+            self.x, self.y = 0, self.y + 8
+        row = {"type": "row", "title": title, "collapsed": False, "id": self.next_id,
+               "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1}, "panels": []}
+        if repeat:
+            row["repeat"] = repeat
+        self.next_id += 1
+        self.y += 1
+        self.panels.append(row)
+
+
+def target(expr: str, legend: str, ref: str, fmt: str = "time_series") -> dict:
+    return {"expr": expr, "legendFormat": legend, "refId": ref, "format": fmt, "datasource": DS}
+
+
+def timeseries(title: str, description: str, targets: list[tuple[str, str]], unit: str = "short",
+               stack: bool = False, log: bool = False, overrides: list | None = None) -> dict:
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 30 if stack else 0, "showPoints": "never",
+              "stacking": {"mode": "normal" if stack else "none", "group": "A"}, "spanNulls": True}
+    if log:
+        custom["scaleDistribution"] = {"type": "log", "log": 10}
+    return {"type": "timeseries", "title": title, "description": description,
+            "targets": [target(e, lg, chr(65 + i)) for i, (e, lg) in enumerate(targets)],
+            "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": overrides or []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}}
+
+
+def heatmap(title: str, description: str, expr: str, unit: str = "short") -> dict:
+    return {"type": "heatmap", "title": title, "description": description,
+            "targets": [target(expr, "{{le}}", "A", fmt="heatmap")],
+            "options": {"calculate": False, "yAxis": {"unit": unit}, "cellGap": 1,
+                        "color": {"mode": "scheme", "scheme": "Blues", "steps": 64}},
+            "fieldConfig": {"defaults": {}, "overrides": []}}
+
+
+def stat(title: str, description: str, expr: str, unit: str = "short", legend: str = "") -> dict:
+    return {"type": "stat", "title": title, "description": description, "targets": [target(expr, legend, "A")],
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value", "graphMode": "area"},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}}
+
+
+def build() -> dict:
+    p = Layout()
+    # ── Learning signal ────────────────────────────────────────────────────────────────────────
+    p.row("Learning signal")
+    p.add(timeseries(
+        "r_count and r_loss (paper Fig. 2)",
+        "Positive/negative advantage ratios per step: r_count = #{A>0}/#{A<0}, r_loss = |loss of A>0| / "
+        "|loss of A<0|. The window line is r_count over the rate interval. Grafana plots over time, "
+        "the paper over steps.",
+        [(f"streamrl_advantage_pos_neg_count_ratio{L}", "r_count {{run}}"),
+         (f"streamrl_advantage_pos_neg_loss_ratio{L}", "r_loss {{run}}"),
+         (f"sum by (run) (rate(streamrl_advantages_total{POS}[{RI}])) / "
+          f"sum by (run) (rate(streamrl_advantages_total{NEG}[{RI}]))",
+          "r_count window {{run}}")],
+        log=True), w=12)
+    p.add(timeseries(
+        "Failed-positive and CoRPO phase fractions",
+        "failed+: share of samples with R < R_min_correct and A > 0 (always 0 under corpo and static). "
+        "phase: share of groups whose CoRPO baseline is clamped to R_min_correct.",
+        [(f"streamrl_failed_positive_fraction{L}", "failed+ {{run}} ({{estimator}})"),
+         (f"streamrl_corpo_phase_fraction{L}", "CoRPO phase {{run}}")], unit="percentunit"), w=12)
+    p.add(heatmap("Reward distribution", "Rewards of trained samples per interval (bucket = reward level).",
+                  f"sum by (le) (increase(streamrl_reward_bucket{L}[{RI}]))"))
+    p.add(timeseries(
+        "Reward and success rate", "Mean reward of each batch and share of samples at or above R_min_correct.",
+        [(f"streamrl_reward_mean{L}", "reward {{run}}"), (f"streamrl_success_rate{L}", "success {{run}}"),
+         (f"sum by (run) (rate(streamrl_reward_sum{L}[{RI}])) / sum by (run) (rate(streamrl_reward_count{L}[{RI}]))",
+          "reward window {{run}}")]))
+    p.add(timeseries(
+        "Advantage signs", "Trained samples per second by advantage sign.",
+        [(f"sum by (sign) (rate(streamrl_advantages_total{L}[{RI}]))", "{{sign}}")], unit="ops", stack=True))
+    # ── Optimisation ───────────────────────────────────────────────────────────────────────────
+    p.row("Optimisation")
+    p.add(timeseries("Loss", "Policy loss of the last step.", [(f"streamrl_loss{L}", "{{run}}")]))
+    p.add(timeseries("Gradient norm and learning rate", "Before clipping.",
+                     [(f"streamrl_grad_norm{L}", "grad norm {{run}}"),
+                      (f"streamrl_learning_rate{L}", "lr {{run}}")]))
+    p.add(timeseries(
+        "Importance ratio", "Quantiles of pi_learner/pi_behaviour over trained tokens, and the clipped share.",
+        [(f"histogram_quantile({q}, sum by (le) (rate(streamrl_importance_ratio_bucket{L}[{RI}])))", f"p{int(q * 100)}")
+         for q in (0.01, 0.5, 0.99)] + [(f"streamrl_clipped_token_fraction{L}", "clipped")]))
+    # ── Pipeline health ────────────────────────────────────────────────────────────────────────
+    p.row("Pipeline health")
+    p.add(heatmap("Staleness of consumed samples", "Lag (learner version - generating version) per interval.",
+                  f"sum by (le) (increase(streamrl_sample_staleness_versions_bucket{L}[{RI}]))"))
+    p.add(timeseries(
+        "Mean staleness vs bound", "Mean lag by sample and by token, and the configured max_staleness.",
+        [(f"sum by (run) (rate(streamrl_sample_staleness_versions_sum{L}[{RI}])) / "
+          f"sum by (run) (rate(streamrl_sample_staleness_versions_count{L}[{RI}]))", "by sample"),
+         (f"sum by (run) (rate(streamrl_token_staleness_versions_sum{L}[{RI}])) / "
+          f"sum by (run) (rate(streamrl_token_staleness_versions_count{L}[{RI}]))", "by token"),
+         (f"streamrl_max_staleness_versions{L}", "bound")]))
+    p.add(timeseries(
+        "Throughput", "Samples and tokens trained per second; tokens generated by all actors.",
+        [(f"sum by (run) (rate(streamrl_trained_samples_total{L}[{RI}]))", "samples trained/s"),
+         (f"sum by (run) (rate(streamrl_trained_tokens_total{L}[{RI}]))", "tokens trained/s"),
+         (f"sum by (run) (rate(streamrl_actor_tokens_generated_total{L}[{RI}]))", "tokens generated/s")],
+        unit="ops"))
+    p.add(timeseries(
+        "Learner step time by phase", "Share of learner wall time in each phase (stacked to 1).",
+        [(f"sum by (phase) (rate(streamrl_learner_phase_seconds_total{L}[{RI}]))", "{{phase}}")],
+        unit="percentunit", stack=True))
+    p.add(timeseries(
+        "Weight sync", "Time to gather and broadcast one version (learner) and to load it (actors, p90).",
+        [(f"histogram_quantile(0.9, sum by (le) (rate(streamrl_weight_publish_seconds_bucket{L}[{RI}])))",
+          "publish p90"),
+         (f"histogram_quantile(0.9, sum by (le) (rate(streamrl_actor_weight_apply_seconds_bucket{L}[{RI}])))",
+          "apply p90 (actors)"),
+         (f"sum by (run) (rate(streamrl_weight_publish_bytes_total{L}[{RI}])) / 1e9", "GB/s published")],
+        unit="s"))
+    p.add(timeseries(
+        "Groups: received, used, dropped, rejected", "Per second; dropped and rejected by reason.",
+        [(f"sum by (run) (rate(streamrl_groups_received_total{L}[{RI}]))", "received"),
+         (f"sum by (run) (rate(streamrl_groups_used_total{L}[{RI}]))", "used"),
+         (f"sum by (reason) (rate(streamrl_groups_dropped_total{L}[{RI}]))", "dropped {{reason}}"),
+         (f"sum by (reason) (rate(streamrl_messages_rejected_total{L}[{RI}]))", "rejected {{reason}}")],
+        unit="ops"))
+    p.add(stat("Policy version", "Learner policy version.", f"max by (run) (streamrl_policy_version{L})",
+               legend="{{run}}"), w=6, h=4)
+    p.add(stat("Actors up", "Actor processes Prometheus can scrape.", 'sum(up{job="streamrl-actors"})'), w=6, h=4)
+    # ── Actors (one row per actor) ─────────────────────────────────────────────────────────────
+    p.row("Actor $actor", repeat="actor")
+    p.add(timeseries(
+        "Generation throughput", "Completion tokens per second generated by this actor.",
+        [(f"rate(streamrl_actor_tokens_generated_total{A}[{RI}])", "{{actor}}"),
+         (f"streamrl_actor_generation_tokens_per_second{A}", "last call {{actor}}")], unit="ops"), w=6)
+    p.add(timeseries(
+        "Time blocked and waiting", "Share of wall time blocked on a full send queue and waiting for weights.",
+        [(f"rate(streamrl_actor_send_blocked_seconds_total{A}[{RI}])", "send blocked"),
+         (f"rate(streamrl_actor_weights_wait_seconds_total{A}[{RI}])", "waiting for weights"),
+         (f"rate(streamrl_actor_generate_seconds_total{A}[{RI}])", "generating")], unit="percentunit"), w=6)
+    p.add(timeseries(
+        "Policy version lag", "Learner version minus the version this actor generates with.",
+        [(f"max by (run) (streamrl_policy_version{L}) - on (run) group_right "
+          f"streamrl_actor_policy_version{A}", "{{actor}}")]), w=6)
+    p.add(timeseries(
+        "Groups sent", "Scored groups per second handed to the learner.",
+        [(f"rate(streamrl_actor_groups_sent_total{A}[{RI}])", "{{actor}}")], unit="ops"), w=6)
+    return {
+        "uid": "streamrl", "title": "streamrl", "tags": ["streamrl", "rl"], "timezone": "browser",
+        "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
+            {"name": "run", "type": "query", "datasource": DS, "label": "Run", "multi": True, "includeAll": True,
+             "refresh": 2, "query": {"query": "label_values(streamrl_learner_steps_total, run)", "refId": "run"},
+             "definition": "label_values(streamrl_learner_steps_total, run)"},
+            {"name": "actor", "type": "query", "datasource": DS, "label": "Actor", "multi": True, "includeAll": True,
+             "refresh": 2, "query": {"query": 'label_values(streamrl_actor_groups_generated_total{run=~"$run"}, actor)',
+                                     "refId": "actor"},
+             "definition": 'label_values(streamrl_actor_groups_generated_total{run=~"$run"}, actor)'},
+        ]},
+        "panels": p.panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2) + "\n"
+
+
+def queries(dashboard: dict) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query in the dashboard, rows and variables included."""
+    out = []
+    for panel in dashboard["panels"]:
+        for t in panel.get("targets", []):
+            out.append((panel["title"], t["expr"]))
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            out.append((f"variable {var['name']}", var["query"]["query"]))
+    return out
+
+
+if __name__ == "__main__":
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(render())
+    print(f"wrote {OUT} ({len(build()['panels'])} panels)", file=sys.stderr)
