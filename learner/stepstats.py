@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import torch
 
 from learner.batch import Batch
@@ -50,16 +49,11 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
     }
 
 
-def distributions(version: int, batch: Batch, out: LossOutput) -> dict[str, np.ndarray]:
-    """Per-sample reward, lag and completion tokens (B,), and per-token importance ratio (T,), for histograms."""
-    G = batch.rewards.shape[1]
-    m = batch.completion_mask.numpy() > 0
-    return {
-        "reward": batch.rewards.numpy().ravel(),
-        "lag": np.repeat(version - batch.policy_versions.numpy(), G),
-        "tokens": m.sum(-1),
-        "is_ratio": out.ratio.detach().float().cpu().numpy()[m],
-    }
+def distributions(version: int, batch: Batch, out: LossOutput) -> dict:
+    """What the learner's histograms need from a step, as references: metrics.LearnerMetrics turns
+    them into numpy and bins them later, in batches of steps, so the step pays almost nothing."""
+    return {"version": version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
+            "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}
 
 
 def check_strict(rec: dict, ratio_tol: float) -> None:

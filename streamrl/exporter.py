@@ -111,14 +111,17 @@ class WeightedHistogram:
     values are not observed (they are counted in `dropped`).
     """
 
-    def __init__(self, registry: CollectorRegistry, name: str, documentation: str, buckets, labels: dict[str, str]):
+    def __init__(self, registry: CollectorRegistry | None, name: str, documentation: str, buckets,
+                 labels: dict[str, str]):
+        """registry None: the owner collects it (see LearnerMetrics)."""
         self.name, self.documentation, self.labels = name, documentation, labels
         self.bounds = np.asarray(sorted(set(float(b) for b in buckets)), dtype=np.float64)
         self.counts = np.zeros(len(self.bounds) + 1)  # per bucket, the last one is +Inf
         self.sum = 0.0
         self.dropped = 0
         self._lock = threading.Lock()
-        registry.register(self)
+        if registry is not None:
+            registry.register(self)
 
     def observe(self, values, weights=None) -> None:
         """values: any shape; weights: same shape (default 1 each)."""

@@ -8,10 +8,12 @@ which Prometheus's rate() and increase() read as a reset, not as a drop.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 from streamrl.exporter import WeightedHistogram
@@ -22,6 +24,7 @@ SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 # *_created series double what a scrape carries and no panel or rule reads them (process-wide switch).
 disable_created_metrics()
 
+FLUSH_EVERY = 64  # steps whose histogram arrays wait for a scrape before the learner bins them itself
 DROP_REASONS = ("stale", "future", "wrong_group_size")
 STEP_PHASES = {"wait_s": "wait_for_data", "batch_s": "batch", "fwd_bwd_s": "forward_backward",
                "optimizer_s": "optimizer", "publish_s": "publish"}
@@ -43,28 +46,18 @@ class _Labelled:
     def gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
 
-    def counter(self, name: str, doc: str, by: str | None = None):
-        """A bound counter, or with `by` a function label value → counter (children cached: labels() is slow)."""
-        if by is None:
-            return Counter(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
-        parent = Counter(name, doc, [*self.labels, by], registry=self.registry)
-        children: dict[str, Counter] = {}
-
-        def child(value: str) -> Counter:
-            if value not in children:
-                children[value] = parent.labels(**self.labels, **{by: value})
-            return children[value]
-        return child
+    def counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
 
     def histogram(self, name: str, doc: str, buckets) -> Histogram:
         return Histogram(name, doc, list(self.labels), buckets=buckets, registry=self.registry).labels(**self.labels)
 
-    def weighted_histogram(self, name: str, doc: str, buckets) -> WeightedHistogram:
-        return WeightedHistogram(self.registry, name, doc, buckets, self.labels)
+    def weighted_histogram(self, name: str, doc: str, buckets, register: bool = True) -> WeightedHistogram:
+        return WeightedHistogram(self.registry if register else None, name, doc, buckets, self.labels)
 
 
 class _Totals:
-    """Turns cumulative counts kept elsewhere (intake accounting) into counter increments."""
+    """Turns cumulative counts kept elsewhere (the actor's sender) into counter increments."""
 
     def __init__(self):
         self.seen: dict[tuple, float] = {}
@@ -76,117 +69,174 @@ class _Totals:
             self.seen[key] = total
 
 
+# Per-step values, read from the step's metrics.jsonl record when Prometheus scrapes:
+# (metric, help, record key). Non-finite values (r_count with no negatives) are exported as such.
+STEP_GAUGES = (
+    ("streamrl_advantage_pos_neg_count_ratio",
+     "r_count: samples with A>0 per sample with A<0 in the last batch (+Inf: none negative)", "r_count"),
+    ("streamrl_advantage_pos_neg_loss_ratio",
+     "r_loss: summed |loss| of A>0 samples over that of A<0 samples in the last batch", "r_loss"),
+    ("streamrl_failed_positive_fraction", "Share of the last batch's samples with R < R_min_correct and A > 0",
+     "failed_positive_fraction"),
+    ("streamrl_corpo_phase_fraction", "Share of the last batch's groups with mean reward below R_min_correct",
+     "corpo_phase_fraction"),
+    ("streamrl_reward_mean", "Mean reward of the last batch", "reward_mean"),
+    ("streamrl_success_rate", "Share of the last batch's samples with R >= R_min_correct", "success_rate"),
+    ("streamrl_policy_version", "Learner policy version (one per optimizer step)", "policy_version"),
+    ("streamrl_loss", "Policy loss of the last step", "loss"),
+    ("streamrl_learning_rate", "Learning rate of the last step", "lr"),
+    ("streamrl_grad_norm", "Gradient norm of the last step (before clipping)", "grad_norm"),
+    ("streamrl_clipped_token_fraction", "Share of the last batch's tokens whose ratio was clipped",
+     "clipped_fraction"),
+)
+# Sums over steps: (metric, help, label or None, {label value or None: record key or None for 1 per step}).
+STEP_COUNTERS = (
+    ("streamrl_learner_steps", "Optimizer steps taken", None, {None: None}),
+    ("streamrl_trained_samples", "Samples trained on", None, {None: "samples"}),
+    ("streamrl_trained_tokens", "Completion tokens trained on", None, {None: "tokens"}),
+    ("streamrl_advantages", "Samples trained on, by advantage sign", "sign",
+     {"positive": "adv_pos", "negative": "adv_neg", "zero": "adv_zero"}),
+    ("streamrl_failed_positive_samples", "Samples with R < R_min_correct that got A > 0 (never under corpo or static)",
+     None, {None: "failed_positive"}),
+    ("streamrl_learner_phase_seconds", "Learner wall time by phase of the step", "phase",
+     {"wait_for_data": "wait_s", "batch": "batch_s", "forward_backward": "fwd_bwd_s", "optimizer": "optimizer_s",
+      "publish": "publish_s"}),
+)
+# Cumulative intake accounting (Intake.accounting()): (metric, help, key, label for dict-valued keys).
+ACCOUNTING_COUNTERS = (
+    ("streamrl_groups_received", "Scored groups that decoded and validated", "groups_received", None),
+    ("streamrl_groups_used", "Scored groups trained on", "groups_used", None),
+    ("streamrl_groups_dropped", "Valid groups not trained on, by reason", "groups_dropped", "reason"),
+    ("streamrl_messages_rejected", "Messages that failed validation, by reason", "messages_rejected", "reason"),
+    ("streamrl_weight_requests_served", "Actors' requests for the newest weights answered",
+     "weight_requests_served", None),
+    ("streamrl_demands_sent", "Times the learner asked held-back actors for groups", "demands_sent", None),
+)
+
+
 class LearnerMetrics:
+    """The learner's series. A step only stores its record and bins its arrays (tens of µs); the
+    gauges and counters are built from that snapshot when Prometheus scrapes, off the step path."""
+
     def __init__(self, registry: CollectorRegistry, run: str, estimator: str, reward_buckets, max_staleness: int,
                  settings: dict[str, str] | None = None):
         m = _Labelled(registry, {"run": run, "estimator": estimator})
+        self.labels = m.labels
         Info("streamrl_run", "The run's settings", list(m.labels), registry=registry).labels(**m.labels).info(
             settings or {})
-        # Learning signal, last step (the paper's Figure 2 plots these over steps).
-        self.r_count = m.gauge("streamrl_advantage_pos_neg_count_ratio",
-                               "r_count: samples with A>0 per sample with A<0 in the last batch (+Inf: none negative)")
-        self.r_loss = m.gauge("streamrl_advantage_pos_neg_loss_ratio",
-                              "r_loss: summed |loss| of A>0 samples over that of A<0 samples in the last batch")
-        self.failed_positive_fraction = m.gauge(
-            "streamrl_failed_positive_fraction", "Share of the last batch's samples with R < R_min_correct and A > 0")
-        self.corpo_phase_fraction = m.gauge(
-            "streamrl_corpo_phase_fraction", "Share of the last batch's groups with mean reward below R_min_correct")
-        self.reward_mean = m.gauge("streamrl_reward_mean", "Mean reward of the last batch")
-        self.success_rate = m.gauge("streamrl_success_rate",
-                                    "Share of the last batch's samples with R >= R_min_correct")
-        self.advantages = m.counter("streamrl_advantages_total", "Samples trained on, by advantage sign", by="sign")
-        self.failed_positive = m.counter("streamrl_failed_positive_samples_total",
-                                         "Samples with R < R_min_correct that got A > 0 (never under corpo or static)")
-        self.reward = m.weighted_histogram("streamrl_reward", "Reward of each trained sample", reward_buckets)
-        # Staleness of what was consumed.
+        self._lock = threading.Lock()
+        self._last: dict = {}
+        self._sum_keys = [((name, value), key) for name, _, _, keys in STEP_COUNTERS for value, key in keys.items()]
+        self._sums = {name_value: 0.0 for name_value, _ in self._sum_keys}
+        self._accounting: dict = {"groups_dropped": dict.fromkeys(DROP_REASONS, 0)}
+        self._last_step = time.time()  # before the first step: the start, so "stalled" counts from there
+        self._max_staleness = max_staleness
+        # Binned in batches of steps, at scrape time or every FLUSH_EVERY steps, off the step path.
+        self._pending: list[dict[str, np.ndarray]] = []
         lags = range(0, max(max_staleness, 1) + 1)
+        self.reward = m.weighted_histogram("streamrl_reward", "Reward of each trained sample", reward_buckets, False)
         self.sample_staleness = m.weighted_histogram(
             "streamrl_sample_staleness_versions", "Lag (learner version - generating version) of each trained sample",
-            lags)
+            lags, False)
         self.token_staleness = m.weighted_histogram(
-            "streamrl_token_staleness_versions", "Lag of each trained completion token", lags)
-        self.max_staleness = m.gauge("streamrl_max_staleness_versions", "The configured staleness bound (0: strict)")
-        self.max_staleness.set(max_staleness)
-        # Optimisation.
-        self.policy_version = m.gauge("streamrl_policy_version", "Learner policy version (one per optimizer step)")
-        self.loss = m.gauge("streamrl_loss", "Policy loss of the last step")
-        self.lr = m.gauge("streamrl_learning_rate", "Learning rate of the last step")
-        self.grad_norm = m.gauge("streamrl_grad_norm", "Gradient norm of the last step (before clipping)")
+            "streamrl_token_staleness_versions", "Lag of each trained completion token", lags, False)
         self.is_ratio = m.weighted_histogram(
             "streamrl_importance_ratio", "Importance ratio pi_learner/pi_behaviour of each trained token",
-            IS_RATIO_BUCKETS)
-        self.clipped_fraction = m.gauge("streamrl_clipped_token_fraction",
-                                        "Share of the last batch's tokens whose ratio was clipped")
-        # Throughput and time.
-        self.steps = m.counter("streamrl_learner_steps_total", "Optimizer steps taken")
-        self.samples = m.counter("streamrl_trained_samples_total", "Samples trained on")
-        self.tokens = m.counter("streamrl_trained_tokens_total", "Completion tokens trained on")
-        self.last_step = m.gauge("streamrl_last_step_timestamp_seconds",
-                                 "Unix time of the last optimizer step (start time before the first)")
-        self.last_step.set(time.time())
+            IS_RATIO_BUCKETS, False)
+        registry.register(self)
         self.step_seconds = m.histogram("streamrl_learner_step_seconds", "Wall time of one learner step",
                                         SECONDS_BUCKETS)
-        self.phase_seconds = m.counter("streamrl_learner_phase_seconds_total",
-                                       "Learner wall time by phase of the step", by="phase")
         self.publish_seconds = m.histogram("streamrl_weight_publish_seconds",
                                            "Time to gather and broadcast one weight version", SECONDS_BUCKETS)
         self.publish_bytes = m.counter("streamrl_weight_publish_bytes_total", "Bytes of weights broadcast (one copy)")
-        # Intake accounting.
-        self.received = m.counter("streamrl_groups_received_total", "Scored groups that decoded and validated")
-        self.used = m.counter("streamrl_groups_used_total", "Scored groups trained on")
-        self.dropped = m.counter("streamrl_groups_dropped_total", "Valid groups not trained on, by reason", by="reason")
-        for reason in DROP_REASONS:  # present at 0 from the start, so rates and alerts see "none" rather than no data
-            self.dropped(reason)
-        self.rejected = m.counter("streamrl_messages_rejected_total", "Messages that failed validation, by reason",
-                                  by="reason")
-        self.weight_requests = m.counter("streamrl_weight_requests_served_total",
-                                         "Actors' requests for the newest weights answered")
-        self.demands = m.counter("streamrl_demands_sent_total", "Times the learner asked held-back actors for groups")
-        self._totals = _Totals()
 
-    def observe_step(self, rec: dict, dists: dict[str, np.ndarray]) -> None:
-        """rec: the step's metrics.jsonl record; dists: per-sample reward, lag, tokens and per-token is_ratio."""
-        self.r_count.set(_num(rec["r_count"]))
-        self.r_loss.set(_num(rec["r_loss"]))
-        self.failed_positive_fraction.set(rec["failed_positive_fraction"])
-        self.corpo_phase_fraction.set(rec["corpo_phase_fraction"])
-        self.reward_mean.set(rec["reward_mean"])
-        self.success_rate.set(rec["success_rate"])
-        for key, sign in (("adv_pos", "positive"), ("adv_neg", "negative"), ("adv_zero", "zero")):
-            self.advantages(sign).inc(rec[key])
-        self.failed_positive.inc(round(rec["failed_positive_fraction"] * rec["samples"]))
-        self.reward.observe(dists["reward"])
-        self.sample_staleness.observe(dists["lag"])
-        self.token_staleness.observe(dists["lag"], weights=dists["tokens"])
-        self.is_ratio.observe(dists["is_ratio"])
-        self.clipped_fraction.set(rec["clipped_fraction"])
-        self.policy_version.set(rec["policy_version"])
-        self.loss.set(_num(rec["loss"]))
-        self.lr.set(rec["lr"])
-        self.grad_norm.set(_num(rec["grad_norm"]))
-        self.steps.inc()
-        self.samples.inc(rec["samples"])
-        self.tokens.inc(rec["tokens"])
-        self.last_step.set(time.time())
+    def observe_step(self, rec: dict, dists: dict) -> None:
+        """rec: the step's metrics.jsonl record; dists: the step's tensors, see `histogram_arrays`."""
+        rec = {**rec, "failed_positive": round(rec["failed_positive_fraction"] * rec["samples"])}
+        with self._lock:
+            self._last, self._last_step = rec, time.time()
+            for name_value, key in self._sum_keys:
+                self._sums[name_value] += 1 if key is None else rec[key]
+            self._pending.append(dists)
+            flush = len(self._pending) >= FLUSH_EVERY  # nobody scrapes: keep memory bounded
+        if flush:
+            self._flush()
         self.step_seconds.observe(rec["step_s"])
-        for key, phase in STEP_PHASES.items():
-            self.phase_seconds(phase).inc(rec[key])
+
+    def _flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            arrays = [histogram_arrays(**d) for d in pending]
+            joined = {k: np.concatenate([a[k] for a in arrays]) for k in arrays[0]}
+            self.reward.observe(joined["reward"])
+            self.sample_staleness.observe(joined["lag"])
+            self.token_staleness.observe(joined["lag"], weights=joined["tokens"])
+            self.is_ratio.observe(joined["is_ratio"])
 
     def observe_publish(self, seconds: float, nbytes: int) -> None:
         self.publish_seconds.observe(seconds)
         self.publish_bytes.inc(nbytes)
 
     def observe_accounting(self, acc: dict) -> None:
-        """acc: Intake.accounting(), cumulative since this process started."""
-        t = self._totals
-        t.add(self.received, ("received",), acc["groups_received"])
-        t.add(self.used, ("used",), acc["groups_used"])
-        t.add(self.weight_requests, ("requests",), acc["weight_requests_served"])
-        t.add(self.demands, ("demands",), acc["demands_sent"])
-        for reason, n in acc["groups_dropped"].items():
-            t.add(self.dropped(reason), ("dropped", reason), n)
-        for reason, n in acc["messages_rejected"].items():
-            t.add(self.rejected(reason), ("rejected", reason), n)
+        """acc: Intake.accounting(), cumulative since this process started (a fresh dict each call)."""
+        acc["groups_dropped"] = {**dict.fromkeys(DROP_REASONS, 0), **acc["groups_dropped"]}
+        self._accounting = acc
+
+    def describe(self):
+        return list(self._families({}, {}, {}, 0.0))
+
+    def collect(self):
+        self._flush()
+        with self._lock:
+            last, sums, acc, last_step = self._last, dict(self._sums), self._accounting, self._last_step
+        return list(self._families(last, sums, acc, last_step))
+
+    def _families(self, last: dict, sums: dict, acc: dict, last_step: float):
+        names, values = list(self.labels), list(self.labels.values())
+        for name, doc, key in STEP_GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=names)
+            if key in last:
+                g.add_metric(values, _num(last[key]))
+            yield g
+        for name, doc, value in (
+                ("streamrl_max_staleness_versions", "The configured staleness bound (0: strict)", self._max_staleness),
+                ("streamrl_last_step_timestamp_seconds",
+                 "Unix time of the last optimizer step (start time before the first)", last_step)):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            if value:
+                g.add_metric(values, value)
+            yield g
+        for name, doc, label, keys in STEP_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=names + ([label] if label else []))
+            for value in keys:
+                if (name, value) in sums:
+                    c.add_metric(values + ([value] if label else []), sums[name, value])
+            yield c
+        for name, doc, key, label in ACCOUNTING_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=names + ([label] if label else []))
+            if label:
+                for value, n in acc.get(key, {}).items():
+                    c.add_metric(values + [value], n)
+            elif key in acc:
+                c.add_metric(values, acc[key])
+            yield c
+        for h in (self.reward, self.sample_staleness, self.token_staleness, self.is_ratio):
+            yield from h.collect()
+
+
+def histogram_arrays(version: int, rewards, policy_versions, completion_mask, ratio) -> dict[str, np.ndarray]:
+    """Per-sample reward, lag and completion tokens (B,) and per-token importance ratio (T,).
+
+    rewards: (num_groups, G); policy_versions: (num_groups,); completion_mask, ratio: (B, L-1),
+    torch tensors on any device.
+    """
+    G = rewards.shape[1]
+    mask = completion_mask.detach().cpu().numpy() > 0
+    return {"reward": rewards.detach().float().cpu().numpy().ravel(),
+            "lag": np.repeat(version - policy_versions.cpu().numpy(), G),
+            "tokens": mask.sum(-1),
+            "is_ratio": ratio.detach().float().cpu().numpy()[mask]}
 
 
 class ActorMetrics:

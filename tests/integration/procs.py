@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,27 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@contextlib.contextmanager
+def reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
+    """Whatever the test's outcome, no process it started outlives it (a list may grow inside)."""
+    try:
+        yield
+    finally:
+        for p in [q for item in procs for q in (item if isinstance(item, list) else [item])]:
+            if p.poll() is None:
+                p.kill()

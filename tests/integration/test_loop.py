@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,36 +11,10 @@ from pathlib import Path
 
 import pytest
 import zmq
-from procs import FREE_PORTS, REPO, metrics, streamrl, summary
+from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, spawn, streamrl, summary
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-@contextlib.contextmanager
-def _reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
-    """Whatever the test's outcome, no process it started outlives it (a list may grow inside)."""
-    try:
-        yield
-    finally:
-        for p in [q for item in procs for q in (item if isinstance(item, list) else [item])]:
-            if p.poll() is None:
-                p.kill()
 
 
 def _wait_for_text(path: Path, text: str, timeout: float) -> None:
@@ -74,18 +46,18 @@ GARBAGE = [
 
 
 def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_stop_cleanly(tmp_path):
-    g, w, r = _free_ports(3)
+    g, w, r = free_ports(3)
     common = [TINY, f"run_dir={tmp_path}", "name=loop", "steps=15", f"transport.group_port={g}",
               f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
-    learner = _spawn(["learner", *common], tmp_path / "learner.log")
+    learner = spawn(["learner", *common], tmp_path / "learner.log")
     actors: list[subprocess.Popen] = []
-    with _reaped(learner, actors):
+    with reaped(learner, actors):
         _wait_for_text(tmp_path / "learner.log", "learner ready", timeout=180)
         ctx = zmq.Context()
         _garbage(ctx, zmq.PUSH, f"tcp://127.0.0.1:{g}", GARBAGE)
         _garbage(ctx, zmq.DEALER, f"tcp://127.0.0.1:{r}", GARBAGE[:3])
         ctx.term()
-        actors.extend(_spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"],
+        actors.extend(spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"],
                              tmp_path / f"actor-{i}.log") for i in range(2))
         assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         for i, a in enumerate(actors):  # they leave on the learner's shutdown notice, by themselves
@@ -134,7 +106,7 @@ def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen,
 
 def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
     proc, run = _start_run(tmp_path, "interrupted", steps=100000)
-    with _reaped(proc):
+    with reaped(proc):
         assert len(_children_of_run(run)) == 3  # learner + 2 actors
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
@@ -168,12 +140,12 @@ def test_a_bad_override_fails_at_once_with_one_clear_line(tmp_path):
 
 def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
     """Fewer live actors than configured slow the first step, then the actor takes a larger share."""
-    g, w, r = _free_ports(3)
+    g, w, r = free_ports(3)
     common = [TINY, f"run_dir={tmp_path}", "name=lone", "steps=20", "actors.num=2", f"transport.group_port={g}",
               f"transport.weights_port={w}", f"transport.weights_request_port={r}"]
-    learner = _spawn(["learner", *common], tmp_path / "learner.log")
-    actor = _spawn(["actor", *common, "--index", "0"], tmp_path / "actor.log")
-    with _reaped(learner, actor):
+    learner = spawn(["learner", *common], tmp_path / "learner.log")
+    actor = spawn(["actor", *common, "--index", "0"], tmp_path / "actor.log")
+    with reaped(learner, actor):
         assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         assert actor.wait(timeout=30) == 0, (tmp_path / "actor.log").read_text()[-3000:]
     s = summary(tmp_path / "lone")
@@ -184,7 +156,7 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
 
 def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     proc, run = _start_run(tmp_path, "one-down", steps=60)
-    with _reaped(proc):
+    with reaped(proc):
         victim = next(pid for pid in _children_of_run(run)
                       if b"--index\x001" in (Path("/proc") / str(pid) / "cmdline").read_bytes())
         os.kill(victim, signal.SIGKILL)
@@ -199,7 +171,7 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
 
 def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):
     proc, run = _start_run(tmp_path, "all-down", steps=100000)
-    with _reaped(proc):
+    with reaped(proc):
         for pid in _children_of_run(run):
             if b"\x00actor\x00" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
