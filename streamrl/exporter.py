@@ -97,7 +97,7 @@ def serve(registry: CollectorRegistry, health: Health, host: str, port: int) -> 
     except OSError as e:
         log.warning("metrics: cannot serve /metrics on %s:%d (%s); this process runs without metrics. "
                     "Set monitoring.%s_port to a free port, or 0 to turn this off.", host, port, e.strerror or e,
-                    health.role)
+                    "learner" if health.role == "learner" else "actor")
         return None
     log.info("metrics: http://%s:%d/metrics and /healthz", host, exporter.port)
     return exporter

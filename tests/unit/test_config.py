@@ -171,7 +171,8 @@ def _undocumented_fields(source: str) -> list[str]:
 
 
 def test_the_docstring_checker_catches_a_missing_docstring():
-    src = "class _Section: pass\nclass A(_Section):\n    x: int = 1\n    'doc'\n    y: int = 2\n    z: int = 3\n    'two\\nlines'\n"
+    src = ("class _Section: pass\nclass A(_Section):\n    x: int = 1\n    'doc'\n    y: int = 2\n"
+           "    z: int = 3\n    'two\\nlines'\n")
     assert _undocumented_fields(src) == ["A.y", "A.z"]
 
 

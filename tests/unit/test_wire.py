@@ -177,14 +177,15 @@ def test_extra_frames_are_frame_count():
 
 def test_an_unknown_type_tag_is_bad_header():
     frames = to_bytes(wire.encode_group(make_group()))
-    assert reason(wire.decode_group, [msgspec.msgpack.encode({"type": "nope", "schema": 1}), *frames[1:]]) == "bad_header"
+    unknown = msgspec.msgpack.encode({"type": "nope", "schema": 1})
+    assert reason(wire.decode_group, [unknown, *frames[1:]]) == "bad_header"
     assert reason(wire.decode_header, [msgspec.msgpack.encode({"schema": 1})]) == "bad_header"
     assert reason(wire.decode_header, [msgspec.msgpack.encode([1, 2, 3])]) == "bad_header"
 
 
 def test_a_header_with_a_wrong_field_type_is_bad_header():
-    assert reason(wire.decode_group, group_frames(samples=[SampleInfo(2, 1.0, "exploded"), SampleInfo(1, 0.0, "stop")])) \
-        == "bad_header"
+    bad_finish = [SampleInfo(2, 1.0, "exploded"), SampleInfo(1, 0.0, "stop")]
+    assert reason(wire.decode_group, group_frames(samples=bad_finish)) == "bad_header"
     raw = msgspec.msgpack.encode({"type": "scored_group", "schema": 1, "prompt_id": "p", "policy_version": "3",
                                   "actor_id": "a", "num_prompt_tokens": 0, "samples": [], "created_at": 0.0})
     assert reason(wire.decode_header, [raw]) == "bad_header"

@@ -1,0 +1,239 @@
+"""Prometheus series of learner and actors, from real step records; the exporter's HTTP endpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from learner import stepstats
+from learner.batch import collate
+from streamrl import advantages, losses, metrics
+from streamrl.exporter import Exporter, Health, WeightedHistogram, serve
+from streamrl.wire import ScoredGroup
+
+R_MIN = 0.75
+
+
+def group(rewards, version, tokens=(8, 9)):
+    return ScoredGroup.from_samples(
+        prompt_id="p", policy_version=version, actor_id="actor-0", prompt_tokens=[5, 6, 7],
+        completions=[list(tokens)] * len(rewards), logprobs=[[-0.5] * len(tokens)] * len(rewards), rewards=rewards,
+        finish_reasons=["stop"] * len(rewards))
+
+
+def step(version: int, groups: list[ScoredGroup], step_no: int = 0) -> tuple[dict, dict]:
+    """A step record and histogram inputs made by the learner's own code from real groups."""
+    batch = collate(groups, pad_id=0)
+    adv = advantages.compute(batch.rewards, "corpo", R_MIN, False)
+    logp = batch.behaviour_logprobs + 0.01 * batch.completion_mask
+    out = losses.compute("token_pg", logp, batch.behaviour_logprobs, adv.flatten(), batch.completion_mask)
+    train = {"loss": float(out.loss), "grad_norm": 0.5, "lr": 1e-4, "optimizer_steps": 1, "fwd_bwd_s": 0.02,
+             "optimizer_s": 0.01}
+    timings = {"wait_s": 0.005, "batch_s": 0.001, "train_s": 0.03, "publish_s": 0.002}
+    rec = stepstats.record(step_no, version, batch, adv, out, train, R_MIN, timings)
+    return rec, stepstats.distributions(version, batch, out)
+
+
+def learner(max_staleness: int = 2) -> tuple[CollectorRegistry, metrics.LearnerMetrics]:
+    registry = metrics.new_registry()
+    return registry, metrics.LearnerMetrics(registry, "r1", "corpo", [0, 0.25, 0.5, 0.75, 1], max_staleness,
+                                            {"on_policy": "async"})
+
+
+def value(registry: CollectorRegistry, name: str, **labels) -> float | None:
+    return registry.get_sample_value(name, {"run": "r1", "estimator": "corpo", **labels})
+
+
+def test_every_learner_series_carries_run_and_estimator_labels():
+    registry, m = learner()
+    m.observe_step(*step(3, [group([1.0, 0.0], 3), group([0.5, 0.25], 2)]))
+    names = [s for fam in registry.collect() if fam.name.startswith("streamrl_") for s in fam.samples]
+    assert names and all(s.labels["run"] == "r1" and s.labels["estimator"] == "corpo" for s in names)
+
+
+def test_gauges_keep_the_last_step_and_counters_sum_over_steps():
+    registry, m = learner()
+    rec1, d1 = step(3, [group([1.0, 0.0], 3), group([0.5, 0.25], 2)])
+    rec2, d2 = step(4, [group([0.0, 0.0], 4), group([1.0, 1.0], 4)], step_no=1)
+    m.observe_step(rec1, d1)
+    m.observe_step(rec2, d2)
+    assert value(registry, "streamrl_reward_mean") == pytest.approx(rec2["reward_mean"])
+    assert value(registry, "streamrl_policy_version") == rec2["policy_version"]
+    assert value(registry, "streamrl_learner_steps_total") == 2
+    assert value(registry, "streamrl_trained_samples_total") == 8
+    for sign, key in (("positive", "adv_pos"), ("negative", "adv_neg"), ("zero", "adv_zero")):
+        assert value(registry, "streamrl_advantages_total", sign=sign) == rec1[key] + rec2[key]
+    assert value(registry, "streamrl_learner_phase_seconds_total", phase="forward_backward") == pytest.approx(0.04)
+
+
+def test_r_count_without_negative_advantages_is_exported_as_inf():
+    registry, m = learner()
+    rec, d = step(0, [group([1.0, 0.5], 0)])  # corpo baseline 0.75: one positive, one negative
+    m.observe_step({**rec, "r_count": math.inf, "grad_norm": None}, d)
+    assert value(registry, "streamrl_advantage_pos_neg_count_ratio") == math.inf
+    assert math.isnan(value(registry, "streamrl_grad_norm"))
+
+
+def test_histograms_count_every_sample_token_and_lag():
+    registry, m = learner()
+    rec, d = step(5, [group([1.0, 0.0], 5, tokens=(8, 9, 10)), group([0.5, 0.25], 3)])
+    m.observe_step(rec, d)
+    assert value(registry, "streamrl_sample_staleness_versions_bucket", le="0.0") == 2  # group at version 5
+    assert value(registry, "streamrl_sample_staleness_versions_count") == 4
+    assert value(registry, "streamrl_sample_staleness_versions_sum") == 2 * 2
+    assert value(registry, "streamrl_token_staleness_versions_count") == 2 * 3 + 2 * 2
+    assert value(registry, "streamrl_token_staleness_versions_sum") == 2 * 2 * 2  # 4 tokens at lag 2
+    assert value(registry, "streamrl_reward_bucket", le="0.25") == 2
+    assert value(registry, "streamrl_reward_sum") == pytest.approx(1.75)
+    assert value(registry, "streamrl_importance_ratio_count") == rec["tokens"]
+
+
+def test_without_a_scraper_pending_histogram_inputs_stay_bounded():
+    registry, m = learner()
+    rec, d = step(1, [group([1.0, 0.0], 1)])
+    for _ in range(metrics.FLUSH_EVERY):
+        m.observe_step(rec, d)
+    assert m._pending == []
+    assert m.sample_staleness.counts.sum() == 2 * metrics.FLUSH_EVERY
+
+
+def test_intake_accounting_becomes_counters_with_drop_reasons_present_from_the_start():
+    registry, m = learner()
+    assert value(registry, "streamrl_groups_dropped_total", reason="stale") == 0
+    m.observe_accounting({"groups_received": 10, "groups_used": 7, "groups_dropped": {"stale": 3},
+                          "messages_rejected": {"bad_frame": 2}, "weight_requests_served": 1, "demands_sent": 0})
+    assert value(registry, "streamrl_groups_received_total") == 10
+    assert value(registry, "streamrl_groups_dropped_total", reason="stale") == 3
+    assert value(registry, "streamrl_groups_dropped_total", reason="future") == 0
+    assert value(registry, "streamrl_messages_rejected_total", reason="bad_frame") == 2
+
+
+def test_the_stalled_clock_starts_at_startup_not_at_the_epoch():
+    registry, _ = learner()
+    assert time.time() - value(registry, "streamrl_last_step_timestamp_seconds") < 60
+
+
+def test_actor_series_count_groups_samples_and_tokens():
+    registry = metrics.new_registry()
+    a = metrics.ActorMetrics(registry, "r1", "actor-3")
+    a.observe_generate([group([1.0, 0.0], 0, tokens=(8, 9, 10)), group([0.5, 0.5], 0)], seconds=0.5)
+    a.observe_sent(2, blocked_total_s=0.25)
+    a.observe_sent(0, blocked_total_s=0.75)
+    labels = {"run": "r1", "actor": "actor-3"}
+    assert registry.get_sample_value("streamrl_actor_groups_generated_total", labels) == 2
+    assert registry.get_sample_value("streamrl_actor_samples_generated_total", labels) == 4
+    assert registry.get_sample_value("streamrl_actor_tokens_generated_total", labels) == 10
+    assert registry.get_sample_value("streamrl_actor_generation_tokens_per_second", labels) == 20
+    assert registry.get_sample_value("streamrl_actor_send_blocked_seconds_total", labels) == 0.75
+
+
+def test_the_exposition_passes_promtool_check_metrics():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus); CI installs it")
+    registry, m = learner()
+    m.observe_step(*step(3, [group([1.0, 0.0], 3)]))
+    actor = metrics.ActorMetrics(registry, "r1", "actor-0")
+    actor.observe_weights(3, 0.01)
+    check = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+
+# ── WeightedHistogram ───────────────────────────────────────────────────────────────────────────
+
+def test_weighted_histogram_bins_like_prometheus_client_including_values_on_a_bound():
+    values = [0.0, 0.25, 0.3, 1.0, 1.0, 2.5, 7.0, -1.0]
+    buckets = [0.0, 0.25, 1.0, 2.5]
+    reference = CollectorRegistry()
+    h = Histogram("ref", "r", buckets=buckets, registry=reference)
+    for v in values:
+        h.observe(v)
+    ours = CollectorRegistry()
+    WeightedHistogram(ours, "ref", "r", buckets, {}).observe(np.array(values))
+    expect = {(s.name, s.labels.get("le")): s.value for s in next(iter(reference.collect())).samples
+              if not s.name.endswith("_created")}
+    got = {(s.name, s.labels.get("le")): s.value for s in next(iter(ours.collect())).samples}
+    assert got == expect
+
+
+def test_weighted_histogram_weights_count_and_non_finite_values_are_set_aside():
+    registry = CollectorRegistry()
+    h = WeightedHistogram(registry, "lag", "l", [0, 1, 2], {"run": "x"})
+    h.observe(np.array([0, 2, math.nan, math.inf]), weights=np.array([3, 5, 7, 1]))
+    assert registry.get_sample_value("lag_bucket", {"run": "x", "le": "0.0"}) == 3
+    assert registry.get_sample_value("lag_count", {"run": "x"}) == 8
+    assert registry.get_sample_value("lag_sum", {"run": "x"}) == 10
+    assert h.dropped == 2
+
+
+# ── Exporter ────────────────────────────────────────────────────────────────────────────────────
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.fixture
+def exporter():
+    registry = CollectorRegistry()
+    WeightedHistogram(registry, "streamrl_demo", "d", [1], {"run": "x"}).observe(np.array([0.5]))
+    health = Health("learner", healthy_within_s=0.2)
+    ex = Exporter(registry, health, "127.0.0.1", 0)
+    yield ex
+    ex.close()
+
+
+def test_metrics_and_healthz_are_served_and_any_other_path_is_404(exporter):
+    base = f"http://127.0.0.1:{exporter.port}"
+    status, body = get(base + "/metrics")
+    assert status == 200 and b'streamrl_demo_count{run="x"} 1.0' in body
+    assert exporter.scrapes == 1 and exporter.scrape_cpu_s >= 0
+    exporter.health.beat(step=7)
+    status, body = get(base + "/healthz")
+    assert status == 200 and json.loads(body)["step"] == 7
+    assert get(base + "/nope")[0] == 404
+
+
+def test_healthz_answers_503_once_the_main_loop_stops_beating(exporter):
+    exporter.health.beat()
+    time.sleep(0.3)
+    status, body = get(f"http://127.0.0.1:{exporter.port}/healthz")
+    assert status == 503 and json.loads(body)["status"] == "stalled"
+
+
+def test_port_zero_in_the_config_serves_nothing():
+    assert serve(CollectorRegistry(), Health("learner", 1), "127.0.0.1", 0) is None
+
+
+def test_a_taken_port_is_a_warning_and_the_process_goes_on_without_metrics(caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="streamrl.exporter"):
+            assert serve(CollectorRegistry(), Health("actor", 1), "127.0.0.1", port) is None
+    assert f"127.0.0.1:{port}" in caplog.text and "monitoring.actor_port" in caplog.text
+
+
+def test_histogram_inputs_come_from_tensors_on_any_device_unchanged():
+    rewards = torch.tensor([[1.0, 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    ratio = torch.tensor([[9.0, 1.5, 0.5], [9.0, 9.0, 2.0]])
+    out = metrics.histogram_arrays(4, rewards, torch.tensor([3]), mask, ratio)
+    assert out["lag"].tolist() == [1, 1] and out["tokens"].tolist() == [2, 1]
+    assert out["is_ratio"].tolist() == [1.5, 0.5, 2.0] and out["reward"].tolist() == [1.0, 0.0]
