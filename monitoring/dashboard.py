@@ -144,12 +144,11 @@ def build() -> dict:
         [(f"sum by (phase) (rate(streamrl_learner_phase_seconds_total{L}[{RI}]))", "{{phase}}")],
         unit="percentunit", stack=True))
     p.add(timeseries(
-        "Weight sync", "Time to gather and broadcast one version (learner) and to load it (actors, p90).",
+        "Weight sync", "Time to gather and broadcast one version (learner) and to load it (actors), p90.",
         [(f"histogram_quantile(0.9, sum by (le) (rate(streamrl_weight_publish_seconds_bucket{L}[{RI}])))",
           "publish p90"),
          (f"histogram_quantile(0.9, sum by (le) (rate(streamrl_actor_weight_apply_seconds_bucket{L}[{RI}])))",
-          "apply p90 (actors)"),
-         (f"sum by (run) (rate(streamrl_weight_publish_bytes_total{L}[{RI}])) / 1e9", "GB/s published")],
+          "apply p90 (actors)")],
         unit="s"))
     p.add(timeseries(
         "Groups: received, used, dropped, rejected", "Per second; dropped and rejected by reason.",
@@ -160,7 +159,13 @@ def build() -> dict:
         unit="ops"))
     p.add(stat("Policy version", "Learner policy version.", f"max by (run) (streamrl_policy_version{L})",
                legend="{{run}}"), w=6, h=4)
-    p.add(stat("Actors up", "Actor processes Prometheus can scrape.", 'sum(up{job="streamrl-actors"})'), w=6, h=4)
+    p.add(stat("Actors up", "Actor processes Prometheus can scrape.", 'sum(up{job="streamrl-actors"})',
+               legend="actors up"), w=6, h=4)
+    p.add(stat("Weights published", "Bytes per second of weights broadcast (one copy).",
+               f"sum by (run) (rate(streamrl_weight_publish_bytes_total{L}[{RI}]))", unit="Bps", legend="{{run}}"),
+          w=6, h=4)
+    p.add(stat("Groups dropped", "Valid groups not trained on since the learner started, all reasons.",
+               f"sum by (run) (streamrl_groups_dropped_total{L})", legend="{{run}}"), w=6, h=4)
     # ── Actors (one row per actor) ─────────────────────────────────────────────────────────────
     p.row("Actor $actor", repeat="actor")
     p.add(timeseries(
@@ -169,13 +174,15 @@ def build() -> dict:
          (f"streamrl_actor_generation_tokens_per_second{A}", "last call {{actor}}")], unit="ops"), w=6)
     p.add(timeseries(
         "Time blocked and waiting", "Share of wall time blocked on a full send queue and waiting for weights.",
-        [(f"rate(streamrl_actor_send_blocked_seconds_total{A}[{RI}])", "send blocked"),
-         (f"rate(streamrl_actor_weights_wait_seconds_total{A}[{RI}])", "waiting for weights"),
-         (f"rate(streamrl_actor_generate_seconds_total{A}[{RI}])", "generating")], unit="percentunit"), w=6)
+        [(f"rate(streamrl_actor_send_blocked_seconds_total{A}[{RI}])", "{{actor}} send blocked"),
+         (f"rate(streamrl_actor_weights_wait_seconds_total{A}[{RI}])", "{{actor}} waiting for weights"),
+         (f"rate(streamrl_actor_generate_seconds_total{A}[{RI}])", "{{actor}} generating")], unit="percentunit"),
+          w=6)
     p.add(timeseries(
-        "Policy version lag", "Learner version minus the version this actor generates with.",
-        [(f"max by (run) (streamrl_policy_version{L}) - on (run) group_right "
-          f"streamrl_actor_policy_version{A}", "{{actor}}")]), w=6)
+        "Policy version: learner vs actor", "The learner's version and the one this actor generates with. Learner and actors are "
+        "scraped at different moments, so with steps much shorter than the scrape interval the gap is noise.",
+        [(f"max by (run) (streamrl_policy_version{L})", "learner"),
+         (f"streamrl_actor_policy_version{A}", "{{actor}}")]), w=6)
     p.add(timeseries(
         "Groups sent", "Scored groups per second handed to the learner.",
         [(f"rate(streamrl_actor_groups_sent_total{A}[{RI}])", "{{actor}}")], unit="ops"), w=6)

@@ -70,14 +70,15 @@ def draw_heatmap(ax, results: list[dict], t0: float) -> None:
     ax.set_yticks(range(len(les)), labels, fontsize=6)
 
 
-def render(url: str, start: float, end: float, out: Path, run: str = ".*", step: float | None = None) -> int:
+def render(url: str, start: float, end: float, out: Path, run: str = ".*", step: float | None = None,
+           scrape_interval_s: float = 5.0) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     step = step or max(1.0, (end - start) / 300)
-    rate_interval = f"{int(max(4 * step, 5))}s"
+    rate_interval = f"{int(max(4 * scrape_interval_s, step + scrape_interval_s))}s"  # Grafana's $__rate_interval
     panels = [p for p in dashboard.build()["panels"] if p["type"] != "row"]
     cols = 4
     rows = math.ceil(len(panels) / cols)
@@ -97,7 +98,7 @@ def render(url: str, start: float, end: float, out: Path, run: str = ".*", step:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"streamrl dashboard panels, rendered from Prometheus with matplotlib (run {run})", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)
@@ -111,11 +112,12 @@ def main() -> int:
     p.add_argument("--start", type=float, help="unix time the window starts")
     p.add_argument("--end", type=float, help="unix time the window ends (default: now)")
     p.add_argument("--run", default=".*", help="run name (a regex, as the $run variable)")
+    p.add_argument("--scrape-interval", type=float, default=5.0, help="Prometheus scrape interval in seconds")
     p.add_argument("--out", type=Path, default=Path("dashboard-panels.png"))
     a = p.parse_args()
     end = a.end or time.time()
     start = a.start or end - 60 * a.minutes
-    drawn = render(a.prometheus, start, end, a.out, a.run)
+    drawn = render(a.prometheus, start, end, a.out, a.run, scrape_interval_s=a.scrape_interval)
     print(f"wrote {a.out}: {drawn} panels with data")
     return 0
 

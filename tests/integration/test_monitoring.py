@@ -200,7 +200,7 @@ def test_the_dashboard_panels_render_from_prometheus(stack):
     import render_panels
 
     out = stack.tmp / "panels.png"
-    drawn = render_panels.render(stack.prom.url, stack.started, time.time(), out, run="mon")
+    drawn = render_panels.render(stack.prom.url, stack.started, time.time(), out, run="mon", scrape_interval_s=1)
     panels = [p for p in dashboard.build()["panels"] if p["type"] != "row"]
     assert drawn == len(panels)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
