@@ -104,6 +104,11 @@ def run(cfg: Config, out=sys.stdout) -> int:
     cfg_file.write_text(config_lib.dump(cfg))
     print(f"streamrl: run {cfg.name!r} -> {run_dir}/  ({cfg.on_policy}, estimator {cfg.advantage.estimator}, "
           f"{cfg.actors.num} actors, {cfg.steps} steps; logs in {run_dir}/logs/)", file=out, flush=True)
+    if (m := cfg.monitoring).learner_port:
+        actor_ports = (f", actors :{m.actor_port}-{m.actor_port + cfg.actors.num - 1}"
+                       if m.actor_port and cfg.actors.num else "")
+        print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
+              "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
 
     learner = _spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log")
     actors = [_spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")

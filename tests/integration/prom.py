@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
-
-
-def require(tool: str) -> str:
-    """Path of a Prometheus tool. Skips when it is missing, except under CI (STREAMRL_REQUIRE_PROMETHEUS=1),
-    where a missing server must fail rather than let the monitoring tests pass unseen."""
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("STREAMRL_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail(f"{tool} is not installed (apt-get install prometheus)")
-        pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
-    return path
 
 
 def scrape_config(learner: str, actors: list[str], interval: str = "1s") -> dict:
@@ -40,14 +26,14 @@ def scrape_config(learner: str, actors: list[str], interval: str = "1s") -> dict
 
 
 class Prometheus:
-    def __init__(self, config: dict, workdir: Path, port: int):
+    def __init__(self, binary: str, config: dict, workdir: Path, port: int):
         self.url = f"http://127.0.0.1:{port}"
         workdir.mkdir(parents=True, exist_ok=True)
         cfg_path = workdir / "prometheus.yml"
         cfg_path.write_text(yaml.safe_dump(config))
         self.log = workdir / "prometheus.log"
         self.proc = subprocess.Popen(
-            [require("prometheus"), f"--config.file={cfg_path}", f"--storage.tsdb.path={workdir / 'data'}",
+            [binary, f"--config.file={cfg_path}", f"--storage.tsdb.path={workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}"],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30

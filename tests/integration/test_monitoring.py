@@ -16,7 +16,7 @@ import pytest
 import yaml
 import zmq
 from procs import REPO, free_ports, spawn
-from prom import MONITORING, Prometheus, require, scrape_config, signals
+from prom import MONITORING, Prometheus, scrape_config, signals
 
 sys.path.insert(0, str(MONITORING))
 import dashboard  # noqa: E402
@@ -48,8 +48,7 @@ def consecutive_free_ports(n: int) -> int:
 class Stack:
     """Prometheus + learner + actors, all real processes on loopback."""
 
-    def __init__(self, tmp):
-        require("prometheus")
+    def __init__(self, tmp, prometheus_bin: str):
         group, weights, requests, self.learner_port, prom_port = free_ports(5)
         self.actor_port = consecutive_free_ports(ACTORS)
         self.tmp, self.started = tmp, time.time()
@@ -58,7 +57,7 @@ class Stack:
                      f"actors.num={ACTORS}", f"transport.group_port={group}", f"transport.weights_port={weights}",
                      f"transport.weights_request_port={requests}", f"monitoring.learner_port={self.learner_port}",
                      f"monitoring.actor_port={self.actor_port}"]
-        self.prom = Prometheus(scrape_config(f"127.0.0.1:{self.learner_port}",
+        self.prom = Prometheus(prometheus_bin, scrape_config(f"127.0.0.1:{self.learner_port}",
                                              [f"127.0.0.1:{self.actor_port + i}" for i in range(ACTORS)]),
                                tmp / "prometheus", prom_port)
         self.learner = spawn(["learner", *self.args], tmp / "learner.log")
@@ -99,8 +98,8 @@ def _garbage(addr: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    st = Stack(tmp_path_factory.mktemp("monitoring"))
+def stack(tmp_path_factory, prometheus_bin):
+    st = Stack(tmp_path_factory.mktemp("monitoring"), prometheus_bin)
     try:
         q = st.prom
         q.wait_for("streamrl_learner_steps_total > 20", timeout=240, what="the learner to take 20 steps")
@@ -179,12 +178,11 @@ def test_a_restarted_actor_keeps_one_series_whose_rate_never_goes_negative(stack
     assert q.value(f"increase({sel}[{window}])") > q.value(sel)  # counts from both lives of the process
 
 
-def test_the_exposition_passes_promtool_check_metrics(stack):
-    promtool = require("promtool")
+def test_the_exposition_passes_promtool_check_metrics(stack, promtool_bin):
     for port in (stack.learner_port, stack.actor_port):
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         assert b"streamrl_" in text
-        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+        check = subprocess.run([promtool_bin, "check", "metrics"], input=text, capture_output=True)
         assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
 

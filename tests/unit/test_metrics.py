@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import socket
 import subprocess
 import time
@@ -139,15 +138,12 @@ def test_actor_series_count_groups_samples_and_tokens():
     assert registry.get_sample_value("streamrl_actor_send_blocked_seconds_total", labels) == 0.75
 
 
-def test_the_exposition_passes_promtool_check_metrics():
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (apt-get install prometheus); CI installs it")
+def test_the_exposition_passes_promtool_check_metrics(promtool_bin):
     registry, m = learner()
     m.observe_step(*step(3, [group([1.0, 0.0], 3)]))
     actor = metrics.ActorMetrics(registry, "r1", "actor-0")
     actor.observe_weights(3, 0.01)
-    check = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
+    check = subprocess.run([promtool_bin, "check", "metrics"], input=generate_latest(registry), capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,11 +72,8 @@ def test_the_alerts_cover_the_failures_users_page_on():
 
 
 @pytest.mark.parametrize("what, path", [("config", "prometheus.yml"), ("rules", "alerts.yml")])
-def test_promtool_accepts_the_shipped_file(what, path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (apt-get install prometheus); CI installs it")
-    check = subprocess.run([promtool, "check", what, str(MONITORING / path)], capture_output=True, text=True)
+def test_promtool_accepts_the_shipped_file(what, path, promtool_bin):
+    check = subprocess.run([promtool_bin, "check", what, str(MONITORING / path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 

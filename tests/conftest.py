@@ -1,0 +1,30 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+def _require(tool: str) -> str:
+    """Path of a Prometheus tool. Skips when it is missing, except under CI (STREAMRL_REQUIRE_PROMETHEUS=1),
+    where a missing tool must fail rather than let the monitoring tests pass unseen."""
+    path = shutil.which(tool)
+    if path is None:
+        message = f"{tool} is not installed (apt-get install prometheus)"
+        if os.environ.get("STREAMRL_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> str:
+    return _require("prometheus")
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> str:
+    return _require("promtool")
