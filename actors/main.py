@@ -32,7 +32,6 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     if cfg.actors.threads:
         torch.set_num_threads(cfg.actors.threads)
     torch.manual_seed(cfg.seed * 1000 + index + 1)
-    rng = random.Random(cfg.seed * 1000 + index + 1)
 
     task = tasks.build(cfg.task)
     model, tokenizer = model_lib.build(cfg, task.vocabulary)
@@ -45,7 +44,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
     host, t = learner_host or cfg.transport.host, cfg.transport
     ctx = zmq.Context()
-    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm)
+    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id)
     weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                actor_id, t.max_message_bytes)
     # The learner takes about this many groups per version from each actor.
@@ -72,6 +71,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             apply(got)
             start_version = version
             log.info("%s: starting at policy version %d", actor_id, version)
+        # The prompt stream's position: an actor that (re)joins a resumed run at version v draws a
+        # stream of its own rather than replaying the prompts its first life drew from the start.
+        rng = random.Random(f"{cfg.seed}:{index}:{start_version}")
         while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and newer[0] > version:
@@ -98,7 +100,12 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     finally:
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
         stats["rejected"] = dict(weights.rejected.counts)
-        sender.close()
+        stats["session"] = sender.session
+        # The report closes this session's accounting at the learner; lingering lets it and any
+        # queued groups reach a learner that is draining (a learner already gone costs the wait).
+        reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"
+        stats["reported"] = sender.report(produced, reason)
+        sender.close(linger_s=2.0)
         weights.close()
         ctx.term()
         if server:

@@ -129,18 +129,15 @@ class Engine:
         # A copy: the publisher sends without copying, and the next step updates parameters in place.
         return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
 
-    def save(self, directory: str, tag: str, client_state: dict) -> None:
-        self.engine.save_checkpoint(directory, tag=tag, client_state={"streamrl": client_state})
+    def save(self, directory: str, tag: str) -> None:
+        """Model, optimizer and scheduler under directory/tag; `latest` is left to learner.checkpoints."""
+        self.engine.save_checkpoint(directory, tag=tag, save_latest=False)
 
-    def load(self, directory: str) -> dict | None:
-        """Load the newest checkpoint in `directory`; returns its client state, or None if none."""
-        if not os.path.isfile(os.path.join(directory, "latest")):
-            return None
-        path, client_state = self.engine.load_checkpoint(directory)
+    def load(self, directory: str, tag: str) -> None:
+        path, _ = self.engine.load_checkpoint(directory, tag=tag)
         if path is None:
-            return None
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {directory}/{tag}")
         log.info("resumed from %s", path)
-        return (client_state or {}).get("streamrl", {})
 
     def close(self) -> None:
         import torch.distributed as dist

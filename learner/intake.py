@@ -77,8 +77,27 @@ class Intake:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {len(batch)}/{n} for this batch); are the actors alive and pointed at this learner?")
+        if len(batch) < n:  # stopping: a partial batch is never trained on
+            self.dropped["lost_at_shutdown"] += len(batch)
+            batch = []
         self.used += len(batch)
         return batch, time.perf_counter() - t0
+
+    def drain(self, timeout_s: float) -> None:
+        """At shutdown, after actors were told to stop: take what is still on the way, counting it as
+        lost_at_shutdown, until every actor session still sending has reported (or timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            while self.receiver.take() is not None:
+                self.dropped["lost_at_shutdown"] += 1
+            if all(c.report is not None for c in self._live_sessions()):
+                return
+            self.poller.poll(50)
+            self.publisher.serve_requests()
+
+    def _live_sessions(self):
+        """Sessions that sent a group and have not reported (killed actors never will: see timeout)."""
+        return [c for c in self.receiver.sessions.values() if c.report is None and c.received]
 
     @property
     def demand_wait_s(self) -> float:
@@ -93,6 +112,26 @@ class Intake:
                             group.actor_id, group.group_size, self.group_size)
             return "wrong_group_size"
         return staleness.gate(version, group.policy_version, self.max_staleness)
+
+    def reconciliation(self) -> dict:
+        """Every group, from each actor session's own count to what became of it at the learner.
+
+        For a session that reported, groups sent = received (ZeroMQ keeps order, and the report
+        comes last). For one that did not (killed), what it sent after the last group the learner
+        saw is unknowable; `sent` is then what the learner saw, and the session is listed.
+        """
+        sessions = self.receiver.sessions
+        sent = sum(c.sent for c in sessions.values())
+        received_by_session = sum(c.received for c in sessions.values())
+        dropped = sum(self.dropped.values())
+        return {
+            "actor_sessions": len(sessions),
+            "groups_sent_by_actors": sent,
+            "groups_generated_by_actors": sum(c.report.groups_generated for c in sessions.values() if c.report),
+            "lost_in_transit": sent - received_by_session,
+            "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None),
+            "balanced": self.received == self.used + dropped and received_by_session == self.received,
+        }
 
     def accounting(self) -> dict:
         return {

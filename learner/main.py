@@ -9,7 +9,7 @@ import time
 import torch
 import zmq
 
-from learner import stepstats
+from learner import checkpoints, stepstats
 from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
@@ -36,8 +36,11 @@ def run(cfg: Config) -> dict:
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     engine = Engine(cfg, model)
     runlog = RunLog(cfg)
-    resumed = engine.load(str(runlog.checkpoints)) if cfg.learner.resume else None
-    step, version = (resumed["step"], resumed["version"]) if resumed else (0, 0)
+    resumed = checkpoints.newest_complete(runlog.checkpoints) if cfg.learner.resume else None
+    if resumed:
+        engine.load(str(runlog.checkpoints), resumed[0])
+        checkpoints.restore_rng(resumed[1]["rng"])
+    step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
     runlog.open(resumed_step=step)
     saved_at = step
 
@@ -53,6 +56,12 @@ def run(cfg: Config) -> dict:
         t0 = time.perf_counter()
         nbytes = publisher.publish(v, engine.full_state_dict())
         telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+
+    def checkpoint() -> None:
+        nonlocal saved_at
+        state = {"step": step, "version": version, "accounting": intake.accounting()}
+        checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state)
+        saved_at = step
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         health.beat()
@@ -88,17 +97,17 @@ def run(cfg: Config) -> dict:
             if cfg.strict:
                 stepstats.check_strict(rec, L.strict_ratio_tol)
             if L.checkpoint_every and step % L.checkpoint_every == 0:
-                engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
-                saved_at = step
+                checkpoint()
             if L.slow_step_s:
                 time.sleep(L.slow_step_s)
     finally:
         publisher.shutdown()
-        if step != saved_at or not (runlog.checkpoints / "latest").exists():
-            engine.save(str(runlog.checkpoints), f"step-{step}", {"step": step, "version": version})
+        intake.drain(L.shutdown_drain_s)
+        if step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists():
+            checkpoint()
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
-             **intake.accounting(), **_metrics_cost(runlog, server)},
+             **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server)},
             reward_range=(min(task.reward_levels), max(task.reward_levels)))
         runlog.close()
         receiver.close()

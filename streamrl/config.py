@@ -131,6 +131,8 @@ class LearnerConfig(_Section):
     """Fail with a clear error if no group arrives for this long."""
     threads: NonNegInt = 1
     """torch threads in the learner (0: torch's default)."""
+    shutdown_drain_s: NonNegFloat = 5.0
+    """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
     strict_ratio_tol: PositiveFloat = 1e-3
     """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
     slow_step_s: NonNegFloat = 0.0

@@ -14,8 +14,10 @@ logged once per reason.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
+import uuid
 from typing import Callable
 
 import zmq
@@ -68,32 +70,62 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
 class GroupSender:
     """Actor side of the group channel (PUSH, connects)."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, hwm: int):
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor"):
         self.sock = _socket(ctx, zmq.PUSH)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.connect(addr)
         self.blocked_s = 0.0
+        self.actor_id = actor_id
+        self.session = uuid.uuid4().hex[:12]  # this life of the actor: a restart is a new session
+        self.sent = 0
 
     def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
         """Send one group; False if the learner applied backpressure for `timeout_s`."""
+        group.session, group.seq = self.session, self.sent
         frames = wire.encode_group(group)
         # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
         copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)  # the usual case: room in the queue
-            return True
         except zmq.Again:
-            pass
-        t0 = time.perf_counter()
-        ready = self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
-        self.blocked_s += time.perf_counter() - t0
-        if not ready:
-            return False
-        self.sock.send_multipart(frames, copy=copy)
+            t0 = time.perf_counter()
+            ready = self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+            self.blocked_s += time.perf_counter() - t0
+            if not ready:
+                return False
+            self.sock.send_multipart(frames, copy=copy)
+        self.sent += 1
         return True
 
-    def close(self) -> None:
-        self.sock.close(linger=0)
+    def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0) -> bool:
+        """Send the ActorReport that closes this session's accounting (after every group it sent)."""
+        msg = wire.ActorReport(actor_id=self.actor_id, session=self.session, groups_sent=self.sent,
+                               groups_generated=groups_generated, reason=reason)
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        return True
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """linger_s > 0: give queued groups and the report that long to reach a learner still listening."""
+        self.sock.close(linger=int(linger_s * 1000))
+
+
+MAX_SESSIONS = 10_000
+
+
+@dataclasses.dataclass
+class SessionCount:
+    """What the learner saw from one life of one actor."""
+
+    received: int = 0
+    max_seq: int = -1
+    report: wire.ActorReport | None = None
+
+    @property
+    def sent(self) -> int:
+        """The actor's own count if it reported; else at least every seq the learner saw."""
+        return self.report.groups_sent if self.report else max(self.max_seq + 1, self.received)
 
 
 class GroupReceiver:
@@ -106,20 +138,38 @@ class GroupReceiver:
         self.vocab_size = vocab_size
         self.rejected = RejectCounter("group receiver")
         self.received = 0
+        self.sessions: dict[tuple[str, str], SessionCount] = {}
 
     def take(self) -> wire.ScoredGroup | None:
-        """One waiting message, decoded and validated; None if nothing waits or it was rejected."""
-        try:
-            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
-        try:
-            group = wire.decode_group(frames, vocab_size=self.vocab_size)
-        except wire.WireError as e:
-            self.rejected(e)
-            return None
-        self.received += 1
-        return group
+        """One waiting group, decoded and validated; None if nothing waits or it was rejected.
+        Actor reports on the way are recorded in `sessions`."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            try:
+                header = wire.decode_header(frames)
+                if isinstance(header, wire.ActorReport):
+                    self._session(header.actor_id, header.session).report = header
+                    continue
+                group = wire.decode_group(frames, header, vocab_size=self.vocab_size)
+            except wire.WireError as e:
+                self.rejected(e)
+                return None
+            self.received += 1
+            count = self._session(group.actor_id, group.session)
+            count.received += 1
+            count.max_seq = max(count.max_seq, group.seq)
+            return group
+
+    def _session(self, actor_id: str, session: str) -> SessionCount:
+        key = (actor_id, session)
+        if key not in self.sessions and len(self.sessions) >= MAX_SESSIONS:
+            key = ("(too many sessions)", "")  # memory stays bounded whatever peers claim to be
+        if key not in self.sessions:
+            self.sessions[key] = SessionCount()
+        return self.sessions[key]
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -50,6 +50,8 @@ class GroupHeader(Struct, tag="scored_group", kw_only=True):
     samples: list[SampleInfo]
     created_at: float
     sent_at: float = 0.0
+    session: str = ""
+    seq: int = -1
 
 
 class TensorInfo(Struct, array_like=True, frozen=True):
@@ -95,7 +97,22 @@ class Demand(Struct, tag="demand", kw_only=True):
     groups_missing: int
 
 
-Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown, Demand]
+class ActorReport(Struct, tag="actor_report", kw_only=True):
+    """An actor's last message on the group channel: what this life of it sent.
+
+    ZeroMQ keeps a connection's messages in order, so once the learner has this report it has
+    every group the actor sent before it: `groups_sent` must equal what the learner received.
+    """
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str
+    groups_sent: int
+    groups_generated: int
+    reason: str = "shutdown"
+
+
+Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown, Demand, ActorReport]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -117,6 +134,10 @@ class ScoredGroup(Struct, kw_only=True):
     samples: list[SampleInfo]
     created_at: float = msgspec.field(default_factory=time.time)
     sent_at: float = 0.0
+    session: str = ""
+    """Which life of the actor sent it (set by GroupSender); with seq, the learner's accounting key."""
+    seq: int = -1
+    """0, 1, 2, … per session, in send order (-1: not sent through a GroupSender)."""
 
     @property
     def group_size(self) -> int:
@@ -175,6 +196,8 @@ def encode_group(group: ScoredGroup) -> list:
         samples=group.samples,
         created_at=group.created_at,
         sent_at=time.time(),
+        session=group.session,
+        seq=group.seq,
     )
     return [
         _encoder.encode(header),
@@ -184,7 +207,7 @@ def encode_group(group: ScoredGroup) -> list:
     ]
 
 
-def encode(msg: WeightsRequest | Shutdown | Demand) -> list[bytes]:
+def encode(msg: WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
     """Frames for a header-only message."""
     return [_encoder.encode(msg)]
 
@@ -219,6 +242,8 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         raise WireError("empty_group", "scored_group has no samples")
     if header.policy_version < 0:
         raise WireError("bad_version", f"policy_version {header.policy_version} < 0")
+    if header.seq < -1:
+        raise WireError("bad_seq", f"seq {header.seq} < 0")
     if header.num_prompt_tokens < 1:
         raise WireError("empty_prompt", f"num_prompt_tokens is {header.num_prompt_tokens}; a prompt needs ≥ 1 token")
     total = 0
@@ -254,6 +279,8 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         samples=header.samples,
         created_at=header.created_at,
         sent_at=header.sent_at,
+        session=header.session,
+        seq=header.seq,
     )
 
 

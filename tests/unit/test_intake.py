@@ -20,7 +20,7 @@ def intake():
     ctx = zmq.Context()
     receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
     publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
-    sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64)
+    sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
     yield Intake(receiver, publisher, group_size=2, max_staleness=1, demand_after_s=0.3), sender
     for s in (sender, receiver, publisher):
         s.close()
@@ -56,3 +56,58 @@ def test_a_silence_far_longer_than_usual_gaps_sends_a_demand_and_a_short_one_doe
         it.collect(version=0, n=2, timeout_s=1.0)
     assert time.monotonic() - t0 < 5
     assert it.demands_sent >= 1
+
+
+# ── Accounting ──────────────────────────────────────────────────────────────────────────────────
+
+def test_a_sender_numbers_its_groups_and_its_report_closes_the_session_with_nothing_missing(intake):
+    it, sender = intake
+    for v in (0, 0, 0):
+        assert sender.send(group(v), timeout_s=2)
+    assert sender.report(groups_generated=4, reason="shutdown")
+    batch, _ = it.collect(version=0, n=2, timeout_s=10)
+    assert [(g.session, g.seq) for g in batch] == [(sender.session, 0), (sender.session, 1)]
+    it.drain(timeout_s=5)
+    count = it.receiver.sessions["a", sender.session]
+    assert count.report.groups_sent == 3 and count.received == 3 and count.max_seq == 2
+    r = it.reconciliation()
+    assert r["groups_sent_by_actors"] == 3 and r["groups_generated_by_actors"] == 4
+    assert r["lost_in_transit"] == 0 and r["unreported_sessions"] == [] and r["balanced"]
+    assert it.dropped["lost_at_shutdown"] == 1  # the third group arrived after the last batch
+
+
+def test_a_batch_cut_short_by_a_stop_is_counted_lost_at_shutdown_not_used(intake):
+    it, sender = intake
+    assert sender.send(group(0), timeout_s=2)
+    deadline = time.monotonic() + 2
+    batch, _ = it.collect(version=0, n=2, timeout_s=10, stop=lambda: time.monotonic() > deadline)
+    assert batch == [] and it.used == 0
+    assert it.dropped["lost_at_shutdown"] == 1 and it.reconciliation()["balanced"]
+
+
+def test_a_session_that_never_reports_is_listed_and_drain_gives_up_after_its_timeout(intake):
+    it, sender = intake
+    for v in (0, 0):
+        assert sender.send(group(v), timeout_s=2)
+    it.collect(version=0, n=2, timeout_s=10)
+    t0 = time.monotonic()
+    it.drain(timeout_s=0.5)  # the "actor" was killed: no report will come
+    assert 0.4 < time.monotonic() - t0 < 3
+    r = it.reconciliation()
+    assert r["unreported_sessions"] == [f"a/{sender.session}"] and r["groups_sent_by_actors"] == 2
+    assert r["balanced"]
+
+
+def test_claimed_sessions_cannot_grow_the_learners_memory_without_bound(intake, monkeypatch):
+    it, sender = intake
+    monkeypatch.setattr("streamrl.transport.MAX_SESSIONS", 3)
+    for i in range(6):
+        g = group(0)
+        sender.session = f"s{i}"
+        sender.sent = 0
+        assert sender.send(g, timeout_s=2)
+    deadline = time.monotonic() + 5
+    while it.received < 6 and time.monotonic() < deadline:
+        it.receiver.take()
+    assert len(it.receiver.sessions) == 4  # three real, one overflow bucket
+    assert it.receiver.sessions["(too many sessions)", ""].received == 3
