@@ -130,6 +130,8 @@ class Intake:
             "groups_generated_by_actors": sum(c.report.groups_generated for c in sessions.values() if c.report),
             "lost_in_transit": sent - received_by_session,
             "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None),
+            "sessions": {f"{a}/{s}": {"sent": c.sent, "received": c.received, "reported": c.report is not None}
+                         for (a, s), c in list(sessions.items())[:1000]},
             "balanced": self.received == self.used + dropped and received_by_session == self.received,
         }
 

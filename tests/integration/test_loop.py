@@ -167,6 +167,10 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     assert s["steps"] == 60 and not s["stopped_early"]
     assert s["demands_sent"] >= 1  # the survivor was asked for the dead actor's share
     assert _children_of_run(run) == []
+    r = s["reconciliation"]  # every group accounted for, the killed actor's included
+    assert r["balanced"] and r["lost_in_transit"] == 0
+    assert [u.split("/")[0] for u in r["unreported_sessions"]] == ["actor-1"]
+    assert s["groups_received"] == s["groups_used"] + sum(s["groups_dropped"].values())
 
 
 def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):

@@ -1,0 +1,91 @@
+"""Processes die and come back; every group stays accounted for; resume picks a complete checkpoint."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import signal
+import time
+
+import pytest
+from procs import REPO, free_ports, metrics, reaped, spawn, summary
+
+pytestmark = pytest.mark.slow
+TINY = str(REPO / "configs" / "tiny.yaml")
+
+
+def _args(tmp, name: str, steps: int) -> list[str]:
+    group, weights, requests = free_ports(3)
+    return [TINY, f"name={name}", f"run_dir={tmp / 'runs'}", f"steps={steps}", f"transport.group_port={group}",
+            f"transport.weights_port={weights}", f"transport.weights_request_port={requests}",
+            "monitoring.learner_port=0", "monitoring.actor_port=0"]
+
+
+def _wait_steps(run, n: int, proc, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= n):
+        assert proc.poll() is None and time.monotonic() < deadline, f"learner stopped or stalled before step {n}"
+        time.sleep(0.1)
+
+
+def _final_stats(log) -> dict:
+    """The actor's last log line: `actor-i: done {stats}`."""
+    line = [x for x in log.read_text().splitlines() if ": done {" in x][-1]
+    return ast.literal_eval(line.split(": done ", 1)[1])
+
+
+def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(tmp_path):
+    args = _args(tmp_path, "restart", steps=120)
+    run = tmp_path / "runs" / "restart"
+    learner = spawn(["learner", *args], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        _wait_steps(run, 20, learner)
+        actors[1].send_signal(signal.SIGKILL)
+        actors[1].wait()
+        _wait_steps(run, 40, learner)
+        actors.append(spawn(["actor", *args, "--index", "1"], tmp_path / "actor-1-again.log"))
+        assert learner.wait(timeout=240) == 0
+        for a in (actors[0], actors[2]):
+            assert a.wait(timeout=30) == 0
+    s = summary(run)
+    r = s["reconciliation"]
+    assert s["steps"] == 120 and r["actor_sessions"] == 3 and r["balanced"] and r["lost_in_transit"] == 0
+    assert s["groups_received"] == s["groups_used"] + sum(s["groups_dropped"].values())
+    survivors = [_final_stats(tmp_path / "actor-0.log"), _final_stats(tmp_path / "actor-1-again.log")]
+    assert all(a["reported"] for a in survivors)
+    killed = r["unreported_sessions"]
+    assert len(killed) == 1 and killed[0].startswith("actor-1/")
+    # What each survivor says it sent is exactly what the learner received from that session.
+    for name, a in zip(("actor-0", "actor-1"), survivors):
+        seen = r["sessions"][f"{name}/{a['session']}"]
+        assert seen == {"sent": a["groups_sent"], "received": a["groups_sent"], "reported": True}
+
+
+def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tmp_path):
+    args = _args(tmp_path, "resume", steps=6)
+    run = tmp_path / "runs" / "resume"
+    learner = spawn(["learner", *args, "learner.checkpoint_every=3"], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        assert learner.wait(timeout=240) == 0
+    ckpt = run / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step-6"
+    # A crash mid-save: DeepSpeed's files for a newer tag are there, streamrl's state file is not,
+    # and the pointer was torn.
+    shutil.copytree(ckpt / "step-6", ckpt / "step-9")
+    (ckpt / "step-9" / "streamrl.json").unlink()
+    (ckpt / "latest").write_text("")
+    args2 = _args(tmp_path, "resume", steps=8) + ["learner.resume=true"]
+    learner = spawn(["learner", *args2], tmp_path / "learner2.log")
+    actors = [spawn(["actor", *args2, "--index", str(i)], tmp_path / f"actor2-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        assert learner.wait(timeout=240) == 0
+    log = (tmp_path / "learner2.log").read_text()
+    assert "resuming from step-6" in log and re.search(r"resumed from .*step-6", log)
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["policy_version"] == 8
+    state = json.loads((ckpt / "step-8" / "streamrl.json").read_text())
+    assert state["step"] == 8 and state["version"] == 8 and set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
