@@ -1,0 +1,122 @@
+"""Malformed messages for fuzzing every socket: random bytes, truncated and extra frames, wrong tags
+and schema versions, and well-formed messages with wrong content. Deterministic for a seed.
+
+Each maker returns (kind, frames). Every message a receiver must reject; `future` groups are
+valid on the wire and the learner's gate drops them instead, so they are kept apart.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import msgspec
+import numpy as np
+
+from streamrl import wire
+
+VOCAB = 64  # the tiny job's vocabulary is larger; the fuzzer only uses ids that are out of range on purpose
+
+
+def _group(rng: random.Random, **header_changes) -> list[bytes]:
+    g = wire.ScoredGroup.from_samples(
+        prompt_id=f"p{rng.randrange(1000)}", policy_version=0, actor_id="fuzz", prompt_tokens=[1, 2, 3],
+        completions=[[4, 5], [6]], logprobs=[[-0.5, -1.0], [-2.0]], rewards=[1.0, 0.0],
+        finish_reasons=["stop", "length"])
+    frames = [bytes(memoryview(f)) for f in wire.encode_group(g)]
+    if header_changes:
+        header = msgspec.msgpack.decode(frames[0])
+        header.update(header_changes)
+        frames[0] = msgspec.msgpack.encode(header)
+    return frames
+
+
+def _arrays(frames: list[bytes], tokens=None, logprobs=None, prompt=None) -> list[bytes]:
+    out = list(frames)
+    if prompt is not None:
+        out[1] = np.asarray(prompt, dtype=wire.TOKEN_DTYPE).tobytes()
+    if tokens is not None:
+        out[2] = np.asarray(tokens, dtype=wire.TOKEN_DTYPE).tobytes()
+    if logprobs is not None:
+        out[3] = np.asarray(logprobs, dtype=wire.LOGPROB_DTYPE).tobytes()
+    return out
+
+
+def _samples(*rows) -> list:
+    return [list(r) for r in rows]
+
+
+MAKERS = {
+    "random_bytes": lambda r: [r.randbytes(r.randrange(0, 300))],
+    "random_frames": lambda r: [r.randbytes(r.randrange(0, 64)) for _ in range(r.randrange(1, 8))],
+    "empty_frame": lambda r: [b""],
+    "truncated": lambda r: _group(r)[: r.randrange(1, 4)],
+    "extra_frames": lambda r: _group(r) + [r.randbytes(8) for _ in range(r.randrange(1, 4))],
+    "wrong_tag": lambda r: _group(r, type=r.choice(["nope", "weights", "", "scored_groupX"])),
+    "wrong_schema": lambda r: _group(r, schema=r.choice([0, 2, 99, -1])),
+    "wrong_field_type": lambda r: _group(r, policy_version=r.choice(["3", None, 1.5, [1]])),
+    "truncated_header": lambda r: [_group(r)[0][: r.randrange(1, 20)], *_group(r)[1:]],
+    "length_mismatch": lambda r: _arrays(_group(r), tokens=[4, 5, 6, 7, 8]),
+    "negative_length": lambda r: _group(r, samples=_samples((-1, 1.0, "stop"), (4, 0.0, "stop"))),
+    "nan_reward": lambda r: _group(r, samples=_samples((2, math.nan, "stop"), (1, 0.0, "length"))),
+    "inf_reward": lambda r: _group(r, samples=_samples((2, r.choice([math.inf, -math.inf]), "stop"),
+                                                       (1, 0.0, "length"))),
+    "nan_logprob": lambda r: _arrays(_group(r), logprobs=[math.nan, -1.0, -2.0]),
+    "inf_logprob": lambda r: _arrays(_group(r), logprobs=[-math.inf, -1.0, -2.0]),
+    "positive_logprob": lambda r: _arrays(_group(r), logprobs=[0.5, -1.0, -2.0]),
+    "token_too_big": lambda r: _arrays(_group(r), tokens=[4, 10**6, 6]),
+    "negative_token": lambda r: _arrays(_group(r), prompt=[1, -5, 3]),
+    "negative_version": lambda r: _group(r, policy_version=-r.randrange(1, 10**6)),
+    "negative_seq": lambda r: _group(r, seq=-r.randrange(2, 100)),
+    "empty_group": lambda r: _group(r, samples=[]),
+    "empty_prompt": lambda r: _arrays(_group(r, num_prompt_tokens=0), prompt=[]),
+    "absurd_size": lambda r: _group(r, num_prompt_tokens=10**12),
+    "bad_finish_reason": lambda r: _group(r, samples=_samples((2, 1.0, "exploded"), (1, 0.0, "stop"))),
+    "bad_utf8": lambda r: [_group(r)[0].replace(b"fuzz", b"\xff\xfe\xfd\xfc"), *_group(r)[1:]],
+    "deep_nesting": lambda r: [b"\x91" * 5000 + b"\x00"],
+    "weights_on_group_channel": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                                   "tensors": []})],
+}
+
+
+def messages(n: int, seed: int = 0) -> list[tuple[str, list[bytes]]]:
+    """n malformed messages, cycling through every kind, in a shuffled order."""
+    rng = random.Random(seed)
+    kinds = sorted(MAKERS)
+    out = [(kinds[i % len(kinds)], MAKERS[kinds[i % len(kinds)]](rng)) for i in range(n)]
+    rng.shuffle(out)
+    return out
+
+
+def future_group(rng: random.Random) -> list[bytes]:
+    """Valid on the wire, from a policy version the learner never published (its gate drops it)."""
+    return _group(rng, policy_version=10**9)
+
+
+WEIGHT_MAKERS = {
+    "random_bytes": MAKERS["random_bytes"],
+    "random_frames": MAKERS["random_frames"],
+    "wrong_schema": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 7, "version": 1, "tensors": []})],
+    "frame_count": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                      "tensors": [["w", "float32", [2]]]})],
+    "negative_version": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": -3,
+                                                           "tensors": []})],
+    "duplicate_tensor": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                           "tensors": [["w", "float32", [1]], ["w", "float32", [1]]]}),
+                                   b"\0" * 4, b"\0" * 4],
+    "bad_shape": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                    "tensors": [["w", "float32", [-1]]]}), b""],
+    "bad_dtype": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                    "tensors": [["w", "pickle", [1]]]}), b"\0" * 4],
+    "absurd_size": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                      "tensors": [["w", "float32", [10**9, 10**9]]]}), b"\0" * 4],
+    "length_mismatch": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                          "tensors": [["w", "float32", [3]]]}), b"\0" * 4],
+    "group_on_weight_channel": lambda r: _group(r),
+}
+
+
+def weight_messages(n: int, seed: int = 0) -> list[tuple[str, list[bytes]]]:
+    rng = random.Random(seed)
+    kinds = sorted(WEIGHT_MAKERS)
+    return [(kinds[i % len(kinds)], WEIGHT_MAKERS[kinds[i % len(kinds)]](rng)) for i in range(n)]
