@@ -88,9 +88,13 @@ def messages(n: int, seed: int = 0) -> list[tuple[str, list[bytes]]]:
     return out
 
 
-def future_group(rng: random.Random) -> list[bytes]:
+def future_group(rng: random.Random, group_size: int) -> list[bytes]:
     """Valid on the wire, from a policy version the learner never published (its gate drops it)."""
-    return _group(rng, policy_version=10**9)
+    g = wire.ScoredGroup.from_samples(
+        prompt_id=f"p{rng.randrange(1000)}", policy_version=10**9, actor_id="fuzz", prompt_tokens=[1, 2],
+        completions=[[3]] * group_size, logprobs=[[-1.0]] * group_size, rewards=[0.0] * group_size,
+        finish_reasons=["stop"] * group_size)
+    return [bytes(memoryview(f)) for f in wire.encode_group(g)]
 
 
 WEIGHT_MAKERS = {

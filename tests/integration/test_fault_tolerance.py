@@ -89,3 +89,59 @@ def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tm
     assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["policy_version"] == 8
     state = json.loads((ckpt / "step-8" / "streamrl.json").read_text())
     assert state["step"] == 8 and state["version"] == 8 and set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
+
+
+def _rss_mb(pid: int) -> float:
+    status = open(f"/proc/{pid}/status").read()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_each_and_keeps_stepping(tmp_path):
+    import random
+
+    import malformed
+    import zmq
+
+    args = _args(tmp_path, "fuzzed", steps=100_000)
+    group_port, request_port = int(args[4].split("=")[1]), int(args[6].split("=")[1])
+    run = tmp_path / "runs" / "fuzzed"
+    learner = spawn(["learner", *args], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        _wait_steps(run, 10, learner)
+        rss_before = _rss_mb(learner.pid)
+        ctx = zmq.Context()
+        push, dealer = ctx.socket(zmq.PUSH), ctx.socket(zmq.DEALER)
+        push.connect(f"tcp://127.0.0.1:{group_port}")
+        dealer.connect(f"tcp://127.0.0.1:{request_port}")
+        rng = random.Random(5)
+        for i, (_, frames) in enumerate(malformed.messages(10_000, seed=4)):
+            push.send_multipart(frames)
+            if i % 10 == 0:
+                dealer.send_multipart(malformed.messages(1, seed=i)[0][1])
+            if i % 100 == 0:
+                push.send_multipart(malformed.future_group(rng, group_size=8))
+        deadline = time.monotonic() + 180
+        while True:
+            last = metrics(run)[-1]
+            if (sum(last["messages_rejected"].values()) >= 10_000 and
+                    sum(last["weight_requests_rejected"].values()) >= 1_000 and
+                    last["groups_dropped"].get("future", 0) >= 100):
+                break
+            assert learner.poll() is None and time.monotonic() < deadline, last
+            time.sleep(0.2)
+        steps_when_done = last["step"]
+        _wait_steps(run, steps_when_done + 20, learner)  # and it goes on training
+        rss_after = _rss_mb(learner.pid)
+        learner.send_signal(signal.SIGTERM)
+        assert learner.wait(timeout=60) == 0
+        push.close(0)
+        dealer.close(0)
+        ctx.term()
+    s = summary(run)
+    assert sum(s["messages_rejected"].values()) == 10_000 and len(s["messages_rejected"]) >= 12
+    assert sum(s["weight_requests_rejected"].values()) == 1_000
+    assert s["groups_dropped"]["future"] == 100
+    assert s["reconciliation"]["balanced"]
+    assert rss_after - rss_before < 64, f"learner memory grew {rss_after - rss_before:.0f} MB under fuzzing"
+    print(f"learner RSS {rss_before:.0f} MB -> {rss_after:.0f} MB over 11,100 malformed messages")
