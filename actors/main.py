@@ -17,7 +17,7 @@ import torch
 import zmq
 
 from actors import backends, rollout
-from streamrl import exporter, metrics, staleness, tasks
+from streamrl import exporter, metrics, security, staleness, tasks
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -44,9 +44,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
     host, t = learner_host or cfg.transport.host, cfg.transport
     ctx = zmq.Context()
-    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id)
+    curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
+    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve)
     weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
-                               actor_id, t.max_message_bytes)
+                               actor_id, t.max_message_bytes, curve)
     # The learner takes about this many groups per version from each actor.
     share = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1))
     telemetry.share.set(share)

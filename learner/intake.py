@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import Callable
 
 import zmq
 
@@ -21,13 +22,14 @@ log = logging.getLogger("streamrl.learner")
 
 class Intake:
     def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int,
-                 demand_after_s: float = 1.0):
+                 demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0):
         self.receiver = receiver
         self.publisher = publisher
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.used = 0
         self.demand_after_s = demand_after_s
+        self.refused = refused  # peers the CURVE gatekeeper turned away
         self.demands_sent = 0
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
@@ -144,4 +146,5 @@ class Intake:
             "weight_requests_rejected": dict(self.publisher.rejected.counts),
             "weight_requests_served": self.publisher.requests_served,
             "demands_sent": self.demands_sent,
+            "peers_refused": self.refused(),
         }

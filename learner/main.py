@@ -14,7 +14,7 @@ from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.runlog import RunLog
-from streamrl import advantages, exporter, metrics, tasks
+from streamrl import advantages, exporter, metrics, security, tasks
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -46,10 +46,14 @@ def run(cfg: Config) -> dict:
 
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
     ctx = zmq.Context()
-    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size)
+    curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
+    gate = security.Gatekeeper(ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
+    security.warn_if_exposed(t.host, curve)
+    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size, curve)
     publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
-                                t.max_message_bytes)
-    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s)
+                                t.max_message_bytes, curve)
+    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s,
+                    refused=(lambda: gate.refused) if gate else (lambda: 0))
     telemetry, health, server = _monitoring(cfg, task)
 
     def publish(v: int) -> None:
@@ -112,6 +116,8 @@ def run(cfg: Config) -> dict:
         runlog.close()
         receiver.close()
         publisher.close()
+        if gate:
+            gate.stop()
         ctx.term()
         engine.close()
         if server:

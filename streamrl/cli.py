@@ -4,6 +4,7 @@
   streamrl learner CONFIG [key=value ...]      one learner (also under `deepspeed` or `torchrun`)
   streamrl actor CONFIG --learner HOST [...]   one actor
   streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
+  streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
 
 Any config error is one line on stderr and exit status 2.
 """
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     actor.add_argument("--index", type=int, default=0, help="actor index: its id and seed")
     check = sub.add_parser("check", help="validate a config and print it resolved")
     check.add_argument("args", nargs="*", help=spec)
+    keys = sub.add_parser("keys", help="make CurveZMQ key pairs for the learner and N actors")
+    keys.add_argument("directory", help="folder to write (learner.key*, actor-<i>.key*, authorized/)")
+    keys.add_argument("--actors", type=int, default=2, help="how many actor key pairs (default 2)")
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     bench.add_argument("names", nargs="*", choices=["transport", "advantages", "batching", []], help="default: all")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
@@ -56,6 +60,13 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "keys":
+        from streamrl import security
+
+        made = security.make_keys(args.directory, args.actors)
+        print(f"streamrl: wrote {len(made)} key files to {args.directory}/ (secret keys are *.key_secret, mode 600); "
+              f"run learner and actors with transport.curve_keys={args.directory}")
+        return 0
     if args.command == "bench":
         from streamrl import bench
 

@@ -177,6 +177,8 @@ class TransportConfig(_Section):
     """Actor-side queue bound in groups (backpressure instead of memory growth)."""
     recv_hwm: PositiveInt = 4
     """Learner-side queue bound in groups."""
+    curve_keys: str | None = None
+    """Folder made by `streamrl keys`: CurveZMQ encryption, and the learner admits only keys in its authorized/."""
     max_message_bytes: PositiveInt = 256 * 1024 * 1024
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
 

@@ -111,6 +111,8 @@ ACCOUNTING_COUNTERS = (
     ("streamrl_weight_requests_served", "Actors' requests for the newest weights answered",
      "weight_requests_served", None),
     ("streamrl_demands_sent", "Times the learner asked held-back actors for groups", "demands_sent", None),
+    ("streamrl_peers_refused", "Connections refused by CURVE authentication (key not authorized)",
+     "peers_refused", None),
 )
 
 

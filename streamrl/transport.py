@@ -23,6 +23,7 @@ from typing import Callable
 import zmq
 
 from streamrl import wire
+from streamrl.security import Curve
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,13 @@ class RejectCounter:
         return sum(self.counts.values())
 
 
-def _socket(ctx: zmq.Context, kind: int, max_bytes: int | None = None) -> zmq.Socket:
+def _socket(ctx: zmq.Context, kind: int, max_bytes: int | None = None, curve: Curve | None = None) -> zmq.Socket:
     s = ctx.socket(kind)
     s.setsockopt(zmq.LINGER, 0)
     if max_bytes:
         s.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    if curve is not None:
+        curve.apply(s)
     return s
 
 
@@ -70,8 +73,8 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
 class GroupSender:
     """Actor side of the group channel (PUSH, connects)."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor"):
-        self.sock = _socket(ctx, zmq.PUSH)
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None):
+        self.sock = _socket(ctx, zmq.PUSH, curve=curve)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.connect(addr)
         self.blocked_s = 0.0
@@ -131,8 +134,9 @@ class SessionCount:
 class GroupReceiver:
     """Learner side of the group channel (PULL, binds). Validates every message."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None):
-        self.sock = _socket(ctx, zmq.PULL, max_bytes)
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None,
+                 curve: Curve | None = None):
+        self.sock = _socket(ctx, zmq.PULL, max_bytes, curve)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
         _bind(self.sock, addr, "group channel")
         self.vocab_size = vocab_size
@@ -178,11 +182,12 @@ class GroupReceiver:
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests."""
 
-    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int):
-        self.pub = _socket(ctx, zmq.PUB)
+    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int,
+                 curve: Curve | None = None):
+        self.pub = _socket(ctx, zmq.PUB, curve=curve)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # a slow subscriber misses versions and asks the ROUTER
         _bind(self.pub, pub_addr, "weight broadcast")
-        self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024)
+        self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024, curve=curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
         self.latest: list | None = None
@@ -190,7 +195,7 @@ class WeightPublisher:
         self.rejected = RejectCounter("weights request server")
         self.bytes_sent = 0
         self.requests_served = 0
-        self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights
+        self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
 
     def publish(self, version: int, state: dict) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy."""
@@ -217,7 +222,8 @@ class WeightPublisher:
             except wire.WireError as e:
                 self.rejected(e)
                 continue
-            self.peers.add(bytes(identity.buffer))
+            if len(self.peers) < MAX_SESSIONS:
+                self.peers.add(bytes(identity.buffer))
             if self.latest is not None:
                 self.router.send_multipart([identity, *self.latest], copy=False)
                 served += 1
@@ -251,11 +257,12 @@ class WeightSubscriber:
     behind jumps straight to the current policy.
     """
 
-    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, actor_id: str, max_bytes: int):
-        self.sub = _socket(ctx, zmq.SUB, max_bytes)
+    def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, actor_id: str, max_bytes: int,
+                 curve: Curve | None = None):
+        self.sub = _socket(ctx, zmq.SUB, max_bytes, curve)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(pub_addr)
-        self.dealer = _socket(ctx, zmq.DEALER, max_bytes)
+        self.dealer = _socket(ctx, zmq.DEALER, max_bytes, curve)
         self.dealer.connect(router_addr)
         self.actor_id = actor_id
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")

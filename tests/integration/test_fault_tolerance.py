@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, spawn, summary
+from procs import REPO, free_ports, metrics, reaped, spawn, streamrl, summary
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -145,3 +145,10 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
     assert s["reconciliation"]["balanced"]
     assert rss_after - rss_before < 64, f"learner memory grew {rss_after - rss_before:.0f} MB under fuzzing"
     print(f"learner RSS {rss_before:.0f} MB -> {rss_after:.0f} MB over 11,100 malformed messages")
+
+
+def test_a_run_with_curve_keys_trains_end_to_end(tmp_path, run_job):
+    out = streamrl("keys", str(tmp_path / "keys"), "--actors", "2", cwd=tmp_path).stdout
+    assert "transport.curve_keys=" in out
+    s = summary(run_job("steps=5", f"transport.curve_keys={tmp_path / 'keys'}", name="curve"))
+    assert s["steps"] == 5 and s["peers_refused"] == 0 and s["reconciliation"]["balanced"]
