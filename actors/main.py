@@ -53,15 +53,17 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     telemetry.share.set(share)
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
-    version = start_version = produced = 0
+    version = start_version = produced = restarts = 0
     throttle = cfg.actors.throttle or cfg.strict
 
     def apply(got) -> None:
-        nonlocal version
+        nonlocal version, start_version, produced, restarts
         t0 = time.perf_counter()
         backend.load_weights(got[1])
         version = got[0]
         stats["versions_applied"] += 1
+        if weights.learner_restarts != restarts:  # a resumed learner: the staleness budget starts again
+            restarts, start_version, produced = weights.learner_restarts, version, 0
         telemetry.observe_weights(version, time.perf_counter() - t0)
         health.beat(policy_version=version)
 
@@ -77,7 +79,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         rng = random.Random(f"{cfg.seed}:{index}:{start_version}")
         while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
-            if newer is not None and newer[0] > version:
+            if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
                 apply(newer)
             budget = staleness.generation_budget(version, start_version, produced, share,
                                                  cfg.effective_max_staleness) if throttle else 1 << 30
@@ -96,7 +98,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
             produced += len(groups)
-            stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping))
+            stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)
     finally:
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
@@ -115,13 +117,18 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     return stats
 
 
-def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop) -> int:
-    """Send groups, waiting out backpressure; stops early on shutdown. Returns how many went."""
+def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop, timeout_s: float) -> int:
+    """Send groups, waiting out backpressure; stops early on shutdown. Returns how many went.
+    Raises TimeoutError when the learner has taken nothing for timeout_s (it is gone, not busy)."""
     for sent, group in enumerate(groups):
+        blocked_since = time.monotonic()
         while not sender.send(group, timeout_s=0.2):
             weights.watch()  # notice a shutdown (and keep new weights) while the learner is busy
             if stop() or weights.shutdown is not None:
                 return sent
+            if time.monotonic() - blocked_since > timeout_s:
+                raise TimeoutError(f"actor {sender.actor_id}: the learner has taken no group for {timeout_s:.0f}s "
+                                   "(actors.send_timeout_s); is it alive?")
     return len(groups)
 
 

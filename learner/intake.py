@@ -53,7 +53,7 @@ class Intake:
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
-        last_arrival = last_demand = time.monotonic()
+        last_arrival = last_demand = last_note = time.monotonic()
         while len(batch) < n and not stop():
             self.poller.poll(100)
             self.publisher.serve_requests()
@@ -75,6 +75,10 @@ class Intake:
                 self.publisher.demand(version, n - len(batch))
                 self.demands_sent += 1
                 last_demand = now
+            if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
+                log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
+                            "(learner.data_timeout_s)", now - last_arrival, version, len(batch), n, timeout_s)
+                last_note = now
             if now - last_arrival > timeout_s:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "

@@ -161,7 +161,9 @@ class ActorConfig(_Section):
     throttle: bool = True
     """Stay within max_staleness batches of the learner (false: run free; the learner drops what is too stale)."""
     weights_timeout_s: PositiveFloat = 120.0
-    """Fail with a clear error if awaited weights do not arrive in this time."""
+    """Fail with a clear error if awaited weights do not arrive in this time (covers a learner restart)."""
+    send_timeout_s: PositiveFloat = 600.0
+    """Fail with a clear error if the learner takes no group for this long (backpressure longer than any step)."""
 
 
 class TransportConfig(_Section):

@@ -196,10 +196,11 @@ class WeightPublisher:
         self.bytes_sent = 0
         self.requests_served = 0
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
+        self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
 
     def publish(self, version: int, state: dict) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy."""
-        self.latest = wire.encode_weights(version, state)
+        self.latest = wire.encode_weights(version, state, self.session)
         self.version = version
         self.pub.send_multipart(self.latest, copy=False)
         nbytes = sum(memoryview(f).nbytes for f in self.latest)
@@ -268,6 +269,8 @@ class WeightSubscriber:
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self.learner: str | None = None  # the learner life whose weights we hold
+        self.learner_restarts = 0
         self._newest: tuple[int, dict] | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
@@ -314,8 +317,11 @@ class WeightSubscriber:
             self.request(min_version - 1)
         next_ask = time.monotonic() + ask_every_s
         best: tuple[int, dict] | None = None
+        restarts = self.learner_restarts
         while True:
             got = self.poll(timeout_ms=100)
+            if got is not None and self.learner_restarts != restarts:
+                return got  # a restarted learner resumed at a version of its own: take it, whatever it is
             if got is not None and (best is None or got[0] > best[0]):
                 best = got
             if best is not None and best[0] >= min_version:
@@ -352,10 +358,18 @@ class WeightSubscriber:
                 if self.demand is None or header.version >= self.demand.version:
                     self.demand = header
                 return None
-            return wire.decode_weights(frames, header)
+            got = wire.decode_weights(frames, header)
         except wire.WireError as e:
             self.rejected(e)
             return None
+        if header.learner != self.learner:
+            if self.learner is not None:
+                log.warning("actor %s: the learner restarted (now at version %d); resyncing to it",
+                            self.actor_id, got[0])
+                self.learner_restarts += 1
+                self._newest = None  # versions of the old learner life are not comparable
+            self.learner = header.learner
+        return got
 
     def close(self) -> None:
         self.sub.close(linger=0)

@@ -67,6 +67,8 @@ class WeightsHeader(Struct, tag="weights", kw_only=True):
     version: int
     tensors: list[TensorInfo]
     sent_at: float = 0.0
+    learner: str = ""
+    """Which life of the learner sent it: a new value tells actors the learner restarted (resync)."""
 
 
 class WeightsRequest(Struct, tag="weights_request", kw_only=True):
@@ -284,7 +286,7 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
     )
 
 
-def encode_weights(version: int, state: dict) -> list:
+def encode_weights(version: int, state: dict, learner: str = "") -> list:
     """Frames for a state dict of torch tensors: [WeightsHeader, one raw frame per tensor]."""
     import torch
 
@@ -293,7 +295,7 @@ def encode_weights(version: int, state: dict) -> list:
         t = t.detach().to("cpu").contiguous()
         infos.append(TensorInfo(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)))
         frames.append(t.reshape(-1).view(torch.uint8).numpy())
-    header = WeightsHeader(version=version, tensors=infos, sent_at=time.time())
+    header = WeightsHeader(version=version, tensors=infos, sent_at=time.time(), learner=learner)
     return [_encoder.encode(header), *frames]
 
 

@@ -152,3 +152,24 @@ def test_a_run_with_curve_keys_trains_end_to_end(tmp_path, run_job):
     assert "transport.curve_keys=" in out
     s = summary(run_job("steps=5", f"transport.curve_keys={tmp_path / 'keys'}", name="curve"))
     assert s["steps"] == 5 and s["peers_refused"] == 0 and s["reconciliation"]["balanced"]
+
+
+def test_a_killed_learner_resumes_and_its_actors_resync_by_themselves(tmp_path):
+    args = _args(tmp_path, "phoenix", steps=60) + ["learner.checkpoint_every=10"]
+    run = tmp_path / "runs" / "phoenix"
+    learner = spawn(["learner", *args], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        _wait_steps(run, 25, learner)
+        learner.kill()  # no checkpoint, no shutdown notice: the actors are left waiting or blocked
+        learner.wait()
+        learner = spawn(["learner", *args, "learner.resume=true"], tmp_path / "learner-again.log")
+        assert learner.wait(timeout=300) == 0
+        assert [a.wait(timeout=30) for a in actors] == [0, 0]  # the new learner's shutdown reached them
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(60))
+    assert "resumed from" in (tmp_path / "learner-again.log").read_text()
+    for i in range(2):
+        assert "the learner restarted" in (tmp_path / f"actor-{i}.log").read_text()
+    s = summary(run)
+    assert s["steps"] == 60 and not s["stopped_early"] and s["reconciliation"]["balanced"]
