@@ -197,6 +197,7 @@ class WeightPublisher:
         self.requests_served = 0
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
+        self.closing: wire.Shutdown | None = None
 
     def publish(self, version: int, state: dict) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy."""
@@ -225,7 +226,9 @@ class WeightPublisher:
                 continue
             if len(self.peers) < MAX_SESSIONS:
                 self.peers.add(bytes(identity.buffer))
-            if self.latest is not None:
+            if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
+                self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
+            elif self.latest is not None:
                 self.router.send_multipart([identity, *self.latest], copy=False)
                 served += 1
                 self.requests_served += 1
@@ -234,7 +237,8 @@ class WeightPublisher:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
     def shutdown(self, reason: str = "done") -> None:
-        self._notify(wire.Shutdown(reason=reason))
+        self.closing = wire.Shutdown(reason=reason)  # from now on a request is answered with this
+        self._notify(self.closing)
         self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))  # also reaches an actor that never asked
 
     def _notify(self, msg) -> None:

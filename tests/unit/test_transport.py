@@ -210,6 +210,29 @@ def test_a_shutdown_sets_subscriber_shutdown_and_ends_wait_for(zmq_ctx):
     assert sub.wait_for(10, timeout_s=5.0) is None
 
 
+def test_an_actor_joining_during_shutdown_is_told_to_stop_instead_of_given_weights(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    pub.publish(5, _state(5))
+    pub.shutdown("done")  # before the late actor exists: neither broadcast nor notice can reach it
+    late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
+    assert late.wait_for(0, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub)) is None
+    assert late.shutdown is not None and late.shutdown.reason == "done"
+
+
+def test_a_restarted_learner_is_recognised_and_its_lower_version_taken(zmq_ctx):
+    ctx, track = zmq_ctx
+    first = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    sub = track(WeightSubscriber(ctx, bound(first.pub), bound(first.router), "a", MAX_BYTES))
+    first.publish(30, _state(30))
+    assert sub.wait_for(30, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(first))[0] == 30
+    second = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))  # resumed from a checkpoint at 20
+    second.publish(20, _state(20))
+    sub.dealer.connect(bound(second.router))
+    got = sub.wait_for(31, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(second))
+    assert got is not None and got[0] == 20 and sub.learner_restarts == 1 and sub.learner == second.session
+
+
 def test_the_request_server_counts_bad_requests_and_keeps_serving(zmq_ctx):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
