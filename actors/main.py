@@ -9,7 +9,6 @@ dropped; with `on_policy: strict` that is exactly its share of one batch per ver
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 
@@ -24,6 +23,7 @@ from streamrl.lifecycle import stop_on_signals
 from streamrl.transport import GroupSender, WeightSubscriber, endpoint
 
 log = logging.getLogger("streamrl.actor")
+SHARE_RELAX_VERSIONS = 50  # versions without a demand before a raised share returns to the planned one
 
 
 def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
@@ -48,8 +48,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve)
     weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                actor_id, t.max_message_bytes, curve)
-    # The learner takes about this many groups per version from each actor.
-    share = math.ceil(cfg.learner.batch_groups / max(cfg.actors.num, 1))
+    # The learner takes this many groups per version from each actor: the batch split exactly (16
+    # over 3 actors is 6, 5, 5; rounding every share up would make surplus groups that go stale).
+    share = base_share = staleness.planned_share(cfg.learner.batch_groups, cfg.actors.num, index)
+    last_demand = 0
     telemetry.share.set(share)
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
@@ -81,6 +83,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             newer = weights.poll(0)
             if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
                 apply(newer)
+            if share > base_share and version - last_demand >= SHARE_RELAX_VERSIONS:
+                # No demand for a while: the missing actors are back (or others took over).
+                share, start_version, produced = base_share, version, 0
+                telemetry.share.set(share)
             budget = staleness.generation_budget(version, start_version, produced, share,
                                                  cfg.effective_max_staleness) if throttle else 1 << 30
             if budget == 0:  # further groups would arrive too stale: wait for the learner
@@ -89,6 +95,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                     apply(got)
                 elif (demand := weights.take_demand(version)) is not None:  # fewer actors than planned
                     share = min(cfg.learner.batch_groups, share + demand.groups_missing)
+                    # The budget counts from here: a larger share must not apply to versions already past.
+                    start_version, produced, last_demand = version, 0, version
                     stats["share"] = share
                     telemetry.share.set(share)
                 continue

@@ -27,6 +27,14 @@ def gate(learner_version: int, policy_version: int, max_staleness: int) -> Verdi
     return "ok"
 
 
+def planned_share(batch_groups: int, num_actors: int, index: int) -> int:
+    """Groups per learner version actor `index` makes so that all actors together make one batch.
+    An index beyond num_actors (an extra actor) gets the largest share."""
+    num = max(num_actors, 1)
+    base, extra = divmod(batch_groups, num)
+    return max(1, base + (1 if index % num < extra or index >= num else 0))
+
+
 def generation_budget(known_version: int, start_version: int, produced: int, share: int, max_staleness: int) -> int:
     """Groups an actor may still generate before it must wait for newer weights.
 

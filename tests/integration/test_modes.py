@@ -16,7 +16,9 @@ def test_strict_mode_consumes_only_lag_zero_groups_with_one_step_per_batch(run_j
         assert r["lag_max"] == 0 and r["lag_hist"] == {"0": 16}
         assert r["optimizer_steps"] == 1
         assert r["is_ratio_max_abs_dev"] < 1e-3  # actors sampled from exactly the learner's weights
-    assert summary(run)["groups_dropped"] == {}
+    dropped = summary(run)["groups_dropped"]
+    # Nothing stale; at most the one batch made for the version after the last step, counted at shutdown.
+    assert set(dropped) <= {"lost_at_shutdown"} and dropped.get("lost_at_shutdown", 0) <= 16
 
 
 def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):

@@ -54,3 +54,9 @@ def test_generation_budget_allows_k_extra_shares_ahead():
 
 def test_generation_budget_is_never_negative():
     assert staleness.generation_budget(0, 0, 100, 3, 1) == 0
+
+
+@pytest.mark.parametrize("batch, actors", [(16, 3), (16, 2), (16, 5), (3, 4), (16, 1), (7, 7)])
+def test_planned_shares_add_up_to_exactly_one_batch(batch, actors):
+    shares = [staleness.planned_share(batch, actors, i) for i in range(actors)]
+    assert sum(shares) == max(batch, actors) and max(shares) - min(shares) <= 1
