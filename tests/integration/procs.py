@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -65,3 +66,8 @@ def reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
         for p in [q for item in procs for q in (item if isinstance(item, list) else [item])]:
             if p.poll() is None:
                 p.kill()
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, in MB."""
+    return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) / 1024

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, spawn, streamrl, summary
+from procs import REPO, free_ports, metrics, reaped, rss_mb, spawn, streamrl, summary
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -91,10 +91,6 @@ def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tm
     assert state["step"] == 8 and state["version"] == 8 and set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
 
 
-def _rss_mb(pid: int) -> float:
-    status = open(f"/proc/{pid}/status").read()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
-
 
 def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_each_and_keeps_stepping(tmp_path):
     import random
@@ -109,7 +105,7 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
         _wait_steps(run, 10, learner)
-        rss_before = _rss_mb(learner.pid)
+        rss_before = rss_mb(learner.pid)
         ctx = zmq.Context()
         push, dealer = ctx.socket(zmq.PUSH), ctx.socket(zmq.DEALER)
         push.connect(f"tcp://127.0.0.1:{group_port}")
@@ -132,7 +128,7 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
             time.sleep(0.2)
         steps_when_done = last["step"]
         _wait_steps(run, steps_when_done + 20, learner)  # and it goes on training
-        rss_after = _rss_mb(learner.pid)
+        rss_after = rss_mb(learner.pid)
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=60) == 0
         push.close(0)

@@ -7,21 +7,17 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, spawn, summary
+from procs import REPO, free_ports, metrics, reaped, rss_mb, spawn, summary
 
 SOAK_S = float(os.environ.get("STREAMRL_SOAK_S", "0"))
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(not SOAK_S, reason="opt-in: set STREAMRL_SOAK_S=<seconds>"),
               pytest.mark.timeout(int(SOAK_S) + 600)]
 ACTORS = 3
 
-
-def _rss_mb(pid: int) -> float:
-    return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) / 1024
 
 
 def test_random_actor_kills_and_restarts_keep_memory_flat_and_every_group_accounted_for(tmp_path):
@@ -45,7 +41,7 @@ def test_random_actor_kills_and_restarts_keep_memory_flat_and_every_group_accoun
         while (now := time.monotonic()) - t0 < SOAK_S:
             assert learner.poll() is None, "the learner died"
             if now >= next_sample:
-                rss.append((now - t0, _rss_mb(learner.pid)))
+                rss.append((now - t0, rss_mb(learner.pid)))
                 next_sample = now + 10
             if now >= next_kill:
                 i = rng.randrange(ACTORS)
