@@ -45,13 +45,7 @@ def run(cfg: Config) -> dict:
     saved_at = step
 
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
-    ctx = zmq.Context()
-    curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
-    gate = security.Gatekeeper(ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
-    security.warn_if_exposed(t.host, curve)
-    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size, curve)
-    publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
-                                t.max_message_bytes, curve)
+    ctx, gate, receiver, publisher = _open_sockets(cfg, vocab_size)
     intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s,
                     refused=(lambda: gate.refused) if gate else (lambda: 0))
     telemetry, health, server = _monitoring(cfg, task)
@@ -124,6 +118,19 @@ def run(cfg: Config) -> dict:
             server.close()
     log.info("learner done: %s", summary)
     return summary
+
+
+def _open_sockets(cfg: Config, vocab_size: int):
+    """The learner's three sockets (groups in, weights out, weight requests), with CurveZMQ when configured."""
+    t = cfg.transport
+    ctx = zmq.Context()
+    curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
+    gate = security.Gatekeeper(ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
+    security.warn_if_exposed(t.host, curve)
+    receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size, curve)
+    publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
+                                t.max_message_bytes, curve)
+    return ctx, gate, receiver, publisher
 
 
 def _monitoring(cfg: Config, task) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:

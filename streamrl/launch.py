@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,16 +23,34 @@ from streamrl import config as config_lib
 from streamrl.config import Config
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free right now, chosen below the kernel's ephemeral range: a port handed out
+    by bind(0) is free only until some outgoing connection (a Prometheus scrape, say) takes it as its
+    source port, while ports below the range are never used that way."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError):
+        low = 32768
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(20000, max(low, 20001))
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 def with_free_ports(cfg: Config) -> Config:
     """Port 0 means 'any free port', resolved here so learner and actors agree on it."""
     t = cfg.transport
-    ports = {k: getattr(t, k) or _free_port() for k in ("group_port", "weights_port", "weights_request_port")}
+    keys = [k for k in ("group_port", "weights_port", "weights_request_port") if not getattr(t, k)]
+    ports = dict(zip(keys, free_ports(len(keys))))
     return msgspec.structs.replace(cfg, transport=msgspec.structs.replace(t, **ports))
 
 

@@ -6,10 +6,11 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from streamrl.launch import free_ports  # noqa: F401  (tests pick ports the way `streamrl run` does)
 
 REPO = Path(__file__).resolve().parents[2]
 FREE_PORTS = ["transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0"]
@@ -40,16 +41,6 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
