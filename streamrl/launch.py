@@ -35,7 +35,7 @@ def free_ports(n: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < n:
         port = rng.randrange(20000, max(low, 20001))
-        if port in ports:
+        if port in ports or 29600 <= port < 29700:  # streamrl's own defaults (metrics ports among them)
             continue
         with socket.socket() as s:
             try:
