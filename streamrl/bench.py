@@ -156,7 +156,124 @@ def batching(short: bool = False) -> list[dict]:
     return rows
 
 
-BENCHES = {"transport": transport, "advantages": advantages_bench, "batching": batching}
+def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: int, n: int, name: str, ready) -> None:
+    """Take weight versions 0..n (0 is the warm-up, possibly repeated) and ack each one to the publisher."""
+    import zmq
+
+    from streamrl.transport import WeightSubscriber
+
+    ctx = zmq.Context()
+    ack = ctx.socket(zmq.PUSH)
+    ack.connect(f"tcp://127.0.0.1:{ack_port}")
+    if kind == "streamrl":
+        sub = WeightSubscriber(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", name, 1 << 31)
+
+        def take() -> int:
+            got = None
+            while got is None:
+                got = sub.poll(1000)
+            return got[0]
+    else:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.RCVHWM, 2)
+        sub.connect(f"tcp://127.0.0.1:{pub_port}")
+
+        def take() -> int:
+            frames = sub.recv_multipart(copy=False)
+            return int.from_bytes(frames[0].bytes[:8], "little")
+    ready.set()
+    version = -1
+    while version < n:
+        version = take()
+        ack.send_multipart([name.encode(), version.to_bytes(8, "little")])
+    sub.close()
+    ack.close(linger=1000)
+    ctx.term()
+
+
+def _broadcast(kind: str, nbytes: int, subscribers: int, n: int) -> tuple[float, float]:
+    """(seconds per version until every subscriber has it, seconds the publisher was blocked per version)."""
+    import torch
+    import zmq
+
+    from streamrl.transport import WeightPublisher
+
+    pub_port, router_port, ack_port = (_free_port() for _ in range(3))
+    ctx = zmq.Context()
+    acks = ctx.socket(zmq.PULL)
+    acks.bind(f"tcp://127.0.0.1:{ack_port}")
+    state = {"w": torch.ones(nbytes // 4, dtype=torch.float32)}
+    if kind == "streamrl":
+        publisher = WeightPublisher(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", 1 << 31)
+
+        def publish(v: int) -> None:
+            publisher.publish(v, state)
+    else:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 2)
+        pub.bind(f"tcp://127.0.0.1:{pub_port}")
+        payload = state["w"].numpy().view(np.uint8)
+
+        def publish(v: int) -> None:
+            pub.send_multipart([v.to_bytes(8, "little"), payload], copy=False)
+    mpc = mp.get_context("spawn")
+    procs = []
+    for i in range(subscribers):
+        ready = mpc.Event()
+        proc = mpc.Process(target=_weights_subscriber, args=(kind, pub_port, router_port, ack_port, n, f"s{i}", ready))
+        proc.start()
+        procs.append((proc, ready))
+    for _, ready in procs:
+        ready.wait(60)
+    warm: set[bytes] = set()
+    while len(warm) < subscribers:  # PUB/SUB joins late: repeat version 0 until everyone has it
+        publish(0)
+        if acks.poll(200):
+            while acks.poll(0):
+                who, _ = acks.recv_multipart()
+                warm.add(who)
+    time.sleep(0.2)
+    while acks.poll(50):
+        acks.recv_multipart()
+    blocked = 0.0
+    t0 = time.perf_counter()
+    for v in range(1, n + 1):
+        b0 = time.perf_counter()
+        publish(v)
+        blocked += time.perf_counter() - b0
+        got = 0
+        while got < subscribers:
+            _, version = acks.recv_multipart()
+            got += int.from_bytes(version, "little") == v
+    elapsed = time.perf_counter() - t0
+    for proc, _ in procs:
+        proc.join(30)
+    acks.close(0)
+    if kind == "streamrl":
+        publisher.close()
+    else:
+        pub.close(0)
+    ctx.term()
+    return elapsed / n, blocked / n
+
+
+def weights(short: bool = False) -> list[dict]:
+    """WeightPublisher → WeightSubscriber (decoded into tensors) against raw PUB/SUB of the same bytes,
+    to 1, 2 and 4 subscriber processes; each version is timed until every subscriber has it."""
+    rows = []
+    for nbytes in (4 << 20,) if short else (4 << 20, 64 << 20):
+        for subscribers in (1, 2) if short else (1, 2, 4):
+            n = 3 if short else (30 if nbytes < (16 << 20) else 10)
+            ours, blocked = _broadcast("streamrl", nbytes, subscribers, n)
+            ref, _ = _broadcast("raw", nbytes, subscribers, n)
+            rows.append({"bench": "weights", "MB": nbytes >> 20, "subscribers": subscribers,
+                         "ms_per_version": ours * 1e3, "GB_per_s_delivered": nbytes * subscribers / ours / 1e9,
+                         "ratio_vs_raw_zmq": ref / ours, "publisher_blocked_fraction": blocked / ours})
+    return rows
+
+
+BENCHES = {"transport": transport, "weights": weights, "advantages": advantages_bench, "batching": batching}
 
 
 def run(names: list[str], short: bool) -> list[dict]:

@@ -13,6 +13,9 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     assert len(adv) == 2 and all("ratio_vs_bare_expression=" in line for line in adv)
     batching = [line for line in out if line.startswith("bench=batching")]
     assert len(batching) == 2 and all("ratio_vs_copying_the_bytes=" in line for line in batching)
+    weights = [line for line in out if line.startswith("bench=weights")]
+    assert len(weights) == 2 and all("ratio_vs_raw_zmq=" in line and "publisher_blocked_fraction=" in line
+                                     for line in weights)
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
