@@ -53,6 +53,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     share = base_share = staleness.planned_share(cfg.learner.batch_groups, cfg.actors.num, index)
     last_demand = 0
     telemetry.share.set(share)
+    started = time.perf_counter()
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
     version = start_version = produced = restarts = 0
@@ -109,6 +110,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)
     finally:
+        stats["wall_s"] = time.perf_counter() - started
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
         stats["rejected"] = dict(weights.rejected.counts)
         stats["session"] = sender.session

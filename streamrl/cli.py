@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("directory", help="folder to write (learner.key*, actor-<i>.key*, authorized/)")
     keys.add_argument("--actors", type=int, default=2, help="how many actor key pairs (default 2)")
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
-    bench.add_argument("names", nargs="*", choices=["transport", "weights", "advantages", "batching", []],
+    bench.add_argument("names", nargs="*", choices=["transport", "weights", "overlap", "advantages", "batching", []],
                        help="default: all")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     return p

@@ -6,7 +6,7 @@ from procs import streamrl
 
 
 def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
-    out = streamrl("bench", "--short", cwd=tmp_path, timeout=300).stdout.splitlines()
+    out = streamrl("bench", "--short", cwd=tmp_path, timeout=500).stdout.splitlines()
     transport = [line for line in out if line.startswith("bench=transport")]
     adv = [line for line in out if line.startswith("bench=advantages")]
     assert len(transport) == 3 and all("ratio_vs_raw_zmq=" in line for line in transport)
@@ -16,6 +16,8 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     weights = [line for line in out if line.startswith("bench=weights")]
     assert len(weights) == 2 and all("ratio_vs_raw_zmq=" in line and "publisher_blocked_fraction=" in line
                                      for line in weights)
+    overlap = [line for line in out if line.startswith("bench=overlap")]
+    assert len(overlap) == 1 and "ratio_vs_ideal=" in overlap[0] and "actor_idle_fraction=" in overlap[0]
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
