@@ -112,3 +112,26 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     dealer.close(0)
     publisher.close()
     ctx.term()
+
+
+def test_a_message_above_the_size_limit_is_refused_without_being_buffered_and_the_receiver_goes_on():
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=16, max_bytes=4096, vocab_size=malformed.VOCAB)
+    huge = ctx.socket(zmq.PUSH)
+    huge.connect(_endpoint(receiver.sock))
+    huge.send_multipart([b"\x00" * (64 << 20)])  # ZeroMQ drops the connection at the first oversized frame
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert receiver.take() is None
+        time.sleep(0.01)
+    good = ctx.socket(zmq.PUSH)
+    good.connect(_endpoint(receiver.sock))
+    good.send_multipart(malformed._group(malformed.random.Random(0)))
+    deadline = time.monotonic() + 5
+    while (group := receiver.take()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert group is not None and receiver.rejected.total == 0
+    for s in (huge, good):
+        s.close(0)
+    receiver.close()
+    ctx.term()
