@@ -179,8 +179,9 @@ def build() -> dict:
          (f"rate(streamrl_actor_generate_seconds_total{A}[{RI}])", "{{actor}} generating")], unit="percentunit"),
           w=6)
     p.add(timeseries(
-        "Policy version: learner vs actor", "The learner's version and the one this actor generates with. Learner and actors are "
-        "scraped at different moments, so with steps much shorter than the scrape interval the gap is noise.",
+        "Policy version: learner vs actor",
+        "The learner's version and the one this actor generates with. Learner and actors are scraped at "
+        "different moments, so with steps much shorter than the scrape interval the gap is noise.",
         [(f"max by (run) (streamrl_policy_version{L})", "learner"),
          (f"streamrl_actor_policy_version{A}", "{{actor}}")]), w=6)
     p.add(timeseries(
