@@ -26,8 +26,6 @@ disable_created_metrics()
 
 FLUSH_EVERY = 64  # steps whose histogram arrays wait for a scrape before the learner bins them itself
 DROP_REASONS = ("stale", "future", "wrong_group_size")
-STEP_PHASES = {"wait_s": "wait_for_data", "batch_s": "batch", "fwd_bwd_s": "forward_backward",
-               "optimizer_s": "optimizer", "publish_s": "publish"}
 
 
 def new_registry() -> CollectorRegistry:
@@ -38,7 +36,7 @@ def new_registry() -> CollectorRegistry:
 
 
 class _Labelled:
-    """Creates metrics that all carry the same constant labels, plus optional per-series ones."""
+    """Creates metrics that all carry the same constant labels."""
 
     def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
         self.registry, self.labels = registry, labels
@@ -52,8 +50,9 @@ class _Labelled:
     def histogram(self, name: str, doc: str, buckets) -> Histogram:
         return Histogram(name, doc, list(self.labels), buckets=buckets, registry=self.registry).labels(**self.labels)
 
-    def weighted_histogram(self, name: str, doc: str, buckets, register: bool = True) -> WeightedHistogram:
-        return WeightedHistogram(self.registry if register else None, name, doc, buckets, self.labels)
+    def weighted_histogram(self, name: str, doc: str, buckets) -> WeightedHistogram:
+        """Not registered: its owner bins pending arrays first, then collects it."""
+        return WeightedHistogram(None, name, doc, buckets, self.labels)
 
 
 class _Totals:
@@ -136,15 +135,15 @@ class LearnerMetrics:
         # Binned in batches of steps, at scrape time or every FLUSH_EVERY steps, off the step path.
         self._pending: list[dict[str, np.ndarray]] = []
         lags = range(0, max(max_staleness, 1) + 1)
-        self.reward = m.weighted_histogram("streamrl_reward", "Reward of each trained sample", reward_buckets, False)
+        self.reward = m.weighted_histogram("streamrl_reward", "Reward of each trained sample", reward_buckets)
         self.sample_staleness = m.weighted_histogram(
             "streamrl_sample_staleness_versions", "Lag (learner version - generating version) of each trained sample",
-            lags, False)
+            lags)
         self.token_staleness = m.weighted_histogram(
-            "streamrl_token_staleness_versions", "Lag of each trained completion token", lags, False)
+            "streamrl_token_staleness_versions", "Lag of each trained completion token", lags)
         self.is_ratio = m.weighted_histogram(
             "streamrl_importance_ratio", "Importance ratio pi_learner/pi_behaviour of each trained token",
-            IS_RATIO_BUCKETS, False)
+            IS_RATIO_BUCKETS)
         registry.register(self)
         self.step_seconds = m.histogram("streamrl_learner_step_seconds", "Wall time of one learner step",
                                         SECONDS_BUCKETS)
