@@ -77,9 +77,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             apply(got)
             start_version = version
             log.info("%s: starting at policy version %d", actor_id, version)
-        # The prompt stream's position: an actor that (re)joins a resumed run at version v draws a
-        # stream of its own rather than replaying the prompts its first life drew from the start.
-        rng = random.Random(f"{cfg.seed}:{index}:{start_version}")
+        # The prompt stream's position: an actor that (re)joins a run at version v > 0 draws a stream
+        # of its own rather than replaying the prompts its first life drew from the start.
+        rng = random.Random(cfg.seed * 1000 + index + 1 + 7919 * start_version)
         while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
