@@ -282,22 +282,19 @@ def _job(mode: str, steps: int, workdir, pin: bool) -> dict:
     import json
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
-    from streamrl.launch import free_ports
+    from streamrl import launch
 
-    g, w, r = free_ports(3)
+    g, w, r = launch.free_ports(3)
     args = [f"steps={steps}", f"on_policy={mode}", f"name={mode}", f"run_dir={workdir}",
             f"transport.group_port={g}", f"transport.weights_port={w}", f"transport.weights_request_port={r}",
             "monitoring.learner_port=0", "monitoring.actor_port=0"]
     logs = Path(workdir) / f"{mode}-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def spawn(role: list[str], name: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "streamrl", *role, *args], env=env,
-                                stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        return launch.spawn([*role, *args], logs / f"{name}.log")
 
     learner = spawn(["learner"], "learner")
     actors = [spawn(["actor", "--index", str(i)], f"actor-{i}") for i in range(2)]

@@ -85,7 +85,7 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
             f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=log, stderr=subprocess.STDOUT,
@@ -129,8 +129,8 @@ def run(cfg: Config, out=sys.stdout) -> int:
         print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
               "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
 
-    learner = _spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log")
-    actors = [_spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")
+    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log")
+    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")
               for i in range(cfg.actors.num)]
     interrupts = {"n": 0}
 

@@ -8,7 +8,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import zmq
 
 from streamrl.launch import free_ports  # noqa: F401  (tests pick ports the way `streamrl run` does)
 
@@ -62,3 +65,14 @@ def reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
 def rss_mb(pid: int) -> float:
     """Resident memory of a process, in MB."""
     return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) / 1024
+
+
+def send_raw(ctx: zmq.Context, kind: int, addr: str, messages: list[list[bytes]]) -> None:
+    """Send raw frames from a fresh socket of `kind` (fuzzing, garbage): nothing streamrl encoded."""
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.connect(addr)
+    time.sleep(0.3)  # let the connection come up so nothing is dropped before it exists
+    for frames in messages:
+        s.send_multipart(frames)
+    s.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, spawn, streamrl, summary
+from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -24,16 +24,6 @@ def _wait_for_text(path: Path, text: str, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{text!r} not in {path} after {timeout}s:\n{path.read_text(errors='replace')[-3000:]}")
-
-
-def _garbage(ctx: zmq.Context, kind: int, addr: str, messages: list[list[bytes]]) -> None:
-    s = ctx.socket(kind)
-    s.setsockopt(zmq.LINGER, 2000)
-    s.connect(addr)
-    time.sleep(0.3)  # let the connection come up so nothing is dropped before it exists
-    for frames in messages:
-        s.send_multipart(frames)
-    s.close()
 
 
 GARBAGE = [
@@ -54,8 +44,8 @@ def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_
     with reaped(learner, actors):
         _wait_for_text(tmp_path / "learner.log", "learner ready", timeout=180)
         ctx = zmq.Context()
-        _garbage(ctx, zmq.PUSH, f"tcp://127.0.0.1:{g}", GARBAGE)
-        _garbage(ctx, zmq.DEALER, f"tcp://127.0.0.1:{r}", GARBAGE[:3])
+        send_raw(ctx, zmq.PUSH, f"tcp://127.0.0.1:{g}", GARBAGE)
+        send_raw(ctx, zmq.DEALER, f"tcp://127.0.0.1:{r}", GARBAGE[:3])
         ctx.term()
         actors.extend(spawn(["actor", *common, "--index", str(i), "--learner", "127.0.0.1"],
                              tmp_path / f"actor-{i}.log") for i in range(2))

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 import zmq
-from procs import REPO, free_ports, spawn
+from procs import REPO, free_ports, send_raw, spawn
 from prom import MONITORING, Prometheus, scrape_config, signals
 
 sys.path.insert(0, str(MONITORING))
@@ -86,17 +86,6 @@ class Stack:
         self.prom.close()
 
 
-def _garbage(addr: str) -> None:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.LINGER, 2000)
-    s.connect(addr)
-    time.sleep(0.3)
-    s.send_multipart([b"\xc1 not a streamrl message"])
-    s.close()
-    ctx.term()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, prometheus_bin):
     st = Stack(tmp_path_factory.mktemp("monitoring"), prometheus_bin)
@@ -106,7 +95,9 @@ def stack(tmp_path_factory, prometheus_bin):
         for i in range(ACTORS):
             q.wait_for(f'streamrl_actor_groups_sent_total{{actor="actor-{i}"}} > 0', timeout=60,
                        what=f"actor-{i} to be scraped sending groups")
-        _garbage(st.group_addr)
+        ctx = zmq.Context()
+        send_raw(ctx, zmq.PUSH, st.group_addr, [[b"\xc1 not a streamrl message"]])
+        ctx.term()
         q.wait_for("streamrl_messages_rejected_total > 0", timeout=30, what="the garbage message to be counted")
         # An outage: actor-1 dies without a word, then comes back under the same index.
         first_life = q.value(f'process_start_time_seconds{{instance="{st.actor_instance(1)}"}}')
