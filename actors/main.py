@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from actors import backends, rollout
-from streamrl import exporter, metrics, security, staleness, tasks
+from streamrl import exporter, metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -33,7 +33,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         torch.set_num_threads(cfg.actors.threads)
     torch.manual_seed(cfg.seed * 1000 + index + 1)
 
-    task = tasks.build(cfg.task)
+    reward = rewards.build(cfg)
+    task = reward.task
     model, tokenizer = model_lib.build(cfg, task.vocabulary)
     backend = backends.build(cfg.actors.backend, cfg, model, tokenizer)
     telemetry, health, server = _monitoring(cfg, index, actor_id)
@@ -103,7 +104,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                 continue
             t0 = time.perf_counter()
             prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
-            groups = rollout.make_groups(backend, tokenizer, task, prompts, cfg.actors.group_size, version, actor_id)
+            groups = rollout.make_groups(backend, tokenizer, reward, prompts, cfg.actors.group_size, version, actor_id)
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
             produced += len(groups)

@@ -6,16 +6,17 @@ from __future__ import annotations
 import random
 
 from actors.backends import Backend
-from streamrl.tasks import Prompt, SymbolTask
+from streamrl.rewards import Reward
+from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
 
 
-def sample_prompts(task: SymbolTask, rng: random.Random, k: int) -> list[Prompt]:
+def sample_prompts(task, rng: random.Random, k: int) -> list[Prompt]:
     return [task.sample(rng) for _ in range(k)]
 
 
 def make_groups(
-    backend: Backend, tokenizer, task: SymbolTask, prompts: list[Prompt], group_size: int,
+    backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], group_size: int,
     policy_version: int, actor_id: str,
 ) -> list[ScoredGroup]:
     prompt_ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -30,7 +31,7 @@ def make_groups(
             prompt_tokens=ids,
             completions=[c.tokens for c in completions],
             logprobs=[c.logprobs for c in completions],
-            rewards=[task.score(prompt, t) for t in texts],
+            rewards=[reward(prompt, t) for t in texts],
             finish_reasons=[c.finish_reason for c in completions],
         ))
     return groups

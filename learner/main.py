@@ -14,7 +14,7 @@ from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.runlog import RunLog
-from streamrl import advantages, exporter, metrics, security, tasks
+from streamrl import advantages, exporter, metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -31,8 +31,8 @@ def run(cfg: Config) -> dict:
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.seed)
-    task = tasks.build(cfg.task)
-    model, tokenizer = model_lib.build(cfg, task.vocabulary)
+    reward = rewards.build(cfg)
+    model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     engine = Engine(cfg, model)
     runlog = RunLog(cfg)
@@ -48,7 +48,7 @@ def run(cfg: Config) -> dict:
     ctx, gate, receiver, publisher = _open_sockets(cfg, vocab_size)
     intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s,
                     refused=(lambda: gate.refused) if gate else (lambda: 0))
-    telemetry, health, server = _monitoring(cfg, task)
+    telemetry, health, server = _monitoring(cfg, reward.levels)
 
     def publish(v: int) -> None:
         t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def run(cfg: Config) -> dict:
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
              **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server)},
-            reward_range=(min(task.reward_levels), max(task.reward_levels)))
+            reward_range=(min(reward.levels), max(reward.levels)))
         runlog.close()
         receiver.close()
         publisher.close()
@@ -133,12 +133,12 @@ def _open_sockets(cfg: Config, vocab_size: int):
     return ctx, gate, receiver, publisher
 
 
-def _monitoring(cfg: Config, task) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
+def _monitoring(cfg: Config, reward_levels: list[float]) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
     registry = metrics.new_registry()
     settings = {"on_policy": cfg.on_policy, "max_staleness": str(cfg.max_staleness), "task": cfg.task.name,
                 "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
                 "batch_groups": str(cfg.learner.batch_groups), "r_min_correct": str(cfg.advantage.r_min_correct)}
-    telemetry = metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, task.reward_levels,
+    telemetry = metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, reward_levels,
                                        cfg.effective_max_staleness, settings)
     health = exporter.Health("learner", cfg.monitoring.healthy_within_s)
     return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, cfg.monitoring.learner_port)

@@ -57,12 +57,43 @@ class TaskConfig(_Section):
     """Alphabet size of the built-in symbol tasks."""
     length: Annotated[int, Meta(ge=1, le=64)] = 4
     """Prompt length in symbols for the built-in symbol tasks."""
+    data: str | None = None
+    """code_verifier: training JSONL (question, response_a, response_b, label_a, label_b); null: synthetic set."""
+    eval_data: str | None = None
+    """code_verifier: evaluation JSONL (same rows); null: a fixed synthetic set."""
+    scale_steps: Annotated[int, Meta(ge=1, le=1000)] = 10
+    """code_verifier: the reward is quantised to 0, 1/steps, ..., 1 (the paper's 10-step scale)."""
+    single_fraction: Fraction = 0.1
+    """code_verifier, synthetic data: share of single-response judgement prompts."""
+    template: str | None = None
+    """code_verifier: pair prompt template with {question} {response_a} {response_b}; null: the built-in one."""
+    single_template: str | None = None
+    """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
 
         if self.name not in TASKS:
             raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
+
+
+class RewardConfig(_Section):
+    bucket_edges: list[float] = []
+    """Ordinal shaping: a task reward r goes to bucket #{edges <= r} ([]: keep the task's own scale)."""
+    bucket_values: list[float] = []
+    """Shaped reward of each bucket, ascending, len(bucket_edges)+1 ([]: evenly spaced over [0, 1])."""
+
+    def __post_init__(self) -> None:
+        from streamrl.rewards import check_shaping
+
+        check_shaping(self.bucket_edges, self.bucket_values)
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Lowest and highest shaped reward (every task scores on [0, 1] before shaping)."""
+        if self.bucket_values:
+            return self.bucket_values[0], self.bucket_values[-1]
+        return 0.0, 1.0
 
 
 class AdvantageConfig(_Section):
@@ -215,6 +246,8 @@ class Config(_Section):
     """Policy model."""
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     """Prompt source and reward."""
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    """Ordinal shaping of the task's reward."""
     advantage: AdvantageConfig = msgspec.field(default_factory=AdvantageConfig)
     """Advantage estimator."""
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
@@ -231,6 +264,10 @@ class Config(_Section):
     """Prometheus endpoints of learner and actors."""
 
     def __post_init__(self) -> None:
+        low, high = self.reward.scale
+        if not low < self.advantage.r_min_correct <= high:
+            raise ValueError(f"advantage.r_min_correct={self.advantage.r_min_correct}: must lie in ({low}, {high}], "
+                             "the shaped reward scale (reward.bucket_values, or [0, 1] without shaping)")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

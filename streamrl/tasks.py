@@ -1,7 +1,9 @@
 """Prompt sources with ordinal (partial-credit) rewards, in a registry.
 
-A task makes prompts and scores completions with a reward in [0, 1] on several levels; a reward
-at or above the run's `advantage.r_min_correct` means "correct". The built-in symbol tasks are
+A task makes prompts (`sample`, `eval_set`) and scores completions (`score`) with a reward in
+[0, 1] on several levels (`reward_levels`); `streamrl.rewards` may condense those levels onto a
+coarser ordinal scale, and a shaped reward at or above `advantage.r_min_correct` means "correct".
+The pairwise code verifier of the paper is in `streamrl.verifier`. The built-in symbol tasks are
 small enough that a random-init model learns them on 2 CPU cores in minutes: the prompt is a
 string of symbols, the completion must transform it, and the reward is the fraction of positions
 right (levels 0, 1/L, ..., 1 for L symbols).
@@ -19,8 +21,13 @@ from streamrl.registry import Registry
 
 class Prompt(msgspec.Struct, frozen=True):
     id: str
+    """Stable id: the same question gets the same id (difficulty filtering and pass@k group by it)."""
     text: str
-    target: tuple[str, ...]
+    """What the policy sees."""
+    target: tuple[str, ...] = ()
+    """Symbol tasks: the words a fully correct completion starts with."""
+    labels: tuple[float, ...] = ()
+    """Verifier task: ground-truth quality of each candidate response (label_a[, label_b])."""
 
 
 class SymbolTask:
@@ -43,6 +50,14 @@ class SymbolTask:
     @property
     def reward_levels(self) -> list[float]:
         return [i / self.length for i in range(self.length + 1)]
+
+    @classmethod
+    def from_config(cls, cfg) -> "SymbolTask":
+        return cls(num_symbols=cfg.num_symbols, length=cfg.length)
+
+    def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
+        """`size` prompts drawn from a stream of their own (distinct ids where the space allows)."""
+        return _distinct(self.sample, size, seed)
 
     def sample(self, rng: random.Random) -> Prompt:
         seq = [rng.choice(self.symbols) for _ in range(self.length)]
@@ -90,6 +105,22 @@ class RepeatFirst(SymbolTask):
         return [symbols[0]] * len(symbols)
 
 
-def build(cfg) -> SymbolTask:
-    """The task a `TaskConfig` names."""
-    return TASKS.get(cfg.name)(num_symbols=cfg.num_symbols, length=cfg.length)
+def _distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) -> list[Prompt]:
+    rng, seen, out = random.Random(seed), set(), []
+    for _ in range(size * 20):
+        p = sample(rng)
+        if p.id not in seen:
+            seen.add(p.id)
+            out.append(p)
+            if len(out) == size:
+                break
+    return out
+
+
+def build(cfg):
+    """The task a `TaskConfig` names (every task class has `from_config`)."""
+    return TASKS.get(cfg.name).from_config(cfg)
+
+
+# The verifier task registers itself; imported last because it builds on the definitions above.
+from streamrl import verifier  # noqa: E402, F401
