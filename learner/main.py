@@ -133,7 +133,8 @@ def _open_sockets(cfg: Config, vocab_size: int):
     return ctx, gate, receiver, publisher
 
 
-def _monitoring(cfg: Config, reward_levels: list[float]) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
+def _monitoring(cfg: Config, reward_levels: list[float]
+                ) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
     registry = metrics.new_registry()
     settings = {"on_policy": cfg.on_policy, "max_staleness": str(cfg.max_staleness), "task": cfg.task.name,
                 "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
