@@ -57,7 +57,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     started = time.perf_counter()
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
-    version = start_version = produced = restarts = 0
+    version = start_version = produced = restarts = filtered_in_a_row = 0
     throttle = cfg.actors.throttle or cfg.strict
 
     def apply(got) -> None:
@@ -104,9 +104,20 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                 continue
             t0 = time.perf_counter()
             prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
-            groups = rollout.make_groups(backend, tokenizer, reward, prompts, cfg.actors.group_size, version, actor_id)
+            groups, done = rollout.make_groups(
+                backend, tokenizer, reward, prompts, cfg.actors.group_size, version, actor_id,
+                r_min_correct=cfg.advantage.r_min_correct, rollout_factor=cfg.actors.rollout_factor,
+                filter_zero_variance=cfg.actors.filter_zero_variance)
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
+            telemetry.observe_rollout(done)
+            for key in done.__struct_fields__:
+                stats[key] = stats.get(key, 0) + getattr(done, key)
+            filtered_in_a_row = 0 if groups else filtered_in_a_row + done.filtered_zero_variance
+            if filtered_in_a_row and filtered_in_a_row % 100 < done.filtered_zero_variance:
+                log.warning("%s: the last %d groups all had equal rewards and were filtered "
+                            "(actors.filter_zero_variance); nothing reaches the learner until rewards vary",
+                            actor_id, filtered_in_a_row)
             produced += len(groups)
             stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)

@@ -118,6 +118,12 @@ class Engine:
             "optimizer_s": t2 - t1,
         }
 
+    def parameters(self) -> list[torch.Tensor]:
+        """Every parameter, whole (gathered under ZeRO-3, where each rank holds only a shard)."""
+        if self.cfg.learner.zero_stage == 3:
+            return list(self.full_state_dict().values())
+        return list(self.engine.module.parameters())
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights, gathered on every rank (a collective under ZeRO-3: every rank must call it)."""
         if self.cfg.learner.zero_stage == 3:

@@ -14,7 +14,7 @@ from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.runlog import RunLog
-from streamrl import advantages, exporter, metrics, rewards, security
+from streamrl import advantages, exporter, learning_signal, metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -85,6 +85,8 @@ def run(cfg: Config) -> dict:
             t3 = time.perf_counter()
             timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2}
             rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
+            if L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
+                rec.update(learning_signal.weight_stats(engine.parameters()))
             t4 = time.perf_counter()
             telemetry.observe_step(rec, stepstats.distributions(version, batch, out))            # observe
             telemetry.observe_accounting(accounting := intake.accounting())

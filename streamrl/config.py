@@ -166,6 +166,8 @@ class LearnerConfig(_Section):
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
     strict_ratio_tol: PositiveFloat = 1e-3
     """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    weight_stats_every: NonNegInt = 10
+    """Log L1/L2 norms, min, max, mean, median of all weights every this many steps (0: never)."""
     slow_step_s: NonNegFloat = 0.0
     """Extra sleep per step, to test staleness handling under a slow learner."""
 
@@ -183,6 +185,11 @@ class ActorConfig(_Section):
     """Prompts batched into one generate call."""
     max_new_tokens: PositiveInt = 4
     """Completion length cap in tokens."""
+    filter_zero_variance: bool = False
+    """Dynamic filtering: drop (and count) groups whose rewards are all equal instead of sending them."""
+    rollout_factor: Annotated[int, Meta(ge=1, le=64)] = 1
+    """Dynamic rollouts: sample up to this many × group_size per prompt until a group holds a correct and a
+    failed sample, then keep the group_size that maximise reward variance (paper: 5; 1 is off)."""
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0

@@ -43,6 +43,39 @@ def learning_signal(
         "failed_positive_fraction": float((failed & pos).float().mean()),
         # Share of groups whose CoRPO baseline sits at R_min_correct (group mean below threshold).
         "corpo_phase_fraction": float((group_rewards.mean(dim=1) < r_min_correct).float().mean()),
+        **census(r, a, r_min_correct),
         "reward_mean": float(r.mean()),
         "success_rate": float((~failed).float().mean()),
+    }
+
+
+def census(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float) -> dict[str, float]:
+    """The paper's Figure 1: share of samples in {failed, passed} × {A > 0, A ≤ 0}; the four sum to 1.
+
+    rewards, advantages: same shape (any). GRPO puts mass in failed_pos; static and CoRPO never do.
+    """
+    n = max(1, rewards.numel())
+    failed, pos = rewards < r_min_correct, advantages > 0
+    return {
+        "census_failed_pos": int((failed & pos).sum()) / n,
+        "census_failed_nonpos": int((failed & ~pos).sum()) / n,
+        "census_passed_pos": int((~failed & pos).sum()) / n,
+        "census_passed_nonpos": int((~failed & ~pos).sum()) / n,
+    }
+
+
+def weight_stats(params) -> dict[str, float]:
+    """L1 and L2 norms, min, max, mean and median over every element of `params` (tensors of any shape).
+
+    One float64 copy of all parameters is made (the median needs it): on a large model call this
+    every few steps, as `learner.weight_stats_every` does.
+    """
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
+    return {
+        "weights_l1": float(flat.abs().sum()),
+        "weights_l2": float(flat.norm()),
+        "weights_min": float(flat.min()),
+        "weights_max": float(flat.max()),
+        "weights_mean": float(flat.mean()),
+        "weights_median": float(flat.median()),
     }

@@ -256,6 +256,12 @@ class ActorMetrics:
                                       "Time waiting for weights (held back by the staleness bound or starting)")
         self.apply_seconds = m.histogram("streamrl_actor_weight_apply_seconds", "Time to load one weight version",
                                          SECONDS_BUCKETS)
+        self.filtered = m.counter("streamrl_actor_groups_filtered_total",
+                                  "Groups dropped by dynamic filtering (all rewards equal)")
+        self.extra_samples = m.counter("streamrl_actor_extra_samples_total",
+                                       "Samples drawn beyond G by dynamic rollouts")
+        self.unparseable = m.counter("streamrl_actor_unparseable_total",
+                                     "Completions the reward could not parse (scored lowest)")
         self.policy_version = m.gauge("streamrl_actor_policy_version", "Policy version the actor generates with")
         self.share = m.gauge("streamrl_actor_share_groups", "Groups this actor makes per learner version")
         self.last_progress = m.gauge("streamrl_actor_last_progress_timestamp_seconds",
@@ -271,6 +277,12 @@ class ActorMetrics:
         self.generate_seconds.inc(seconds)
         if seconds > 0:
             self.throughput.set(tokens / seconds)
+
+    def observe_rollout(self, stats) -> None:
+        """stats: actors.rollout.RolloutStats of one rollout step."""
+        self.filtered.inc(stats.filtered_zero_variance)
+        self.extra_samples.inc(stats.extra_samples)
+        self.unparseable.inc(stats.unparseable)
 
     def observe_sent(self, groups: int, blocked_total_s: float) -> None:
         """blocked_total_s: the sender's cumulative time blocked on a full queue."""

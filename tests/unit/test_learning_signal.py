@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from streamrl import learning_signal as learning_signal_module
 from streamrl.learning_signal import learning_signal
 
 R_MIN = 0.75
@@ -63,3 +64,23 @@ def test_r_count_is_zero_with_negatives_and_no_positives():
     assert s["r_loss"] == 0.0
     assert s["failed_positive_fraction"] == 0.0
     assert s["corpo_phase_fraction"] == 1.0
+
+
+def test_census_on_a_hand_made_batch():
+    # Two groups, threshold 0.75. Group 1 mean 0.25: GRPO lifts the 0.5 failure above its mean.
+    r = torch.tensor([[0.0, 0.0, 0.5, 0.5], [1.0, 0.75, 1.0, 0.75]])
+    from streamrl import advantages
+
+    grpo = learning_signal_module.census(r, advantages.compute(r, "grpo", 0.75), 0.75)
+    assert grpo == {"census_failed_pos": 2 / 8, "census_failed_nonpos": 2 / 8,
+                    "census_passed_pos": 2 / 8, "census_passed_nonpos": 2 / 8}
+    corpo = learning_signal_module.census(r, advantages.compute(r, "corpo", 0.75), 0.75)
+    assert corpo == {"census_failed_pos": 0.0, "census_failed_nonpos": 4 / 8,
+                     "census_passed_pos": 2 / 8, "census_passed_nonpos": 2 / 8}
+
+
+def test_weight_stats_over_all_parameters():
+    stats = learning_signal_module.weight_stats([torch.tensor([[1.0, -2.0]]), torch.tensor([3.0, -4.0, 5.0])])
+    assert stats["weights_l1"] == 15.0 and stats["weights_l2"] == pytest.approx(55 ** 0.5)
+    assert (stats["weights_min"], stats["weights_max"], stats["weights_mean"]) == (-4.0, 5.0, 0.6)
+    assert stats["weights_median"] == 1.0

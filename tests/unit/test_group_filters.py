@@ -1,0 +1,104 @@
+import itertools
+import random
+
+import pytest
+
+from actors import rollout
+from actors.backends import Completion
+from streamrl import group_filters, rewards, tasks
+
+
+def _variance(xs):
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / len(xs)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_max_variance_subset_matches_brute_force(seed):
+    rng = random.Random(seed)
+    n, k = rng.randint(2, 9), None
+    k = rng.randint(1, n)
+    r = [rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(n)]
+    best = max(_variance([r[i] for i in c]) for c in itertools.combinations(range(n), k))
+    picked = group_filters.max_variance_subset(r, k)
+    assert len(picked) == k == len(set(picked)) and picked == sorted(picked)
+    assert _variance([r[i] for i in picked]) == pytest.approx(best)
+
+
+def test_max_variance_subset_keeps_both_extremes():
+    r = [0.5, 0.5, 0.0, 0.5, 1.0, 0.25, 0.5, 0.75]
+    assert group_filters.max_variance_subset(r, 4) == [2, 4, 5, 7]  # 0.0, 1.0 and the next-outermost pair
+
+
+def test_max_variance_subset_rejects_a_k_it_cannot_fill():
+    with pytest.raises(ValueError, match="k=5: must be in 1..4"):
+        group_filters.max_variance_subset([0, 1, 0, 1], 5)
+
+
+def test_diversity_needs_a_correct_and_a_failed_sample():
+    assert group_filters.diverse([0.0, 0.75], 0.75)
+    assert not group_filters.diverse([0.0, 0.5], 0.75)      # none correct
+    assert not group_filters.diverse([0.75, 1.0], 0.75)     # none failed
+    assert group_filters.zero_variance([0.5] * 4) and not group_filters.zero_variance([0.5, 0.5, 0.25])
+
+
+class ScriptedBackend:
+    """Follows actors.backends.Backend: each call returns the next scripted completions for each prompt.
+    A completion's single token is the index of a word in `words`; the copy task scores the word."""
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), []
+
+    def generate(self, prompts, n):
+        self.calls.append(len(prompts))
+        out = []
+        for _ in prompts:
+            words = self.script.pop(0)
+            assert len(words) == n
+            out.append([Completion([w], [-1.0], "stop") for w in words])
+        return out
+
+
+class WordTokenizer:
+    def __init__(self, words):
+        self.words = words
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [0, 1]}
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return " ".join(self.words[t] for t in tokens)
+
+
+def _copy_setup(script):
+    task = tasks.Copy(num_symbols=4, length=1)       # rewards 0 or 1: one symbol to copy
+    prompt = tasks.Prompt(id="p", text="copy : a =", target=("a",))
+    return ScriptedBackend(script), WordTokenizer(["a", "b"]), rewards.Reward(task), prompt
+
+
+def test_dynamic_rollouts_sample_more_until_a_group_is_diverse_then_keep_the_most_varied():
+    # Round 1: all fail (b b b b). Round 2: one success appears. Then it stops: 8 samples, keep 4.
+    backend, tok, reward, prompt = _copy_setup([[1, 1, 1, 1], [1, 0, 1, 1]])
+    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], 4, 3, "actor-0",
+                                        r_min_correct=1.0, rollout_factor=5)
+    assert backend.calls == [1, 1] and stats.extra_samples == 4
+    # The one success survives the subsample (it is the group's only source of variance).
+    assert sorted(groups[0].rewards) == [0.0, 0.0, 0.0, 1.0]
+    assert groups[0].policy_version == 3
+
+
+def test_dynamic_rollouts_stop_at_the_factor_when_diversity_never_comes():
+    backend, tok, reward, prompt = _copy_setup([[1, 1]] * 3)
+    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], 2, 0, "a", r_min_correct=1.0,
+                                        rollout_factor=3)
+    assert backend.calls == [1, 1, 1] and stats.extra_samples == 4
+    assert groups[0].rewards == [0.0, 0.0]
+
+
+def test_zero_variance_groups_are_filtered_and_counted():
+    task = tasks.Copy(num_symbols=4, length=1)
+    prompts = [tasks.Prompt(id=str(i), text="x", target=("a",)) for i in range(3)]
+    backend = ScriptedBackend([[0, 0], [0, 1], [1, 1]])
+    groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts, 2, 0,
+                                        "a", r_min_correct=1.0, filter_zero_variance=True)
+    assert [g.prompt_id for g in groups] == ["1"] and stats.filtered_zero_variance == 2

@@ -1,0 +1,85 @@
+import json
+import math
+import random
+
+import pytest
+
+from streamrl import verifier
+from streamrl.tasks import Prompt
+
+PAIR_B_RIGHT = Prompt(id="p", text="", labels=(0.0, 1.0))
+PAIR_A_RIGHT = Prompt(id="p", text="", labels=(1.0, 0.0))
+SINGLE_RIGHT = Prompt(id="s", text="", labels=(1.0,))
+
+
+def task(steps=10):
+    return verifier.CodeVerifier(scale_steps=steps)
+
+
+@pytest.mark.parametrize("text, prompt, reward", [
+    ("B is right because A overflows. A: 0 B: 10", PAIR_B_RIGHT, 1.0),   # certain and right
+    ("A: 10 B: 0", PAIR_B_RIGHT, 0.0),                                   # certain and wrong: lowest
+    ("A: 5 B: 5", PAIR_B_RIGHT, 0.5),                                    # undecided
+    ("A: 3 B: 7", PAIR_B_RIGHT, 0.7),                                    # p = 0.7
+    ("A: 7 B: 3", PAIR_A_RIGHT, 0.7),                                    # label 1[y_B > y_A] = 0
+    ("first A: 0 B: 10, on reflection A: 8, B: 2", PAIR_A_RIGHT, 0.8),   # the last statement counts
+    ("Rating: 9", SINGLE_RIGHT, 0.9),
+    ("Rating: 2", Prompt(id="s", text="", labels=(0.0,)), 0.8),
+])
+def test_reward_on_hand_made_outputs(text, prompt, reward):
+    assert task().score(prompt, text) == pytest.approx(reward)
+
+
+def test_reward_is_the_negated_bce_before_quantisation():
+    # p = (1 + (7 - 3)/10) / 2 = 0.7 for y = 1: BCE = -ln 0.7, exp(-BCE) = 0.7
+    assert verifier.bce_reward((3, 7), (0, 1)) == pytest.approx(0.7)
+    assert math.log(verifier.bce_reward((4, 5), (1, 0))) == pytest.approx(math.log(1 - 0.55))
+
+
+@pytest.mark.parametrize("text", ["", "I think B", "A: 11 B: 0", "A: -1 B: 3", "B: 3 A: 4", "Rating: 5"])
+def test_unparseable_output_gets_the_lowest_reward_and_is_counted(text):
+    t = task()
+    assert t.score(PAIR_B_RIGHT, text) == 0.0
+    assert t.unparseable == 1
+
+
+def test_quantisation_follows_the_scale():
+    assert task(4).score(PAIR_B_RIGHT, "A: 3 B: 7") == 0.75     # 0.7 on a 4-step scale
+    assert task(4).reward_levels == [0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_jsonl_reader_builds_pair_and_single_prompts(tmp_path):
+    rows = [{"question": "reverse a list", "response_a": "x[::-1]", "response_b": "x.sort()",
+             "label_a": 1, "label_b": 0},
+            {"question": "sum", "response_a": "a+b", "label_a": 1}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    t = verifier.CodeVerifier(data=str(path))
+    seen = {t.sample(random.Random(i)).labels for i in range(20)}
+    assert seen == {(1.0, 0.0), (1.0,)}
+    pair = t.prompt(verifier.read_jsonl(path)[0])
+    assert "x[::-1]" in pair.text and "x.sort()" in pair.text and "A: <rating> B: <rating>" in pair.text
+    assert pair.id == t.prompt(verifier.read_jsonl(path)[0]).id   # stable across processes
+
+
+@pytest.mark.parametrize("line, msg", [
+    ('{"question": "q", "response_a": "a"}', "label_a"),
+    ('{"question": "q", "response_a": "a", "label_a": 1, "response_b": "b"}', "come together"),
+    ("not json", "line 1|:1:"),
+])
+def test_a_bad_jsonl_row_names_file_and_line(tmp_path, line, msg):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=msg) as e:
+        verifier.read_jsonl(path)
+    assert f"{path}:1:" in str(e.value)
+
+
+def test_synthetic_set_labels_the_right_answer():
+    t = task()
+    for i in range(50):
+        p = t.sample(random.Random(i))
+        q = p.text.split("Question: sum ")[1].split("\n")[0].split()
+        right = str(int(q[0]) + int(q[1]))
+        answers = [line.split(": ")[1] for line in p.text.splitlines() if line.startswith("Response")]
+        assert [float(a == right) for a in answers] == list(p.labels)
