@@ -188,8 +188,7 @@ class ActorConfig(_Section):
     filter_zero_variance: bool = False
     """Dynamic filtering: drop (and count) groups whose rewards are all equal instead of sending them."""
     rollout_factor: Annotated[int, Meta(ge=1, le=64)] = 1
-    """Dynamic rollouts: sample up to this many × group_size per prompt until a group holds a correct and a
-    failed sample, then keep the group_size that maximise reward variance (paper: 5; 1 is off)."""
+    """Dynamic rollouts: up to this many × group_size samples until correct and failed both appear (paper 5; 1 off)."""
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
