@@ -5,6 +5,8 @@
   streamrl actor CONFIG --learner HOST [...]   one actor
   streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
   streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
+  streamrl plot RUN_DIR... [--out DIR]         the paper's figures (r_count/r_loss, rewards, census) as PNG
+  streamrl reproduce [CONFIG] [key=value ...]  GRPO, static and CoRPO on the tiny model: plot and table
 
 Any config error is one line on stderr and exit status 2.
 """
@@ -38,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     keys = sub.add_parser("keys", help="make CurveZMQ key pairs for the learner and N actors")
     keys.add_argument("directory", help="folder to write (learner.key*, actor-<i>.key*, authorized/)")
     keys.add_argument("--actors", type=int, default=2, help="how many actor key pairs (default 2)")
+    plot = sub.add_parser("plot", help="r_count/r_loss (paper Figure 2), rewards, census and uplift plots as PNG")
+    plot.add_argument("runs", nargs="+", help="run directories (runs/<name>)")
+    plot.add_argument("--out", default=None, help="folder for the PNGs (default: the first run directory)")
+    plot.add_argument("--window", type=int, default=10, help="steps per smoothing window (default 10)")
+    reproduce = sub.add_parser("reproduce", help="train GRPO, static and CoRPO alike; write the paper's plot and table")
+    reproduce.add_argument("args", nargs="*", help=spec)
+    reproduce.add_argument("--out", default="runs/reproduce", help="folder for the three runs, figures and table")
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     bench.add_argument("names", nargs="*", choices=["transport", "weights", "overlap", "advantages", "batching", []],
                        help="default: all")
@@ -73,9 +82,19 @@ def main(argv: list[str] | None = None) -> int:
 
         bench.run(args.names, short=args.short)
         return 0
+    if args.command == "plot":
+        from streamrl import plots
+
+        try:
+            made = plots.plot(args.runs, args.out or args.runs[0], args.window)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"streamrl plot: {e}", file=sys.stderr)
+            return 2
+        print("streamrl plot: wrote " + ", ".join(map(str, made)))
+        return 0
     try:
         path, overrides = split_args(args.args)
-        if path is None and args.command in ("run", "check"):
+        if path is None and args.command in ("run", "check", "reproduce"):
             path = str(config_lib.DEFAULT_CONFIG) if config_lib.DEFAULT_CONFIG.is_file() else None
         cfg = config_lib.load(path, overrides)
     except config_lib.ConfigError as e:
@@ -88,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(config_lib.dump(cfg), end="")
         return 0
+    if args.command == "reproduce":
+        from streamrl import reproduce
+
+        return reproduce.run(path, overrides, args.out)
     if args.command == "run":
         from streamrl import launch
 

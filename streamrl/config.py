@@ -295,22 +295,42 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml
 
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (None: the tiny CPU default), apply `key=value` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(raw).__name__}")
+    """Read a YAML config (None: the tiny CPU default), apply `key=value` overrides, validate.
+
+    A file may start from another with `extends: other.yaml` (relative to itself); its own keys
+    win, section by section.
+    """
+    raw = _read(Path(path), ()) if path is not None else {}
     for item in overrides:
         _apply_override(raw, item)
     _check_keys(raw, Config, "")
     return from_dict(raw)
+
+
+def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found" + (f" (extended by {chain[-1]})" if chain else ""))
+    if p.resolve() in chain:
+        raise ConfigError(f"{p}: 'extends' loops back to itself ({' -> '.join(map(str, chain))})")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(raw).__name__}")
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{p}: extends={base!r}: must be a path to another YAML config")
+    return _merge(_read(p.parent / base, (*chain, p.resolve())), raw)
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def from_dict(raw: dict[str, Any]) -> Config:

@@ -208,3 +208,32 @@ def test_dump_is_yaml_that_loads_back(tmp_path):
     f = tmp_path / "resolved.yaml"
     f.write_text(config.dump(cfg))
     assert load(f) == cfg
+
+
+def test_a_config_extends_another_section_by_section(tmp_path):
+    (tmp_path / "base.yaml").write_text("steps: 7\noptim:\n  lr: 0.5\n  weight_decay: 0.1\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\noptim:\n  weight_decay: 0.0\n")
+    cfg = config.load(tmp_path / "child.yaml")
+    assert (cfg.steps, cfg.optim.lr, cfg.optim.weight_decay) == (7, 0.5, 0.0)
+
+
+def test_an_extends_loop_or_missing_base_is_a_clear_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(config.ConfigError, match="loops back"):
+        config.load(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(config.ConfigError, match=r"nowhere.yaml' not found \(extended by"):
+        config.load(tmp_path / "c.yaml")
+
+
+def test_paper_configs_follow_the_paper():
+    for estimator in ("grpo", "static", "corpo"):
+        cfg = config.load(REPO / "configs" / "paper" / f"{estimator}.yaml")
+        assert cfg.advantage.estimator == estimator and cfg.strict
+        assert (cfg.actors.group_size, cfg.learner.batch_groups * cfg.actors.group_size) == (8, 512)
+        assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.weight_decay) == (1e-6, 10, 0.1)
+        assert (cfg.loss.kl_coef, cfg.loss.entropy_coef, cfg.actors.temperature, cfg.actors.top_p) == (0, 0, 1, 1)
+        assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10
+        assert config.load(REPO / "configs" / "paper" / f"{estimator}-wd0.yaml").optim.weight_decay == 0
+        assert len(config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml").reward.bucket_edges) == 3

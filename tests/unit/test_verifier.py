@@ -83,3 +83,13 @@ def test_synthetic_set_labels_the_right_answer():
         right = str(int(q[0]) + int(q[1]))
         answers = [line.split(": ")[1] for line in p.text.splitlines() if line.startswith("Response")]
         assert [float(a == right) for a in answers] == list(p.labels)
+
+
+def test_the_documented_sample_file_reads():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "verifier-sample.jsonl"
+    rows = verifier.read_jsonl(path)
+    assert {r.response_b is None for r in rows} == {True, False}
+    t = verifier.CodeVerifier(data=str(path))
+    assert "def f(xs)" in t.prompt(rows[0]).text and "def f(xs)" in " ".join(t.vocabulary)
