@@ -85,7 +85,8 @@ def learning_signal_figure(runs: list[Run], out: Path, window: int = 10) -> Path
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    for ax, (title, fn) in zip(axes, [("r_count = #{A>0} / #{A<0}", r_count), ("r_loss = |L(A>0)| / |L(A<0)|", r_loss)]):
+    panels = [("r_count = #{A>0} / #{A<0}", r_count), ("r_loss = |L(A>0)| / |L(A<0)|", r_loss)]
+    for ax, (title, fn) in zip(axes, panels):
         for run in runs:
             ax.plot(run.steps, _finite_or_top(fn(run, window), 1e3), label=run.label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -176,6 +177,6 @@ def plot(run_dirs: list[str | Path], out: str | Path, window: int = 10) -> list[
         raise SystemExit("streamrl plot needs matplotlib: pip install 'streamrl[monitoring]'") from None
     runs = [Run(d) for d in run_dirs]
     out = Path(out)
-    made = [learning_signal_figure(runs, out, window), rewards_figure(runs, out, window), census_figure(runs, out, window),
-            uplift_figure(runs, out)]
+    made = [learning_signal_figure(runs, out, window), rewards_figure(runs, out, window),
+            census_figure(runs, out, window), uplift_figure(runs, out)]
     return [p for p in made if p is not None]

@@ -97,8 +97,8 @@ def run(config_path: str | None, overrides: list[str], out: str) -> int:
     out_dir = Path(out)
     dirs = {}
     for e in ESTIMATORS:
-        cfg = config_lib.load(config_path, [f"steps={DEFAULT_STEPS}", *overrides, f"advantage.estimator={e}", f"name=reproduce-{e}",
-                                            f"run_dir={out_dir}"])
+        cfg = config_lib.load(config_path, [f"steps={DEFAULT_STEPS}", *overrides, f"advantage.estimator={e}",
+                                            f"name=reproduce-{e}", f"run_dir={out_dir}"])
         print(f"streamrl reproduce: training {e} ({cfg.steps} steps, seed {cfg.seed})", flush=True)
         if rc := launch.run(cfg):
             return rc
