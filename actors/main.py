@@ -81,6 +81,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         # The prompt stream's position: an actor that (re)joins a run at version v > 0 draws a stream
         # of its own rather than replaying the prompts its first life drew from the start.
         rng = random.Random(cfg.seed * 1000 + index + 1 + 7919 * start_version)
+        # Multi-layer GRPO's phrases come from a stream of their own, so the prompt stream stays as it was.
+        phrase_rng = random.Random(f"phrases-{cfg.seed}-{index}-{start_version}")
+        options = rollout.RolloutOptions.from_config(cfg)
         while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
@@ -104,10 +107,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                 continue
             t0 = time.perf_counter()
             prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
-            groups, done = rollout.make_groups(
-                backend, tokenizer, reward, prompts, cfg.actors.group_size, version, actor_id,
-                r_min_correct=cfg.advantage.r_min_correct, rollout_factor=cfg.actors.rollout_factor,
-                filter_zero_variance=cfg.actors.filter_zero_variance)
+            groups, done = rollout.make_groups(backend, tokenizer, reward, prompts, options, version, actor_id,
+                                               phrase_rng)
+            if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
+                done.over_budget, groups = len(groups) - budget, groups[:budget]
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
             telemetry.observe_rollout(done)

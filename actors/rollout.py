@@ -1,5 +1,6 @@
 """One rollout step: prompts → G completions each (more where dynamic rollouts ask) → rewards →
-ScoredGroups stamped with the policy version that generated them, minus the filtered ones."""
+ScoredGroups stamped with the policy version that generated them, minus the filtered ones; under
+multi-layer GRPO, then each response → a correction → the verified corrections' layer-2 groups."""
 
 from __future__ import annotations
 
@@ -8,10 +9,30 @@ import random
 import msgspec
 
 from actors.backends import Backend, Completion
-from streamrl import group_filters
+from streamrl import correction, group_filters
 from streamrl.rewards import Reward
 from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
+
+
+class RolloutOptions(msgspec.Struct, frozen=True):
+    group_size: int
+    r_min_correct: float
+    rollout_factor: int = 1
+    """> 1: dynamic rollouts, up to rollout_factor × G samples per prompt."""
+    filter_zero_variance: bool = False
+    phrases: tuple[str, ...] = ()
+    """Non-empty: multi-layer GRPO with this pool of guiding phrases."""
+    augment: int = 0
+    """H: further samples of each kept correction's query."""
+
+    @classmethod
+    def from_config(cls, cfg) -> "RolloutOptions":
+        m = cfg.mgrpo
+        return cls(group_size=cfg.actors.group_size, r_min_correct=cfg.advantage.r_min_correct,
+                   rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
+                   phrases=tuple(m.phrases) if m.enabled else (),
+                   augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0)
 
 
 class RolloutStats(msgspec.Struct):
@@ -23,48 +44,105 @@ class RolloutStats(msgspec.Struct):
     """Groups dropped because all their rewards were equal."""
     unparseable: int = 0
     """Completions the reward could not parse (scored lowest)."""
+    corrections: int = 0
+    """Multi-layer GRPO: layer-2 corrections sampled (one per layer-1 response)."""
+    corrections_kept: int = 0
+    """Corrections the verifier found correct, each the seed of a layer-2 group."""
+    over_budget: int = 0
+    """Groups not sent because they exceeded the actor's staleness budget (the actor sets this)."""
+
+
+Sample = tuple[Completion, str, float]  # a completion, its text, its reward
 
 
 def sample_prompts(task, rng: random.Random, k: int) -> list[Prompt]:
     return [task.sample(rng) for _ in range(k)]
 
 
-def make_groups(
-    backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], group_size: int,
-    policy_version: int, actor_id: str, *, r_min_correct: float, rollout_factor: int = 1,
-    filter_zero_variance: bool = False,
-) -> tuple[list[ScoredGroup], RolloutStats]:
-    """rollout_factor > 1 turns on dynamic rollouts (up to rollout_factor × G samples per prompt)."""
+def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
+            n: int) -> list[list[Sample]]:
+    """n scored samples for each prompt (ids: its token ids)."""
+    out = []
+    for prompt, completions in zip(prompts, backend.generate(ids, n)):
+        texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
+        out.append([(c, t, reward(prompt, t)) for c, t in zip(completions, texts)])
+    return out
+
+
+def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, actor_id: str,
+           corrections: list[float] | None = None, layer: int = 1) -> ScoredGroup:
+    return ScoredGroup.from_samples(
+        prompt_id=prompt_id, policy_version=version, actor_id=actor_id, prompt_tokens=ids,
+        completions=[c.tokens for c, _, _ in samples], logprobs=[c.logprobs for c, _, _ in samples],
+        rewards=[r for _, _, r in samples], finish_reasons=[c.finish_reason for c, _, _ in samples],
+        corrections=corrections, layer=layer)
+
+
+def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,
+                policy_version: int, actor_id: str, rng: random.Random | None = None,
+                ) -> tuple[list[ScoredGroup], RolloutStats]:
+    """Layer-1 groups first, then (multi-layer GRPO) layer-2 groups. rng draws the guiding phrases."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
-    prompt_ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
-    pools: list[list[tuple[Completion, float]]] = [[] for _ in prompts]
-    pending = list(range(len(prompts)))
-    for round_ in range(rollout_factor):
-        outputs = backend.generate([prompt_ids[i] for i in pending], group_size)
-        for i, completions in zip(pending, outputs):
-            texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
-            pools[i] += [(c, reward(prompts[i], t)) for c, t in zip(completions, texts)]
-        stats.extra_samples += group_size * len(pending) if round_ else 0
-        pending = [i for i in pending if not group_filters.diverse([r for _, r in pools[i]], r_min_correct)]
-        if not pending:
-            break
+    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats)
+    corrections: list[list[float] | None] = [None] * len(prompts)
+    layer2: list[ScoredGroup] = []
+    if opts.phrases:
+        corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
+                                      rng or random.Random(), stats)
     groups = []
-    for prompt, ids, pool in zip(prompts, prompt_ids, pools):
-        keep = group_filters.max_variance_subset([r for _, r in pool], group_size) if len(pool) > group_size \
-            else range(group_size)
-        chosen = [pool[i] for i in keep]
-        if filter_zero_variance and group_filters.zero_variance([r for _, r in chosen]):
+    for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
+        if opts.filter_zero_variance and group_filters.zero_variance([r for _, _, r in samples]):
             stats.filtered_zero_variance += 1
             continue
-        groups.append(ScoredGroup.from_samples(
-            prompt_id=prompt.id,
-            policy_version=policy_version,
-            actor_id=actor_id,
-            prompt_tokens=ids,
-            completions=[c.tokens for c, _ in chosen],
-            logprobs=[c.logprobs for c, _ in chosen],
-            rewards=[r for _, r in chosen],
-            finish_reasons=[c.finish_reason for c, _ in chosen],
-        ))
+        groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
     stats.unparseable = reward.unparseable - unparseable_before
-    return groups, stats
+    return groups + layer2, stats
+
+
+def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stats: RolloutStats) -> list[list[Sample]]:
+    """G samples per prompt; with dynamic rollouts, more for groups lacking a correct or a failed sample,
+    then the G of largest reward variance."""
+    pools: list[list[Sample]] = [[] for _ in prompts]
+    pending = list(range(len(prompts)))
+    for round_ in range(opts.rollout_factor):
+        drawn = _sample(backend, tokenizer, reward, [prompts[i] for i in pending], [ids[i] for i in pending],
+                        opts.group_size)
+        for i, samples in zip(pending, drawn):
+            pools[i] += samples
+        stats.extra_samples += opts.group_size * len(pending) if round_ else 0
+        pending = [i for i in pending if not group_filters.diverse([r for _, _, r in pools[i]], opts.r_min_correct)]
+        if not pending:
+            break
+    chosen = []
+    for pool in pools:
+        keep = (group_filters.max_variance_subset([r for _, _, r in pool], opts.group_size)
+                if len(pool) > opts.group_size else range(opts.group_size))
+        chosen.append([pool[i] for i in keep])
+    return chosen
+
+
+def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opts: RolloutOptions, version: int,
+            actor_id: str, rng: random.Random, stats: RolloutStats) -> tuple[list[list[float]], list[ScoredGroup]]:
+    """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
+    query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups."""
+    queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
+    for prompt, samples in zip(prompts, chosen):
+        for _, text, _ in samples:
+            queries.append(Prompt(id="", text=correction.layer2_query(prompt.text, text,
+                                                                      correction.pick_phrase(opts.phrases, rng))))
+            owners.append(prompt)
+    q_ids = [tokenizer(q.text, add_special_tokens=False)["input_ids"] for q in queries]
+    # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
+    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1)]
+    stats.corrections += len(first)
+    per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
+    kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct]
+    stats.corrections_kept += len(kept)
+    groups = []
+    if kept and opts.augment:
+        more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment)
+        for j, extra in zip(kept, more):
+            groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
+                                 actor_id, layer=2))
+    return per_group, groups

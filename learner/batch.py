@@ -28,6 +28,10 @@ class Batch(msgspec.Struct):
     """(num_groups, G) rewards."""
     policy_versions: torch.Tensor
     """(num_groups,) version that generated each group."""
+    layers: torch.Tensor
+    """(num_groups,) 1 for a prompt's group, 2 for a multi-layer GRPO correction group."""
+    corrections: torch.Tensor
+    """(num_groups, G) each sample's correction reward (multi-layer GRPO, layer 1); NaN where none."""
 
     @property
     def num_tokens(self) -> int:
@@ -64,4 +68,7 @@ def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
         behaviour_logprobs=torch.from_numpy(blogp),
         rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
         policy_versions=torch.tensor([g.policy_version for g in groups]),
+        layers=torch.tensor([g.layer for g in groups]),
+        corrections=torch.tensor([g.corrections or [float("nan")] * g.group_size for g in groups],
+                                 dtype=torch.float32),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import socket
 import time
@@ -34,6 +35,17 @@ def _init_distributed() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier on the peak lr for optimizer step `step` (0-based): linear warm-up over `warmup`
+    steps, then constant or cosine decay reaching 0 after step `total` - 1."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "cosine":
+        progress = (step - warmup + 1) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return 1.0
+
+
 def _grad_norm(module: torch.nn.Module) -> float:
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
@@ -49,9 +61,9 @@ class Engine:
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         o = cfg.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
-        warmup = max(o.warmup_steps, 0)
+        warmup = math.ceil(o.warmup_ratio * cfg.steps) if o.warmup_ratio else o.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            optimizer, lambda step: lr_factor(step, warmup, cfg.steps, o.schedule))
         samples = cfg.learner.batch_groups * cfg.actors.group_size
         world = int(os.environ.get("WORLD_SIZE", "1"))
         ds_config = {

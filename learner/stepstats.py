@@ -7,7 +7,7 @@ import collections
 import torch
 
 from learner.batch import Batch
-from streamrl import learning_signal
+from streamrl import correction, learning_signal
 from streamrl.losses import LossOutput
 
 
@@ -29,6 +29,7 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "step": step,
         "policy_version": version + 1,
         **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
+        **mgrpo_metrics(batch, r_min_correct),
         "reward_std": float(batch.rewards.std()),
         "advantage_mean": float(adv.mean()),
         "lag_max": max(lags),
@@ -47,6 +48,19 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
     }
+
+
+def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
+    """Multi-layer GRPO's Acc@t1, Acc@t2 and deltas over the batch's layer-1 samples that carry a
+    correction, and the layer-2 groups' count and mean reward; {} for a batch without corrections."""
+    has = ~torch.isnan(batch.corrections)
+    if not bool(has.any()):
+        return {}
+    t1 = (batch.rewards[has] >= r_min_correct).tolist()
+    t2 = (batch.corrections[has] >= r_min_correct).tolist()
+    layer2 = batch.layers == 2
+    return {**correction.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
+            "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 
 
 def distributions(version: int, batch: Batch, out: LossOutput) -> dict:

@@ -15,6 +15,8 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from streamrl.correction import DEFAULT_PHRASES
+
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -58,15 +60,15 @@ class TaskConfig(_Section):
     length: Annotated[int, Meta(ge=1, le=64)] = 4
     """Prompt length in symbols for the built-in symbol tasks."""
     data: str | None = None
-    """code_verifier: training JSONL (question, response_a, response_b, label_a, label_b); null: synthetic set."""
+    """Training JSONL: code_verifier (docs/verifier-data.md; null: synthetic) or math rows (problem, answer)."""
     eval_data: str | None = None
-    """code_verifier: evaluation JSONL (same rows); null: a fixed synthetic set."""
+    """Evaluation JSONL with the same rows (null: drawn from the training stream, or the synthetic set)."""
     scale_steps: Annotated[int, Meta(ge=1, le=1000)] = 10
     """code_verifier: the reward is quantised to 0, 1/steps, ..., 1 (the paper's 10-step scale)."""
     single_fraction: Fraction = 0.1
     """code_verifier, synthetic data: share of single-response judgement prompts."""
     template: str | None = None
-    """code_verifier: pair prompt template with {question} {response_a} {response_b}; null: the built-in one."""
+    """Prompt template: code_verifier pairs use {question} {response_a} {response_b}, math {problem}; null: built-in."""
     single_template: str | None = None
     """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
 
@@ -141,6 +143,10 @@ class OptimConfig(_Section):
     """AdamW betas."""
     warmup_steps: NonNegInt = 0
     """Linear warm-up steps from 0 to lr."""
+    warmup_ratio: Fraction = 0.0
+    """Warm-up as a share of `steps` (used instead of warmup_steps when > 0)."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning rate after warm-up: constant, or cosine decay to 0 at the last step."""
     grad_clip: NonNegFloat = 1.0
     """Gradient-norm clip; 0 disables."""
 
@@ -233,6 +239,19 @@ class MonitoringConfig(_Section):
     """/healthz answers 503 when the main loop has made no progress for this long."""
 
 
+class MGRPOConfig(_Section):
+    enabled: bool = False
+    """Multi-layer GRPO: add a self-correction layer (layer 2) to every rollout."""
+    phrases: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_PHRASES))
+    """Guiding phrases appended to a layer-1 response to make a layer-2 query (one drawn at random)."""
+    augment: NonNegInt | None = None
+    """H: further samples of a kept correction's query; null: group_size - 1, so every group holds G samples."""
+
+    def __post_init__(self) -> None:
+        if not self.phrases or not all(p.strip() for p in self.phrases):
+            raise ValueError(f"phrases={self.phrases!r}: needs at least one non-empty phrase")
+
+
 class Config(_Section):
     name: str = "tiny"
     """Run name: the run directory is run_dir/name."""
@@ -268,12 +287,18 @@ class Config(_Section):
     """Sockets between actors and learner."""
     monitoring: MonitoringConfig = msgspec.field(default_factory=MonitoringConfig)
     """Prometheus endpoints of learner and actors."""
+    mgrpo: MGRPOConfig = msgspec.field(default_factory=MGRPOConfig)
+    """Multi-layer GRPO's self-correction layer."""
 
     def __post_init__(self) -> None:
         low, high = self.reward.scale
         if not low < self.advantage.r_min_correct <= high:
             raise ValueError(f"advantage.r_min_correct={self.advantage.r_min_correct}: must lie in ({low}, {high}], "
                              "the shaped reward scale (reward.bucket_values, or [0, 1] without shaping)")
+        if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
+            raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
+                             f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
+                             "and the learner's batches hold groups of one size)")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

@@ -262,6 +262,10 @@ class ActorMetrics:
                                        "Samples drawn beyond G by dynamic rollouts")
         self.unparseable = m.counter("streamrl_actor_unparseable_total",
                                      "Completions the reward could not parse (scored lowest)")
+        self.corrections = m.counter("streamrl_actor_corrections_total",
+                                     "Multi-layer GRPO: corrections sampled (one per layer-1 response)")
+        self.corrections_kept = m.counter("streamrl_actor_corrections_kept_total",
+                                          "Multi-layer GRPO: corrections the verifier found correct")
         self.policy_version = m.gauge("streamrl_actor_policy_version", "Policy version the actor generates with")
         self.share = m.gauge("streamrl_actor_share_groups", "Groups this actor makes per learner version")
         self.last_progress = m.gauge("streamrl_actor_last_progress_timestamp_seconds",
@@ -283,6 +287,8 @@ class ActorMetrics:
         self.filtered.inc(stats.filtered_zero_variance)
         self.extra_samples.inc(stats.extra_samples)
         self.unparseable.inc(stats.unparseable)
+        self.corrections.inc(stats.corrections)
+        self.corrections_kept.inc(stats.corrections_kept)
 
     def observe_sent(self, groups: int, blocked_total_s: float) -> None:
         """blocked_total_s: the sender's cumulative time blocked on a full queue."""

@@ -122,5 +122,5 @@ def build(cfg):
     return TASKS.get(cfg.name).from_config(cfg)
 
 
-# The verifier task registers itself; imported last because it builds on the definitions above.
-from streamrl import verifier  # noqa: E402, F401
+# The data-backed tasks register themselves; imported last because they build on the definitions above.
+from streamrl import math_answer, verifier  # noqa: E402, F401

@@ -31,12 +31,14 @@ class WireError(ValueError):
         self.detail = detail
 
 
-class SampleInfo(Struct, array_like=True, frozen=True):
+class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """Per-sample scalars of a group; the sample's tokens and log-probs are in the bulk frames."""
 
     num_tokens: int
     reward: float
     finish_reason: Literal["stop", "length"]
+    correction: float | None = None
+    """Multi-layer GRPO, layer 1: the reward of this sample's first correction (left out otherwise)."""
 
 
 class GroupHeader(Struct, tag="scored_group", kw_only=True):
@@ -52,6 +54,8 @@ class GroupHeader(Struct, tag="scored_group", kw_only=True):
     sent_at: float = 0.0
     session: str = ""
     seq: int = -1
+    layer: int = 1
+    """1: a prompt's group; 2: a multi-layer GRPO correction group (its prompt is the layer-2 query)."""
 
 
 class TensorInfo(Struct, array_like=True, frozen=True):
@@ -140,6 +144,8 @@ class ScoredGroup(Struct, kw_only=True):
     """Which life of the actor sent it (set by GroupSender); with seq, the learner's accounting key."""
     seq: int = -1
     """0, 1, 2, … per session, in send order (-1: not sent through a GroupSender)."""
+    layer: int = 1
+    """1: a prompt's group; 2: a multi-layer GRPO correction group."""
 
     @property
     def group_size(self) -> int:
@@ -148,6 +154,13 @@ class ScoredGroup(Struct, kw_only=True):
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+    @property
+    def corrections(self) -> list[float] | None:
+        """Layer-1 groups under multi-layer GRPO: each sample's correction reward; None otherwise."""
+        if self.samples and self.samples[0].correction is not None:
+            return [s.correction for s in self.samples]
+        return None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -173,6 +186,8 @@ class ScoredGroup(Struct, kw_only=True):
         logprobs: Sequence[Sequence[float]],
         rewards: Sequence[float],
         finish_reasons: Sequence[str],
+        corrections: Sequence[float] | None = None,
+        layer: int = 1,
     ) -> "ScoredGroup":
         return cls(
             prompt_id=prompt_id,
@@ -182,9 +197,11 @@ class ScoredGroup(Struct, kw_only=True):
             completion_tokens=np.concatenate([np.asarray(c, dtype=TOKEN_DTYPE) for c in completions]),
             behaviour_logprobs=np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs]),
             samples=[
-                SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f)  # type: ignore[arg-type]
-                for c, r, f in zip(completions, rewards, finish_reasons)
+                SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
+                           correction=None if corrections is None else float(corrections[i]))
+                for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
+            layer=layer,
         )
 
 
@@ -200,6 +217,7 @@ def encode_group(group: ScoredGroup) -> list:
         sent_at=time.time(),
         session=group.session,
         seq=group.seq,
+        layer=group.layer,
     )
     return [
         _encoder.encode(header),
@@ -246,6 +264,8 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         raise WireError("bad_version", f"policy_version {header.policy_version} < 0")
     if header.seq < -1:
         raise WireError("bad_seq", f"seq {header.seq} < 0")
+    if header.layer not in (1, 2):
+        raise WireError("bad_layer", f"layer {header.layer}: must be 1 (prompt group) or 2 (correction group)")
     if header.num_prompt_tokens < 1:
         raise WireError("empty_prompt", f"num_prompt_tokens is {header.num_prompt_tokens}; a prompt needs ≥ 1 token")
     total = 0
@@ -254,6 +274,10 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
             raise WireError("length_mismatch", f"sample {i} has num_tokens {s.num_tokens} < 0")
         if not math.isfinite(s.reward):
             raise WireError("non_finite_reward", f"sample {i} reward is {s.reward}")
+        if (s.correction is None) != (header.samples[0].correction is None):
+            raise WireError("partial_corrections", f"sample {i}: corrections must be given for all samples or none")
+        if s.correction is not None and not math.isfinite(s.correction):
+            raise WireError("non_finite_reward", f"sample {i} correction reward is {s.correction}")
         total += s.num_tokens
     prompt = _array(frames[1], TOKEN_DTYPE, header.num_prompt_tokens, "prompt tokens")
     tokens = _array(frames[2], TOKEN_DTYPE, total, "completion tokens")
@@ -283,6 +307,7 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         sent_at=header.sent_at,
         session=header.session,
         seq=header.seq,
+        layer=header.layer,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
 import msgspec
@@ -106,7 +107,7 @@ def test_a_bad_estimator_name_names_key_value_and_allowed():
 
 def test_a_bad_task_or_loss_name_names_key_value_and_allowed():
     msg = _error("task.name=sort")
-    assert "task.name='sort'" in msg and "copy, repeat_first, reverse" in msg
+    assert "task.name='sort'" in msg and "code_verifier, copy, math, repeat_first, reverse" in msg
     msg = _error("loss.name=dpo")
     assert "loss.name='dpo'" in msg and "token_pg" in msg
 
@@ -237,3 +238,21 @@ def test_paper_configs_follow_the_paper():
         assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10
         assert config.load(REPO / "configs" / "paper" / f"{estimator}-wd0.yaml").optim.weight_decay == 0
         assert len(config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml").reward.bucket_edges) == 3
+
+
+def test_lr_schedule_warms_up_then_decays_by_cosine_to_zero():
+    from learner.engine import lr_factor
+
+    assert [lr_factor(s, 4, 10, "constant") for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
+    cosine = [lr_factor(s, 2, 10, "cosine") for s in range(10)]
+    assert cosine[:2] == [0.5, 1.0] and cosine[-1] == pytest.approx(0.0, abs=1e-12)
+    assert all(a > b for a, b in zip(cosine[1:], cosine[2:]))   # strictly decreasing after warm-up
+    assert lr_factor(5, 0, 10, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.6)))
+
+
+def test_mgrpo_paper_config_follows_the_paper():
+    cfg = config.load(REPO / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml")
+    assert cfg.mgrpo.enabled and cfg.model.path.endswith("Qwen2.5-Math-7B") and cfg.task.name == "math"
+    assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.warmup_ratio, cfg.loss.kl_coef) == (5e-7, "cosine", 0.03, 0.001)
+    assert (cfg.actors.max_new_tokens, cfg.actors.group_size, cfg.learner.batch_groups) == (8196, 8, 32)
+    assert cfg.actors.temperature == 0.7

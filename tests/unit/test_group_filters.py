@@ -70,6 +70,10 @@ class WordTokenizer:
         return " ".join(self.words[t] for t in tokens)
 
 
+def _opts(group_size, **kw):
+    return rollout.RolloutOptions(group_size=group_size, r_min_correct=1.0, **kw)
+
+
 def _copy_setup(script):
     task = tasks.Copy(num_symbols=4, length=1)       # rewards 0 or 1: one symbol to copy
     prompt = tasks.Prompt(id="p", text="copy : a =", target=("a",))
@@ -79,8 +83,7 @@ def _copy_setup(script):
 def test_dynamic_rollouts_sample_more_until_a_group_is_diverse_then_keep_the_most_varied():
     # Round 1: all fail (b b b b). Round 2: one success appears. Then it stops: 8 samples, keep 4.
     backend, tok, reward, prompt = _copy_setup([[1, 1, 1, 1], [1, 0, 1, 1]])
-    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], 4, 3, "actor-0",
-                                        r_min_correct=1.0, rollout_factor=5)
+    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], _opts(4, rollout_factor=5), 3, "actor-0")
     assert backend.calls == [1, 1] and stats.extra_samples == 4
     # The one success survives the subsample (it is the group's only source of variance).
     assert sorted(groups[0].rewards) == [0.0, 0.0, 0.0, 1.0]
@@ -89,8 +92,7 @@ def test_dynamic_rollouts_sample_more_until_a_group_is_diverse_then_keep_the_mos
 
 def test_dynamic_rollouts_stop_at_the_factor_when_diversity_never_comes():
     backend, tok, reward, prompt = _copy_setup([[1, 1]] * 3)
-    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], 2, 0, "a", r_min_correct=1.0,
-                                        rollout_factor=3)
+    groups, stats = rollout.make_groups(backend, tok, reward, [prompt], _opts(2, rollout_factor=3), 0, "a")
     assert backend.calls == [1, 1, 1] and stats.extra_samples == 4
     assert groups[0].rewards == [0.0, 0.0]
 
@@ -99,6 +101,6 @@ def test_zero_variance_groups_are_filtered_and_counted():
     task = tasks.Copy(num_symbols=4, length=1)
     prompts = [tasks.Prompt(id=str(i), text="x", target=("a",)) for i in range(3)]
     backend = ScriptedBackend([[0, 0], [0, 1], [1, 1]])
-    groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts, 2, 0,
-                                        "a", r_min_correct=1.0, filter_zero_variance=True)
+    groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,
+                                        _opts(2, filter_zero_variance=True), 0, "a")
     assert [g.prompt_id for g in groups] == ["1"] and stats.filtered_zero_variance == 2

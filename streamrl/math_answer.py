@@ -1,0 +1,123 @@
+"""A math task with a rule-based verifier (what multi-layer GRPO's paper trains on).
+
+Data: JSONL rows `{"problem": ..., "answer": ...}` (e.g. GSM8K or MATH with the reference final
+answer). The policy reasons and puts its final answer in `\\boxed{...}`; the reward is 1 when the
+last boxed answer (or, without one, the last number) equals the reference after normalisation,
+else 0. No answer at all scores 0 and is counted as unparseable.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import msgspec
+
+from streamrl.tasks import TASKS, Prompt, _distinct
+
+TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+class Problem(msgspec.Struct):
+    problem: str
+    answer: str
+
+
+def read_jsonl(path: str | Path) -> list[Problem]:
+    """Every row; a bad row raises ValueError naming the file, line and problem."""
+    rows, decoder = [], msgspec.json.Decoder(Problem)
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(decoder.decode(line))
+                except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                    raise ValueError(f"{path}:{n}: {e} (a row is problem, answer)") from None
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...}, with nested braces balanced."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            if depth == 0:
+                return text[i:j]
+            depth -= 1
+    return None
+
+
+def normalise(answer: str) -> str:
+    """Strip spaces, $, a trailing period and thousands separators; 2.50 and 2.5 compare equal."""
+    a = answer.strip().strip("$").rstrip(".").replace(" ", "").replace(",", "")
+    a = a.removeprefix("\\text{").removesuffix("}") if a.startswith("\\text{") else a
+    try:
+        return repr(float(a)) if "/" not in a else a
+    except ValueError:
+        return a
+
+
+def final_answer(text: str) -> str | None:
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+@TASKS.register("math")
+class MathAnswer:
+    """Binary reward: the final answer equals the reference."""
+
+    def __init__(self, data: str | None, eval_data: str | None = None, template: str = TEMPLATE):
+        if not data:
+            raise ValueError("task math needs task.data: a JSONL file of {problem, answer} rows")
+        self.train = read_jsonl(data)
+        self.eval_rows = read_jsonl(eval_data) if eval_data else None
+        self.template = template
+        self.unparseable = 0
+
+    @classmethod
+    def from_config(cls, cfg) -> "MathAnswer":
+        return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE)
+
+    def prompt(self, row: Problem) -> Prompt:
+        from streamrl.verifier import hash_text
+
+        return Prompt(id=f"math-{hash_text(row.problem):016x}", text=self.template.format(problem=row.problem),
+                      target=(row.answer,))
+
+    def sample(self, rng: random.Random) -> Prompt:
+        return self.prompt(rng.choice(self.train))
+
+    def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
+        if self.eval_rows is not None:
+            return [self.prompt(r) for r in self.eval_rows[:size]]
+        return _distinct(self.sample, size, seed)
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        got = final_answer(completion)
+        if got is None:
+            self.unparseable += 1
+            return 0.0
+        return 1.0 if normalise(got) == normalise(prompt.target[0]) else 0.0
+
+    @property
+    def reward_levels(self) -> list[float]:
+        return [0.0, 1.0]
+
+    @property
+    def vocabulary(self) -> list[str]:
+        words = self.template.split()
+        for r in self.train + (self.eval_rows or []):
+            words += f"{r.problem} {r.answer}".split()
+        return list(dict.fromkeys(words))
