@@ -23,7 +23,9 @@ from streamrl.config import Config
 log = logging.getLogger("streamrl.learner")
 
 
-def _init_distributed() -> None:
+def _init_distributed(timeout_s: float) -> None:
+    import datetime
+
     import deepspeed
 
     if "RANK" not in os.environ:  # a single process started by hand or by `streamrl run`
@@ -32,7 +34,9 @@ def _init_distributed() -> None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    # A timeout on every collective: a rank that died turns into an error, not a silent hang.
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                               timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -56,7 +60,7 @@ class Engine:
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        _init_distributed()
+        _init_distributed(cfg.learner.collective_timeout_s)
         self.cfg = cfg
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         o = cfg.optim
@@ -65,10 +69,13 @@ class Engine:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, warmup, cfg.steps, o.schedule))
         samples = cfg.learner.batch_groups * cfg.actors.group_size
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        if cfg.learner.batch_groups % self.world:
+            raise ValueError(f"learner.batch_groups={cfg.learner.batch_groups}: must divide by the {self.world} "
+                             "learner ranks (each rank trains on an equal share of every batch's groups)")
         ds_config = {
-            "train_batch_size": samples * world,
-            "train_micro_batch_size_per_gpu": samples,
+            "train_batch_size": samples,
+            "train_micro_batch_size_per_gpu": samples // self.world,
             "gradient_accumulation_steps": 1,
             "gradient_clipping": o.grad_clip,
             "zero_optimization": {"stage": cfg.learner.zero_stage},
@@ -99,8 +106,11 @@ class Engine:
             entropy = lse - (p * logits).sum(-1)
         return logp, entropy
 
-    def train_step(self, batch: Batch, advantages: torch.Tensor) -> tuple[losses.LossOutput, dict]:
-        """One forward/backward/optimizer step on the whole batch. advantages: (num_groups, G)."""
+    def train_step(self, batch: Batch, advantages: torch.Tensor,
+                   token_count: float | None = None) -> tuple[losses.LossOutput, dict]:
+        """One forward/backward/optimizer step on `batch` (this rank's share of it under data
+        parallelism; token_count: the whole batch's completion tokens over the world size).
+        advantages: (num_groups, G)."""
         lc = self.cfg.loss
         t0 = time.perf_counter()
         self.engine.train()
@@ -112,7 +122,8 @@ class Engine:
         out = losses.compute(
             lc.name, logp, batch.behaviour_logprobs.to(self.device), advantages.flatten().to(self.device),
             batch.completion_mask.to(self.device), clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap,
-            kl_coef=lc.kl_coef, entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy)
+            kl_coef=lc.kl_coef, entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy,
+            token_count=token_count)
         self.engine.backward(out.loss)
         t1 = time.perf_counter()
         steps_before = self.optimizer_steps
@@ -150,6 +161,10 @@ class Engine:
     def save(self, directory: str, tag: str) -> None:
         """Model, optimizer and scheduler under directory/tag; `latest` is left to learner.checkpoints."""
         self.engine.save_checkpoint(directory, tag=tag, save_latest=False)
+        if self.world > 1:  # every rank's shard is on disk before rank 0 marks the checkpoint complete
+            import torch.distributed as dist
+
+            dist.barrier()
 
     def load(self, directory: str, tag: str) -> None:
         path, _ = self.engine.load_checkpoint(directory, tag=tag)

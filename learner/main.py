@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
 import zmq
 
-from learner import checkpoints, stepstats
+from learner import checkpoints, follower, stepstats
 from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
+from learner.ranks import Ranks
 from learner.runlog import RunLog
 from streamrl import advantages, exporter, learning_signal, metrics, rewards, security
 from streamrl import model as model_lib
@@ -24,9 +24,6 @@ log = logging.getLogger("streamrl.learner")
 
 
 def run(cfg: Config) -> dict:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("streamrl learner: more than one rank is not supported yet "
-                         "(one rank trains and talks to actors)")
     stop = stop_on_signals()
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
@@ -35,12 +32,16 @@ def run(cfg: Config) -> dict:
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     engine = Engine(cfg, model)
-    runlog = RunLog(cfg)
-    resumed = checkpoints.newest_complete(runlog.checkpoints) if cfg.learner.resume else None
+    ranks = Ranks.current()
+    ckpt_dir = cfg.run_path / "checkpoints"
+    resumed = checkpoints.newest_complete(ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     if resumed:
-        engine.load(str(runlog.checkpoints), resumed[0])
+        engine.load(str(ckpt_dir), resumed[0])
         checkpoints.restore_rng(resumed[1]["rng"])
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
+    if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
+        return follower.run(cfg, engine, ranks, str(ckpt_dir), step, version)
+    runlog = RunLog(cfg)
     runlog.open(resumed_step=step)
     saved_at = step
 
@@ -78,7 +79,7 @@ def run(cfg: Config) -> dict:
             batch = collate(groups, tokenizer.pad_token_id)                                      # batch
             adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)  # advantages
             t1 = time.perf_counter()
-            out, train = engine.train_step(batch, adv)                                           # step
+            out, train = ranks.train_step(engine, batch, adv)                                    # step
             t2 = time.perf_counter()
             if (version + 1) % L.publish_every == 0:                                             # publish
                 publish(version + 1)
@@ -103,7 +104,9 @@ def run(cfg: Config) -> dict:
     finally:
         publisher.shutdown()
         intake.drain(L.shutdown_drain_s)
-        if step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists():
+        save = step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists()
+        ranks.stop(save)
+        if save:
             checkpoint()
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,

@@ -172,6 +172,10 @@ class LearnerConfig(_Section):
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
     strict_ratio_tol: PositiveFloat = 1e-3
     """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    ranks: PositiveInt = 1
+    """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
+    collective_timeout_s: PositiveFloat = 600.0
+    """Timeout of every collective between learner ranks (a dead rank becomes an error, not a hang)."""
     weight_stats_every: NonNegInt = 10
     """Log L1/L2 norms, min, max, mean, median of all weights every this many steps (0: never)."""
     slow_step_s: NonNegFloat = 0.0

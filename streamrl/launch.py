@@ -85,10 +85,15 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
             f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
 
 
-def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path, ranks: int = 1) -> subprocess.Popen:
+    """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    launcher = [sys.executable, "-m", "streamrl"]
+    if ranks > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                    "--master_port", str(free_ports(1)[0]), "-m", "streamrl"]
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "streamrl", *args], stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen([*launcher, *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
 
@@ -129,7 +134,7 @@ def run(cfg: Config, out=sys.stdout) -> int:
         print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
               "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
 
-    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log")
+    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks)
     actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")
               for i in range(cfg.actors.num)]
     interrupts = {"n": 0}

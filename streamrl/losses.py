@@ -46,6 +46,7 @@ def token_pg(
     entropy_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    token_count: float | None = None,
 ) -> LossOutput:
     """Token-level clipped policy gradient with the importance ratio against the behaviour policy.
 
@@ -55,7 +56,9 @@ def token_pg(
     batch, so long and short completions weigh per token, as in DAPO.
     """
     mask = mask.to(logprobs.dtype)
-    n_tokens = mask.sum().clamp_min(1.0)
+    # Data-parallel ranks pass the batch's token count over the world size, so the gradients
+    # DeepSpeed averages across ranks equal those of one rank holding the whole batch.
+    n_tokens = mask.sum().clamp_min(1.0) if token_count is None else torch.tensor(float(token_count))
     adv = advantages[:, None].to(logprobs.dtype)
     log_ratio = (logprobs - behaviour_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)

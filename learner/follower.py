@@ -1,0 +1,31 @@
+"""The loop of learner ranks > 0: take rank 0's batch share, train, and join every collective
+rank 0 enters (gathering weights under ZeRO-3, checkpoints) at the same steps, until told to stop."""
+
+from __future__ import annotations
+
+import logging
+
+from learner.engine import Engine
+from learner.ranks import STEP, STOP_AND_SAVE, Ranks
+from streamrl.config import Config
+
+log = logging.getLogger("streamrl.learner")
+
+
+def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: int, version: int) -> dict:
+    L, gathers = cfg.learner, cfg.learner.zero_stage == 3  # below ZeRO-3 rank 0 reads full weights alone
+    if gathers:
+        engine.full_state_dict()                       # rank 0's first publish
+    while (cmd := ranks.receive(engine)).kind == STEP:  # broadcast → train on our share → gather outputs
+        if gathers and (version + 1) % L.publish_every == 0:
+            engine.full_state_dict()
+        if gathers and L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
+            engine.parameters()
+        version, step = version + 1, step + 1
+        if L.checkpoint_every and step % L.checkpoint_every == 0:
+            engine.save(checkpoints_dir, f"step-{step}")
+    if cmd.kind == STOP_AND_SAVE:
+        engine.save(checkpoints_dir, f"step-{step}")
+    engine.close()
+    log.info("learner rank %d done at step %d", ranks.rank, step)
+    return {"rank": ranks.rank, "steps": step}
