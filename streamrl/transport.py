@@ -71,9 +71,16 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
 
 
 class GroupSender:
-    """Actor side of the group channel (PUSH, connects)."""
+    """Actor side of the group channel (PUSH, connects).
 
-    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None):
+    Small groups travel several to a message (`send_batch`, up to `batch_max_bytes` of arrays):
+    a message costs a fixed few microseconds at each end, and the receiver validates a batch's
+    arrays in one pass. The high-water mark counts messages, so a full queue holds up to
+    `hwm × batch_max_bytes` of small groups, or `hwm` groups larger than that.
+    """
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None,
+                 batch_max_bytes: int = 0):
         self.sock = _socket(ctx, zmq.PUSH, curve=curve)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.connect(addr)
@@ -81,11 +88,32 @@ class GroupSender:
         self.actor_id = actor_id
         self.session = uuid.uuid4().hex[:12]  # this life of the actor: a restart is a new session
         self.sent = 0
+        self.batch_max_bytes = batch_max_bytes
+
+    def batches(self, groups: list[wire.ScoredGroup]) -> list[list[wire.ScoredGroup]]:
+        """`groups` in order, cut into runs whose arrays take at most `batch_max_bytes` (a larger
+        group goes alone, and keeps its zero-copy frames)."""
+        out: list[list[wire.ScoredGroup]] = []
+        size = self.batch_max_bytes + 1
+        for g in groups:
+            n = wire.group_nbytes(g)
+            if size + n > self.batch_max_bytes:
+                out.append([])
+                size = 0
+            out[-1].append(g)
+            size += n
+        return out
 
     def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
         """Send one group; False if the learner applied backpressure for `timeout_s`."""
-        group.session, group.seq = self.session, self.sent
-        frames = wire.encode_group(group)
+        return self.send_batch([group], timeout_s)
+
+    def send_batch(self, groups: list[wire.ScoredGroup], timeout_s: float) -> bool:
+        """Send `groups` as one message (a single group as a plain scored_group); False, with no seq
+        used up, if the learner applied backpressure for `timeout_s`."""
+        for i, group in enumerate(groups):
+            group.session, group.seq = self.session, self.sent + i
+        frames = wire.encode_group(groups[0]) if len(groups) == 1 else wire.encode_groups(groups)
         # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
         copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
         try:
@@ -97,7 +125,7 @@ class GroupSender:
             if not ready:
                 return False
             self.sock.send_multipart(frames, copy=copy)
-        self.sent += 1
+        self.sent += len(groups)
         return True
 
     def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0) -> bool:
@@ -132,7 +160,12 @@ class SessionCount:
 
 
 class GroupReceiver:
-    """Learner side of the group channel (PULL, binds). Validates every message."""
+    """Learner side of the group channel (PULL, binds). Validates every message.
+
+    A batch message is decoded whole and its groups handed out one by one from `pending`;
+    groups count as received when handed out, so the accounting is the same as for one group
+    per message, and the next message (an actor's report, say) is read only after them.
+    """
 
     def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None,
                  curve: Curve | None = None):
@@ -143,11 +176,15 @@ class GroupReceiver:
         self.rejected = RejectCounter("group receiver")
         self.received = 0
         self.sessions: dict[tuple[str, str], SessionCount] = {}
+        self.pending: collections.deque[wire.ScoredGroup] = collections.deque()
+        """Groups of a batch message already decoded and not yet taken."""
 
     def take(self) -> wire.ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
         Actor reports on the way are recorded in `sessions`."""
         while True:
+            if self.pending:
+                return self._count(self.pending.popleft())
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -157,15 +194,21 @@ class GroupReceiver:
                 if isinstance(header, wire.ActorReport):
                     self._session(header.actor_id, header.session).report = header
                     continue
+                if isinstance(header, wire.GroupBatchHeader):
+                    self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
+                    continue
                 group = wire.decode_group(frames, header, vocab_size=self.vocab_size)
             except wire.WireError as e:
                 self.rejected(e)
                 return None
-            self.received += 1
-            count = self._session(group.actor_id, group.session)
-            count.received += 1
-            count.max_seq = max(count.max_seq, group.seq)
-            return group
+            return self._count(group)
+
+    def _count(self, group: wire.ScoredGroup) -> wire.ScoredGroup:
+        self.received += 1
+        count = self._session(group.actor_id, group.session)
+        count.received += 1
+        count.max_seq = max(count.max_seq, group.seq)
+        return group
 
     def _session(self, actor_id: str, session: str) -> SessionCount:
         key = (actor_id, session)
