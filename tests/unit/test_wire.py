@@ -383,6 +383,16 @@ def test_a_non_finite_logprob_is_non_finite_logprob(bad):
     assert reason(wire.decode_group, frames) == "non_finite_logprob"
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("at", [0, 1, 4_095, 77_777, 99_999])
+def test_a_non_finite_logprob_anywhere_in_a_long_array_is_non_finite_logprob(bad, at):
+    n = 100_000  # long enough for vectorised reductions to split it into lanes and blocks
+    logprobs = np.full(n, -0.5, np.float32)
+    logprobs[at] = bad
+    frames = group_frames(samples=[SampleInfo(n, 1.0, "length")], tokens=np.zeros(n, np.int32), logprobs=logprobs)
+    assert reason(wire.decode_group, frames) == "non_finite_logprob"
+
+
 def test_a_positive_logprob_is_bad_logprob():
     frames = group_frames(logprobs=np.array([-0.5, 0.5, -2.0], np.float32))
     assert reason(wire.decode_group, frames) == "bad_logprob"
