@@ -70,6 +70,21 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
             "in the transport section (0 = any free port under `streamrl run`)") from None
 
 
+def batches(groups: list[wire.ScoredGroup], max_bytes: int) -> list[list[wire.ScoredGroup]]:
+    """`groups` in order, cut into runs whose arrays take at most `max_bytes` (a larger group goes
+    alone, and keeps its zero-copy frames; 0: one group per run)."""
+    out: list[list[wire.ScoredGroup]] = []
+    size = max_bytes + 1
+    for g in groups:
+        n = wire.group_nbytes(g)
+        if size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(g)
+        size += n
+    return out
+
+
 class GroupSender:
     """Actor side of the group channel (PUSH, connects).
 
@@ -91,18 +106,7 @@ class GroupSender:
         self.batch_max_bytes = batch_max_bytes
 
     def batches(self, groups: list[wire.ScoredGroup]) -> list[list[wire.ScoredGroup]]:
-        """`groups` in order, cut into runs whose arrays take at most `batch_max_bytes` (a larger
-        group goes alone, and keeps its zero-copy frames)."""
-        out: list[list[wire.ScoredGroup]] = []
-        size = self.batch_max_bytes + 1
-        for g in groups:
-            n = wire.group_nbytes(g)
-            if size + n > self.batch_max_bytes:
-                out.append([])
-                size = 0
-            out[-1].append(g)
-            size += n
-        return out
+        return batches(groups, self.batch_max_bytes)
 
     def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
         """Send one group; False if the learner applied backpressure for `timeout_s`."""
