@@ -24,6 +24,7 @@ import zmq
 
 from streamrl import wire
 from streamrl.security import Curve
+from streamrl.snapshot import SnapshotPool
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,9 @@ class WeightPublisher:
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
         self.latest: list | None = None
+        """Frames of the newest broadcast (views of `snapshots.newest`), also the reply to a request."""
+        self.snapshots = SnapshotPool()
+        self._infos: tuple = (None, [])  # (the snapshot layout, its TensorInfos), made once per layout
         self.version = -1
         self.rejected = RejectCounter("weights request server")
         self.bytes_sent = 0
@@ -247,13 +251,28 @@ class WeightPublisher:
         self.closing: wire.Shutdown | None = None
 
     def publish(self, version: int, state: dict) -> int:
-        """Broadcast `state` as `version`; returns the bytes of one copy."""
-        self.latest = wire.encode_weights(version, state, self.session)
+        """Broadcast `state` as `version`; returns the bytes of one copy.
+
+        `state` is copied into a reused snapshot before this returns and sent from there without
+        another copy, so the caller may update its tensors at once: no actor sees a torn version.
+        """
+        snap = self.snapshots.fill(state)
+        layout = self.snapshots.layout
+        if layout is not self._infos[0]:
+            self._infos = (layout, [wire.TensorInfo(name=n, dtype=str(d).removeprefix("torch."), shape=list(shape))
+                                    for n, d, shape in layout])
+        self.latest = [wire.encode_weights_header(version, self._infos[1], self.session), *snap.frames]
         self.version = version
-        self.pub.send_multipart(self.latest, copy=False)
-        nbytes = sum(memoryview(f).nbytes for f in self.latest)
+        self._send(self.pub, self.latest, snap)
+        nbytes = sum(f.nbytes for f in snap.frames) + len(self.latest[0])
         self.bytes_sent += nbytes
         return nbytes
+
+    def _send(self, sock: zmq.Socket, frames: list, snap, flags: int = 0) -> None:
+        """Send zero-copy, tracking every frame: the snapshot is refilled only once all are sent."""
+        for f in frames[:-1]:
+            snap.trackers.append(sock.send(f, zmq.SNDMORE | flags, copy=False, track=True))
+        snap.trackers.append(sock.send(frames[-1], flags, copy=False, track=True))
 
     def serve_requests(self) -> int:
         """Answer every waiting WeightsRequest with the newest weights; returns how many."""
@@ -276,7 +295,8 @@ class WeightPublisher:
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
             elif self.latest is not None:
-                self.router.send_multipart([identity, *self.latest], copy=False)
+                self.router.send(identity, zmq.SNDMORE)
+                self._send(self.router, self.latest, self.snapshots.newest)
                 served += 1
                 self.requests_served += 1
 

@@ -412,8 +412,12 @@ def encode_weights(version: int, state: dict, learner: str = "") -> list:
         t = t.detach().to("cpu").contiguous()
         infos.append(TensorInfo(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)))
         frames.append(t.reshape(-1).view(torch.uint8).numpy())
-    header = WeightsHeader(version=version, tensors=infos, sent_at=time.time(), learner=learner)
-    return [_encoder.encode(header), *frames]
+    return [encode_weights_header(version, infos, learner), *frames]
+
+
+def encode_weights_header(version: int, tensors: list[TensorInfo], learner: str = "") -> bytes:
+    """Frame 0 of a weight broadcast; the tensors' raw frames follow in `tensors` order."""
+    return _encoder.encode(WeightsHeader(version=version, tensors=tensors, sent_at=time.time(), learner=learner))
 
 
 def decode_weights(frames: Sequence, header: WeightsHeader | None = None) -> tuple[int, dict]:

@@ -424,3 +424,30 @@ def test_a_batch_refused_by_backpressure_uses_up_no_seq(zmq_ctx):
     while (g := take(receiver, timeout_s=1.0)) is not None:
         last = g.seq
     assert last == sent - 1 and receiver.received == sent
+
+
+def test_an_actor_gets_exactly_the_published_weights_though_training_changes_them_right_after(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    live = {"w": torch.zeros(100, 1024), "b": torch.zeros(3)}  # 400 KB: sent from memory, not copied by ZeroMQ
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # PUB/SUB joins late
+        pub.publish(0, live)
+        got = sub.poll(timeout_ms=50)
+    seen = {}
+    for v in range(1, 21):
+        live["w"].fill_(float(v))
+        live["b"].fill_(float(v))
+        pub.publish(v, live)
+        live["w"].fill_(-1.0)  # the optimizer step that follows at once, in place
+        live["b"].fill_(-1.0)
+        while (got := sub.poll(timeout_ms=0 if v < 20 else 2000)) is not None:
+            seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+            if got[0] == 20:
+                break
+    assert 20 in seen and len(seen) >= 2
+    assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
+    late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
+    version, tensors = late.wait_for(20, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
+    assert version == 20 and (tensors["w"].min(), tensors["w"].max()) == (20.0, 20.0)  # the reply: version 20's too
