@@ -46,7 +46,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     host, t = learner_host or cfg.transport.host, cfg.transport
     ctx = zmq.Context()
     curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
-    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve)
+    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve, t.batch_max_bytes)
     weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                actor_id, t.max_message_bytes, curve)
     # The learner takes this many groups per version from each actor: the batch split exactly (16
@@ -143,18 +143,21 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
 
 def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop, timeout_s: float) -> int:
-    """Send groups, waiting out backpressure; stops early on shutdown. Returns how many went.
-    Raises TimeoutError when the learner has taken nothing for timeout_s (it is gone, not busy)."""
-    for sent, group in enumerate(groups):
+    """Send groups (small ones several to a message), waiting out backpressure; stops early on shutdown.
+    Returns how many went. Raises TimeoutError when the learner has taken nothing for timeout_s (it is
+    gone, not busy)."""
+    sent = 0
+    for batch in sender.batches(groups):
         blocked_since = time.monotonic()
-        while not sender.send(group, timeout_s=0.2):
+        while not sender.send_batch(batch, timeout_s=0.2):
             weights.watch()  # notice a shutdown (and keep new weights) while the learner is busy
             if stop() or weights.shutdown is not None:
                 return sent
             if time.monotonic() - blocked_since > timeout_s:
                 raise TimeoutError(f"actor {sender.actor_id}: the learner has taken no group for {timeout_s:.0f}s "
                                    "(actors.send_timeout_s); is it alive?")
-    return len(groups)
+        sent += len(batch)
+    return sent
 
 
 def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, telemetry: metrics.ActorMetrics,

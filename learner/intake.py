@@ -55,7 +55,7 @@ class Intake:
         batch: list[ScoredGroup] = []
         last_arrival = last_demand = last_note = time.monotonic()
         while len(batch) < n and not stop():
-            self.poller.poll(100)
+            self.poller.poll(0 if self.receiver.pending else 100)  # groups of a batch message already wait
             self.publisher.serve_requests()
             while len(batch) < n:
                 group = self.receiver.take()

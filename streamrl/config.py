@@ -223,9 +223,11 @@ class TransportConfig(_Section):
     weights_request_port: Port = 29612
     """Learner ROUTER port where a (late) actor asks for the newest weights."""
     send_hwm: PositiveInt = 4
-    """Actor-side queue bound in groups (backpressure instead of memory growth)."""
+    """Actor-side queue bound in messages, each one group or a batch of small ones (backpressure, not memory growth)."""
     recv_hwm: PositiveInt = 4
-    """Learner-side queue bound in groups."""
+    """Learner-side queue bound in messages."""
+    batch_max_bytes: NonNegInt = 64 * 1024
+    """Groups of one generate call share a message up to this many bytes of arrays; larger ones go alone; 0: never."""
     curve_keys: str | None = None
     """Folder made by `streamrl keys`: CurveZMQ encryption, and the learner admits only keys in its authorized/."""
     max_message_bytes: PositiveInt = 256 * 1024 * 1024

@@ -24,6 +24,7 @@ import zmq
 
 from streamrl import wire
 from streamrl.security import Curve
+from streamrl.snapshot import SnapshotPool
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,32 @@ def _bind(sock: zmq.Socket, addr: str, what: str) -> None:
             "in the transport section (0 = any free port under `streamrl run`)") from None
 
 
-class GroupSender:
-    """Actor side of the group channel (PUSH, connects)."""
+def batches(groups: list[wire.ScoredGroup], max_bytes: int) -> list[list[wire.ScoredGroup]]:
+    """`groups` in order, cut into runs whose arrays take at most `max_bytes` (a larger group goes
+    alone, and keeps its zero-copy frames; 0: one group per run)."""
+    out: list[list[wire.ScoredGroup]] = []
+    size = max_bytes + 1
+    for g in groups:
+        n = wire.group_nbytes(g)
+        if size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(g)
+        size += n
+    return out
 
-    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None):
+
+class GroupSender:
+    """Actor side of the group channel (PUSH, connects).
+
+    Small groups travel several to a message (`send_batch`, up to `batch_max_bytes` of arrays):
+    a message costs a fixed few microseconds at each end, and the receiver validates a batch's
+    arrays in one pass. The high-water mark counts messages, so a full queue holds up to
+    `hwm × batch_max_bytes` of small groups, or `hwm` groups larger than that.
+    """
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None,
+                 batch_max_bytes: int = 0):
         self.sock = _socket(ctx, zmq.PUSH, curve=curve)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.connect(addr)
@@ -81,11 +104,21 @@ class GroupSender:
         self.actor_id = actor_id
         self.session = uuid.uuid4().hex[:12]  # this life of the actor: a restart is a new session
         self.sent = 0
+        self.batch_max_bytes = batch_max_bytes
+
+    def batches(self, groups: list[wire.ScoredGroup]) -> list[list[wire.ScoredGroup]]:
+        return batches(groups, self.batch_max_bytes)
 
     def send(self, group: wire.ScoredGroup, timeout_s: float) -> bool:
         """Send one group; False if the learner applied backpressure for `timeout_s`."""
-        group.session, group.seq = self.session, self.sent
-        frames = wire.encode_group(group)
+        return self.send_batch([group], timeout_s)
+
+    def send_batch(self, groups: list[wire.ScoredGroup], timeout_s: float) -> bool:
+        """Send `groups` as one message (a single group as a plain scored_group); False, with no seq
+        used up, if the learner applied backpressure for `timeout_s`."""
+        for i, group in enumerate(groups):
+            group.session, group.seq = self.session, self.sent + i
+        frames = wire.encode_group(groups[0]) if len(groups) == 1 else wire.encode_groups(groups)
         # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
         copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
         try:
@@ -97,7 +130,7 @@ class GroupSender:
             if not ready:
                 return False
             self.sock.send_multipart(frames, copy=copy)
-        self.sent += 1
+        self.sent += len(groups)
         return True
 
     def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0) -> bool:
@@ -132,7 +165,12 @@ class SessionCount:
 
 
 class GroupReceiver:
-    """Learner side of the group channel (PULL, binds). Validates every message."""
+    """Learner side of the group channel (PULL, binds). Validates every message.
+
+    A batch message is decoded whole and its groups handed out one by one from `pending`;
+    groups count as received when handed out, so the accounting is the same as for one group
+    per message, and the next message (an actor's report, say) is read only after them.
+    """
 
     def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None,
                  curve: Curve | None = None):
@@ -143,11 +181,15 @@ class GroupReceiver:
         self.rejected = RejectCounter("group receiver")
         self.received = 0
         self.sessions: dict[tuple[str, str], SessionCount] = {}
+        self.pending: collections.deque[wire.ScoredGroup] = collections.deque()
+        """Groups of a batch message already decoded and not yet taken."""
 
     def take(self) -> wire.ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
         Actor reports on the way are recorded in `sessions`."""
         while True:
+            if self.pending:
+                return self._count(self.pending.popleft())
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -157,15 +199,21 @@ class GroupReceiver:
                 if isinstance(header, wire.ActorReport):
                     self._session(header.actor_id, header.session).report = header
                     continue
+                if isinstance(header, wire.GroupBatchHeader):
+                    self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
+                    continue
                 group = wire.decode_group(frames, header, vocab_size=self.vocab_size)
             except wire.WireError as e:
                 self.rejected(e)
                 return None
-            self.received += 1
-            count = self._session(group.actor_id, group.session)
-            count.received += 1
-            count.max_seq = max(count.max_seq, group.seq)
-            return group
+            return self._count(group)
+
+    def _count(self, group: wire.ScoredGroup) -> wire.ScoredGroup:
+        self.received += 1
+        count = self._session(group.actor_id, group.session)
+        count.received += 1
+        count.max_seq = max(count.max_seq, group.seq)
+        return group
 
     def _session(self, actor_id: str, session: str) -> SessionCount:
         key = (actor_id, session)
@@ -191,6 +239,9 @@ class WeightPublisher:
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
         self.latest: list | None = None
+        """Frames of the newest broadcast (views of `snapshots.newest`), also the reply to a request."""
+        self.snapshots = SnapshotPool()
+        self._infos: tuple = (None, [])  # (the snapshot layout, its TensorInfos), made once per layout
         self.version = -1
         self.rejected = RejectCounter("weights request server")
         self.bytes_sent = 0
@@ -200,13 +251,33 @@ class WeightPublisher:
         self.closing: wire.Shutdown | None = None
 
     def publish(self, version: int, state: dict) -> int:
-        """Broadcast `state` as `version`; returns the bytes of one copy."""
-        self.latest = wire.encode_weights(version, state, self.session)
+        """Broadcast `state` as `version`; returns the bytes of one copy.
+
+        `state` is copied into a reused snapshot before this returns and sent from there without
+        another copy, so the caller may update its tensors at once: no actor sees a torn version.
+        """
+        snap = self.snapshots.fill(state)
+        layout = self.snapshots.layout
+        if layout is not self._infos[0]:
+            self._infos = (layout, [wire.TensorInfo(name=n, dtype=str(d).removeprefix("torch."), shape=list(shape))
+                                    for n, d, shape in layout])
+        self.latest = [wire.encode_weights_header(version, self._infos[1], self.session), *snap.frames]
         self.version = version
-        self.pub.send_multipart(self.latest, copy=False)
-        nbytes = sum(memoryview(f).nbytes for f in self.latest)
+        self._send(self.pub, self.latest, snap)
+        nbytes = sum(f.nbytes for f in snap.frames) + len(self.latest[0])
         self.bytes_sent += nbytes
         return nbytes
+
+    def _send(self, sock: zmq.Socket, frames: list, snap) -> None:
+        """Send from `snap`: large frames zero-copy and tracked (the snapshot is refilled only once
+        all are sent), small ones copied (a tracked frame costs ~25 µs; a small copy far less)."""
+        last = len(frames) - 1
+        for i, f in enumerate(frames):
+            more = zmq.SNDMORE if i < last else 0
+            if memoryview(f).nbytes < _ZERO_COPY_MIN:
+                sock.send(f, more)
+            else:
+                snap.trackers.append(sock.send(f, more, copy=False, track=True))
 
     def serve_requests(self) -> int:
         """Answer every waiting WeightsRequest with the newest weights; returns how many."""
@@ -229,7 +300,8 @@ class WeightPublisher:
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
             elif self.latest is not None:
-                self.router.send_multipart([identity, *self.latest], copy=False)
+                self.router.send(identity, zmq.SNDMORE)
+                self._send(self.router, self.latest, self.snapshots.newest)
                 served += 1
                 self.requests_served += 1
 

@@ -2,14 +2,18 @@
 
 A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and bulk arrays
 follow as separate frames so they travel without copies (numpy/torch views on the received
-buffers). Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every
-failure is a `WireError` with a short `reason` label that receivers count by.
+buffers). Small scored groups travel several to a message (GroupBatchHeader), so the fixed cost
+of a message and of checking its arrays is paid once per batch rather than once per group.
+
+Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
+`WireError` with a short `reason` label that receivers count by.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from itertools import accumulate
 from typing import Literal, Sequence, Union
 
 import msgspec
@@ -56,6 +60,33 @@ class GroupHeader(Struct, tag="scored_group", kw_only=True):
     seq: int = -1
     layer: int = 1
     """1: a prompt's group; 2: a multi-layer GRPO correction group (its prompt is the layer-2 query)."""
+
+
+class GroupEntry(Struct, array_like=True, frozen=True):
+    """One group inside a GroupBatchHeader: the per-group fields of GroupHeader."""
+
+    prompt_id: str
+    policy_version: int
+    num_prompt_tokens: int
+    samples: list[SampleInfo]
+    created_at: float
+    seq: int = -1
+    layer: int = 1
+
+
+class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
+    """Frame 0 of several scored groups of one actor session in one message.
+
+    Frames 1..3 hold the groups' prompt tokens, completion tokens and behaviour log-probs
+    concatenated in `groups` order: group k's slices start where group k-1's end. No offsets
+    travel, so none can disagree with the lengths; the lengths must add up to the frames.
+    """
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str = ""
+    sent_at: float = 0.0
+    groups: list[GroupEntry]
 
 
 class TensorInfo(Struct, array_like=True, frozen=True):
@@ -118,7 +149,7 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     reason: str = "shutdown"
 
 
-Header = Union[GroupHeader, WeightsHeader, WeightsRequest, Shutdown, Demand, ActorReport]
+Header = Union[GroupHeader, GroupBatchHeader, WeightsHeader, WeightsRequest, Shutdown, Demand, ActorReport]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -227,6 +258,32 @@ def encode_group(group: ScoredGroup) -> list:
     ]
 
 
+def encode_groups(groups: Sequence[ScoredGroup]) -> list:
+    """Frames for several groups of one actor session: [GroupBatchHeader, prompt tokens, completion
+    tokens, log-probs], each bulk frame the groups' arrays concatenated (one copy, into fresh arrays)."""
+    first = groups[0]
+    if any(g.actor_id != first.actor_id or g.session != first.session for g in groups):
+        raise ValueError("a group batch carries the groups of one actor session")
+    header = GroupBatchHeader(
+        actor_id=first.actor_id,
+        session=first.session,
+        sent_at=time.time(),
+        groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
+                           g.layer) for g in groups],
+    )
+    return [
+        _encoder.encode(header),
+        np.concatenate([g.prompt_tokens for g in groups], dtype=TOKEN_DTYPE),
+        np.concatenate([g.completion_tokens for g in groups], dtype=TOKEN_DTYPE),
+        np.concatenate([g.behaviour_logprobs for g in groups], dtype=LOGPROB_DTYPE),
+    ]
+
+
+def group_nbytes(group: ScoredGroup) -> int:
+    """Bytes of a group's bulk arrays (what it adds to a message, headers aside)."""
+    return group.prompt_tokens.nbytes + group.completion_tokens.nbytes + group.behaviour_logprobs.nbytes
+
+
 def encode(msg: WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
     """Frames for a header-only message."""
     return [_encoder.encode(msg)]
@@ -258,43 +315,8 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
         raise WireError("unexpected_type", f"expected a scored_group, got {type(header).__name__}")
     if len(frames) != 4:
         raise WireError("frame_count", f"scored_group needs 4 frames, got {len(frames)}")
-    if not header.samples:
-        raise WireError("empty_group", "scored_group has no samples")
-    if header.policy_version < 0:
-        raise WireError("bad_version", f"policy_version {header.policy_version} < 0")
-    if header.seq < -1:
-        raise WireError("bad_seq", f"seq {header.seq} < 0")
-    if header.layer not in (1, 2):
-        raise WireError("bad_layer", f"layer {header.layer}: must be 1 (prompt group) or 2 (correction group)")
-    if header.num_prompt_tokens < 1:
-        raise WireError("empty_prompt", f"num_prompt_tokens is {header.num_prompt_tokens}; a prompt needs ≥ 1 token")
-    total = 0
-    for i, s in enumerate(header.samples):
-        if s.num_tokens < 0:
-            raise WireError("length_mismatch", f"sample {i} has num_tokens {s.num_tokens} < 0")
-        if not math.isfinite(s.reward):
-            raise WireError("non_finite_reward", f"sample {i} reward is {s.reward}")
-        if (s.correction is None) != (header.samples[0].correction is None):
-            raise WireError("partial_corrections", f"sample {i}: corrections must be given for all samples or none")
-        if s.correction is not None and not math.isfinite(s.correction):
-            raise WireError("non_finite_reward", f"sample {i} correction reward is {s.correction}")
-        total += s.num_tokens
-    prompt = _array(frames[1], TOKEN_DTYPE, header.num_prompt_tokens, "prompt tokens")
-    tokens = _array(frames[2], TOKEN_DTYPE, total, "completion tokens")
-    logprobs = _array(frames[3], LOGPROB_DTYPE, total, "behaviour log-probs")
-    # One reduction per check (this runs for every group): a sum is non-finite iff some element is.
-    if logprobs.size and not math.isfinite(float(logprobs.sum(dtype=np.float64))):
-        raise WireError("non_finite_logprob", "behaviour log-probs contain NaN or inf")
-    if logprobs.size and logprobs.max() > 1e-4:
-        raise WireError("bad_logprob", f"behaviour log-prob {float(logprobs.max())} > 0")
-    if vocab_size is not None:
-        for name, arr in (("prompt", prompt), ("completion", tokens)):
-            # Viewed as unsigned, a negative id is huge, so one max() checks both ends.
-            if arr.size and arr.view(np.uint32).max() >= vocab_size:
-                raise WireError(
-                    "token_out_of_range",
-                    f"{name} token ids span [{arr.min()}, {arr.max()}], vocabulary is [0, {vocab_size})",
-                )
+    total = _check_groups([header])[-1]
+    prompt, tokens, logprobs = _check_arrays(frames, header.num_prompt_tokens, total, vocab_size)
     return ScoredGroup(
         prompt_id=header.prompt_id,
         policy_version=header.policy_version,
@@ -311,6 +333,108 @@ def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size
     )
 
 
+def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
+                  vocab_size: int | None = None) -> list[ScoredGroup]:
+    """Rebuild and validate every group of a batch message, as strictly as `decode_group` does one;
+    arrays are views on the frames. One bad group rejects the whole message."""
+    if header is None:
+        header = decode_header(frames)
+    if not isinstance(header, GroupBatchHeader):
+        raise WireError("unexpected_type", f"expected a scored_group_batch, got {type(header).__name__}")
+    if len(frames) != 4:
+        raise WireError("frame_count", f"scored_group_batch needs 4 frames, got {len(frames)}")
+    entries = header.groups
+    if not entries:
+        raise WireError("empty_batch", "scored_group_batch has no groups")
+    token_starts = _check_groups(entries)
+    prompt_starts = list(accumulate((e.num_prompt_tokens for e in entries), initial=0))
+    prompt, tokens, logprobs = _check_arrays(frames, prompt_starts[-1], token_starts[-1], vocab_size)
+    actor, sent_at, session = header.actor_id, header.sent_at, header.session
+    return [
+        ScoredGroup(
+            prompt_id=e.prompt_id,
+            policy_version=e.policy_version,
+            actor_id=actor,
+            prompt_tokens=prompt[p0:p1],
+            completion_tokens=tokens[t0:t1],
+            behaviour_logprobs=logprobs[t0:t1],
+            samples=e.samples,
+            created_at=e.created_at,
+            sent_at=sent_at,
+            session=session,
+            seq=e.seq,
+            layer=e.layer,
+        )
+        for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
+    ]
+
+
+def _check_groups(groups: Sequence[GroupHeader | GroupEntry]) -> list[int]:
+    """The header checks of every group at once (a few C-level passes instead of a Python loop per
+    sample). Returns where each group's completion tokens start, then the total: (num_groups + 1,)."""
+    def first(bad, what: str, reason: str):
+        i = next(i for i, g in enumerate(groups) if bad(g))
+        raise WireError(reason, f"group {i}: {what(groups[i])}")
+
+    if min(g.policy_version for g in groups) < 0:
+        first(lambda g: g.policy_version < 0, lambda g: f"policy_version {g.policy_version} < 0", "bad_version")
+    if min(g.seq for g in groups) < -1:
+        first(lambda g: g.seq < -1, lambda g: f"seq {g.seq} < 0", "bad_seq")
+    if not all(g.layer in (1, 2) for g in groups):
+        first(lambda g: g.layer not in (1, 2),
+              lambda g: f"layer {g.layer}: must be 1 (prompt group) or 2 (correction group)", "bad_layer")
+    if min(g.num_prompt_tokens for g in groups) < 1:
+        first(lambda g: g.num_prompt_tokens < 1,
+              lambda g: f"num_prompt_tokens is {g.num_prompt_tokens}; a prompt needs ≥ 1 token", "empty_prompt")
+    sizes = [len(g.samples) for g in groups]
+    if min(sizes) == 0:
+        first(lambda g: not g.samples, lambda g: "scored_group has no samples", "empty_group")
+    samples = [s for g in groups for s in g.samples]
+    counts = [s.num_tokens for s in samples]
+    if min(counts) < 0:
+        i = next(i for i, n in enumerate(counts) if n < 0)
+        raise WireError("length_mismatch", f"sample {i} has num_tokens {counts[i]} < 0")
+    rewards = [s.reward for s in samples]
+    # A sum is non-finite if some reward is (or if finite ones overflow: then look closer).
+    if not math.isfinite(sum(rewards)) and not all(map(math.isfinite, rewards)):
+        i = next(i for i, r in enumerate(rewards) if not math.isfinite(r))
+        raise WireError("non_finite_reward", f"sample {i} reward is {rewards[i]}")
+    corrections = [s.correction for s in samples]
+    if corrections.count(None) != len(corrections):  # multi-layer GRPO groups only pay for these checks
+        for gi, g in enumerate(groups):
+            if len({s.correction is None for s in g.samples}) > 1:
+                raise WireError("partial_corrections", f"group {gi}: corrections must be given for all samples or none")
+        if not all(math.isfinite(c) for c in corrections if c is not None):
+            i = next(i for i, c in enumerate(corrections) if c is not None and not math.isfinite(c))
+            raise WireError("non_finite_reward", f"sample {i} correction reward is {corrections[i]}")
+    token_starts = list(accumulate(counts, initial=0))
+    return [token_starts[i] for i in accumulate(sizes, initial=0)]
+
+
+def _check_arrays(frames: Sequence, num_prompt: int, num_tokens: int, vocab_size: int | None):
+    """Frames 1..3 as (prompt tokens, completion tokens, log-probs) views, checked in one pass each."""
+    prompt = _array(frames[1], TOKEN_DTYPE, num_prompt, "prompt tokens")
+    tokens = _array(frames[2], TOKEN_DTYPE, num_tokens, "completion tokens")
+    logprobs = _array(frames[3], LOGPROB_DTYPE, num_tokens, "behaviour log-probs")
+    if logprobs.size:
+        # max and min are SIMD passes in float32 (a float64 sum, which would catch NaN and ±inf alone,
+        # costs ~9× one of them); a NaN propagates into max, +inf shows in max, -inf in min.
+        high, low = float(logprobs.max()), float(logprobs.min())
+        if not (math.isfinite(high) and math.isfinite(low)):
+            raise WireError("non_finite_logprob", "behaviour log-probs contain NaN or inf")
+        if high > 1e-4:
+            raise WireError("bad_logprob", f"behaviour log-prob {high} > 0")
+    if vocab_size is not None:
+        for name, arr in (("prompt", prompt), ("completion", tokens)):
+            # Viewed as unsigned, a negative id is huge, so one max() checks both ends.
+            if arr.size and arr.view(np.uint32).max() >= vocab_size:
+                raise WireError(
+                    "token_out_of_range",
+                    f"{name} token ids span [{arr.min()}, {arr.max()}], vocabulary is [0, {vocab_size})",
+                )
+    return prompt, tokens, logprobs
+
+
 def encode_weights(version: int, state: dict, learner: str = "") -> list:
     """Frames for a state dict of torch tensors: [WeightsHeader, one raw frame per tensor]."""
     import torch
@@ -320,8 +444,12 @@ def encode_weights(version: int, state: dict, learner: str = "") -> list:
         t = t.detach().to("cpu").contiguous()
         infos.append(TensorInfo(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)))
         frames.append(t.reshape(-1).view(torch.uint8).numpy())
-    header = WeightsHeader(version=version, tensors=infos, sent_at=time.time(), learner=learner)
-    return [_encoder.encode(header), *frames]
+    return [encode_weights_header(version, infos, learner), *frames]
+
+
+def encode_weights_header(version: int, tensors: list[TensorInfo], learner: str = "") -> bytes:
+    """Frame 0 of a weight broadcast; the tensors' raw frames follow in `tensors` order."""
+    return _encoder.encode(WeightsHeader(version=version, tensors=tensors, sent_at=time.time(), learner=learner))
 
 
 def decode_weights(frames: Sequence, header: WeightsHeader | None = None) -> tuple[int, dict]:

@@ -42,6 +42,40 @@ def _arrays(frames: list[bytes], tokens=None, logprobs=None, prompt=None) -> lis
     return out
 
 
+def _batch(rng: random.Random, entry: int | None = None, **entry_changes) -> list[bytes]:
+    """A valid batch of 2-4 groups, with `entry_changes` made to one group's header (`entry`, or a random one)."""
+    groups = []
+    for i in range(rng.randrange(2, 5)):
+        g = wire.ScoredGroup.from_samples(
+            prompt_id=f"p{rng.randrange(1000)}", policy_version=0, actor_id="fuzz", prompt_tokens=[1, 2, 3][: i + 1],
+            completions=[[4, 5], [6]], logprobs=[[-0.5, -1.0], [-2.0]], rewards=[1.0, 0.0],
+            finish_reasons=["stop", "length"])
+        g.session, g.seq = "fuzz-session", i
+        groups.append(g)
+    frames = [bytes(memoryview(f)) for f in wire.encode_groups(groups)]
+    if entry_changes:
+        header = msgspec.msgpack.decode(frames[0])
+        fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq"]
+        k = rng.randrange(len(groups)) if entry is None else entry
+        for name, value in entry_changes.items():
+            header["groups"][k][fields.index(name)] = value
+        frames[0] = msgspec.msgpack.encode(header)
+    return frames
+
+
+def _resize(frames: list[bytes], index: int, delta: int) -> list[bytes]:
+    out = list(frames)
+    out[index] = out[index][:delta] if delta < 0 else out[index] + bytes(delta)
+    return out
+
+
+def _poke(rng: random.Random, frames: list[bytes], index: int, value) -> list[bytes]:
+    """frames with one random element of bulk frame `index` (1, 2: tokens; 3: log-probs) set to `value`."""
+    arr = np.frombuffer(frames[index], dtype=wire.LOGPROB_DTYPE if index == 3 else wire.TOKEN_DTYPE).copy()
+    arr[rng.randrange(arr.size)] = value
+    return [*frames[:index], arr.tobytes(), *frames[index + 1:]]
+
+
 def _samples(*rows) -> list:
     return [list(r) for r in rows]
 
@@ -74,6 +108,21 @@ MAKERS = {
     "bad_finish_reason": lambda r: _group(r, samples=_samples((2, 1.0, "exploded"), (1, 0.0, "stop"))),
     "bad_utf8": lambda r: [_group(r)[0].replace(b"fuzz", b"\xff\xfe\xfd\xfc"), *_group(r)[1:]],
     "deep_nesting": lambda r: [b"\x91" * 5000 + b"\x00"],
+    "batch_truncated": lambda r: _batch(r)[: r.randrange(1, 4)],
+    "batch_extra_frames": lambda r: _batch(r) + [r.randbytes(8)],
+    "batch_empty": lambda r: [msgspec.msgpack.encode({"type": "scored_group_batch", "schema": 1, "actor_id": "f",
+                                                      "groups": []}), b"", b"", b""],
+    "batch_frames_short": lambda r: _resize(_batch(r), r.randrange(1, 4), -4 * r.randrange(1, 3)),
+    "batch_frames_long": lambda r: _resize(_batch(r), r.randrange(1, 4), 4 * r.randrange(1, 3)),
+    "batch_entry_claims_more": lambda r: _batch(r, num_prompt_tokens=r.randrange(4, 10**6)),
+    "batch_negative_length": lambda r: _batch(r, samples=_samples((-2, 1.0, "stop"), (5, 0.0, "stop"))),
+    "batch_nan_reward": lambda r: _batch(r, samples=_samples((2, math.nan, "stop"), (1, 0.0, "stop"))),
+    "batch_negative_version": lambda r: _batch(r, policy_version=-r.randrange(1, 10**6)),
+    "batch_negative_seq": lambda r: _batch(r, seq=-r.randrange(2, 100)),
+    "batch_empty_group": lambda r: _batch(r, samples=[]),
+    "batch_wrong_entry_type": lambda r: _batch(r, created_at=r.choice(["now", None, [1.0]])),
+    "batch_bad_logprob": lambda r: _poke(r, _batch(r), 3, r.choice([math.nan, math.inf, 0.5])),
+    "batch_token_too_big": lambda r: _poke(r, _batch(r), r.choice([1, 2]), r.choice([10**6, -5])),
     "weights_on_group_channel": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
                                                                    "tensors": []})],
 }

@@ -111,3 +111,14 @@ def test_claimed_sessions_cannot_grow_the_learners_memory_without_bound(intake, 
         it.receiver.take()
     assert len(it.receiver.sessions) == 4  # three real, one overflow bucket
     assert it.receiver.sessions["(too many sessions)", ""].received == 3
+
+
+def test_groups_left_over_from_a_batch_message_fill_the_next_batch_without_waiting_on_the_socket(intake):
+    it, sender = intake
+    assert sender.send_batch([group(5) for _ in range(4)], timeout_s=2)
+    first, _ = it.collect(version=5, n=2, timeout_s=10)
+    t0 = time.monotonic()
+    second, _ = it.collect(version=5, n=2, timeout_s=10)
+    assert time.monotonic() - t0 < 0.08  # not one 100 ms poll of an empty socket
+    assert [g.seq for g in first + second] == [0, 1, 2, 3]
+    assert it.used == it.received == 4

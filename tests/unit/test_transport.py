@@ -343,3 +343,112 @@ def test_weights_seen_while_watching_for_notices_are_kept_for_the_next_poll(zmq_
     got = sub.poll()
     assert got is not None and got[0] == 2
     assert sub.poll() is None  # handed out once
+
+
+def test_a_batch_message_yields_each_group_with_its_own_seq(zmq_ctx):
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    sender = track(GroupSender(ctx, bound(receiver.sock), hwm=4, actor_id="actor-0", batch_max_bytes=1 << 16))
+    assert sender.send(make_group(version=1), timeout_s=2.0)
+    groups = [make_group(version=2, tokens=(9,) * (i + 1)) for i in range(5)]
+    assert sender.send_batch(groups, timeout_s=2.0)
+    assert sender.sent == 6
+    got = [take(receiver) for _ in range(6)]
+    assert [g.seq for g in got] == [0, 1, 2, 3, 4, 5]
+    assert [g.completion_tokens.size for g in got[1:]] == [2, 3, 4, 5, 6]  # each its own slice
+    assert {(g.actor_id, g.session) for g in got} == {("actor-0", sender.session)}
+    assert receiver.received == 6 and receiver.rejected.total == 0
+    assert receiver.sessions[("actor-0", sender.session)].received == 6
+
+
+def test_groups_of_a_batch_count_as_received_only_when_taken_and_the_report_after_them(zmq_ctx):
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    sender = track(GroupSender(ctx, bound(receiver.sock), hwm=4, actor_id="actor-0", batch_max_bytes=1 << 16))
+    assert sender.send_batch([make_group() for _ in range(3)], timeout_s=2.0)
+    assert sender.report(groups_generated=3, reason="done")
+    assert take(receiver) is not None
+    session = receiver.sessions[("actor-0", sender.session)]
+    assert receiver.received == 1 and len(receiver.pending) == 2 and session.report is None
+    assert take(receiver) is not None and take(receiver) is not None
+    assert take(receiver, timeout_s=0.5) is None  # reads the report
+    assert session.report is not None and session.report.groups_sent == session.received == 3
+
+
+def test_a_malformed_batch_is_rejected_with_a_reason_and_counted_and_the_receiver_keeps_serving(zmq_ctx):
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    raw = _raw_pusher(ctx, track, receiver)
+    good = [make_group(version=v) for v in (1, 2, 3)]
+    frames = wire.encode_groups(good)
+    bad_token = [make_group(), make_group(tokens=(9, VOCAB))]
+    garbage = [
+        [frames[0], frames[1], frames[2][:-4], frames[3]],                                   # length_mismatch
+        [frames[0], frames[1], frames[2]],                                                   # frame_count
+        [msgspec.msgpack.encode(wire.GroupBatchHeader(actor_id="x", groups=[])), b"", b"", b""],  # empty_batch
+        wire.encode_groups(bad_token),                                                       # token_out_of_range
+    ]
+    for f in garbage:
+        raw.send_multipart(f, copy=False)
+    raw.send_multipart(frames, copy=False)
+    got = [take(receiver) for _ in range(3)]
+    assert [g.policy_version for g in got if g is not None] == [1, 2, 3]
+    assert dict(receiver.rejected.counts) == {"length_mismatch": 1, "frame_count": 1, "empty_batch": 1,
+                                              "token_out_of_range": 1}
+    assert receiver.received == 3  # a rejected batch gives none of its groups
+
+
+def test_batches_keep_order_and_the_byte_cap_and_a_group_above_it_goes_alone(zmq_ctx):
+    ctx, track = zmq_ctx
+    small = [make_group(version=v) for v in range(5)]  # 2 prompt + 4 completion tokens + 4 log-probs: 40 bytes
+    big = make_group(version=9, tokens=(9,) * 100)
+    assert wire.group_nbytes(small[0]) == 40
+    sender = track(GroupSender(ctx, "tcp://127.0.0.1:1", hwm=1, batch_max_bytes=100))
+    groups = [*small[:2], big, *small[2:]]
+    batches = sender.batches(groups)
+    assert [[g.policy_version for g in b] for b in batches] == [[0, 1], [9], [2, 3], [4]]
+    sender.batch_max_bytes = 0  # never batch
+    assert [len(b) for b in sender.batches(groups)] == [1] * 6
+
+
+def test_a_batch_refused_by_backpressure_uses_up_no_seq(zmq_ctx):
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=1, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    sender = track(GroupSender(ctx, bound(receiver.sock), hwm=1, batch_max_bytes=1 << 30))
+    batch = [make_group(tokens=[9] * 50_000) for _ in range(4)]
+    deadline = time.monotonic() + 10
+    while sender.send_batch(batch, timeout_s=0.2):
+        assert time.monotonic() < deadline, "a bounded queue never pushed back"
+    sent = sender.sent
+    assert sent % 4 == 0 and [g.seq for g in batch] == list(range(sent, sent + 4))
+    while (g := take(receiver, timeout_s=1.0)) is not None:
+        last = g.seq
+    assert last == sent - 1 and receiver.received == sent
+
+
+def test_an_actor_gets_exactly_the_published_weights_though_training_changes_them_right_after(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    live = {"w": torch.zeros(100, 1024), "b": torch.zeros(3)}  # 400 KB: sent from memory, not copied by ZeroMQ
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # PUB/SUB joins late
+        pub.publish(0, live)
+        got = sub.poll(timeout_ms=50)
+    seen = {}
+    for v in range(1, 21):
+        live["w"].fill_(float(v))
+        live["b"].fill_(float(v))
+        pub.publish(v, live)
+        live["w"].fill_(-1.0)  # the optimizer step that follows at once, in place
+        live["b"].fill_(-1.0)
+        while (got := sub.poll(timeout_ms=0)) is not None:
+            seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    # PUB drops versions a busy subscriber has no room for; the newest then comes on request.
+    got = sub.wait_for(20, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))
+    seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    assert 20 in seen and len(seen) >= 2
+    assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
+    late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
+    version, tensors = late.wait_for(20, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
+    assert version == 20 and (tensors["w"].min(), tensors["w"].max()) == (20.0, 20.0)  # the reply: version 20's too

@@ -135,6 +135,118 @@ def test_weights_round_trip(state):
         assert torch.equal(back[name], t)
 
 
+def batch_of(*groups: wire.ScoredGroup) -> list[wire.ScoredGroup]:
+    """Groups as a GroupSender stamps them: one session, seq 0, 1, 2, ..."""
+    for i, g in enumerate(groups):
+        g.session, g.seq = "s1", i
+    return list(groups)
+
+
+def three_groups() -> list[wire.ScoredGroup]:
+    return batch_of(make_group(), make_group(prompt_id="b", policy_version=4, prompt_tokens=[1],
+                                             completions=[[2, 3, 4, 5]], logprobs=[[-1.0] * 4], rewards=[0.5],
+                                             finish_reasons=["length"]),
+                    make_group(prompt_id="c", policy_version=0))
+
+
+def test_a_batch_round_trips_every_group_with_its_own_fields_seq_and_arrays():
+    groups = three_groups()
+    frames = wire.encode_groups(groups)
+    assert len(frames) == 4  # whatever the group count: header + the three bulk frames
+    back = wire.decode_groups(to_bytes(frames), vocab_size=VOCAB)
+    assert len(back) == 3
+    for g, b in zip(groups, back):
+        for name in ("prompt_id", "policy_version", "actor_id", "samples", "created_at", "session", "seq"):
+            assert getattr(b, name) == getattr(g, name)
+        for name in ("prompt_tokens", "completion_tokens", "behaviour_logprobs"):
+            assert getattr(b, name).dtype == getattr(g, name).dtype
+            assert np.array_equal(getattr(b, name), getattr(g, name))
+    assert [b.seq for b in back] == [0, 1, 2]
+
+
+def test_encoding_a_batch_of_two_actor_sessions_is_refused():
+    a, b = three_groups()[:2]
+    b.session = "s2"
+    with pytest.raises(ValueError, match="one actor session"):
+        wire.encode_groups([a, b])
+
+
+def batch_frames(groups=None, **entry_changes) -> list[bytes]:
+    """Frames of a batch of three groups, with `entry_changes` applied to the middle group's header."""
+    frames = to_bytes(wire.encode_groups(groups or three_groups()))
+    if entry_changes:
+        header = msgspec.msgpack.decode(frames[0])
+        fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq"]
+        for k, v in entry_changes.items():
+            header["groups"][1][fields.index(k)] = v
+        frames[0] = msgspec.msgpack.encode(header)
+    return frames
+
+
+@pytest.mark.parametrize("frame,cut", [(1, 4), (2, 4), (3, 4), (2, -4), (3, -4)],
+                         ids=["prompt_short", "tokens_short", "logprobs_short", "tokens_long", "logprobs_long"])
+def test_batch_lengths_that_do_not_add_up_to_its_frames_are_length_mismatch(frame, cut):
+    frames = batch_frames()
+    frames[frame] = frames[frame][:-cut] if cut > 0 else frames[frame] + bytes(-cut)
+    assert reason(wire.decode_groups, frames) == "length_mismatch"
+
+
+def test_a_batch_whose_middle_group_claims_more_tokens_than_sent_is_length_mismatch():
+    assert reason(wire.decode_groups, batch_frames(num_prompt_tokens=3)) == "length_mismatch"
+    assert reason(wire.decode_groups, batch_frames(samples=[[5, 0.5, "length"]])) == "length_mismatch"
+
+
+def test_a_batch_without_groups_is_empty_batch():
+    header = msgspec.msgpack.encode(wire.GroupBatchHeader(actor_id="a", groups=[]))
+    assert reason(wire.decode_groups, [header, b"", b"", b""]) == "empty_batch"
+
+
+def test_a_batch_with_missing_or_extra_frames_is_frame_count():
+    frames = batch_frames()
+    assert reason(wire.decode_groups, frames[:3]) == "frame_count"
+    assert reason(wire.decode_groups, [*frames, b"x"]) == "frame_count"
+
+
+def test_decode_groups_refuses_a_single_group_message_as_unexpected_type():
+    assert reason(wire.decode_groups, to_bytes(wire.encode_group(make_group()))) == "unexpected_type"
+    assert reason(wire.decode_group, batch_frames()) == "unexpected_type"
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"policy_version": -1}, "bad_version"),
+    ({"seq": -2}, "bad_seq"),
+    ({"num_prompt_tokens": 0}, "empty_prompt"),
+    ({"samples": []}, "empty_group"),
+    ({"samples": [[-1, 0.5, "length"]]}, "length_mismatch"),
+    ({"samples": [[4, math.nan, "length"]]}, "non_finite_reward"),
+    ({"samples": [[4, -math.inf, "length"]]}, "non_finite_reward"),
+    ({"samples": [[4, 0.5, "exploded"]]}, "bad_header"),
+])
+def test_one_bad_group_header_rejects_the_whole_batch_with_the_reason_it_gets_alone(changes, expected):
+    assert reason(wire.decode_groups, batch_frames(**changes), vocab_size=VOCAB) == expected
+
+
+@pytest.mark.parametrize("bad,expected", [(math.nan, "non_finite_logprob"), (math.inf, "non_finite_logprob"),
+                                          (0.5, "bad_logprob")])
+def test_one_bad_log_prob_in_a_batch_rejects_it(bad, expected):
+    groups = three_groups()
+    groups[1].behaviour_logprobs[2] = bad
+    assert reason(wire.decode_groups, batch_frames(groups)) == expected
+
+
+@pytest.mark.parametrize("bad", [VOCAB, -1])
+def test_one_out_of_vocabulary_token_in_a_batch_rejects_it(bad):
+    groups = three_groups()
+    groups[2].completion_tokens[0] = bad
+    assert reason(wire.decode_groups, batch_frames(groups), vocab_size=VOCAB) == "token_out_of_range"
+
+
+def test_huge_but_finite_rewards_whose_sum_overflows_are_accepted():
+    groups = batch_of(make_group(rewards=[1.7e308, 1.7e308, 0.0, 0.0]))
+    assert wire.decode_groups(to_bytes(wire.encode_groups(groups)))[0].rewards[0] == 1.7e308
+    assert wire.decode_group(to_bytes(wire.encode_group(groups[0]))).rewards[1] == 1.7e308
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
@@ -271,6 +383,16 @@ def test_a_non_finite_logprob_is_non_finite_logprob(bad):
     assert reason(wire.decode_group, frames) == "non_finite_logprob"
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("at", [0, 1, 4_095, 77_777, 99_999])
+def test_a_non_finite_logprob_anywhere_in_a_long_array_is_non_finite_logprob(bad, at):
+    n = 100_000  # long enough for vectorised reductions to split it into lanes and blocks
+    logprobs = np.full(n, -0.5, np.float32)
+    logprobs[at] = bad
+    frames = group_frames(samples=[SampleInfo(n, 1.0, "length")], tokens=np.zeros(n, np.int32), logprobs=logprobs)
+    assert reason(wire.decode_group, frames) == "non_finite_logprob"
+
+
 def test_a_positive_logprob_is_bad_logprob():
     frames = group_frames(logprobs=np.array([-0.5, 0.5, -2.0], np.float32))
     assert reason(wire.decode_group, frames) == "bad_logprob"
@@ -351,3 +473,25 @@ def test_no_module_under_streamrl_actors_or_learner_uses_pickle():
     assert len(files) >= 10
     offenders = {str(p.relative_to(REPO)): hits for p in files if (hits := pickle_uses(p.read_text()))}
     assert offenders == {}
+
+
+def test_layer_and_corrections_survive_single_and_batch_messages():
+    from streamrl import wire
+
+    def group(layer, corr):
+        return wire.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],
+                                             completions=[[3], [4, 5]], logprobs=[[-0.1], [-0.2, -0.3]],
+                                             rewards=[1.0, 0.0], finish_reasons=["stop", "length"],
+                                             corrections=corr, layer=layer)
+
+    def raw(frames):  # as they arrive from a socket
+        return [f if isinstance(f, bytes) else f.tobytes() for f in frames]
+
+    one = wire.decode_group(raw(wire.encode_group(group(2, None))))
+    assert one.layer == 2 and one.corrections is None
+    both = wire.decode_groups(raw(wire.encode_groups([group(1, [0.5, 1.0]), group(2, None)])))
+    assert [(g.layer, g.corrections) for g in both] == [(1, [0.5, 1.0]), (2, None)]
+    bad = group(1, [0.5, 1.0])
+    bad.samples[1] = wire.SampleInfo(num_tokens=2, reward=0.0, finish_reason="length")
+    with pytest.raises(wire.WireError, match="partial_corrections"):
+        wire.decode_groups(raw(wire.encode_groups([bad, group(1, None)])))
