@@ -185,8 +185,8 @@ class LearnerConfig(_Section):
 class ActorConfig(_Section):
     num: NonNegInt = 2
     """Actor processes that `streamrl run` starts."""
-    backend: Literal["hf"] = "hf"
-    """Generation backend (vllm and sglang are planned: issue #8)."""
+    backend: Literal["hf", "sglang"] = "hf"
+    """Generation backend: hf (transformers, CPU or GPU), sglang (SGLang's offline Engine, GPU)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8

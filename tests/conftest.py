@@ -28,3 +28,15 @@ def prometheus_bin() -> str:
 @pytest.fixture(scope="session")
 def promtool_bin() -> str:
     return _require("promtool")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests skip cleanly on a machine without CUDA (and run wherever it is present)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -37,4 +37,6 @@ BACKENDS: Registry = Registry("generation backend")
 def build(name: str, cfg, model, tokenizer) -> Backend:
     if name == "hf":
         from actors.backends import hf  # noqa: F401  (registers itself)
+    elif name == "sglang":
+        from actors.backends import sglang  # noqa: F401
     return BACKENDS.get(name)(cfg, model, tokenizer)
