@@ -68,7 +68,8 @@ def run(cfg: Config) -> dict:
 
     publish(version)
     health.beat(step=step, policy_version=version)
-    log.info("learner ready at version %d, step %d; waiting for actors on %s", version, step, t.group_port)
+    log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
+             version, step, engine.device, ranks.world, "s" if ranks.world > 1 else "", t.group_port)
     started = time.time()
     try:
         while step < cfg.steps and not stopping():
