@@ -58,7 +58,7 @@ def run(cfg: Config) -> dict:
     def checkpoint() -> None:
         nonlocal saved_at
         state = {"step": step, "version": version, "accounting": intake.accounting()}
-        checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state)
+        checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
