@@ -5,6 +5,9 @@
   streamrl actor CONFIG --learner HOST [...]   one actor
   streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
   streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
+  streamrl bench [NAME ...] [--short]          hot-path benchmarks
+  streamrl eval RUN_DIR_OR_CHECKPOINT [k=v]    pass@k and mean@k of a saved policy -> RUN_DIR/eval.json
+  streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
 
 Any config error is one line on stderr and exit status 2.
 """
@@ -42,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("names", nargs="*", choices=["transport", "weights", "overlap", "advantages", "batching", []],
                        help="default: all")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+    ev = sub.add_parser("eval", help="pass@k and mean@k of a saved policy, or (--live) of a running learner's")
+    ev.add_argument("args", nargs="*", help="RUN_DIR or checkpoint folder (with --live: CONFIG or RUN_DIR), "
+                    "then key=value overrides (e.g. eval.samples=16)")
+    ev.add_argument("--live", action="store_true", help="subscribe to the learner's weights instead of a checkpoint")
+    ev.add_argument("--learner", default=None, help="--live: learner host (default: transport.host)")
+    ev.add_argument("--watch", type=int, default=1, help="--live: evaluate this many versions in all (default 1)")
+    ev.add_argument("--timeout", type=float, default=120.0, help="--live: seconds to wait for weights (default 120)")
+    ev.add_argument("--out", default=None, help="result file (default: RUN_DIR/eval.json)")
     return p
 
 
@@ -73,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
         bench.run(args.names, short=args.short)
         return 0
+    if args.command == "eval":
+        return _tool(args)
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check"):
@@ -110,6 +123,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tool(args) -> int:
+    """Commands that read a run (eval, ...): a bad config, path or argument is one line and status 2."""
+    try:
+        path, overrides = split_args(args.args)
+        out = Path(args.out) if args.out else None
+        if args.command == "eval":
+            from streamrl import eval_cli
+
+            if not args.live:
+                if path is None:
+                    raise config_lib.ConfigError("streamrl eval: give a RUN_DIR or checkpoint folder (or --live)")
+                print(eval_cli.line(result := eval_cli.offline(path, overrides, out),
+                                    out or _run_dir(path) / "eval.json"))
+                return 0 if result else 1
+            if args.watch < 1:
+                raise config_lib.ConfigError(f"--watch {args.watch}: must be at least 1")
+            cfg = _live_config(path, overrides)
+            done = eval_cli.live(cfg, args.learner, args.watch, args.timeout, out)
+            return 0 if done else 1
+    except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+        msg = str(e)
+        print(f"streamrl {args.command}: error: {msg.removeprefix('config error: ')}", file=sys.stderr)
+        return 2
+    except TimeoutError as e:
+        print(f"streamrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    raise AssertionError(args.command)
+
+
+def _run_dir(path: str) -> Path:
+    from streamrl import policy
+
+    return policy.run_dir_of(path)
+
+
+def _live_config(path: str | None, overrides: list[str]) -> config_lib.Config:
+    """A run dir's config.yaml (it holds the ports `streamrl run` chose), or a CONFIG file, or the default."""
+    if path is not None and Path(path).is_dir():
+        path = str(_run_dir(path) / "config.yaml")
+    return config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
 
 
 if __name__ == "__main__":
