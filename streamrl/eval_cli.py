@@ -72,7 +72,7 @@ def line(result: dict, out: Path) -> str:
     nums = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in result.items()
                      if k.startswith(("eval/pass", "eval/mean", "eval/reward", "eval/unparseable")))
     return (f"streamrl eval: version {result.get('policy_version')}: {nums}  "
-            f"({result['eval/prompts']} prompts x {result['eval/samples']} samples, {result['eval_s']:.1f}s) -> {out}")
+            f"({result['eval/prompts']} prompts x {result['eval/samples']} samples, {result['eval_s']:.2f}s) -> {out}")
 
 
 def _write(path: Path, obj: dict) -> None:

@@ -60,6 +60,25 @@ def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequ
     return out
 
 
+@torch.no_grad()
+def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
+                   seed: int) -> list[list[float]]:
+    """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
+    device = next(model.parameters()).device
+    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    per_call = max(1, ROWS_PER_GENERATE // n)
+    table: list[list[float]] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), per_call):
+            groups = sampling.generate(model, ids[start:start + per_call], n, temperature=temperature,
+                                       max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
+                                       eos_id=tokenizer.eos_token_id, device=device)
+            for prompt, group in zip(prompts[start:start + per_call], groups):
+                table.append([reward(prompt, tokenizer.decode(c.tokens, skip_special_tokens=True)) for c in group])
+    return table
+
+
 class Evaluator:
     """Samples and scores the fixed eval set with a model (one kept on the CPU unless one is given).
 
@@ -74,7 +93,6 @@ class Evaluator:
             model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.prompts = reward.task.eval_set(cfg.eval.prompts, cfg.eval.seed)
-        self.prompt_ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in self.prompts]
 
     @torch.no_grad()
     def load(self, state: dict) -> None:
@@ -83,22 +101,10 @@ class Evaluator:
 
     def rewards(self) -> list[list[float]]:
         """(prompts, samples) shaped rewards of fresh samples from the current weights."""
-        e, tok = self.cfg.eval, self.tokenizer
-        device = next(self.model.parameters()).device
-        per_call = max(1, ROWS_PER_GENERATE // e.samples)
-        table: list[list[float]] = []
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(e.seed)
-            for start in range(0, len(self.prompts), per_call):
-                ids = self.prompt_ids[start:start + per_call]
-                groups = sampling.generate(
-                    self.model, ids, e.samples, temperature=e.temperature,
-                    max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens,
-                    pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, device=device)
-                for prompt, group in zip(self.prompts[start:start + per_call], groups):
-                    table.append([self.reward(prompt, tok.decode(c.tokens, skip_special_tokens=True))
-                                  for c in group])
-        return table
+        e = self.cfg.eval
+        max_new_tokens = e.max_new_tokens or self.cfg.actors.max_new_tokens
+        return sample_rewards(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
+                              temperature=e.temperature, max_new_tokens=max_new_tokens, seed=e.seed)
 
     def run(self, state: dict | None = None) -> dict:
         """The eval/* metrics of `state` (None: the weights the model holds); eval/unparseable is a share of samples."""
