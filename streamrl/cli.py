@@ -8,6 +8,8 @@
   streamrl bench [NAME ...] [--short]          hot-path benchmarks
   streamrl eval RUN_DIR_OR_CHECKPOINT [k=v]    pass@k and mean@k of a saved policy -> RUN_DIR/eval.json
   streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
+  streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
+  streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
 
 Any config error is one line on stderr and exit status 2.
 """
@@ -53,6 +55,19 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--watch", type=int, default=1, help="--live: evaluate this many versions in all (default 1)")
     ev.add_argument("--timeout", type=float, default=120.0, help="--live: seconds to wait for weights (default 120)")
     ev.add_argument("--out", default=None, help="result file (default: RUN_DIR/eval.json)")
+    diff = sub.add_parser("difficulty", help="keep the prompts whose success rate lies in [difficulty.low, .high]")
+    diff.add_argument("args", nargs="*", help=spec)
+    diff.add_argument("--out", required=True, help="JSONL to write: the kept dataset rows (or prompt ids)")
+    diff.add_argument("--rollouts", type=int, default=None, help="samples per prompt (default: difficulty.rollouts)")
+    diff.add_argument("--checkpoint", default=None, help="run dir or checkpoint folder (default: the initial policy)")
+    diff.add_argument("--prompts", type=int, default=None,
+                      help="tasks without a dataset: how many eval_set prompts (default: eval.prompts)")
+    up = sub.add_parser("uplift", help="how training moved the likelihood of correct samples, by their initial rank")
+    up.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
+    up.add_argument("--prompts", type=int, default=64, help="eval prompts to sample (default 64)")
+    up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
+    up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
+    up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
     return p
 
 
@@ -84,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
         bench.run(args.names, short=args.short)
         return 0
-    if args.command == "eval":
+    if args.command in ("eval", "difficulty", "uplift"):
         return _tool(args)
     try:
         path, overrides = split_args(args.args)
@@ -126,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tool(args) -> int:
-    """Commands that read a run (eval, ...): a bad config, path or argument is one line and status 2."""
+    """Commands that read a run or sample a policy (eval, difficulty, uplift): a bad config, path or argument
+    is one line and status 2."""
     try:
         path, overrides = split_args(args.args)
         out = Path(args.out) if args.out else None
@@ -144,6 +160,32 @@ def _tool(args) -> int:
             cfg = _live_config(path, overrides)
             done = eval_cli.live(cfg, args.learner, args.watch, args.timeout, out)
             return 0 if done else 1
+        if args.command == "difficulty":
+            from streamrl import difficulty
+
+            if path is None and args.checkpoint:
+                path = str(_run_dir(args.checkpoint) / "config.yaml")
+            cfg = config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
+            for flag in ("rollouts", "prompts"):
+                if (v := getattr(args, flag)) is not None and v < 1:
+                    raise config_lib.ConfigError(f"--{flag} {v}: must be at least 1")
+            c = difficulty.filter_offline(cfg, args.rollouts or cfg.difficulty.rollouts, Path(args.out),
+                                          args.checkpoint, args.prompts)
+            print(f"streamrl difficulty: kept {c['kept']} of {c['prompts']} prompts ({c['source']}); dropped "
+                  f"{c['too_easy']} too easy (rate > {cfg.difficulty.high}), {c['too_hard']} too hard "
+                  f"(rate < {cfg.difficulty.low}) -> {c['out']}")
+            return 0
+        if args.command == "uplift":
+            from streamrl import uplift
+
+            if path is None:
+                raise config_lib.ConfigError("streamrl uplift: give a RUN_DIR")
+            for flag in ("prompts", "samples", "buckets"):
+                if getattr(args, flag) < 1:
+                    raise config_lib.ConfigError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+            result = uplift.analyse(path, overrides, args.prompts, args.samples, args.buckets, out)
+            print(uplift.report(result))
+            return 0
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         msg = str(e)
         print(f"streamrl {args.command}: error: {msg.removeprefix('config error: ')}", file=sys.stderr)
