@@ -86,7 +86,12 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (`eval RUN --watch 2 eval.prompts=8`) belong with the others
+        if not hasattr(args, "args") or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args += extra
     if args.command == "keys":
         from streamrl import security
 
