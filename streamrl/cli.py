@@ -198,6 +198,9 @@ def _tool(args) -> int:
     except TimeoutError as e:
         print(f"streamrl {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"streamrl {args.command}: interrupted", file=sys.stderr)
+        return 130
     raise AssertionError(args.command)
 
 

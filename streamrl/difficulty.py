@@ -85,9 +85,10 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
 
     reward = rewards.build(cfg)
     task = reward.task
-    model, tokenizer = model_lib.build(cfg, task.vocabulary)
     if checkpoint is not None:
-        policy.load_weights(model, policy.checkpoint_of(checkpoint))
+        model, tokenizer = policy.load_policy(cfg, checkpoint)
+    else:
+        model, tokenizer = model_lib.build(cfg, task.vocabulary)
     rows = getattr(task, "train", None) if cfg.task.data else None
     items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.prompts, cfg.eval.seed)
     a = cfg.actors

@@ -24,8 +24,7 @@ def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> 
     """Evaluate the checkpoint at `path`; the result is written to `out` (default RUN_DIR/eval.json)."""
     cfg = policy.run_config(path, overrides)
     weights = policy.checkpoint_of(path)
-    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg))
-    policy.load_weights(evaluator.model, weights)
+    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *policy.load_policy(cfg, path))
     state = json.loads((weights.parent / checkpoints.STATE).read_text())
     result = {"checkpoint": str(weights), "step": state.get("step"), "policy_version": state.get("version"),
               **evaluator.run()}

@@ -61,10 +61,9 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     cfg = policy.run_config(run_dir, overrides)
     reward = rewards.build(cfg)
     pre_model, tok = model_lib.build(cfg, reward.task.vocabulary)  # seeded by cfg.seed: the run's initial weights
-    post_model, _ = model_lib.build(cfg, reward.task.vocabulary)
+    post_model, _ = policy.load_policy(cfg, run_dir)
     weights = policy.checkpoint_of(run_dir)
-    policy.load_weights(post_model, weights)
-    pre_model.eval(), post_model.eval()
+    pre_model.eval()
     items = reward.task.eval_set(prompts, cfg.eval.seed)
     ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in items]
     max_new = cfg.eval.max_new_tokens or cfg.actors.max_new_tokens

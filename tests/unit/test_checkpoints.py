@@ -104,3 +104,20 @@ def test_a_path_with_no_checkpoint_is_a_clear_error(tmp_path):
         policy.checkpoint_of(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         policy.run_dir_of(tmp_path)
+
+
+def test_load_policy_rebuilds_the_trained_model_from_a_run_directory(tmp_path):
+    from streamrl import config, policy
+    from streamrl import model as model_lib
+
+    cfg = config.load(None, ["model.hidden_size=16", "model.intermediate_size=16"])
+    (tmp_path / "config.yaml").write_text(config.dump(cfg))
+    trained, _ = model_lib.build(cfg)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)  # anything but the seeded initial weights
+    checkpoints.save(tmp_path / "checkpoints", "step-1", write_model, {"step": 1, "version": 1}, trained.state_dict())
+    model, tokenizer = policy.load_policy(None, tmp_path)  # None: the run's config.yaml
+    assert len(tokenizer) == model_lib.vocab_size(model)
+    got, want = model.state_dict(), trained.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
