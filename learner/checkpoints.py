@@ -1,10 +1,13 @@
 """Checkpoints that are either complete or never chosen.
 
-DeepSpeed writes the model, optimizer and scheduler under `<dir>/<tag>/`. Only then does streamrl
-write `<tag>/streamrl.json` (step, policy version, RNG states, accounting) and, last, point
-`<dir>/latest` at the tag. Both files are written to a temporary name, fsynced and renamed, so a
-crash at any moment leaves `latest` naming a checkpoint whose every file is on disk. On resume a
-missing, empty or dangling `latest` falls back to the newest tag that has its streamrl.json.
+DeepSpeed writes the model, optimizer and scheduler under `<dir>/<tag>/`, streamrl the full policy
+weights as `<tag>/policy.safetensors` (what `streamrl eval` and `streamrl uplift` load, without
+DeepSpeed or pickle). Only then does streamrl write `<tag>/streamrl.json` (step, policy version, RNG
+states, accounting) and, last, point `<dir>/latest` at the tag. Each file is written to a temporary
+name, fsynced and renamed, so a crash at any moment leaves `latest` naming a checkpoint whose every
+file is on disk. On resume a missing, empty or dangling `latest` falls back to the newest tag that
+has its streamrl.json (`streamrl.checkpoints.newest_complete`, the read side, shared with tools
+outside the learner).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from streamrl.checkpoints import LATEST, POLICY, STATE, newest_complete  # noqa: F401  (the read side, shared)
+
 log = logging.getLogger("streamrl.learner")
-STATE = "streamrl.json"
-LATEST = "latest"  # DeepSpeed's own pointer file name and format (the tag as text)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -39,41 +42,30 @@ def write_atomic(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
-def save(directory: Path, tag: str, write_model: Callable[[str, str], None], state: dict) -> None:
-    """write_model(directory, tag) writes DeepSpeed's files; state must be JSON-serialisable."""
+def save(directory: Path, tag: str, write_model: Callable[[str, str], None], state: dict,
+         policy: dict[str, torch.Tensor] | None = None) -> None:
+    """write_model(directory, tag) writes DeepSpeed's files; state must be JSON-serialisable;
+    `policy` (full weights, {name: tensor}) goes to <tag>/policy.safetensors before the checkpoint is complete."""
     directory.mkdir(parents=True, exist_ok=True)
     write_model(str(directory), tag)
+    if policy is not None:
+        write_policy(directory / tag / POLICY, policy)
     write_atomic(directory / tag / STATE, json.dumps({**state, "tag": tag, "rng": rng_state()}))
     write_atomic(directory / LATEST, tag)
 
 
-def newest_complete(directory: Path) -> tuple[str, dict] | None:
-    """(tag, state) of the checkpoint to resume from, or None when there is none."""
-    try:
-        tag = (directory / LATEST).read_text().strip()
-    except OSError:
-        tag = ""
-    state = _state(directory, tag) if tag else None
-    if state is not None:
-        return tag, state
-    complete = [(s["step"], t, s) for t in _tags(directory) if (s := _state(directory, t)) is not None]
-    if not complete:
-        return None
-    _, tag, state = max(complete)
-    log.warning("checkpoints: %s does not name a complete checkpoint; resuming from %s, the newest complete one",
-                directory / LATEST, tag)
-    return tag, state
+def write_policy(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors file, written to a temporary name, fsynced and renamed.
 
+    Every tensor is cloned: safetensors refuses tensors that share memory (tied embeddings).
+    """
+    from safetensors.torch import save_file
 
-def _tags(directory: Path) -> list[str]:
-    return [p.name for p in directory.iterdir() if p.is_dir()] if directory.is_dir() else []
-
-
-def _state(directory: Path, tag: str) -> dict | None:
-    try:
-        return json.loads((directory / tag / STATE).read_text())
-    except (OSError, ValueError):
-        return None
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def rng_state() -> dict:

@@ -21,11 +21,19 @@ def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: i
             engine.full_state_dict()
         if gathers and L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
             engine.parameters()
+        if gathers and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+            engine.full_state_dict()                   # rank 0 evaluates the whole policy
         version, step = version + 1, step + 1
         if L.checkpoint_every and step % L.checkpoint_every == 0:
-            engine.save(checkpoints_dir, f"step-{step}")
+            _save(engine, checkpoints_dir, step, gathers)
     if cmd.kind == STOP_AND_SAVE:
-        engine.save(checkpoints_dir, f"step-{step}")
+        _save(engine, checkpoints_dir, step, gathers)
     engine.close()
     log.info("learner rank %d done at step %d", ranks.rank, step)
     return {"rank": ranks.rank, "steps": step}
+
+
+def _save(engine: Engine, checkpoints_dir: str, step: int, gathers: bool) -> None:
+    if gathers:
+        engine.full_state_dict()  # rank 0 writes policy.safetensors from the gathered weights first
+    engine.save(checkpoints_dir, f"step-{step}")

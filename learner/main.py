@@ -14,7 +14,7 @@ from learner.engine import Engine
 from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
-from streamrl import advantages, exporter, learning_signal, metrics, rewards, security
+from streamrl import advantages, evaluation, exporter, learning_signal, metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -59,8 +59,17 @@ def run(cfg: Config) -> dict:
     def checkpoint() -> None:
         nonlocal saved_at
         state = {"step": step, "version": version, "accounting": intake.accounting()}
-        checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state)
+        checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
+
+    evaluator = None
+
+    def evaluate(at_step: int) -> dict:  # every eval.every steps: eval/* keys for that step's record
+        nonlocal evaluator
+        if not cfg.eval.every or at_step % cfg.eval.every:
+            return {}
+        evaluator = evaluator or evaluation.Evaluator(cfg, reward)  # a CPU copy, built once
+        return evaluator.run(engine.full_state_dict())
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         health.beat()
@@ -93,6 +102,7 @@ def run(cfg: Config) -> dict:
             telemetry.observe_step(rec, stepstats.distributions(version, batch, out))            # observe
             telemetry.observe_accounting(accounting := intake.accounting())
             rec["metrics_s"] = time.perf_counter() - t4
+            rec.update(evaluate(step + 1))                                                       # evaluate
             version, step = version + 1, step + 1
             health.beat(step=step, policy_version=version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})

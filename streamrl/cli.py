@@ -7,6 +7,11 @@
   streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
   streamrl plot RUN_DIR... [--out DIR]         the paper's figures (r_count/r_loss, rewards, census) as PNG
   streamrl reproduce [CONFIG] [key=value ...]  GRPO, static and CoRPO on the tiny model: plot and table
+  streamrl bench [NAME ...] [--short]          hot-path benchmarks
+  streamrl eval RUN_DIR_OR_CHECKPOINT [k=v]    pass@k and mean@k of a saved policy -> RUN_DIR/eval.json
+  streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
+  streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
+  streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
 
 Any config error is one line on stderr and exit status 2.
 """
@@ -51,6 +56,27 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("names", nargs="*", choices=["transport", "weights", "overlap", "advantages", "batching", []],
                        help="default: all")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+    ev = sub.add_parser("eval", help="pass@k and mean@k of a saved policy, or (--live) of a running learner's")
+    ev.add_argument("args", nargs="*", help="RUN_DIR or checkpoint folder (with --live: CONFIG or RUN_DIR), "
+                    "then key=value overrides (e.g. eval.samples=16)")
+    ev.add_argument("--live", action="store_true", help="subscribe to the learner's weights instead of a checkpoint")
+    ev.add_argument("--learner", default=None, help="--live: learner host (default: transport.host)")
+    ev.add_argument("--watch", type=int, default=1, help="--live: evaluate this many versions in all (default 1)")
+    ev.add_argument("--timeout", type=float, default=120.0, help="--live: seconds to wait for weights (default 120)")
+    ev.add_argument("--out", default=None, help="result file (default: RUN_DIR/eval.json)")
+    diff = sub.add_parser("difficulty", help="keep the prompts whose success rate lies in [difficulty.low, .high]")
+    diff.add_argument("args", nargs="*", help=spec)
+    diff.add_argument("--out", required=True, help="JSONL to write: the kept dataset rows (or prompt ids)")
+    diff.add_argument("--rollouts", type=int, default=None, help="samples per prompt (default: difficulty.rollouts)")
+    diff.add_argument("--checkpoint", default=None, help="run dir or checkpoint folder (default: the initial policy)")
+    diff.add_argument("--prompts", type=int, default=None,
+                      help="tasks without a dataset: how many eval_set prompts (default: eval.prompts)")
+    up = sub.add_parser("uplift", help="how training moved the likelihood of correct samples, by their initial rank")
+    up.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
+    up.add_argument("--prompts", type=int, default=64, help="eval prompts to sample (default 64)")
+    up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
+    up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
+    up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
     return p
 
 
@@ -69,7 +95,12 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (`eval RUN --watch 2 eval.prompts=8`) belong with the others
+        if not hasattr(args, "args") or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args += extra
     if args.command == "keys":
         from streamrl import security
 
@@ -92,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print("streamrl plot: wrote " + ", ".join(map(str, made)))
         return 0
+    if args.command in ("eval", "difficulty", "uplift"):
+        return _tool(args)
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check", "reproduce"):
@@ -133,6 +166,78 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tool(args) -> int:
+    """Commands that read a run or sample a policy (eval, difficulty, uplift): a bad config, path or argument
+    is one line and status 2."""
+    try:
+        path, overrides = split_args(args.args)
+        out = Path(args.out) if args.out else None
+        if args.command == "eval":
+            from streamrl import eval_cli
+
+            if not args.live:
+                if path is None:
+                    raise config_lib.ConfigError("streamrl eval: give a RUN_DIR or checkpoint folder (or --live)")
+                print(eval_cli.line(result := eval_cli.offline(path, overrides, out),
+                                    out or _run_dir(path) / "eval.json"))
+                return 0 if result else 1
+            if args.watch < 1:
+                raise config_lib.ConfigError(f"--watch {args.watch}: must be at least 1")
+            cfg = _live_config(path, overrides)
+            done = eval_cli.live(cfg, args.learner, args.watch, args.timeout, out)
+            return 0 if done else 1
+        if args.command == "difficulty":
+            from streamrl import difficulty
+
+            if path is None and args.checkpoint:
+                path = str(_run_dir(args.checkpoint) / "config.yaml")
+            cfg = config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
+            for flag in ("rollouts", "prompts"):
+                if (v := getattr(args, flag)) is not None and v < 1:
+                    raise config_lib.ConfigError(f"--{flag} {v}: must be at least 1")
+            c = difficulty.filter_offline(cfg, args.rollouts or cfg.difficulty.rollouts, Path(args.out),
+                                          args.checkpoint, args.prompts)
+            print(f"streamrl difficulty: kept {c['kept']} of {c['prompts']} prompts ({c['source']}); dropped "
+                  f"{c['too_easy']} too easy (rate > {cfg.difficulty.high}), {c['too_hard']} too hard "
+                  f"(rate < {cfg.difficulty.low}) -> {c['out']}")
+            return 0
+        if args.command == "uplift":
+            from streamrl import uplift
+
+            if path is None:
+                raise config_lib.ConfigError("streamrl uplift: give a RUN_DIR")
+            for flag in ("prompts", "samples", "buckets"):
+                if getattr(args, flag) < 1:
+                    raise config_lib.ConfigError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+            result = uplift.analyse(path, overrides, args.prompts, args.samples, args.buckets, out)
+            print(uplift.report(result))
+            return 0
+    except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+        msg = str(e)
+        print(f"streamrl {args.command}: error: {msg.removeprefix('config error: ')}", file=sys.stderr)
+        return 2
+    except TimeoutError as e:
+        print(f"streamrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"streamrl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    raise AssertionError(args.command)
+
+
+def _run_dir(path: str) -> Path:
+    from streamrl import policy
+
+    return policy.run_dir_of(path)
+
+
+def _live_config(path: str | None, overrides: list[str]) -> config_lib.Config:
+    """A run dir's config.yaml (it holds the ports `streamrl run` chose), or a CONFIG file, or the default."""
+    if path is not None and Path(path).is_dir():
+        path = str(_run_dir(path) / "config.yaml")
+    return config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
 
 
 if __name__ == "__main__":

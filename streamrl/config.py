@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -258,6 +259,44 @@ class MGRPOConfig(_Section):
             raise ValueError(f"phrases={self.phrases!r}: needs at least one non-empty phrase")
 
 
+class EvalConfig(_Section):
+    every: NonNegInt = 0
+    """Evaluate the policy on the fixed eval set every this many learner steps (0: never during training)."""
+    prompts: PositiveInt = 32
+    """Eval set size: prompts from the task's eval_set (fixed across evaluations)."""
+    samples: PositiveInt = 8
+    """Completions sampled per eval prompt (n of pass@k)."""
+    ks: list[PositiveInt] = msgspec.field(default_factory=lambda: [1, 4, 8])
+    """k values reported as pass@k and mean@k; each at most `samples`."""
+    temperature: PositiveFloat = 1.0
+    """Sampling temperature for evaluation."""
+    max_new_tokens: PositiveInt | None = None
+    """Completion length cap for evaluation (null: actors.max_new_tokens)."""
+    seed: int = 12345
+    """Seed of the eval prompt set and of eval sampling (every evaluation sees the same prompts)."""
+
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise ValueError("ks=[]: give at least one k (each 1..samples)")
+        if bad := [k for k in self.ks if k > self.samples]:
+            raise ValueError(f"ks={self.ks}: {bad} exceed samples={self.samples}; each k must be 1..samples")
+
+
+class DifficultyConfig(_Section):
+    online: bool = False
+    """Actors skip prompts whose success rate over `rollouts` samples lies outside [low, high]."""
+    rollouts: PositiveInt = 16
+    """Samples seen per prompt before its success rate decides whether it is kept."""
+    low: Fraction = 0.1
+    """Prompts solved less often than this are too hard: excluded."""
+    high: Fraction = 0.9
+    """Prompts solved more often than this are too easy: excluded."""
+
+    def __post_init__(self) -> None:
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low}: must be below high ({self.high}); kept prompts have low <= rate <= high")
+
+
 class Config(_Section):
     name: str = "tiny"
     """Run name: the run directory is run_dir/name."""
@@ -295,6 +334,10 @@ class Config(_Section):
     """Prometheus endpoints of learner and actors."""
     mgrpo: MGRPOConfig = msgspec.field(default_factory=MGRPOConfig)
     """Multi-layer GRPO's self-correction layer."""
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    """Evaluation: pass@k and mean@k on a fixed prompt set (periodic during training, and `streamrl eval`)."""
+    difficulty: DifficultyConfig = msgspec.field(default_factory=DifficultyConfig)
+    """Difficulty filtering: drop prompts that are almost always or almost never solved."""
 
     def __post_init__(self) -> None:
         low, high = self.reward.scale
@@ -451,11 +494,19 @@ def _explain(message: str, raw: dict[str, Any]) -> str:
 def _allowed(path: str) -> str:
     typ: Any = Config
     for part in path.split(".") if path else []:
+        item = re.search(r"\[\d+\]$", part)
         part = re.sub(r"\[\d+\]$", "", part)
         try:
             typ = get_type_hints(typ, include_extras=True)[part]
         except (KeyError, TypeError):
             return ""
+        if item and get_origin(typ) in (list, tuple) and get_args(typ):  # one element of a list
+            typ = get_args(typ)[0]
+    return _describe(typ)
+
+
+def _describe(typ: Any) -> str:
+    """'int ≥ 0', 'async, strict', 'int > 0 or None', ... for the types config fields use."""
     if get_origin(typ) is Annotated:
         base, *metas = get_args(typ)
         bounds = [f"{k} {v}" for m in metas if isinstance(m, Meta) for k, v in
@@ -463,6 +514,8 @@ def _allowed(path: str) -> str:
         return f"{base.__name__} {' and '.join(bounds)}"
     if get_origin(typ) is Literal:
         return ", ".join(map(str, get_args(typ)))
-    if get_origin(typ) is Union:
-        return " or ".join(getattr(a, "__name__", str(a)) for a in get_args(typ))
+    if get_origin(typ) in (Union, types.UnionType):
+        return " or ".join("None" if a is type(None) else _describe(a) for a in get_args(typ))
+    if get_origin(typ) is list and get_args(typ):
+        return f"list of {_describe(get_args(typ)[0])}"
     return getattr(typ, "__name__", "")

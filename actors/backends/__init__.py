@@ -9,18 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import msgspec
-
 from streamrl.registry import Registry
-
-
-class Completion(msgspec.Struct):
-    tokens: list[int]
-    """Sampled token ids, up to and including EOS when it was sampled."""
-    logprobs: list[float]
-    """Behaviour log-prob of each sampled token at the sampling temperature."""
-    finish_reason: str
-    """'stop' (EOS sampled) or 'length' (max_new_tokens reached)."""
+from streamrl.sampling import Completion  # noqa: F401  (backends return these)
 
 
 class Backend(Protocol):

@@ -256,3 +256,22 @@ def test_mgrpo_paper_config_follows_the_paper():
     assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.warmup_ratio, cfg.loss.kl_coef) == (5e-7, "cosine", 0.03, 0.001)
     assert (cfg.actors.max_new_tokens, cfg.actors.group_size, cfg.learner.batch_groups) == (8196, 8, 32)
     assert cfg.actors.temperature == 0.7
+
+
+def test_eval_ks_above_the_sample_count_are_refused_with_the_key_and_the_limit():
+    msg = _error("eval.samples=4", "eval.ks=[1, 8]")
+    assert "eval.ks=[1, 8]" in msg and "samples=4" in msg
+    assert "eval.ks" in _error("eval.ks=[]")
+    assert "allowed: int > 0" in _error("eval.ks=[0]")
+    assert load(None, ["eval.samples=4", "eval.ks=[1, 4]"]).eval.ks == [1, 4]
+
+
+def test_optional_and_list_fields_say_what_is_allowed():
+    assert "allowed: int > 0 or None" in _error("eval.max_new_tokens=0")
+    assert "allowed: str or None" in _error("model.path=3")
+    assert "allowed: list of int > 0" in _error("eval.ks=3")
+
+
+def test_difficulty_band_needs_low_below_high():
+    msg = _error("difficulty.low=0.5", "difficulty.high=0.4")
+    assert "difficulty.low=0.5" in msg and "high (0.4)" in msg

@@ -1,0 +1,81 @@
+"""`streamrl eval`: pass@k and mean@k of a saved policy, or of a running learner's newest weights.
+
+Offline: `streamrl eval RUN_DIR_OR_CHECKPOINT [key=value ...]` loads the checkpoint's
+`policy.safetensors` (the newest complete one for a run dir) with the run's config.yaml (plus
+overrides, e.g. `eval.samples=16`) and writes `eval.json` into the run directory.
+
+Live: `streamrl eval --live [CONFIG_OR_RUN_DIR] [key=value ...] [--watch N]` subscribes to the
+learner's weight channel as the peer "eval", like an actor that never sends groups, and evaluates
+the newest weights, then each new version up to N evaluations in all (stopping early when the
+learner shuts down). Each result goes to `eval.json` (the last) and `eval.jsonl` (all) in the run
+directory. With `transport.curve_keys` the folder needs an `eval.key_secret` the learner admits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from streamrl import checkpoints, evaluation, policy, rewards
+
+
+def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> dict:
+    """Evaluate the checkpoint at `path`; the result is written to `out` (default RUN_DIR/eval.json)."""
+    cfg = policy.run_config(path, overrides)
+    weights = policy.checkpoint_of(path)
+    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *policy.load_policy(cfg, path))
+    state = json.loads((weights.parent / checkpoints.STATE).read_text())
+    result = {"checkpoint": str(weights), "step": state.get("step"), "policy_version": state.get("version"),
+              **evaluator.run()}
+    _write(out or policy.run_dir_of(path) / "eval.json", result)
+    return result
+
+
+def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None = None, show=print) -> list[dict]:
+    """Evaluate the learner's newest weights, then every new version, `watch` times in all (fewer if it stops)."""
+    import zmq
+
+    from streamrl import security
+    from streamrl.transport import WeightSubscriber, endpoint
+
+    t, host = cfg.transport, host or cfg.transport.host
+    out = out or cfg.run_path / "eval.json"
+    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg))
+    ctx = zmq.Context()
+    curve = security.actor_curve(t.curve_keys, "eval") if t.curve_keys else None
+    sub = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port), "eval",
+                           t.max_message_bytes, curve)
+    results, version = [], -1
+    try:
+        while len(results) < watch:
+            got = sub.wait_for(version + 1, timeout_s, ask_first=not results)
+            if got is None:  # the learner shut down (or asked actors for groups: not our business)
+                if sub.shutdown is not None:
+                    break
+                continue
+            version = got[0]
+            results.append({"policy_version": version, **evaluator.run(got[1])})
+            _write(out, results[-1])
+            with open(out.with_suffix(".jsonl"), "a") as f:
+                f.write(json.dumps(results[-1]) + "\n")
+            show(line(results[-1], out))
+    finally:
+        sub.close()
+        ctx.term()
+    return results
+
+
+def line(result: dict, out: Path) -> str:
+    """One line for the terminal: every eval/* number, the size and the time."""
+    nums = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in result.items()
+                     if k.startswith(("eval/pass", "eval/mean", "eval/reward", "eval/unparseable")))
+    return (f"streamrl eval: version {result.get('policy_version')}: {nums}  "
+            f"({result['eval/prompts']} prompts x {result['eval/samples']} samples, {result['eval_s']:.2f}s) -> {out}")
+
+
+def _write(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)

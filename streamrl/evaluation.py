@@ -1,0 +1,120 @@
+"""Evaluation on a fixed prompt set: unbiased pass@k and mean@k.
+
+For each of the task's `eval.prompts` eval prompts (`task.eval_set(size, seed)`: the same every
+time) the policy samples n = `eval.samples` completions; each gets the run's shaped reward, and
+a completion is *correct* when its reward is at least `advantage.r_min_correct`.
+
+- pass@k (Chen et al. 2021, unbiased): per prompt with c correct of n, 1 - C(n-c, k) / C(n, k),
+  the chance that k samples drawn without replacement from the n hold at least one correct one;
+  averaged over prompts.
+- mean@k: per prompt the average reward of its first k samples, averaged over prompts (the
+  expected reward of a sample, estimated from k per prompt; mean@n is the plain mean reward).
+
+Sampling is seeded by `eval.seed` inside a forked RNG, so the numbers depend only on the
+weights, and evaluating in the middle of training leaves the trainer's random streams untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import torch
+
+from streamrl import sampling
+
+ROWS_PER_GENERATE = 256  # prompts x samples per generate call: bounds memory, keeps batches large
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k), as the product 1 - Π_{i=n-c+1..n} (1 - k/i) (no huge binomials)."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k: k={k} must be 1..n (n={n} samples)")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k: c={c} correct must be 0..n (n={n})")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def mean_at_k(rewards: Sequence[Sequence[float]], k: int) -> float:
+    """Mean over prompts of the average reward of each prompt's first k samples. rewards: (prompts, n)."""
+    if not rewards:
+        raise ValueError("mean@k: no prompts")
+    if any(not 0 < k <= len(row) for row in rewards):
+        raise ValueError(f"mean@k: k={k} must be 1..n for every prompt (n={min(len(r) for r in rewards)})")
+    return sum(sum(row[:k]) / k for row in rewards) / len(rewards)
+
+
+def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int]) -> dict:
+    """eval/pass@k and eval/mean@k for each k, eval/reward_mean, eval/prompts from a (prompts, n) reward table."""
+    out: dict = {}
+    for k in ks:
+        out[f"eval/pass@{k}"] = sum(pass_at_k(len(row), sum(r >= r_min_correct for r in row), k)
+                                    for row in rewards) / len(rewards)
+    for k in ks:
+        out[f"eval/mean@{k}"] = mean_at_k(rewards, k)
+    out["eval/reward_mean"] = sum(map(sum, rewards)) / sum(map(len, rewards))
+    out["eval/prompts"] = len(rewards)
+    return out
+
+
+@torch.no_grad()
+def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
+                   seed: int) -> list[list[float]]:
+    """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
+    device = next(model.parameters()).device
+    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    per_call = max(1, ROWS_PER_GENERATE // n)
+    table: list[list[float]] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), per_call):
+            groups = sampling.generate(model, ids[start:start + per_call], n, temperature=temperature,
+                                       max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
+                                       eos_id=tokenizer.eos_token_id, device=device)
+            for prompt, group in zip(prompts[start:start + per_call], groups):
+                table.append([reward(prompt, tokenizer.decode(c.tokens, skip_special_tokens=True)) for c in group])
+    return table
+
+
+class Evaluator:
+    """Samples and scores the fixed eval set with a model (one kept on the CPU unless one is given).
+
+    `reward` is the run's `streamrl.rewards.Reward`; its task gives the eval prompts.
+    """
+
+    def __init__(self, cfg, reward, model=None, tokenizer=None):
+        from streamrl import model as model_lib
+
+        self.cfg, self.reward = cfg, reward
+        if model is None:
+            model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.prompts = reward.task.eval_set(cfg.eval.prompts, cfg.eval.seed)
+
+    @torch.no_grad()
+    def load(self, state: dict) -> None:
+        """Replace the model's weights ({name: tensor}, e.g. the learner's full_state_dict)."""
+        self.model.load_state_dict(state, strict=True)
+
+    def rewards(self) -> list[list[float]]:
+        """(prompts, samples) shaped rewards of fresh samples from the current weights."""
+        e = self.cfg.eval
+        max_new_tokens = e.max_new_tokens or self.cfg.actors.max_new_tokens
+        return sample_rewards(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
+                              temperature=e.temperature, max_new_tokens=max_new_tokens, seed=e.seed)
+
+    def run(self, state: dict | None = None) -> dict:
+        """The eval/* metrics of `state` (None: the weights the model holds); eval/unparseable is a share of samples."""
+        t0 = time.perf_counter()
+        if state is not None:
+            self.load(state)
+        before = self.reward.unparseable
+        table = self.rewards()
+        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks)
+        out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
+        out["eval/samples"] = self.cfg.eval.samples
+        out["eval_s"] = time.perf_counter() - t0
+        return out

@@ -1,0 +1,93 @@
+"""Sampling from a transformers causal LM: what the hf actor backend and evaluation both call.
+
+`generate` makes n completions per prompt with left-padded batched `model.generate` and keeps the
+behaviour log-prob of every sampled token (at the sampling temperature, from the untruncated
+tempered distribution); a completion ends after its first EOS. `sequence_logprobs` scores given
+completions with teacher forcing.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+
+class Completion(msgspec.Struct):
+    tokens: list[int]
+    """Sampled token ids, up to and including EOS when it was sampled."""
+    logprobs: list[float]
+    """Behaviour log-prob of each sampled token at the sampling temperature."""
+    finish_reason: str
+    """'stop' (EOS sampled) or 'length' (max_new_tokens reached)."""
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), both (B, W) with W the longest row; rows are right-aligned."""
+    width = max(len(r) for r in rows)
+    # Left padding keeps every prompt's last token at the same column for batched decoding.
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int, pad_id: int,
+             eos_id: int, top_p: float = 1.0, device: torch.device | str = "cpu") -> list[list[Completion]]:
+    """n completions for each prompt (outer list follows `prompts`); `model` must already be on `device`."""
+    rows = [p for p in prompts for _ in range(n)]
+    ids, mask = left_pad(rows, pad_id)
+    width = ids.shape[1]
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    seq = out.sequences[:, width:].cpu()  # (B, T)
+    logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # (B, T, V)
+    logp = logits.gather(-1, seq[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
+    completions = [_cut(seq[i], logp[i], eos_id) for i in range(len(rows))]
+    return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
+
+
+def _cut(tokens: torch.Tensor, logp: torch.Tensor, eos_id: int) -> Completion:
+    """tokens, logp: (T,). Everything after the first EOS is padding from the batch, not the sample."""
+    hits = (tokens == eos_id).nonzero()
+    if len(hits):
+        end = int(hits[0]) + 1
+        return Completion(tokens[:end].tolist(), logp[:end].tolist(), "stop")
+    return Completion(tokens.tolist(), logp.tolist(), "length")
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                      temperature: float = 1.0, batch_size: int = 256) -> list[float]:
+    """Sum over each completion's tokens of log p(token | prompt, earlier tokens), teacher-forced.
+
+    prompts[i] and completions[i] pair up (len B each); returns B floats. Rows are left-padded as
+    in `generate`, with position ids counted from each row's first real token.
+    """
+    device = next(model.parameters()).device
+    out: list[float] = []
+    for start in range(0, len(prompts), batch_size):
+        ps, cs = prompts[start:start + batch_size], completions[start:start + batch_size]
+        ids, mask = left_pad([p + c for p, c in zip(ps, cs)], pad_id)  # (b, W)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                       position_ids=positions.to(device)).logits[:, :-1].float().cpu() / temperature  # (b, W-1, V)
+        logp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)  # (b, W-1)
+        width = ids.shape[1]
+        for i, c in enumerate(cs):
+            # completion token j sits at column width - len(c) + j, predicted from the column before it
+            out.append(float(logp[i, width - len(c) - 1:].sum()) if c else 0.0)
+    return out
