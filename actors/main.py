@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from actors import backends, rollout
-from streamrl import exporter, metrics, rewards, security, staleness
+from streamrl import difficulty, exporter, metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -58,6 +58,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     stats = {"actor_id": actor_id, "groups_sent": 0, "versions_applied": 0, "weights_wait_s": 0.0,
              "generate_s": 0.0}
     version = start_version = produced = restarts = filtered_in_a_row = 0
+    tracker = None
     throttle = cfg.actors.throttle or cfg.strict
 
     def apply(got) -> None:
@@ -84,6 +85,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         # Multi-layer GRPO's phrases come from a stream of their own, so the prompt stream stays as it was.
         phrase_rng = random.Random(f"phrases-{cfg.seed}-{index}-{start_version}")
         options = rollout.RolloutOptions.from_config(cfg)
+        # Online difficulty filtering: prompts almost always or almost never solved stop being drawn.
+        tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
+        observe = (lambda pid, rs: tracker.observe(pid, rs, cfg.advantage.r_min_correct)) if tracker else None
         while not stopping() and weights.shutdown is None:
             newer = weights.poll(0)
             if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
@@ -106,9 +110,15 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                     telemetry.share.set(share)
                 continue
             t0 = time.perf_counter()
-            prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget))
+            prompts = rollout.sample_prompts(task, rng, min(cfg.actors.prompts_per_generate, budget),
+                                             keep=tracker.keep if tracker else None)
+            if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
+                log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
+                            actor_id, tracker.excluded_by_reason)
+                time.sleep(1.0)
+                continue
             groups, done = rollout.make_groups(backend, tokenizer, reward, prompts, options, version, actor_id,
-                                               phrase_rng)
+                                               phrase_rng, observe=observe)
             if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
                 done.over_budget, groups = len(groups) - budget, groups[:budget]
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
@@ -129,6 +139,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         stats["send_blocked_s"] = round(sender.blocked_s, 3)
         stats["rejected"] = dict(weights.rejected.counts)
         stats["session"] = sender.session
+        if tracker:
+            stats["prompts_excluded"] = dict(tracker.excluded_by_reason)
         # The report closes this session's accounting at the learner; lingering lets it and any
         # queued groups reach a learner that is draining (a learner already gone costs the wait).
         reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"

@@ -5,6 +5,7 @@ multi-layer GRPO, then each response → a correction → the verified correctio
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import msgspec
 
@@ -55,8 +56,20 @@ class RolloutStats(msgspec.Struct):
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
 
 
-def sample_prompts(task, rng: random.Random, k: int) -> list[Prompt]:
-    return [task.sample(rng) for _ in range(k)]
+def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool] | None = None,
+                   max_draws: int = 1000) -> list[Prompt]:
+    """k prompts; with `keep` (online difficulty filtering), prompts it rejects are skipped, up to
+    max_draws draws in all (fewer prompts come back when nearly everything is excluded)."""
+    if keep is None:
+        return [task.sample(rng) for _ in range(k)]
+    out: list[Prompt] = []
+    for _ in range(max_draws):
+        if len(out) == k:
+            break
+        p = task.sample(rng)
+        if keep(p.id):
+            out.append(p)
+    return out
 
 
 def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
@@ -80,8 +93,10 @@ def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, 
 
 def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,
                 policy_version: int, actor_id: str, rng: random.Random | None = None,
+                observe: Callable[[str, list[float]], None] | None = None,
                 ) -> tuple[list[ScoredGroup], RolloutStats]:
-    """Layer-1 groups first, then (multi-layer GRPO) layer-2 groups. rng draws the guiding phrases."""
+    """Layer-1 groups first, then (multi-layer GRPO) layer-2 groups. rng draws the guiding phrases;
+    observe(prompt_id, rewards) sees every prompt's layer-1 rewards, filtered groups included."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
     ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats)
@@ -92,6 +107,8 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
                                       rng or random.Random(), stats)
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
+        if observe is not None:
+            observe(prompt.id, [r for _, _, r in samples])
         if opts.filter_zero_variance and group_filters.zero_variance([r for _, _, r in samples]):
             stats.filtered_zero_variance += 1
             continue

@@ -149,7 +149,8 @@ def uplift_figure(runs: list[Run], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for run, data in with_uplift:
         buckets = data["buckets"]
-        ax.plot([b["bucket"] for b in buckets], [b["geo_mean_ratio"] for b in buckets], marker="o", label=run.label)
+        ratios = [math.nan if b["geo_mean_ratio"] is None else b["geo_mean_ratio"] for b in buckets]
+        ax.plot([b["bucket"] for b in buckets], ratios, marker="o", label=run.label)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_xlabel("rank bucket of the initial likelihood (0 = most likely at the start)")

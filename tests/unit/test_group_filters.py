@@ -104,3 +104,18 @@ def test_zero_variance_groups_are_filtered_and_counted():
     groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,
                                         _opts(2, filter_zero_variance=True), 0, "a")
     assert [g.prompt_id for g in groups] == ["1"] and stats.filtered_zero_variance == 2
+
+
+def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_filtered_groups():
+    from streamrl.difficulty import SuccessTracker
+
+    tracker = SuccessTracker(rollouts=2, low=0.1, high=0.9)
+    task = tasks.Copy(num_symbols=2, length=1)                  # prompt ids: copy-a, copy-b
+    prompts = [tasks.Prompt(id="copy-a", text="x", target=("a",))]
+    backend = ScriptedBackend([[0, 0]])                         # both right: too easy after 2 samples
+    groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,
+                                        _opts(2, filter_zero_variance=True), 0, "a",
+                                        observe=lambda pid, rs: tracker.observe(pid, rs, 1.0))
+    assert groups == [] and stats.filtered_zero_variance == 1 and not tracker.keep("copy-a")
+    drawn = rollout.sample_prompts(task, random.Random(0), 5, keep=tracker.keep)
+    assert len(drawn) == 5 and {p.id for p in drawn} == {"copy-b"}
