@@ -60,14 +60,22 @@ def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequ
     return out
 
 
-@torch.no_grad()
 def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
                    seed: int) -> list[list[float]]:
     """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
+    return sample_scored(model, tokenizer, reward, prompts, n, temperature=temperature,
+                         max_new_tokens=max_new_tokens, seed=seed)[0]
+
+
+@torch.no_grad()
+def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
+                  seed: int) -> tuple[list[list[float]], list[list[str]]]:
+    """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG."""
     device = next(model.parameters()).device
     ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     per_call = max(1, ROWS_PER_GENERATE // n)
     table: list[list[float]] = []
+    texts: list[list[str]] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for start in range(0, len(prompts), per_call):
@@ -75,8 +83,29 @@ def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: fl
                                        max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
                                        eos_id=tokenizer.eos_token_id, device=device)
             for prompt, group in zip(prompts[start:start + per_call], groups):
-                table.append([reward(prompt, tokenizer.decode(c.tokens, skip_special_tokens=True)) for c in group])
-    return table
+                texts.append([tokenizer.decode(c.tokens, skip_special_tokens=True) for c in group])
+                table.append([reward(prompt, t) for t in texts[-1]])
+    return table, texts
+
+
+def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[float]], texts: list[list[str]], cfg,
+                        seed: int) -> dict:
+    """Multi-layer GRPO in eval: one correction per sample (query + response + a guiding phrase),
+    scored by the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas."""
+    import random
+
+    from streamrl import correction
+    from streamrl.tasks import Prompt
+
+    rng = random.Random(seed)
+    owners = [p for p, row in zip(prompts, texts) for _ in row]
+    queries = [Prompt(id=p.id, text=correction.layer2_query(p.text, t, correction.pick_phrase(cfg.mgrpo.phrases, rng)))
+               for p, row in zip(prompts, texts) for t in row]
+    _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
+                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1)
+    t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
+    t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
+    return {f"eval/{k}": v for k, v in correction.accuracy(t1, t2).items()}
 
 
 class Evaluator:
@@ -99,22 +128,21 @@ class Evaluator:
         """Replace the model's weights ({name: tensor}, e.g. the learner's full_state_dict)."""
         self.model.load_state_dict(state, strict=True)
 
-    def rewards(self) -> list[list[float]]:
-        """(prompts, samples) shaped rewards of fresh samples from the current weights."""
-        e = self.cfg.eval
-        max_new_tokens = e.max_new_tokens or self.cfg.actors.max_new_tokens
-        return sample_rewards(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
-                              temperature=e.temperature, max_new_tokens=max_new_tokens, seed=e.seed)
-
     def run(self, state: dict | None = None) -> dict:
         """The eval/* metrics of `state` (None: the weights the model holds); eval/unparseable is a share of samples."""
         t0 = time.perf_counter()
         if state is not None:
             self.load(state)
         before = self.reward.unparseable
-        table = self.rewards()
+        e = self.cfg.eval
+        table, texts = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
+                                     temperature=e.temperature,
+                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed)
         out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks)
         out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
+        if self.cfg.mgrpo.enabled:
+            out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, texts,
+                                           self.cfg, e.seed))
         out["eval/samples"] = self.cfg.eval.samples
         out["eval_s"] = time.perf_counter() - t0
         return out

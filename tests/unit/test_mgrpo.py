@@ -124,3 +124,14 @@ def test_a_wrong_augment_is_refused_with_why():
 
     with pytest.raises(config.ConfigError, match="mgrpo.augment=3: must be actors.group_size - 1 = 7"):
         config.load(None, ["mgrpo.enabled=true", "mgrpo.augment=3"])
+
+
+def test_eval_reports_the_five_metrics_under_mgrpo():
+    from streamrl import config, evaluation
+    from streamrl import rewards as rewards_lib
+
+    cfg = config.load(None, ["mgrpo.enabled=true", "eval.prompts=6", "eval.samples=4", "eval.ks=[1,4]"])
+    out = evaluation.Evaluator(cfg, rewards_lib.build(cfg)).run()
+    assert {"eval/acc_t1", "eval/acc_t2", "eval/delta_t1_t2", "eval/delta_i2c", "eval/delta_c2i"} <= set(out)
+    assert out["eval/delta_t1_t2"] == pytest.approx(out["eval/delta_i2c"] - out["eval/delta_c2i"])
+    assert out["eval/acc_t1"] == pytest.approx(out["eval/pass@1"])  # the same samples, counted the same way
