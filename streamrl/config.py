@@ -188,6 +188,8 @@ class ActorConfig(_Section):
     """Actor processes that `streamrl run` starts."""
     backend: Literal["hf", "sglang"] = "hf"
     """Generation backend: hf (transformers, CPU or GPU), sglang (SGLang's offline Engine, GPU)."""
+    tensor_parallel_size: PositiveInt = 1
+    """GPUs one actor's engine shards the model over (sglang backend)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8

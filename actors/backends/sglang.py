@@ -34,7 +34,7 @@ class SGLangBackend:
         self.paused_s = 0.0  # total time generation was paused for weight updates
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
-            tp_size=getattr(cfg.actors, "tensor_parallel_size", 1),
+            tp_size=cfg.actors.tensor_parallel_size,
             dtype=cfg.model.dtype,
             random_seed=cfg.seed,
             skip_tokenizer_init=True,
