@@ -94,7 +94,19 @@ def spawn(args: list[str], log_path: Path, ranks: int = 1) -> subprocess.Popen:
                     "--master_port", str(free_ports(1)[0]), "-m", "streamrl"]
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([*launcher, *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the launching process dies, even by SIGKILL, so no learner or
+    actor is left running on its own (Linux; elsewhere the parent's own cleanup has to do)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:

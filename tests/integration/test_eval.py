@@ -75,7 +75,7 @@ def test_difficulty_keeps_only_prompts_inside_the_band(finished_run, tmp_path):
 def test_live_eval_follows_a_running_learners_weights(tmp_path):
     run = tmp_path / "runs" / "live"
     proc = subprocess.Popen([sys.executable, "-m", "streamrl", "run", TINY, "name=live", f"run_dir={tmp_path / 'runs'}",
-                             "steps=100000", "learner.slow_step_s=0.05", *FREE_PORTS, *QUIET],
+                             "steps=3000", "learner.slow_step_s=0.05", *FREE_PORTS, *QUIET],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with reaped(proc):
         deadline = time.monotonic() + 180

@@ -84,7 +84,7 @@ def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tm
     with reaped(learner, actors):
         assert learner.wait(timeout=240) == 0
     log = (tmp_path / "learner2.log").read_text()
-    assert "resuming from step-6" in log and re.search(r"resumed from .*step-6", log)
+    assert "using step-6, the newest complete one" in log and re.search(r"resumed from .*step-6", log)
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["policy_version"] == 8
     state = json.loads((ckpt / "step-8" / "streamrl.json").read_text())
