@@ -3,29 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
-import os
-from pathlib import Path
 
 from streamrl import config as config_lib
-
-
-def _finite(v):
-    """JSON has no inf/nan: an undefined ratio (e.g. r_count with no negative advantage) is null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
-def write_json(path: Path, obj) -> None:
-    """Write atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_finite(obj), indent=2) + "\n")
-    os.replace(tmp, path)
+from streamrl import jsonfiles
 
 
 class RunLog:
@@ -55,7 +35,7 @@ class RunLog:
         self.rewards.append(record["reward_mean"])
         self.step_s += record["step_s"]
         self.metrics_s += record.get("metrics_s", 0.0)
-        self._metrics.write(json.dumps(_finite(record)) + "\n")
+        self._metrics.write(jsonfiles.line(record))
 
     def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:
         n = len(self.rewards)
@@ -71,7 +51,7 @@ class RunLog:
             "improvement_fraction_of_range": (last - first) / span if n else None,
             **extra,
         }
-        write_json(self.dir / "summary.json", out)
+        jsonfiles.write(self.dir / "summary.json", out)
         return out
 
     def close(self) -> None:

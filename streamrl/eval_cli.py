@@ -14,10 +14,9 @@ directory. With `transport.curve_keys` the folder needs an `eval.key_secret` the
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from streamrl import checkpoints, evaluation, policy, rewards
+from streamrl import checkpoints, evaluation, jsonfiles, policy, rewards
 
 
 def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> dict:
@@ -28,7 +27,7 @@ def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> 
     state = json.loads((weights.parent / checkpoints.STATE).read_text())
     result = {"checkpoint": str(weights), "step": state.get("step"), "policy_version": state.get("version"),
               **evaluator.run()}
-    _write(out or policy.run_dir_of(path) / "eval.json", result)
+    jsonfiles.write(out or policy.run_dir_of(path) / "eval.json", result)
     return result
 
 
@@ -56,9 +55,9 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
                 continue
             version = got[0]
             results.append({"policy_version": version, **evaluator.run(got[1])})
-            _write(out, results[-1])
+            jsonfiles.write(out, results[-1])
             with open(out.with_suffix(".jsonl"), "a") as f:
-                f.write(json.dumps(results[-1]) + "\n")
+                f.write(jsonfiles.line(results[-1]))
             show(line(results[-1], out))
     finally:
         sub.close()
@@ -72,10 +71,3 @@ def line(result: dict, out: Path) -> str:
                      if k.startswith(("eval/pass", "eval/mean", "eval/reward", "eval/unparseable")))
     return (f"streamrl eval: version {result.get('policy_version')}: {nums}  "
             f"({result['eval/prompts']} prompts x {result['eval/samples']} samples, {result['eval_s']:.2f}s) -> {out}")
-
-
-def _write(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)

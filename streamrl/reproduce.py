@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from streamrl import config as config_lib
-from streamrl import plots
+from streamrl import jsonfiles, plots
 
 ESTIMATORS = ("grpo", "static", "corpo")
 EARLY, LATE = 0.2, 0.3  # share of the run read as "early" (first) and "late" (last)
@@ -83,7 +83,7 @@ def report(run_dirs: dict[str, Path], out: Path) -> dict:
     (out / "table.md").write_text(table(m))
     result = {"runs": m, "observations": [{"claim": c, "seen": ok, "measured": why} for c, ok, why in observations(m)],
               "figures": [str(p) for p in pngs]}
-    (out / "reproduce.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    jsonfiles.write(out / "reproduce.json", result)
     return result
 
 

@@ -13,11 +13,11 @@ answers lifts the last ones. Written to RUN_DIR/uplift.json.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Sequence
+
+from streamrl import jsonfiles
 
 RANKS = "rank 0 = highest log-prob under the initial policy; rank_lo..rank_hi inclusive"
 RATIOS = ("mean_log_ratio = mean of log(post/pre); geo_mean_ratio = exp(mean_log_ratio); "
@@ -95,9 +95,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
         "buckets": buckets(pre, post, num_buckets) if correct else [],
     }
     out = out or policy.run_dir_of(run_dir) / "uplift.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
+    jsonfiles.write(out, result)
     result["out"] = str(out)
     return result
 
