@@ -72,6 +72,19 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         telemetry.observe_weights(version, time.perf_counter() - t0)
         health.beat(policy_version=version)
 
+    held = None  # weights from a restarted learner, seen mid-generation: the main loop resyncs to them
+
+    def between_steps() -> int:
+        """In-flight updates: newer weights land between decoding steps (the KV cache stays)."""
+        nonlocal held
+        newer = weights.poll(0)
+        if newer is not None and weights.learner_restarts != restarts:
+            held = newer
+        elif newer is not None and newer[0] > version:
+            apply(newer)
+            stats["inflight_loads"] = stats.get("inflight_loads", 0) + 1
+        return version
+
     try:
         # never generate before holding the learner's weights
         got = _wait(weights, 0, cfg, stopping, stats, telemetry, ask_first=True)
@@ -89,7 +102,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
         observe = (lambda pid, rs: tracker.observe(pid, rs, cfg.advantage.r_min_correct)) if tracker else None
         while not stopping() and weights.shutdown is None:
-            newer = weights.poll(0)
+            newer, held = held or weights.poll(0), None
             if newer is not None and (newer[0] > version or weights.learner_restarts != restarts):
                 apply(newer)
             if share > base_share and version - last_demand >= SHARE_RELAX_VERSIONS:
@@ -118,7 +131,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                 time.sleep(1.0)
                 continue
             groups, done = rollout.make_groups(backend, tokenizer, reward, prompts, options, version, actor_id,
-                                               phrase_rng, observe=observe)
+                                               phrase_rng, observe=observe,
+                                               between_steps=between_steps if cfg.actors.inflight_updates else None)
             if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
                 done.over_budget, groups = len(groups) - budget, groups[:budget]
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)

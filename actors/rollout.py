@@ -73,10 +73,12 @@ def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool]
 
 
 def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
-            n: int) -> list[list[Sample]]:
+            n: int, between_steps: Callable[[], int] | None = None) -> list[list[Sample]]:
     """n scored samples for each prompt (ids: its token ids)."""
+    # Only backends that can pause between decoding steps take between_steps (the config checks which).
+    drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
     out = []
-    for prompt, completions in zip(prompts, backend.generate(ids, n)):
+    for prompt, completions in zip(prompts, drawn):
         texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
         out.append([(c, t, reward(prompt, t)) for c, t in zip(completions, texts)])
     return out
@@ -88,23 +90,26 @@ def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, 
         prompt_id=prompt_id, policy_version=version, actor_id=actor_id, prompt_tokens=ids,
         completions=[c.tokens for c, _, _ in samples], logprobs=[c.logprobs for c, _, _ in samples],
         rewards=[r for _, _, r in samples], finish_reasons=[c.finish_reason for c, _, _ in samples],
-        corrections=corrections, layer=layer)
+        corrections=corrections, layer=layer,
+        last_versions=[c.versions[1] if c.versions else None for c, _, _ in samples])
 
 
 def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,
                 policy_version: int, actor_id: str, rng: random.Random | None = None,
                 observe: Callable[[str, list[float]], None] | None = None,
-                ) -> tuple[list[ScoredGroup], RolloutStats]:
+                between_steps: Callable[[], int] | None = None) -> tuple[list[ScoredGroup], RolloutStats]:
     """Layer-1 groups first, then (multi-layer GRPO) layer-2 groups. rng draws the guiding phrases;
-    observe(prompt_id, rewards) sees every prompt's layer-1 rewards, filtered groups included."""
+    observe(prompt_id, rewards) sees every prompt's layer-1 rewards, filtered groups included.
+    between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
+    oldest version of their samples, and each sample records the newest."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
     ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
-    chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats)
+    chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
-                                      rng or random.Random(), stats)
+                                      rng or random.Random(), stats, between_steps)
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
         if observe is not None:
@@ -117,14 +122,15 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     return groups + layer2, stats
 
 
-def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stats: RolloutStats) -> list[list[Sample]]:
+def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stats: RolloutStats,
+            between_steps=None) -> list[list[Sample]]:
     """G samples per prompt; with dynamic rollouts, more for groups lacking a correct or a failed sample,
     then the G of largest reward variance."""
     pools: list[list[Sample]] = [[] for _ in prompts]
     pending = list(range(len(prompts)))
     for round_ in range(opts.rollout_factor):
         drawn = _sample(backend, tokenizer, reward, [prompts[i] for i in pending], [ids[i] for i in pending],
-                        opts.group_size)
+                        opts.group_size, between_steps)
         for i, samples in zip(pending, drawn):
             pools[i] += samples
         stats.extra_samples += opts.group_size * len(pending) if round_ else 0
@@ -140,7 +146,8 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
 
 
 def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opts: RolloutOptions, version: int,
-            actor_id: str, rng: random.Random, stats: RolloutStats) -> tuple[list[list[float]], list[ScoredGroup]]:
+            actor_id: str, rng: random.Random, stats: RolloutStats,
+            between_steps=None) -> tuple[list[list[float]], list[ScoredGroup]]:
     """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
     query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups."""
     queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
@@ -151,14 +158,15 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
             owners.append(prompt)
     q_ids = [tokenizer(q.text, add_special_tokens=False)["input_ids"] for q in queries]
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
-    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1)]
+    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps)]
     stats.corrections += len(first)
     per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
     kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct]
     stats.corrections_kept += len(kept)
     groups = []
     if kept and opts.augment:
-        more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment)
+        more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment,
+                       between_steps)
         for j, extra in zip(kept, more):
             groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
                                  actor_id, layer=2))

@@ -27,7 +27,9 @@ class Batch(msgspec.Struct):
     rewards: torch.Tensor
     """(num_groups, G) rewards."""
     policy_versions: torch.Tensor
-    """(num_groups,) version that generated each group."""
+    """(num_groups,) version that generated each group (its oldest, under in-flight updates)."""
+    last_versions: torch.Tensor
+    """(num_groups, G) newest version behind each sample (= policy_versions unless weights landed mid-sample)."""
     layers: torch.Tensor
     """(num_groups,) 1 for a prompt's group, 2 for a multi-layer GRPO correction group."""
     corrections: torch.Tensor
@@ -68,6 +70,7 @@ def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
         behaviour_logprobs=torch.from_numpy(blogp),
         rewards=torch.tensor([g.rewards for g in groups], dtype=torch.float32),
         policy_versions=torch.tensor([g.policy_version for g in groups]),
+        last_versions=torch.tensor([g.last_versions for g in groups]),
         layers=torch.tensor([g.layer for g in groups]),
         corrections=torch.tensor([g.corrections or [float("nan")] * g.group_size for g in groups],
                                  dtype=torch.float32),

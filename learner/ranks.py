@@ -18,7 +18,7 @@ from streamrl.losses import LossOutput
 
 STOP, STEP, STOP_AND_SAVE = 0, 1, 2
 _BATCH_FIELDS = ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs", "rewards",
-                 "policy_versions", "layers", "corrections")
+                 "policy_versions", "last_versions", "layers", "corrections")
 
 
 class Command(msgspec.Struct, frozen=True):
@@ -75,7 +75,8 @@ class Ranks:
         shapes = {"input_ids": ((B, L), torch.int64), "attention_mask": ((B, L), torch.int64),
                   "completion_mask": ((B, L - 1), torch.float32), "behaviour_logprobs": ((B, L - 1), torch.float32),
                   "rewards": ((groups, G), torch.float32), "policy_versions": ((groups,), torch.int64),
-                  "layers": ((groups,), torch.int64), "corrections": ((groups, G), torch.float32)}
+                  "last_versions": ((groups, G), torch.int64), "layers": ((groups,), torch.int64),
+                  "corrections": ((groups, G), torch.float32)}
         fields = {}
         for name in _BATCH_FIELDS:
             fields[name] = torch.empty(*shapes[name][0], dtype=shapes[name][1])
@@ -96,7 +97,8 @@ class Ranks:
         share = Batch(input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows],
                       completion_mask=batch.completion_mask[rows], behaviour_logprobs=batch.behaviour_logprobs[rows],
                       rewards=batch.rewards[g0:g0 + k], policy_versions=batch.policy_versions[g0:g0 + k],
-                      layers=batch.layers[g0:g0 + k], corrections=batch.corrections[g0:g0 + k])
+                      last_versions=batch.last_versions[g0:g0 + k], layers=batch.layers[g0:g0 + k],
+                      corrections=batch.corrections[g0:g0 + k])
         return engine.train_step(share, adv[g0:g0 + k], token_count=batch.num_tokens / self.world)
 
     def _gather(self, out: LossOutput) -> LossOutput:

@@ -35,6 +35,8 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "lag_max": max(lags),
         "lag_mean": sum(lags) / len(lags),
         "lag_hist": {str(k): v for k, v in sorted(hist.items())},
+        # In-flight updates: how many samples mixed versions, and the widest span (0 without them).
+        **version_spans(batch),
         "is_ratio_mean": float(ratio.mean()),
         "is_ratio_min": float(ratio.min()),
         "is_ratio_max": float(ratio.max()),
@@ -48,6 +50,11 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
     }
+
+
+def version_spans(batch: Batch) -> dict:
+    spans = batch.last_versions - batch.policy_versions[:, None]  # (num_groups, G)
+    return {"version_span_max": int(spans.max()), "inflight_fraction": float((spans > 0).float().mean())}
 
 
 def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
@@ -73,6 +80,9 @@ def distributions(version: int, batch: Batch, out: LossOutput) -> dict:
 def check_strict(rec: dict, ratio_tol: float) -> None:
     if rec["lag_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
+    if rec["version_span_max"] != 0:
+        raise StrictModeViolation(f"step {rec['step']}: a sample spans {rec['version_span_max'] + 1} policy versions "
+                                  "(strict needs one)")
     if rec["optimizer_steps"] != 1:
         raise StrictModeViolation(
             f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")

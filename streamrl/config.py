@@ -214,6 +214,8 @@ class ActorConfig(_Section):
     """Fail with a clear error if awaited weights do not arrive in this time (covers a learner restart)."""
     send_timeout_s: PositiveFloat = 600.0
     """Fail with a clear error if the learner takes no group for this long (backpressure longer than any step)."""
+    inflight_updates: bool = False
+    """Load new weights between decoding steps too, not only between generate calls (hf); samples record versions."""
 
 
 class TransportConfig(_Section):
@@ -350,6 +352,12 @@ class Config(_Section):
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
+        if self.actors.inflight_updates and self.strict:
+            raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
+                             "from two policy versions); use on_policy=async")
+        if self.actors.inflight_updates and self.actors.backend != "hf":
+            raise ValueError(f"actors.inflight_updates=true: the {self.actors.backend} backend loads weights between "
+                             "generate calls only; in-flight updates need actors.backend=hf")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

@@ -87,6 +87,9 @@ STEP_GAUGES = (
     ("streamrl_grad_norm", "Gradient norm of the last step (before clipping)", "grad_norm"),
     ("streamrl_clipped_token_fraction", "Share of the last batch's tokens whose ratio was clipped",
      "clipped_fraction"),
+    ("streamrl_inflight_sample_fraction",
+     "Share of the last batch's samples whose tokens came from more than one policy version (in-flight updates)",
+     "inflight_fraction"),
 )
 # Sums over steps: (metric, help, label or None, {label value or None: record key or None for 1 per step}).
 STEP_COUNTERS = (

@@ -2,11 +2,15 @@
 
 `generate` makes n completions per prompt with left-padded batched `model.generate` and keeps the
 behaviour log-prob of every sampled token (at the sampling temperature, from the untruncated
-tempered distribution); a completion ends after its first EOS. `sequence_logprobs` scores given
-completions with teacher forcing.
+tempered distribution); a completion ends after its first EOS. With `between_steps`, new weights
+may land between decoding steps (in-flight updates: the KV cache of earlier tokens is kept, as
+PipelineRL does), and each completion records the span of policy versions its tokens came from.
+`sequence_logprobs` scores given completions with teacher forcing.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import msgspec
 import torch
@@ -19,6 +23,21 @@ class Completion(msgspec.Struct):
     """Behaviour log-prob of each sampled token at the sampling temperature."""
     finish_reason: str
     """'stop' (EOS sampled) or 'length' (max_new_tokens reached)."""
+    versions: tuple[int, int] | None = None
+    """(first, last) policy version that sampled its tokens, under in-flight updates; None: not tracked."""
+
+
+class _BetweenSteps:
+    """A stopping criterion that never stops: transformers calls it after every decoding step, which is
+    where in-flight weights may land. `versions[t]` is the policy version that sampled token t."""
+
+    def __init__(self, between_steps: Callable[[], int]):
+        self.between_steps = between_steps
+        self.versions = [between_steps()]
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.versions.append(self.between_steps())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,11 +54,19 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int, pad_id: int,
-             eos_id: int, top_p: float = 1.0, device: torch.device | str = "cpu") -> list[list[Completion]]:
-    """n completions for each prompt (outer list follows `prompts`); `model` must already be on `device`."""
+             eos_id: int, top_p: float = 1.0, device: torch.device | str = "cpu",
+             between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
+    """n completions for each prompt (outer list follows `prompts`); `model` must already be on `device`.
+
+    between_steps() is called before the first and after every decoding step; it may load new
+    weights into `model` in place, and returns the policy version the model holds afterwards.
+    """
+    from transformers import StoppingCriteriaList
+
     rows = [p for p in prompts for _ in range(n)]
     ids, mask = left_pad(rows, pad_id)
     width = ids.shape[1]
+    hook = _BetweenSteps(between_steps) if between_steps is not None else None
     out = model.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
@@ -52,21 +79,22 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
         eos_token_id=eos_id,
         return_dict_in_generate=True,
         output_logits=True,
+        stopping_criteria=StoppingCriteriaList([hook]) if hook else None,
     )
     seq = out.sequences[:, width:].cpu()  # (B, T)
     logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # (B, T, V)
     logp = logits.gather(-1, seq[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
-    completions = [_cut(seq[i], logp[i], eos_id) for i in range(len(rows))]
+    completions = [_cut(seq[i], logp[i], eos_id, hook.versions if hook else None) for i in range(len(rows))]
     return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
 
 
-def _cut(tokens: torch.Tensor, logp: torch.Tensor, eos_id: int) -> Completion:
-    """tokens, logp: (T,). Everything after the first EOS is padding from the batch, not the sample."""
+def _cut(tokens: torch.Tensor, logp: torch.Tensor, eos_id: int, versions: list[int] | None = None) -> Completion:
+    """tokens, logp: (T,). Everything after the first EOS is padding from the batch, not the sample.
+    versions: (≥ T,) the policy version that sampled each token position, when tracked."""
     hits = (tokens == eos_id).nonzero()
-    if len(hits):
-        end = int(hits[0]) + 1
-        return Completion(tokens[:end].tolist(), logp[:end].tolist(), "stop")
-    return Completion(tokens.tolist(), logp.tolist(), "length")
+    end, reason = (int(hits[0]) + 1, "stop") if len(hits) else (len(tokens), "length")
+    span = (versions[0], versions[end - 1]) if versions and end else None
+    return Completion(tokens[:end].tolist(), logp[:end].tolist(), reason, span)
 
 
 @torch.no_grad()

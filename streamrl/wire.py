@@ -43,6 +43,8 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     finish_reason: Literal["stop", "length"]
     correction: float | None = None
     """Multi-layer GRPO, layer 1: the reward of this sample's first correction (left out otherwise)."""
+    last_version: int | None = None
+    """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
 
 
 class GroupHeader(Struct, tag="scored_group", kw_only=True):
@@ -187,6 +189,11 @@ class ScoredGroup(Struct, kw_only=True):
         return [s.reward for s in self.samples]
 
     @property
+    def last_versions(self) -> list[int]:
+        """The newest policy version behind each sample (policy_version where no in-flight update hit it)."""
+        return [self.policy_version if s.last_version is None else s.last_version for s in self.samples]
+
+    @property
     def corrections(self) -> list[float] | None:
         """Layer-1 groups under multi-layer GRPO: each sample's correction reward; None otherwise."""
         if self.samples and self.samples[0].correction is not None:
@@ -219,7 +226,12 @@ class ScoredGroup(Struct, kw_only=True):
         finish_reasons: Sequence[str],
         corrections: Sequence[float] | None = None,
         layer: int = 1,
+        last_versions: Sequence[int | None] | None = None,
     ) -> "ScoredGroup":
+        """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
+        newer than policy_version, which stays the oldest and is what the staleness gate judges."""
+        last = [v if v is not None and v > policy_version else None
+                for v in (last_versions or [None] * len(completions))]
         return cls(
             prompt_id=prompt_id,
             policy_version=policy_version,
@@ -229,7 +241,7 @@ class ScoredGroup(Struct, kw_only=True):
             behaviour_logprobs=np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs]),
             samples=[
                 SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
-                           correction=None if corrections is None else float(corrections[i]))
+                           correction=None if corrections is None else float(corrections[i]), last_version=last[i])
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
@@ -407,6 +419,12 @@ def _check_groups(groups: Sequence[GroupHeader | GroupEntry]) -> list[int]:
         if not all(math.isfinite(c) for c in corrections if c is not None):
             i = next(i for i, c in enumerate(corrections) if c is not None and not math.isfinite(c))
             raise WireError("non_finite_reward", f"sample {i} correction reward is {corrections[i]}")
+    if any(s.last_version is not None for s in samples):  # in-flight updates only pay for this check
+        for gi, g in enumerate(groups):
+            bad = [v for s in g.samples if (v := s.last_version) is not None and v < g.policy_version]
+            if bad:
+                raise WireError("bad_version_span", f"group {gi}: a sample's last_version {bad[0]} is older than the "
+                                f"group's policy_version {g.policy_version}")
     token_starts = list(accumulate(counts, initial=0))
     return [token_starts[i] for i in accumulate(sizes, initial=0)]
 

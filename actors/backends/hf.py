@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from actors.backends import BACKENDS, Completion
@@ -21,11 +23,12 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id
         self.eos_id = tokenizer.eos_token_id
 
-    def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int,
+                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
         c = self.cfg
         return sampling.generate(self.model, prompts, n, temperature=c.temperature, top_p=c.top_p,
                                  max_new_tokens=c.max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_id,
-                                 device=self.device)
+                                 device=self.device, between_steps=between_steps)
 
     @torch.no_grad()
     def load_weights(self, state: dict) -> None:

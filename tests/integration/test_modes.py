@@ -51,6 +51,17 @@ def test_throttled_actors_stay_within_the_bound_so_almost_nothing_is_dropped(run
     assert s["groups_dropped"].get("stale", 0) <= 16, s["groups_dropped"]
 
 
+def test_inflight_updates_land_mid_generation_and_samples_record_their_version_span(run_job):
+    run = run_job("actors.inflight_updates=true", "actors.max_new_tokens=8", "steps=12", name="inflight")
+    recs = metrics(run)
+    assert len(recs) == 12
+    assert any(r["inflight_fraction"] > 0 for r in recs), "weights published every step should land mid-generation"
+    for r in recs:
+        # A sample's newest version is one the learner had published, so never beyond the lag it is trained at.
+        assert r["version_span_max"] <= r["lag_max"] <= 2
+        assert 0 < r["is_ratio_min"] and r["is_ratio_max"] < 100
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zero_stages_train_and_publish_full_weights(run_job, stage):
     run = run_job(f"learner.zero_stage={stage}", "steps=8", name=f"zero{stage}")

@@ -103,3 +103,23 @@ def test_a_group_with_an_empty_prompt_does_not_crash_collate():
         collate([g], pad_id=PAD)
     except ValueError:
         pass  # a clear refusal is fine; a RuntimeError from tensor slicing is not
+
+
+def test_version_spans_count_the_samples_that_mixed_policy_versions():
+    from learner import stepstats
+
+    spanning = ScoredGroup.from_samples(
+        prompt_id="p", policy_version=3, actor_id="a", prompt_tokens=[5], completions=[[8], [9]],
+        logprobs=[[-0.5], [-0.5]], rewards=[1.0, 0.0], finish_reasons=["stop"] * 2, last_versions=[5, None])
+    b = collate([G0, spanning], pad_id=PAD)
+    assert b.last_versions.tolist() == [[4, 4], [5, 3]]
+    assert stepstats.version_spans(b) == {"version_span_max": 2, "inflight_fraction": 0.25}
+    assert stepstats.version_spans(collate([G0, G1], pad_id=PAD)) == {"version_span_max": 0, "inflight_fraction": 0.0}
+
+
+def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
+    from learner.stepstats import StrictModeViolation, check_strict
+
+    rec = {"step": 7, "lag_max": 0, "version_span_max": 1, "optimizer_steps": 1, "is_ratio_max_abs_dev": 0.0}
+    with pytest.raises(StrictModeViolation, match="step 7: a sample spans 2 policy versions"):
+        check_strict(rec, 1e-3)

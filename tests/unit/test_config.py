@@ -122,6 +122,12 @@ def test_strict_mode_requires_publishing_every_step():
     assert "learner.publish_every=2" in msg and "strict" in msg
 
 
+def test_inflight_updates_are_refused_in_strict_mode_and_on_backends_that_cannot_pause():
+    assert "strict forbids it" in _error("on_policy=strict", "actors.inflight_updates=true")
+    assert "need actors.backend=hf" in _error("actors.backend=sglang", "actors.inflight_updates=true")
+    assert load(None, ["actors.inflight_updates=true"]).actors.inflight_updates
+
+
 def test_num_heads_must_divide_hidden_size_and_the_error_names_the_key_typed():
     msg = _error("model.num_heads=3")
     assert "model.num_heads=3" in msg and "hidden_size (64)" in msg

@@ -34,3 +34,44 @@ def test_a_completion_ends_after_its_first_eos():
     assert (c.tokens, c.finish_reason) == ([5, 1], "stop") and c.logprobs == pytest.approx([-0.1, -0.2])
     c = sampling._cut(tokens, logp, eos_id=9)
     assert (c.tokens, c.finish_reason) == ([5, 1, 7, 1], "length")
+
+
+def test_weights_loaded_between_decoding_steps_sample_the_later_tokens_and_set_the_version_span(policy):
+    model, tok = policy
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    new = {k: v + 0.5 * torch.randn_like(v) for k, v in old.items()}  # far enough to change every log-prob
+    calls = []
+
+    def between_steps() -> int:
+        calls.append(len(calls))
+        if len(calls) == 3:  # after tokens 0 and 1: token 2 onwards come from version 1
+            model.load_state_dict(new)
+        return 1 if len(calls) >= 3 else 0
+
+    prompts = [tok("copy : a b c d =", add_special_tokens=False)["input_ids"]]
+    try:
+        torch.manual_seed(0)
+        out = sampling.generate(model, prompts, 6, temperature=1.0, max_new_tokens=5, pad_id=tok.pad_token_id,
+                                eos_id=tok.eos_token_id, between_steps=between_steps)[0]
+    finally:
+        model.load_state_dict(old)
+    assert len(calls) == 1 + max(len(c.tokens) for c in out)  # once before decoding, then after every step
+    for c in out:
+        assert c.versions == ((0, 1) if len(c.tokens) > 2 else (0, 0))
+    c = max(out, key=lambda c: len(c.tokens))
+    assert len(c.tokens) > 2
+    # Each token's log-prob under the old weights, teacher-forced: the first two match what the
+    # sampler recorded; from token 2 on the recorded ones come from the new weights, so they do not.
+    prefix = [sampling.sequence_logprobs(model, prompts, [c.tokens[:k]], tok.pad_token_id)[0]
+              for k in range(len(c.tokens) + 1)]
+    teacher = [b - a for a, b in zip(prefix, prefix[1:])]
+    assert teacher[:2] == pytest.approx(c.logprobs[:2], abs=1e-4)
+    assert all(abs(t - lp) > 1e-3 for t, lp in zip(teacher[2:], c.logprobs[2:]))
+
+
+def test_without_between_steps_completions_carry_no_version_span(policy):
+    model, tok = policy
+    out = sampling.generate(model, [[3, 4]], 2, temperature=1.0, max_new_tokens=3, pad_id=tok.pad_token_id,
+                            eos_id=tok.eos_token_id)
+    assert all(c.versions is None for c in out[0])

@@ -87,6 +87,23 @@ def test_scored_group_round_trips_with_identical_arrays_and_fields():
         assert np.array_equal(back.sample_logprobs(i), g.sample_logprobs(i))
 
 
+def test_a_sample_span_newer_than_its_group_travels_and_an_older_or_equal_one_is_left_out():
+    g = make_group(last_versions=[5, 3, None, 2])  # 3 (the group's own) and 2 (older) say nothing new
+    back = wire.decode_group(to_bytes(wire.encode_group(g)), vocab_size=VOCAB)
+    assert [s.last_version for s in back.samples] == [5, None, None, None]
+    assert back.last_versions == [5, 3, 3, 3]
+    batch = wire.decode_groups(to_bytes(wire.encode_groups([g, make_group()])), vocab_size=VOCAB)
+    assert [b.last_versions for b in batch] == [[5, 3, 3, 3], [3, 3, 3, 3]]
+
+
+def test_a_sample_whose_last_version_precedes_its_group_is_bad_version_span():
+    frames = group_frames(policy_version=4, samples=[SampleInfo(2, 1.0, "stop", last_version=3),
+                                                     SampleInfo(1, 0.0, "length")])
+    with pytest.raises(WireError, match="last_version 3 is older than the group's policy_version 4") as e:
+        wire.decode_group(frames, vocab_size=VOCAB)
+    assert e.value.reason == "bad_version_span"
+
+
 def test_group_arrays_travel_as_separate_zero_copy_frames():
     g = make_group()
     frames = wire.encode_group(g)
@@ -221,6 +238,7 @@ def test_decode_groups_refuses_a_single_group_message_as_unexpected_type():
     ({"samples": [[4, math.nan, "length"]]}, "non_finite_reward"),
     ({"samples": [[4, -math.inf, "length"]]}, "non_finite_reward"),
     ({"samples": [[4, 0.5, "exploded"]]}, "bad_header"),
+    ({"samples": [[4, 0.5, "length", None, 2]], "policy_version": 3}, "bad_version_span"),
 ])
 def test_one_bad_group_header_rejects_the_whole_batch_with_the_reason_it_gets_alone(changes, expected):
     assert reason(wire.decode_groups, batch_frames(**changes), vocab_size=VOCAB) == expected
