@@ -51,9 +51,17 @@ def run(cfg: Config) -> dict:
                     refused=(lambda: gate.refused) if gate else (lambda: 0))
     telemetry, health, server = _monitoring(cfg, reward.levels)
 
+    sync = _weight_sync(cfg)
+
     def publish(v: int) -> None:
         t0 = time.perf_counter()
-        nbytes = publisher.publish(v, engine.full_state_dict())
+        state = engine.full_state_dict()
+        collective = sync is not None and sync.ready
+        nbytes = publisher.publish(v, state, broadcast=not collective)
+        if collective:  # announced on the weight channel, then broadcast; on failure ZeroMQ carries it
+            publisher.announce(sync.announcement(v, state, publisher.session))
+            if not sync.send(v, state):
+                publisher.publish(v, state)
         telemetry.observe_publish(time.perf_counter() - t0, nbytes)
 
     def checkpoint() -> None:
@@ -121,7 +129,9 @@ def run(cfg: Config) -> dict:
             checkpoint()
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
-             **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server)},
+             **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server),
+             **({"weight_sync": {"syncs": sync.syncs, "sync_s": round(sync.sync_s, 3), "failed": sync.failed}}
+                if sync else {})},
             reward_range=(min(reward.levels), max(reward.levels)))
         runlog.close()
         receiver.close()
@@ -147,6 +157,16 @@ def _open_sockets(cfg: Config, vocab_size: int):
     publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
                                 t.max_message_bytes, curve)
     return ctx, gate, receiver, publisher
+
+
+def _weight_sync(cfg: Config):
+    """The collective weight-sync group's learner end (forming in the background), or None for zmq."""
+    t = cfg.transport
+    if t.weight_sync != "collective":
+        return None
+    from streamrl.weight_sync import LearnerSync
+
+    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_bucket_bytes)
 
 
 def _monitoring(cfg: Config, reward_levels: list[float]

@@ -237,6 +237,14 @@ class TransportConfig(_Section):
     """Folder made by `streamrl keys`: CurveZMQ encryption, and the learner admits only keys in its authorized/."""
     max_message_bytes: PositiveInt = 256 * 1024 * 1024
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
+    weight_sync: Literal["zmq", "collective"] = "zmq"
+    """Weights to actors: zmq (PUB/SUB) or collective (bucketed NCCL broadcast, gloo on CPU; falls back to zmq)."""
+    weight_sync_port: Port = 29613
+    """Collective weight sync: the learner's rendezvous port (TCPStore)."""
+    weight_sync_timeout_s: PositiveFloat = 60.0
+    """Collective weight sync: timeout of the rendezvous and of every broadcast (then zmq takes over)."""
+    weight_sync_bucket_bytes: PositiveInt = 256 * 1024 * 1024
+    """Collective weight sync: tensors of one dtype share a broadcast up to this many bytes."""
 
 
 class MonitoringConfig(_Section):
@@ -352,6 +360,9 @@ class Config(_Section):
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
+        if self.transport.weight_sync == "collective" and self.actors.backend != "hf":
+            raise ValueError(f"transport.weight_sync=collective: wired for actors.backend=hf only (the "
+                             f"{self.actors.backend} engine's own NCCL path is not yet part of the loop); use zmq")
         if self.actors.inflight_updates and self.strict:
             raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
                              "from two policy versions); use on_policy=async")

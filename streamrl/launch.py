@@ -49,7 +49,7 @@ def free_ports(n: int) -> list[int]:
 def with_free_ports(cfg: Config) -> Config:
     """Port 0 means 'any free port', resolved here so learner and actors agree on it."""
     t = cfg.transport
-    keys = [k for k in ("group_port", "weights_port", "weights_request_port") if not getattr(t, k)]
+    keys = [k for k in ("group_port", "weights_port", "weights_request_port", "weight_sync_port") if not getattr(t, k)]
     ports = dict(zip(keys, free_ports(len(keys))))
     return msgspec.structs.replace(cfg, transport=msgspec.structs.replace(t, **ports))
 

@@ -250,11 +250,12 @@ class WeightPublisher:
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
 
-    def publish(self, version: int, state: dict) -> int:
+    def publish(self, version: int, state: dict, broadcast: bool = True) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy.
 
         `state` is copied into a reused snapshot before this returns and sent from there without
         another copy, so the caller may update its tensors at once: no actor sees a torn version.
+        broadcast=False only keeps it as the answer to requests (the collective sync carries it).
         """
         snap = self.snapshots.fill(state)
         layout = self.snapshots.layout
@@ -263,7 +264,8 @@ class WeightPublisher:
                                     for n, d, shape in layout])
         self.latest = [wire.encode_weights_header(version, self._infos[1], self.session), *snap.frames]
         self.version = version
-        self._send(self.pub, self.latest, snap)
+        if broadcast:
+            self._send(self.pub, self.latest, snap)
         nbytes = sum(f.nbytes for f in snap.frames) + len(self.latest[0])
         self.bytes_sent += nbytes
         return nbytes
@@ -305,6 +307,10 @@ class WeightPublisher:
                 served += 1
                 self.requests_served += 1
 
+    def announce(self, msg: wire.WeightsCollective) -> None:
+        """Tell subscribers a version follows over the collective group (they join the broadcast)."""
+        self.pub.send_multipart(wire.encode(msg))
+
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
@@ -335,7 +341,10 @@ class WeightSubscriber:
     """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, actor_id: str, max_bytes: int,
-                 curve: Curve | None = None):
+                 curve: Curve | None = None,
+                 collective: Callable[[wire.WeightsCollective], dict | None] | None = None):
+        self.collective = collective
+        """Takes an announced collective sync and returns its tensors, or None (then ask the ROUTER)."""
         self.sub = _socket(ctx, zmq.SUB, max_bytes, curve)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(pub_addr)
@@ -434,6 +443,13 @@ class WeightSubscriber:
                 if self.demand is None or header.version >= self.demand.version:
                     self.demand = header
                 return None
+            if isinstance(header, wire.WeightsCollective):
+                tensors = self.collective(header) if self.collective and header.learner == self.learner else None
+                if tensors is None:  # not (or no longer) in the group: the ROUTER has the same version
+                    self.collective = None
+                    self.request(header.version - 1)
+                    return None
+                return header.version, tensors
             got = wire.decode_weights(frames, header)
         except wire.WireError as e:
             self.rejected(e)

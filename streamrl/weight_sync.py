@@ -8,39 +8,43 @@ before they let any tensor reach their engine. Every collective waits with a tim
 that died turns into a `WeightSyncError` naming the version and bucket, never a silent hang.
 With a generator of buckets (ZeRO-3 gathers them one by one), the next bucket is gathered while
 the previous one is on the wire.
+
+In a run (`transport.weight_sync: collective`), `LearnerSync` and `ActorSync` are the two ends:
+the group forms in the background while the first weights go over ZeroMQ; from then on each
+version is announced on the ZeroMQ weight channel (`wire.WeightsCollective`, carrying the plan)
+and broadcast. Any failure (a dead actor, a timeout, a torn bucket) sends that version over
+ZeroMQ instead and leaves the collective for good: a run slows down, it never hangs.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
+import math
+import threading
 import time
 from typing import Callable, Iterable, Iterator
 
 import msgspec
 import torch
 
+from streamrl.wire import TensorInfo, WeightsCollective
+
+log = logging.getLogger("streamrl.weight_sync")
+
 
 class WeightSyncError(RuntimeError):
     """A sync failed: a collective timed out, or a bucket arrived corrupt (its checksum differs)."""
 
 
-class TensorSpec(msgspec.Struct, array_like=True, frozen=True):
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+def _numel(t: TensorInfo) -> int:
+    return math.prod(t.shape)
 
 
 class SyncPlan(msgspec.Struct, frozen=True):
     """How a state dict is cut into buckets: each bucket holds tensors of one dtype, in order."""
 
-    buckets: list[list[TensorSpec]]
+    buckets: list[list[TensorInfo]]
 
     @property
     def names(self) -> list[str]:
@@ -49,10 +53,10 @@ class SyncPlan(msgspec.Struct, frozen=True):
 
 def plan(state: dict[str, torch.Tensor], bucket_bytes: int) -> SyncPlan:
     """Consecutive tensors of one dtype share a bucket up to bucket_bytes; a bigger tensor goes alone."""
-    buckets: list[list[TensorSpec]] = []
+    buckets: list[list[TensorInfo]] = []
     size, dtype = 0, None
     for name, t in state.items():
-        spec = TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        spec = TensorInfo(name, str(t.dtype).removeprefix("torch."), list(t.shape))
         nbytes = t.numel() * t.element_size()
         if not buckets or spec.dtype != dtype or size + nbytes > bucket_bytes:
             buckets.append([])
@@ -138,7 +142,7 @@ def receive(group: Group, sync_plan: SyncPlan, load: Callable[[list[tuple[str, t
                               f"{len(sync_plan.buckets)} (learner and actor disagree on the model)")
     received = []
     for i, specs in enumerate(sync_plan.buckets):
-        flat = torch.empty(sum(s.numel for s in specs), dtype=getattr(torch, specs[0].dtype), device=group.device)
+        flat = torch.empty(sum(map(_numel, specs)), dtype=getattr(torch, specs[0].dtype), device=group.device)
         group.broadcast(flat, f"version {version} bucket {i}")
         received.append(flat)
     sums = torch.zeros(count, dtype=torch.float64, device=group.device)
@@ -150,7 +154,7 @@ def receive(group: Group, sync_plan: SyncPlan, load: Callable[[list[tuple[str, t
                                   f"{float(sums[i])!r}; the update is discarded")
     tensors = []
     for specs, flat in zip(sync_plan.buckets, received):
-        for spec, part in zip(specs, flat.split([s.numel for s in specs])):
+        for spec, part in zip(specs, flat.split([_numel(s) for s in specs])):
             tensors.append((spec.name, part.view(spec.shape)))
     t1 = time.perf_counter()
     if pause is None:
@@ -160,3 +164,96 @@ def receive(group: Group, sync_plan: SyncPlan, load: Callable[[list[tuple[str, t
             load(tensors)
     t2 = time.perf_counter()
     return {"version": version, "buckets": count, "sync_s": t2 - t0, "paused_s": t2 - t1}
+
+
+def _backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class _Forming:
+    """A Group formed on a background thread (its rendezvous waits for every member)."""
+
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
+        self.group: Group | None = None
+        self.failed: str | None = None
+        self.timeout_s = timeout_s
+        self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
+                                        name="weight-sync-rendezvous")
+        self._thread.start()
+
+    def _form(self, host: str, port: int, rank: int, world: int) -> None:
+        try:
+            self.group = Group(host, port, rank, world, self.timeout_s, _backend())
+            log.info("weight sync: rank %d of %d joined the %s group at %s:%d", rank, world, _backend(), host, port)
+        except Exception as e:  # noqa: BLE001  (any failure means: stay on ZeroMQ)
+            self.fail(f"could not form the group: {e}")
+
+    def fail(self, why: str) -> None:
+        if self.failed is None:
+            log.error("weight sync: %s; weights go over ZeroMQ from now on", why)
+        self.failed = why
+
+    @property
+    def ready(self) -> bool:
+        return self.group is not None and self.failed is None
+
+
+class LearnerSync(_Forming):
+    """Learner rank 0's end: rank 0 of a group with one rank per actor."""
+
+    def __init__(self, host: str, port: int, actors: int, timeout_s: float, bucket_bytes: int):
+        super().__init__(host, port, 0, 1 + actors, timeout_s)
+        self.bucket_bytes = bucket_bytes
+        self.plan: SyncPlan | None = None
+        self.syncs = 0
+        self.sync_s = 0.0
+
+    def announcement(self, version: int, state: dict[str, torch.Tensor], learner: str) -> WeightsCollective:
+        self.plan = self.plan or plan(state, self.bucket_bytes)
+        return WeightsCollective(version=version, buckets=self.plan.buckets, sent_at=time.time(), learner=learner)
+
+    def send(self, version: int, state: dict[str, torch.Tensor]) -> bool:
+        """Broadcast `state` (after its announcement); False (and the collective left) on failure."""
+        assert self.group is not None and self.plan is not None
+        try:
+            stats = send(self.group, version, self.plan,
+                         (flatten(state[s.name] for s in b) for b in self.plan.buckets))
+        except WeightSyncError as e:
+            self.fail(str(e))
+            return False
+        self.syncs += 1
+        self.sync_s += stats["sync_s"]
+        return True
+
+
+class ActorSync(_Forming):
+    """An actor's end: rank 1 + index. `receive` is what the weight subscriber calls when an
+    announcement arrives; it returns {name: tensor} or None (then the actor asks over ZeroMQ)."""
+
+    def __init__(self, host: str, port: int, index: int, actors: int, timeout_s: float,
+                 expected: dict[str, torch.Tensor]):
+        super().__init__(host, port, 1 + index, 1 + actors, timeout_s)
+        self.expected = {name: (str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in expected.items()}
+        self.syncs = 0
+        self.sync_s = 0.0
+
+    def receive(self, msg: WeightsCollective) -> dict[str, torch.Tensor] | None:
+        # The learner announces only once its group has formed, so ours is about to: wait for it.
+        self._thread.join(self.timeout_s)
+        if not self.ready:
+            return None
+        sync_plan = SyncPlan(buckets=msg.buckets)
+        announced = {t.name: (t.dtype, list(t.shape)) for b in msg.buckets for t in b}
+        if announced != self.expected:
+            self.fail(f"version {msg.version}: the learner's tensors differ from this actor's model "
+                      f"({sorted(set(announced) ^ set(self.expected))[:3] or 'dtypes or shapes'})")
+            return None
+        got: dict[str, torch.Tensor] = {}
+        try:
+            stats = receive(self.group, sync_plan, got.update)
+        except WeightSyncError as e:
+            self.fail(str(e))
+            return None
+        self.syncs += 1
+        self.sync_s += stats["sync_s"]
+        return got

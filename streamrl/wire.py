@@ -108,6 +108,18 @@ class WeightsHeader(Struct, tag="weights", kw_only=True):
     """Which life of the learner sent it: a new value tells actors the learner restarted (resync)."""
 
 
+class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
+    """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
+    collective), cut into `buckets` of one dtype each (see streamrl.weight_sync): receivers join the
+    broadcast when they see this, and allocate from it."""
+
+    schema: int = SCHEMA_VERSION
+    version: int
+    buckets: list[list[TensorInfo]]
+    sent_at: float = 0.0
+    learner: str = ""
+
+
 class WeightsRequest(Struct, tag="weights_request", kw_only=True):
     """An actor asks the learner for its newest weights (on start, or when it missed a broadcast)."""
 
@@ -151,7 +163,8 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     reason: str = "shutdown"
 
 
-Header = Union[GroupHeader, GroupBatchHeader, WeightsHeader, WeightsRequest, Shutdown, Demand, ActorReport]
+Header = Union[GroupHeader, GroupBatchHeader, WeightsHeader, WeightsCollective, WeightsRequest, Shutdown, Demand,
+               ActorReport]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -296,7 +309,7 @@ def group_nbytes(group: ScoredGroup) -> int:
     return group.prompt_tokens.nbytes + group.completion_tokens.nbytes + group.behaviour_logprobs.nbytes
 
 
-def encode(msg: WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
+def encode(msg: WeightsCollective | WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
     """Frames for a header-only message."""
     return [_encoder.encode(msg)]
 

@@ -16,7 +16,8 @@ import zmq
 from streamrl.launch import free_ports  # noqa: F401  (tests pick ports the way `streamrl run` does)
 
 REPO = Path(__file__).resolve().parents[2]
-FREE_PORTS = ["transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0"]
+FREE_PORTS = ["transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0",
+              "transport.weight_sync_port=0"]
 
 
 def streamrl(*args: str, cwd: Path, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
