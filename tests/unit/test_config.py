@@ -281,3 +281,8 @@ def test_optional_and_list_fields_say_what_is_allowed():
 def test_difficulty_band_needs_low_below_high():
     msg = _error("difficulty.low=0.5", "difficulty.high=0.4")
     assert "difficulty.low=0.5" in msg and "high (0.4)" in msg
+
+
+def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
+    assert "wired for actors.backend=hf only" in _error("actors.backend=sglang", "transport.weight_sync=collective")
+    assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"

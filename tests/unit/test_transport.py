@@ -452,3 +452,34 @@ def test_an_actor_gets_exactly_the_published_weights_though_training_changes_the
     late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
     version, tensors = late.wait_for(20, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
     assert version == 20 and (tensors["w"].min(), tensors["w"].max()) == (20.0, 20.0)  # the reply: version 20's too
+
+
+def _announce_until_seen(pub: WeightPublisher, sub: WeightSubscriber, version: int) -> tuple[int, dict] | None:
+    """Announce `version` over PUB until the subscription is live; the answer may come via the ROUTER."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pub.announce(wire.WeightsCollective(version=version, buckets=[], learner=pub.session))
+        pub.serve_requests()
+        got = sub.poll(timeout_ms=50)
+        if got is not None and got[0] == version:
+            return got
+    return None
+
+
+def test_a_collective_announcement_is_answered_by_the_group_and_a_failed_group_falls_back_to_the_router(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    pub.publish(0, _state(0))
+    from_group = {"w": torch.zeros(4, 3), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    joined = []
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES,
+                                 collective=lambda msg: joined.append(msg.version) or from_group))
+    assert sub.wait_for(0, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))[0] == 0  # learns the session
+    pub.publish(1, _state(1), broadcast=False)  # kept for requests only: the group carries it
+    got = _announce_until_seen(pub, sub, 1)
+    assert got is not None and got[1] is from_group and joined[-1] == 1
+    sub.collective = lambda msg: None  # the group failed on this actor's side
+    pub.publish(2, _state(2), broadcast=False)
+    got = _announce_until_seen(pub, sub, 2)
+    assert got is not None and torch.equal(got[1]["w"], _state(2)["w"])  # the same version, from the ROUTER
+    assert sub.collective is None  # and the collective is left for good
