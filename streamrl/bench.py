@@ -7,6 +7,7 @@ the same run (never a bare time).
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
+- trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
 
 from __future__ import annotations
@@ -382,14 +383,22 @@ def overlap(short: bool = False) -> list[dict]:
              "actor_idle_fraction": idle}]
 
 
+def trl(short: bool = False) -> list[dict]:
+    from streamrl import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
+
+    return bench_trl.trl(short=short)
+
+
 BENCHES = {"transport": transport, "weights": weights, "overlap": overlap, "advantages": advantages_bench,
            "batching": batching}
+OPTIONAL = {"trl": trl}
 
 
 def run(names: list[str], short: bool) -> list[dict]:
     rows = []
     for name in names or list(BENCHES):
-        for row in BENCHES[name](short=short):
+        bench = BENCHES.get(name) or OPTIONAL[name]
+        for row in bench(short=short):
             print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
             rows.append(row)
     return rows
