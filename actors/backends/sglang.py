@@ -8,7 +8,7 @@ ways, each with generation paused in place (running requests keep their KV cache
   - `join_weight_group` + `load_weights_from_distributed`: an NCCL broadcast from the learner →
     `init_weights_update_group` / `update_weights_from_distributed`.
 Every call used here is pinned by tests against a fake with the same signatures
-(tests/fakes/sglang), and exercised for real by `gpu`-marked tests where a GPU is present.
+(tests/unit/fake_sglang.py), and exercised for real by `gpu`-marked tests where a GPU is present.
 """
 
 from __future__ import annotations
