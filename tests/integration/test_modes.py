@@ -62,7 +62,7 @@ def test_inflight_updates_land_mid_generation_and_samples_record_their_version_s
         assert 0 < r["is_ratio_min"] and r["is_ratio_max"] < 100
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [2])  # stage 3 (gathered for publishing) runs in test_ranks
 def test_zero_stages_train_and_publish_full_weights(run_job, stage):
     run = run_job(f"learner.zero_stage={stage}", "steps=8", name=f"zero{stage}")
     recs = metrics(run)
