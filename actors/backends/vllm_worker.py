@@ -4,7 +4,8 @@ tensor-parallel rank, which shards what it loads itself.
 
 This follows vLLM's RLHF example (examples/offline_inference/rlhf_utils.py): weights load in place
 through the model's own `load_weights`, which takes Hugging Face names and fuses/shards them
-(q/k/v → qkv_proj, gate/up → gate_up_proj). The method names are not vLLM's: vLLM refuses an
+(q/k/v → qkv_proj, gate/up → gate_up_proj). Tensors come either as safetensors bytes in the call
+itself or over an NCCL broadcast from the learner. The method names are not vLLM's: vLLM refuses an
 extension that shadows a Worker method, and 0.32's Worker already has `update_weights`.
 
 It runs where vLLM runs its model (a GPU build: CUDA tensors); the CPU build prepacks its linear
@@ -21,9 +22,15 @@ WORKER_EXTENSION = "actors.backends.vllm_worker.WorkerExtension"
 class WorkerExtension:
     """Mixed into vLLM's Worker (which provides self.device and self.model_runner)."""
 
-    def update_weights_from_tensors(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Load full (unsharded) tensors named as in the Hugging Face checkpoint; returns how many."""
-        weights = [(name, t.to(self.device, non_blocking=True)) for name, t in named_tensors]
+    def load_weights_from_bytes(self, data: bytes) -> int:
+        """Load a state dict serialised with safetensors (`safetensors.torch.save`): full, unsharded
+        tensors named as in the Hugging Face checkpoint. Returns how many tensors loaded.
+
+        Bytes, not tensors: collective_rpc's arguments cross to the engine process as msgpack, and a
+        tensor inside untyped kwargs arrives there as a plain [dtype, shape, data] list."""
+        from safetensors.torch import load
+
+        weights = [(name, t.to(self.device)) for name, t in load(data).items()]
         self.model_runner.get_model().load_weights(weights=weights)
         return len(weights)
 

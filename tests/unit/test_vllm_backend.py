@@ -90,12 +90,17 @@ def test_on_cpu_weights_are_written_to_one_reused_folder_and_reloaded_then_the_p
     assert b.engine_stats()["updates"] == 2 and b.engine_stats()["update_mode"] == "reload_from_path"
 
 
-def test_on_gpu_weights_load_in_place_from_tensors_through_the_worker_extension(gpu_backend):
+def test_on_gpu_weights_load_in_place_through_the_worker_extension_as_safetensors_bytes(gpu_backend):
+    from safetensors.torch import load
+
     b, llm, _ = gpu_backend
-    state = {"w": torch.ones(2)}
+    state = {"w": torch.ones(2), "v": torch.arange(6.0).reshape(2, 3).t()}  # a non-contiguous one too
     b.load_weights(state)
-    assert llm.calls[0] == ("collective_rpc", {"method": "update_weights_from_tensors", "args": (),
-                                               "kwargs": {"named_tensors": [("w", state["w"])]}})
+    name, call = llm.calls[0]
+    assert name == "collective_rpc" and call["method"] == "load_weights_from_bytes" and set(call["kwargs"]) == {"data"}
+    # bytes, because collective_rpc's msgpack turns a tensor in untyped kwargs into a plain list
+    got = load(call["kwargs"]["data"])
+    assert set(got) == {"w", "v"} and torch.equal(got["v"], state["v"])
     assert llm.calls[1][0] == "reset_prefix_cache" and b.update_mode == "in_place"
 
 
@@ -150,11 +155,13 @@ class _Runner:
         return types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(weights))
 
 
-def test_worker_extension_loads_tensors_on_the_workers_device_through_the_models_load_weights():
+def test_worker_extension_loads_safetensors_bytes_on_the_workers_device_through_the_models_load_weights():
+    from safetensors.torch import save
+
     from actors.backends.vllm_worker import WorkerExtension
 
     worker = types.SimpleNamespace(device=torch.device("cpu"), model_runner=_Runner())
-    assert WorkerExtension.update_weights_from_tensors(worker, [("w", torch.ones(2))]) == 1
+    assert WorkerExtension.load_weights_from_bytes(worker, save({"w": torch.ones(2)})) == 1
     assert worker.model_runner.loaded[0][0] == "w" and torch.equal(worker.model_runner.loaded[0][1], torch.ones(2))
 
 
