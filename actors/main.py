@@ -163,6 +163,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             stats["weight_sync"] = sync.report()
         if tracker:
             stats["prompts_excluded"] = dict(tracker.excluded_by_reason)
+        if hasattr(backend, "engine_stats"):  # engines (vllm) report start time, update time, tokens/s
+            stats["engine"] = backend.engine_stats()
         # The report closes this session's accounting at the learner; lingering lets it and any
         # queued groups reach a learner that is draining (a learner already gone costs the wait).
         reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"
@@ -172,6 +174,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
         ctx.term()
         if server:
             server.close()
+        if hasattr(backend, "close"):  # an engine's worker processes go with the actor
+            backend.close()
     log.info("%s: done %s", actor_id, stats)
     return stats
 

