@@ -14,6 +14,8 @@ weights, so there the backend reloads from a folder instead (`reload_weights`, v
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 WORKER_EXTENSION = "actors.backends.vllm_worker.WorkerExtension"
@@ -52,12 +54,14 @@ class WorkerExtension:
         self._streamrl_weight_group = PyNcclCommunicator(group, device=self.device)
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> int:
-        """Receive one bucket of tensors broadcast from rank 0 (in this order), then load them in place.
-        dtypes are torch dtype names ("float32", "bfloat16"). Returns how many tensors loaded."""
-        weights = []
-        for name, dtype, shape in zip(names, dtypes, shapes):
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            self._streamrl_weight_group.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
-            weights.append((name, tensor))
+        """Receive one bucket broadcast from rank 0 as a single flat buffer (tensors in this order, one
+        dtype per bucket as streamrl.weight_sync.plan makes them), then load it in place. dtypes are
+        torch dtype names ("float32", "bfloat16"). Returns how many tensors loaded."""
+        if len(set(dtypes)) != 1:
+            raise ValueError(f"a weight bucket must hold one dtype, got {sorted(set(dtypes))}")
+        numels = [math.prod(shape) for shape in shapes]
+        flat = torch.empty(sum(numels), dtype=getattr(torch, dtypes[0]), device=self.device)
+        self._streamrl_weight_group.broadcast(flat, src=0, stream=torch.cuda.current_stream())
+        weights = [(name, part.view(shape)) for name, part, shape in zip(names, flat.split(numels), shapes)]
         self.model_runner.get_model().load_weights(weights=weights)
         return len(weights)

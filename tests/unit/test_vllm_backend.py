@@ -165,7 +165,7 @@ def test_worker_extension_loads_safetensors_bytes_on_the_workers_device_through_
     assert worker.model_runner.loaded[0][0] == "w" and torch.equal(worker.model_runner.loaded[0][1], torch.ones(2))
 
 
-def test_worker_extension_receives_each_broadcast_tensor_in_order_then_loads_the_bucket(monkeypatch):
+def test_worker_extension_receives_a_bucket_in_one_broadcast_then_loads_its_tensors_in_order(monkeypatch):
     from actors.backends.vllm_worker import WorkerExtension
 
     got = []
@@ -173,15 +173,18 @@ def test_worker_extension_receives_each_broadcast_tensor_in_order_then_loads_the
     class Group:
         def broadcast(self, tensor, src, stream=None):
             assert src == 0
-            tensor.fill_(len(got) + 1)
+            tensor.copy_(torch.arange(tensor.numel(), dtype=tensor.dtype))
             got.append((tuple(tensor.shape), tensor.dtype))
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
     worker = types.SimpleNamespace(device=torch.device("cpu"), model_runner=_Runner(), _streamrl_weight_group=Group())
-    n = WorkerExtension.update_weights_from_distributed(worker, ["a", "b"], ["float32", "bfloat16"], [[2, 2], [3]])
-    assert n == 2 and got == [((2, 2), torch.float32), ((3,), torch.bfloat16)]
+    n = WorkerExtension.update_weights_from_distributed(worker, ["a", "b"], ["float32", "float32"], [[2, 2], [3]])
+    assert n == 2 and got == [((7,), torch.float32)]  # never tensor by tensor
     assert [name for name, _ in worker.model_runner.loaded] == ["a", "b"]
-    assert torch.equal(worker.model_runner.loaded[1][1], torch.full((3,), 2, dtype=torch.bfloat16))
+    assert torch.equal(worker.model_runner.loaded[0][1], torch.arange(4.0).view(2, 2))
+    assert torch.equal(worker.model_runner.loaded[1][1], torch.tensor([4.0, 5.0, 6.0]))
+    with pytest.raises(ValueError, match="one dtype"):
+        WorkerExtension.update_weights_from_distributed(worker, ["a", "b"], ["float32", "bfloat16"], [[2], [3]])
 
 
 def test_config_takes_the_vllm_backend_but_not_collective_sync_or_inflight_updates():
