@@ -107,18 +107,6 @@ def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
     assert _children_of_run(run) == []
 
 
-def test_resume_continues_from_the_newest_checkpoint(run_job):
-    run = run_job("steps=4", name="resumable")
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step-4"
-    run_job("steps=7", "learner.resume=true", name="resumable")
-    recs = metrics(run)
-    assert [r["step"] for r in recs] == list(range(7))
-    assert [r["policy_version"] for r in recs] == list(range(1, 8))
-    s = summary(run)
-    assert s["policy_version"] == 7 and s["steps"] == 7  # the summary covers the whole run, not the last leg
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step-7"
-
-
 def test_a_bad_override_fails_at_once_with_one_clear_line(tmp_path):
     proc = streamrl("run", "advantage.estimator=gpro", cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 2
