@@ -452,3 +452,58 @@ def test_an_actor_gets_exactly_the_published_weights_though_training_changes_the
     late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
     version, tensors = late.wait_for(20, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
     assert version == 20 and (tensors["w"].min(), tensors["w"].max()) == (20.0, 20.0)  # the reply: version 20's too
+
+
+def test_a_background_publish_settled_before_the_step_delivers_exactly_the_published_values(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    live = {"w": torch.zeros(200, 1024), "b": torch.zeros(3)}  # 800 KB: a copy long enough to race
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # PUB/SUB joins late
+        pub.publish(0, live)
+        got = sub.poll(timeout_ms=50)
+    seen = {}
+    for v in range(1, 21):
+        live["w"].fill_(float(v))
+        live["b"].fill_(float(v))
+        pub.publish(v, live, wait=False)  # returns before the copy; the learner's forward/backward runs here
+        pub.settle()                      # what the engine does right before the optimizer step
+        live["w"].fill_(-1.0)             # the step, in place
+        live["b"].fill_(-1.0)
+        while (got := sub.poll(timeout_ms=0)) is not None:
+            seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    got = sub.wait_for(20, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))
+    seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    assert 20 in seen and len(seen) >= 2
+    assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
+
+
+def test_the_request_server_answers_with_a_completed_copy_while_a_background_publish_is_pending(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    pub.publish(1, {"w": torch.full((1024,), 1.0)})
+    live = {"w": torch.full((1024,), 2.0)}
+    pub.publish(2, live, wait=False)
+    pub.serve_requests()  # whichever version it serves was copied whole
+    got = sub.wait_for(1, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
+    assert got[0] in (1, 2) and got[1]["w"].unique().tolist() == [float(got[0])]
+    pub.settle()
+
+
+def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    fill = pub.snapshots.fill
+
+    def broken(state):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(pub.snapshots, "fill", broken)
+    pub.publish(0, {"w": torch.ones(2)}, wait=False)
+    with pytest.raises(RuntimeError, match="device lost"):
+        pub.settle()
+    pub.settle()  # raised once, then the publisher is usable again
+    monkeypatch.setattr(pub.snapshots, "fill", fill)
+    pub.publish(1, {"w": torch.ones(2)})
+    assert pub.version == 1 and pub.latest is not None
