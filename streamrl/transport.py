@@ -260,6 +260,8 @@ class WeightPublisher:
         self.closing: wire.Shutdown | None = None
         self.settle_s = 0.0
         """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
+        self.copy_s = 0.0
+        """Seconds the copies into snapshots took (on the publishing thread when wait=False)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._copied: threading.Event | None = None  # set when the pending job's copy is done
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
@@ -295,7 +297,9 @@ class WeightPublisher:
     def _copy_and_send(self, version: int, state: dict, infos: list, broadcast: bool,
                        copied: threading.Event) -> None:
         try:
+            t0 = time.perf_counter()
             snap = self.snapshots.fill(state)
+            self.copy_s += time.perf_counter() - t0
             frames = [wire.encode_weights_header(version, infos, self.session, snap.offsets), snap.frame]
             self.latest = (frames, snap)  # one assignment: the request server sees the old pair or the new
         except BaseException as e:
