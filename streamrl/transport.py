@@ -362,7 +362,13 @@ class WeightPublisher:
                 self.peers.add(bytes(identity.buffer))
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
-            elif self.latest is not None:
+            else:
+                # A copy under way is the version the actor needs (a joiner, or one that missed the
+                # broadcast): wait for it (well under the step it overlaps) rather than send an older one
+                # and leave the actor to ask again a second later.
+                self.settle()
+                if self.latest is None:
+                    continue
                 frames, snap = self.latest
                 self.router.send(identity, zmq.SNDMORE)
                 self._send(self.router, frames, snap)

@@ -99,10 +99,12 @@ def _actor_stats(log) -> dict:
 
 
 def test_a_strict_run_over_the_collective_samples_from_exactly_the_broadcast_weights(run_job):
-    run = run_job("on_policy=strict", "transport.weight_sync=collective", "steps=12", name="collective")
+    # 20 steps: the group takes ~1 s to form, and with publishing off the critical path 12 steps could be
+    # over by then (only 3 collective syncs in one run on a loaded machine).
+    run = run_job("on_policy=strict", "transport.weight_sync=collective", "steps=20", name="collective")
     recs = metrics(run)
     # The learner checks every step in strict mode; this says how close: actors held its exact weights.
-    assert len(recs) == 12 and max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4
+    assert len(recs) == 20 and max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4
     sync = summary(run)["weight_sync"]
     assert sync["failed"] is None
     assert sync["syncs"] >= 8  # versions before the group formed went over ZeroMQ

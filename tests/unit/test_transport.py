@@ -479,16 +479,16 @@ def test_a_background_publish_settled_before_the_step_delivers_exactly_the_publi
     assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
 
 
-def test_the_request_server_answers_with_a_completed_copy_while_a_background_publish_is_pending(zmq_ctx):
+def test_a_request_during_a_background_publish_gets_that_version_once_its_copy_is_complete(zmq_ctx):
     ctx, track = zmq_ctx
     pub, sub = _weights_pair(ctx, track)
-    pub.publish(1, {"w": torch.full((1024,), 1.0)})
-    live = {"w": torch.full((1024,), 2.0)}
+    pub.publish(1, {"w": torch.full((1 << 16,), 1.0)})
+    live = {"w": torch.full((1 << 16,), 2.0)}
     pub.publish(2, live, wait=False)
-    pub.serve_requests()  # whichever version it serves was copied whole
-    got = sub.wait_for(1, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
-    assert got[0] in (1, 2) and got[1]["w"].unique().tolist() == [float(got[0])]
-    pub.settle()
+    sub.request(have_version=1)
+    got = sub.wait_for(2, timeout_s=5.0, ask_every_s=5.0, stop=_serving(pub))  # no second ask needed
+    live["w"].fill_(-1.0)  # serving settled the copy: changing the parameters now tears nothing
+    assert got[0] == 2 and got[1]["w"].unique().tolist() == [2.0]
 
 
 def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
