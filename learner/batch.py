@@ -40,29 +40,28 @@ class Batch(msgspec.Struct):
         return int(self.completion_mask.sum())
 
 
+# Above this many tokens per row on average, a slice copy per row beats masked writes (which touch
+# every cell of the (B, L) arrays); below it, the per-row Python overhead dominates. Measured on
+# 16 groups × 8 samples: masks 2-3× faster at 4-64 tokens per row, 2-3× slower at 512.
+_ROW_LOOP_MIN_TOKENS = 256
+
+
 def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
+    """Pad `groups` into a Batch of B = sum of group sizes rows, L = longest prompt + completion."""
     if any(g.prompt_tokens.size == 0 for g in groups):
         raise ValueError("every group needs a prompt of at least one token (the wire rejects empty prompts)")
-    B = sum(g.group_size for g in groups)
-    L = max(g.prompt_tokens.size + s.num_tokens for g in groups for s in g.samples)
+    sizes = [g.group_size for g in groups]
+    plen = np.repeat([g.prompt_tokens.size for g in groups], sizes)[:, None]            # (B, 1) prompt lengths
+    end = plen + np.array([s.num_tokens for g in groups for s in g.samples])[:, None]  # (B, 1) sequence lengths
+    B, L = len(plen), int(end.max())
     # Filled in numpy and handed to torch once: per-row torch indexing cost more than the step's
     # advantage and loss math together.
     ids = np.full((B, L), pad_id, dtype=np.int64)
-    attn = np.zeros((B, L), dtype=np.int64)
+    attn = (np.arange(L) < end).astype(np.int64)
     cmask = np.zeros((B, L - 1), dtype=np.float32)
     blogp = np.zeros((B, L - 1), dtype=np.float32)
-    row = 0
-    for g in groups:
-        p, offsets = g.prompt_tokens.size, g.offsets
-        for i in range(g.group_size):
-            a, b = offsets[i], offsets[i + 1]
-            end = p + b - a
-            ids[row, :p] = g.prompt_tokens
-            ids[row, p:end] = g.completion_tokens[a:b]
-            attn[row, :end] = 1
-            cmask[row, p - 1:end - 1] = 1
-            blogp[row, p - 1:end - 1] = g.behaviour_logprobs[a:b]
-            row += 1
+    fill = _fill_rows if end.mean() >= _ROW_LOOP_MIN_TOKENS else _fill_masked
+    fill(groups, plen, end, ids, cmask, blogp)
     return Batch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attn),
@@ -75,3 +74,29 @@ def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
         corrections=torch.tensor([g.corrections or [float("nan")] * g.group_size for g in groups],
                                  dtype=torch.float32),
     )
+
+
+def _fill_masked(groups, plen, end, ids, cmask, blogp) -> None:
+    """Boolean masks mark where prompts and completions go, and one masked write per array places
+    every token (a mask enumerates its cells row by row: the order the groups' flat arrays have)."""
+    col = np.arange(ids.shape[1])
+    in_completion = (col >= plen) & (col < end)  # (B, L)
+    predicts = np.ascontiguousarray(in_completion[:, 1:])  # (B, L-1): position t predicts completion token t+1
+    ids[col < plen] = np.concatenate([np.tile(g.prompt_tokens, g.group_size) for g in groups])
+    ids[in_completion] = np.concatenate([g.completion_tokens for g in groups])
+    cmask[predicts] = 1
+    blogp[predicts] = np.concatenate([g.behaviour_logprobs for g in groups])
+
+
+def _fill_rows(groups, plen, end, ids, cmask, blogp) -> None:
+    """Long rows: one slice copy per row and array (each prompt broadcast once per group)."""
+    row = 0
+    for g in groups:
+        p, offsets, k = g.prompt_tokens.size, g.offsets, g.group_size
+        ids[row:row + k, :p] = g.prompt_tokens
+        for i in range(k):
+            a, b = offsets[i], offsets[i + 1]
+            ids[row, p:p + b - a] = g.completion_tokens[a:b]
+            cmask[row, p - 1:p + b - a - 1] = 1
+            blogp[row, p - 1:p + b - a - 1] = g.behaviour_logprobs[a:b]
+            row += 1

@@ -13,6 +13,7 @@ import math
 import os
 import socket
 import time
+from typing import Callable
 
 import torch
 
@@ -89,6 +90,9 @@ class Engine:
         self.device = self.engine.device
         self.rank = self.engine.global_rank
         self._state_vars: dict | None = None
+        self.before_step: Callable[[], None] | None = None
+        """Called right before the optimizer changes the parameters in place: the learner sets it to
+        WeightPublisher.settle, so a background copy of the previous weights finishes first."""
 
     @property
     def optimizer_steps(self) -> int:
@@ -130,6 +134,11 @@ class Engine:
         steps_before = self.optimizer_steps
         # ZeRO-0 leaves full gradients on the module and DeepSpeed reports no norm there.
         local_norm = _grad_norm(self.engine.module) if self.cfg.learner.zero_stage == 0 else None
+        settle_s = 0.0
+        if self.before_step is not None:
+            s0 = time.perf_counter()
+            self.before_step()
+            settle_s = time.perf_counter() - s0  # the publisher's time, not the optimizer's
         self.engine.step()
         t2 = time.perf_counter()
         grad_norm = self.engine.get_global_grad_norm() if local_norm is None else local_norm
@@ -139,7 +148,7 @@ class Engine:
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
             "optimizer_steps": self.optimizer_steps - steps_before,
             "fwd_bwd_s": t1 - t0,
-            "optimizer_s": t2 - t1,
+            "optimizer_s": t2 - t1 - settle_s,
         }
 
     def parameters(self) -> list[torch.Tensor]:

@@ -54,18 +54,24 @@ def run(cfg: Config) -> dict:
     sync = _weight_sync(cfg)
 
     def publish(v: int) -> None:
+        # The copy and send run in the background (wait=False) during the next forward/backward:
+        # engine.before_step settles it before the optimizer changes the parameters it reads, and
+        # checkpoint/shutdown settle too. The collective branch reads `state` here, synchronously.
         t0 = time.perf_counter()
         state = engine.full_state_dict()
         collective = sync is not None and sync.ready
-        nbytes = publisher.publish(v, state, broadcast=not collective)
+        nbytes = publisher.publish(v, state, broadcast=not collective, wait=False)
         if collective:  # announced on the weight channel, then broadcast; on failure ZeroMQ carries it
             publisher.announce(sync.announcement(v, state, publisher.session))
             if not sync.send(v, state):
-                publisher.publish(v, state)
+                publisher.publish(v, state, wait=False)
         telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+
+    engine.before_step = publisher.settle
 
     def checkpoint() -> None:
         nonlocal saved_at
+        publisher.settle()  # nothing reads the parameters half-copied, and nothing changes them mid-copy
         state = {"step": step, "version": version, "accounting": intake.accounting()}
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
@@ -97,12 +103,15 @@ def run(cfg: Config) -> dict:
             batch = collate(groups, tokenizer.pad_token_id)                                      # batch
             adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)  # advantages
             t1 = time.perf_counter()
+            settled = publisher.settle_s
             out, train = ranks.train_step(engine, batch, adv)                                    # step
             t2 = time.perf_counter()
+            settle_s = publisher.settle_s - settled  # waiting for the last publish's copy: publishing's cost
             if (version + 1) % L.publish_every == 0:                                             # publish
                 publish(version + 1)
             t3 = time.perf_counter()
-            timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1, "publish_s": t3 - t2}
+            timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1 - settle_s,
+                       "publish_s": t3 - t2 + settle_s}
             rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
             if L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
                 rec.update(learning_signal.weight_stats(engine.parameters()))

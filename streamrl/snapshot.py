@@ -11,6 +11,7 @@ that is already paged in, instead of a fresh tensor per parameter; the frames ar
 from __future__ import annotations
 
 import logging
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +30,28 @@ class Snapshot:
             offsets.append(total)
             total += -(-n // _ALIGN) * _ALIGN
         self.buffer = torch.empty(total, dtype=torch.uint8)
+        self.offsets = offsets
+        """Byte offset of each tensor in `buffer` (what a flat WeightsHeader carries)."""
+        self.frame = self.buffer.numpy()
+        """The whole buffer as one uint8 array: the flat weights message's single bulk frame."""
         self.tensors = [self.buffer[o:o + n].view(dtype).view(shape)
                         for o, n, (_, dtype, shape) in zip(offsets, sizes, layout)]
         """Views of `buffer` shaped like the state dict's tensors, in its order."""
         self.frames = [self.buffer[o:o + n].numpy() for o, n in zip(offsets, sizes)]
-        """One uint8 array per tensor: the message's bulk frames, views of `buffer`."""
+        """One uint8 array per tensor, views of `buffer` (the per-tensor layout's bulk frames)."""
         self.trackers: list = []
         """zmq.MessageTrackers of every frame sent from this copy and maybe not yet sent."""
+        self._lock = threading.Lock()  # the publisher's sending thread and the request server both add trackers
+
+    def track(self, tracker) -> None:
+        with self._lock:
+            self.trackers.append(tracker)
 
     @property
     def in_flight(self) -> bool:
-        self.trackers = [t for t in self.trackers if not t.done]
-        return bool(self.trackers)
+        with self._lock:
+            self.trackers = [t for t in self.trackers if not t.done]
+            return bool(self.trackers)
 
 
 class SnapshotPool:

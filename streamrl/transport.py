@@ -14,8 +14,10 @@ logged once per reason.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from typing import Callable
@@ -228,7 +230,14 @@ class GroupReceiver:
 
 
 class WeightPublisher:
-    """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests."""
+    """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests.
+
+    `publish(..., wait=False)` copies and sends on a background thread so the learner goes on with
+    its next forward/backward meanwhile; `settle()` must come before anything changes the
+    parameters (the optimizer step, loading a checkpoint). Threads: the sending thread owns the PUB
+    socket while a job runs (every other use of PUB waits for it, see `_drain`); the ROUTER is only
+    used by the caller's thread and only ever sends a completed snapshot (`latest`).
+    """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int,
                  curve: Curve | None = None):
@@ -238,8 +247,8 @@ class WeightPublisher:
         self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024, curve=curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
-        self.latest: list | None = None
-        """Frames of the newest broadcast (views of `snapshots.newest`), also the reply to a request."""
+        self.latest: tuple[list, object] | None = None
+        """(frames, snapshot) of the newest version whose copy is complete: the reply to a request."""
         self.snapshots = SnapshotPool()
         self._infos: tuple = (None, [])  # (the snapshot layout, its TensorInfos), made once per layout
         self.version = -1
@@ -249,26 +258,78 @@ class WeightPublisher:
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
+        self.settle_s = 0.0
+        """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
+        self.copy_s = 0.0
+        """Seconds the copies into snapshots took (on the publishing thread when wait=False)."""
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
+        self._copied: threading.Event | None = None  # set when the pending job's copy is done
+        self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
+        self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
 
-    def publish(self, version: int, state: dict, broadcast: bool = True) -> int:
+    def publish(self, version: int, state: dict, broadcast: bool = True, wait: bool = True) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy.
 
-        `state` is copied into a reused snapshot before this returns and sent from there without
-        another copy, so the caller may update its tensors at once: no actor sees a torn version.
-        broadcast=False only keeps it as the answer to requests (the collective sync carries it).
+        `state` is copied into a reused snapshot and sent from there as one flat frame without
+        another copy, so no actor sees a torn version. wait=True: the copy is done when this
+        returns, so the caller may update its tensors at once. wait=False: the copy and the send
+        run on a background thread and this returns at once; the caller must call `settle()` before
+        it changes any tensor of `state`. broadcast=False only keeps it as the answer to requests
+        (the collective sync carries it).
         """
-        snap = self.snapshots.fill(state)
-        layout = self.snapshots.layout
-        if layout is not self._infos[0]:
+        self.settle()  # one job at a time: the previous version's copy is complete before this one starts
+        layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in state.items())
+        if layout != self._infos[0]:
             self._infos = (layout, [wire.TensorInfo(name=n, dtype=str(d).removeprefix("torch."), shape=list(shape))
                                     for n, d, shape in layout])
-        self.latest = [wire.encode_weights_header(version, self._infos[1], self.session), *snap.frames]
+        infos = self._infos[1]
+        copied = threading.Event()
+        self._copied = copied
+        self._job = self._pool.submit(self._copy_and_send, version, state, infos, broadcast, copied)
         self.version = version
-        if broadcast:
-            self._send(self.pub, self.latest, snap)
-        nbytes = sum(f.nbytes for f in snap.frames) + len(self.latest[0])
+        if wait:
+            self.settle()
+        # the snapshot's size, known before it exists: tensors 64-byte aligned as SnapshotPool lays them out
+        nbytes = sum(-(-t.numel() * t.element_size() // 64) * 64 for t in state.values())
         self.bytes_sent += nbytes
         return nbytes
+
+    def _copy_and_send(self, version: int, state: dict, infos: list, broadcast: bool,
+                       copied: threading.Event) -> None:
+        try:
+            t0 = time.perf_counter()
+            snap = self.snapshots.fill(state)
+            self.copy_s += time.perf_counter() - t0
+            frames = [wire.encode_weights_header(version, infos, self.session, snap.offsets), snap.frame]
+            self.latest = (frames, snap)  # one assignment: the request server sees the old pair or the new
+        except BaseException as e:
+            self._error = e  # raised by the caller's next settle
+            raise
+        finally:
+            copied.set()
+        if broadcast:
+            self._send(self.pub, frames, snap)
+
+    def settle(self) -> None:
+        """Block until the pending publish has copied `state` (call before changing the parameters)."""
+        copied = self._copied
+        if copied is None:
+            return
+        if not copied.is_set():
+            t0 = time.perf_counter()
+            copied.wait()
+            self.settle_s += time.perf_counter() - t0
+        self._copied = None
+        if self._error is not None:  # a failed copy surfaces in the caller, not in a lost thread
+            err, self._error, self._job = self._error, None, None
+            raise err
+
+    def _drain(self) -> None:
+        """Wait for the pending copy and send (before the caller's thread uses the PUB socket)."""
+        self.settle()
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
 
     def _send(self, sock: zmq.Socket, frames: list, snap) -> None:
         """Send from `snap`: large frames zero-copy and tracked (the snapshot is refilled only once
@@ -279,7 +340,7 @@ class WeightPublisher:
             if memoryview(f).nbytes < _ZERO_COPY_MIN:
                 sock.send(f, more)
             else:
-                snap.trackers.append(sock.send(f, more, copy=False, track=True))
+                snap.track(sock.send(f, more, copy=False, track=True))
 
     def serve_requests(self) -> int:
         """Answer every waiting WeightsRequest with the newest weights; returns how many."""
@@ -301,20 +362,29 @@ class WeightPublisher:
                 self.peers.add(bytes(identity.buffer))
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
-            elif self.latest is not None:
+            else:
+                # A copy under way is the version the actor needs (a joiner, or one that missed the
+                # broadcast): wait for it (well under the step it overlaps) rather than send an older one
+                # and leave the actor to ask again a second later.
+                self.settle()
+                if self.latest is None:
+                    continue
+                frames, snap = self.latest
                 self.router.send(identity, zmq.SNDMORE)
-                self._send(self.router, self.latest, self.snapshots.newest)
+                self._send(self.router, frames, snap)
                 served += 1
                 self.requests_served += 1
 
     def announce(self, msg: wire.WeightsCollective) -> None:
         """Tell subscribers a version follows over the collective group (they join the broadcast)."""
+        self._drain()
         self.pub.send_multipart(wire.encode(msg))
 
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
     def shutdown(self, reason: str = "done") -> None:
+        self._drain()
         self.closing = wire.Shutdown(reason=reason)  # from now on a request is answered with this
         self._notify(self.closing)
         self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))  # also reaches an actor that never asked
@@ -329,6 +399,11 @@ class WeightPublisher:
 
     def close(self, linger_ms: int = 500) -> None:
         """Give queued notices (the shutdown above all) up to `linger_ms` to leave."""
+        try:
+            self._drain()
+        except Exception:  # a failed last copy must not keep the sockets open
+            log.exception("the last weight publish failed")
+        self._pool.shutdown(wait=True)
         self.pub.close(linger=linger_ms)
         self.router.close(linger=linger_ms)
 

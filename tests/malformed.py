@@ -166,6 +166,18 @@ WEIGHT_MAKERS = {
     "length_mismatch": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
                                                           "tensors": [["w", "float32", [3]]]}), b"\0" * 4],
     "group_on_weight_channel": lambda r: _group(r),
+    "flat_overlap": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                       "tensors": [["a", "float32", [4]], ["b", "float32", [4]]],
+                                                       "offsets": [0, r.choice([4, 8, 12])]}), b"\0" * 64],
+    "flat_past_end": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                        "tensors": [["a", "float32", [4]]],
+                                                        "offsets": [r.choice([4, 64, 2**40])]}), b"\0" * 16],
+    "flat_misaligned": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                          "tensors": [["a", "float32", [1]]], "offsets": [2]}),
+                                  b"\0" * 8],
+    "flat_frame_count": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
+                                                           "tensors": [["a", "float32", [1]]], "offsets": [0]}),
+                                   b"\0" * 4, b"\0" * 4],
 }
 
 

@@ -123,3 +123,15 @@ def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
     rec = {"step": 7, "lag_max": 0, "version_span_max": 1, "optimizer_steps": 1, "is_ratio_max_abs_dev": 0.0}
     with pytest.raises(StrictModeViolation, match="step 7: a sample spans 2 policy versions"):
         check_strict(rec, 1e-3)
+
+
+def test_masked_and_row_by_row_filling_give_the_same_batch(monkeypatch):
+    import learner.batch as batch_mod
+
+    groups = [G0, G1, group([1], [[2] * 7, [3]], [[-0.5] * 7, [-1.0]], [0.0, 1.0], version=5)]
+    monkeypatch.setattr(batch_mod, "_ROW_LOOP_MIN_TOKENS", 0)
+    rows = collate(groups, pad_id=7)
+    monkeypatch.setattr(batch_mod, "_ROW_LOOP_MIN_TOKENS", 10**9)
+    masked = collate(groups, pad_id=7)
+    for name in ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs", "last_versions"):
+        assert torch.equal(getattr(rows, name), getattr(masked, name)), name

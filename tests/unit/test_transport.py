@@ -483,3 +483,58 @@ def test_a_collective_announcement_is_answered_by_the_group_and_a_failed_group_f
     got = _announce_until_seen(pub, sub, 2)
     assert got is not None and torch.equal(got[1]["w"], _state(2)["w"])  # the same version, from the ROUTER
     assert sub.collective is None  # and the collective is left for good
+
+
+def test_a_background_publish_settled_before_the_step_delivers_exactly_the_published_values(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    live = {"w": torch.zeros(200, 1024), "b": torch.zeros(3)}  # 800 KB: a copy long enough to race
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:  # PUB/SUB joins late
+        pub.publish(0, live)
+        got = sub.poll(timeout_ms=50)
+    seen = {}
+    for v in range(1, 21):
+        live["w"].fill_(float(v))
+        live["b"].fill_(float(v))
+        pub.publish(v, live, wait=False)  # returns before the copy; the learner's forward/backward runs here
+        pub.settle()                      # what the engine does right before the optimizer step
+        live["w"].fill_(-1.0)             # the step, in place
+        live["b"].fill_(-1.0)
+        while (got := sub.poll(timeout_ms=0)) is not None:
+            seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    got = sub.wait_for(20, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))
+    seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    assert 20 in seen and len(seen) >= 2
+    assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
+
+
+def test_a_request_during_a_background_publish_gets_that_version_once_its_copy_is_complete(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub, sub = _weights_pair(ctx, track)
+    pub.publish(1, {"w": torch.full((1 << 16,), 1.0)})
+    live = {"w": torch.full((1 << 16,), 2.0)}
+    pub.publish(2, live, wait=False)
+    sub.request(have_version=1)
+    got = sub.wait_for(2, timeout_s=5.0, ask_every_s=5.0, stop=_serving(pub))  # no second ask needed
+    live["w"].fill_(-1.0)  # serving settled the copy: changing the parameters now tears nothing
+    assert got[0] == 2 and got[1]["w"].unique().tolist() == [2.0]
+
+
+def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    fill = pub.snapshots.fill
+
+    def broken(state):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(pub.snapshots, "fill", broken)
+    pub.publish(0, {"w": torch.ones(2)}, wait=False)
+    with pytest.raises(RuntimeError, match="device lost"):
+        pub.settle()
+    pub.settle()  # raised once, then the publisher is usable again
+    monkeypatch.setattr(pub.snapshots, "fill", fill)
+    pub.publish(1, {"w": torch.ones(2)})
+    assert pub.version == 1 and pub.latest is not None

@@ -142,8 +142,9 @@ def test_from_samples_flattens_completions_with_offsets():
     ],
     ids=["float32", "bfloat16", "empty", "zero_dim", "mixed"],
 )
-def test_weights_round_trip(state):
-    version, back = wire.decode_weights(to_bytes(wire.encode_weights(7, state)))
+@pytest.mark.parametrize("encode", [wire.encode_weights, wire.encode_weights_flat], ids=["per_tensor", "flat"])
+def test_weights_round_trip(state, encode):
+    version, back = wire.decode_weights(to_bytes(encode(7, state)))
     assert version == 7
     assert list(back) == list(state)
     for name, t in state.items():
@@ -355,6 +356,44 @@ def test_a_negative_token_count_is_length_mismatch():
 def test_weights_of_the_wrong_byte_size_are_length_mismatch():
     frames = to_bytes(wire.encode_weights(0, {"w": torch.ones(4)}))
     assert reason(wire.decode_weights, [frames[0], frames[1][:-4]]) == "length_mismatch"
+
+
+def test_flat_weights_are_one_bulk_frame_and_decode_as_views_without_a_copy():
+    frames = wire.encode_weights_flat(3, {"a": torch.ones(3), "b": torch.arange(4, dtype=torch.int64)})
+    assert len(frames) == 2
+    buf = bytearray(bytes(memoryview(frames[1])))
+    _, back = wire.decode_weights([frames[0], buf])
+    buf[:4] = torch.tensor([5.0]).numpy().tobytes()
+    assert back["a"].tolist() == [5.0, 1.0, 1.0] and back["b"].tolist() == [0, 1, 2, 3]
+
+
+def _flat(offsets, frame_len, shapes=((3,), (2,))):
+    infos = [wire.TensorInfo(f"t{i}", "float32", list(s)) for i, s in enumerate(shapes)]
+    return [msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=infos, offsets=offsets)), bytes(frame_len)]
+
+
+@pytest.mark.parametrize("offsets, frame_len", [
+    ([0, 8], 64),        # t1 starts inside t0 (which ends at 12)
+    ([64, 0], 128),      # backwards
+    ([0, 14], 64),       # not aligned to float32
+    ([0, 64], 68),       # t1 ends past the frame
+    ([0, 1000], 2048),   # a gap no alignment explains
+    ([0], 64),           # fewer offsets than tensors
+    ([-4, 12], 64),      # before the frame
+], ids=["overlap", "backwards", "misaligned", "past_end", "gap", "count", "negative"])
+def test_flat_weights_with_impossible_offsets_are_bad_offset(offsets, frame_len):
+    assert reason(wire.decode_weights, _flat(offsets, frame_len)) == "bad_offset"
+
+
+def test_flat_weights_with_bytes_no_tensor_accounts_for_are_length_mismatch():
+    assert reason(wire.decode_weights, _flat([0, 16], 24 + 1024)) == "length_mismatch"
+    wire.decode_weights(_flat([0, 16], 64))  # up to one cache line of alignment padding is fine
+
+
+def test_flat_weights_need_exactly_two_frames():
+    frames = _flat([0, 16], 64)
+    assert reason(wire.decode_weights, [*frames, b"x"]) == "frame_count"
+    assert reason(wire.decode_weights, frames[:1]) == "frame_count"
 
 
 def test_weights_of_an_unknown_dtype_are_bad_dtype():
