@@ -47,13 +47,16 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     ctx = zmq.Context()
     curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
     sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve, t.batch_max_bytes)
+    weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
+                               actor_id, t.max_message_bytes, curve)
     sync = None
     if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
         from streamrl.weight_sync import ActorSync
 
-        sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s, model.state_dict())
-    weights = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
-                               actor_id, t.max_message_bytes, curve, collective=sync.receive if sync else None)
+        # Subscribed first: the learner announces its first collective version as soon as the group forms.
+        sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,
+                         t.weight_sync_rendezvous_s, model.state_dict())
+        weights.collective = sync.receive
     # The learner takes this many groups per version from each actor: the batch split exactly (16
     # over 3 actors is 6, 5, 5; rounding every share up would make surplus groups that go stale).
     share = base_share = staleness.planned_share(cfg.learner.batch_groups, cfg.actors.num, index)

@@ -59,7 +59,7 @@ def run(cfg: Config) -> dict:
         # checkpoint/shutdown settle too. The collective branch reads `state` here, synchronously.
         t0 = time.perf_counter()
         state = engine.full_state_dict()
-        collective = sync is not None and sync.ready
+        collective = sync is not None and sync.formed()
         nbytes = publisher.publish(v, state, broadcast=not collective, wait=False)
         if collective:  # announced on the weight channel, then broadcast; on failure ZeroMQ carries it
             publisher.announce(sync.announcement(v, state, publisher.session))
@@ -176,7 +176,10 @@ def _weight_sync(cfg: Config):
         return None
     from streamrl.weight_sync import LearnerSync
 
-    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_bucket_bytes)
+    # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
+    first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)
+    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
+                       t.weight_sync_bucket_bytes, first_wait_s)
 
 
 def _monitoring(cfg: Config, reward_levels: list[float]

@@ -242,7 +242,9 @@ class TransportConfig(_Section):
     weight_sync_port: Port = 29613
     """Collective weight sync: the learner's rendezvous port (TCPStore)."""
     weight_sync_timeout_s: PositiveFloat = 60.0
-    """Collective weight sync: timeout of the rendezvous and of every broadcast (then zmq takes over)."""
+    """Collective weight sync: timeout of every broadcast (then zmq takes over for good)."""
+    weight_sync_rendezvous_s: PositiveFloat = 300.0
+    """Collective weight sync: how long the group may take to form (a learner loading a large model starts late)."""
     weight_sync_bucket_bytes: PositiveInt = 256 * 1024 * 1024
     """Collective weight sync: tensors of one dtype share a broadcast up to this many bytes."""
 

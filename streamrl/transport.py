@@ -235,7 +235,7 @@ class WeightPublisher:
     `publish(..., wait=False)` copies and sends on a background thread so the learner goes on with
     its next forward/backward meanwhile; `settle()` must come before anything changes the
     parameters (the optimizer step, loading a checkpoint). Threads: the sending thread owns the PUB
-    socket while a job runs (every other use of PUB waits for it, see `_drain`); the ROUTER is only
+    socket while a job runs (every other use of PUB waits for it, see `flush`); the ROUTER is only
     used by the caller's thread and only ever sends a completed snapshot (`latest`).
     """
 
@@ -324,8 +324,8 @@ class WeightPublisher:
             err, self._error, self._job = self._error, None, None
             raise err
 
-    def _drain(self) -> None:
-        """Wait for the pending copy and send (before the caller's thread uses the PUB socket)."""
+    def flush(self) -> None:
+        """Wait for the pending copy and its send (before the caller's thread uses the PUB socket)."""
         self.settle()
         job, self._job = self._job, None
         if job is not None:
@@ -377,14 +377,14 @@ class WeightPublisher:
 
     def announce(self, msg: wire.WeightsCollective) -> None:
         """Tell subscribers a version follows over the collective group (they join the broadcast)."""
-        self._drain()
+        self.flush()
         self.pub.send_multipart(wire.encode(msg))
 
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
     def shutdown(self, reason: str = "done") -> None:
-        self._drain()
+        self.flush()
         self.closing = wire.Shutdown(reason=reason)  # from now on a request is answered with this
         self._notify(self.closing)
         self.pub.send_multipart(wire.encode(wire.Shutdown(reason=reason)))  # also reaches an actor that never asked
@@ -400,7 +400,7 @@ class WeightPublisher:
     def close(self, linger_ms: int = 500) -> None:
         """Give queued notices (the shutdown above all) up to `linger_ms` to leave."""
         try:
-            self._drain()
+            self.flush()
         except Exception:  # a failed last copy must not keep the sockets open
             log.exception("the last weight publish failed")
         self._pool.shutdown(wait=True)
@@ -519,13 +519,17 @@ class WeightSubscriber:
                     self.demand = header
                 return None
             if isinstance(header, wire.WeightsCollective):
-                tensors = self.collective(header) if self.collective and header.learner == self.learner else None
+                # The group is the learner life this actor joined it with (or its first weights come
+                # this way); a restarted learner's announcement means the old group is gone.
+                same_life = self.learner in (None, header.learner)
+                tensors = self.collective(header) if self.collective and same_life else None
                 if tensors is None:  # not (or no longer) in the group: the ROUTER has the same version
                     self.collective = None
                     self.request(header.version - 1)
                     return None
-                return header.version, tensors
-            got = wire.decode_weights(frames, header)
+                got = (header.version, tensors)
+            else:
+                got = wire.decode_weights(frames, header)
         except wire.WireError as e:
             self.rejected(e)
             return None

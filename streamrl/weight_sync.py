@@ -10,10 +10,11 @@ With a generator of buckets (ZeRO-3 gathers them one by one), the next bucket is
 the previous one is on the wire.
 
 In a run (`transport.weight_sync: collective`), `LearnerSync` and `ActorSync` are the two ends:
-the group forms in the background while the first weights go over ZeroMQ; from then on each
-version is announced on the ZeroMQ weight channel (`wire.WeightsCollective`, carrying the plan)
-and broadcast. Any failure (a dead actor, a timeout, a torn bucket) sends that version over
-ZeroMQ instead and leaves the collective for good: a run slows down, it never hangs.
+the group forms in the background while the processes start, and the learner's first publish
+waits a while for it (below the actors' weights timeout); from then on each version is announced on the ZeroMQ weight
+channel (`wire.WeightsCollective`, carrying the plan) and broadcast. Any failure (a dead actor, a
+timeout, a torn bucket) sends that version over ZeroMQ instead and leaves the collective for
+good: a run slows down, it never hangs.
 """
 
 from __future__ import annotations
@@ -82,23 +83,29 @@ class Group:
     """A process group of its own between learner rank 0 (rank 0 here) and the actors' workers,
     rendezvousing on a TCPStore at (host, port); separate from any group the learner trains in."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, backend: str = "nccl"):
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, backend: str = "nccl",
+                 rendezvous_s: float | None = None):
+        """timeout_s bounds every collective; rendezvous_s (default timeout_s) the wait for the others to join."""
         import torch.distributed as dist
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
+        meet_s = rendezvous_s or timeout_s
         try:
-            self.store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout)
+            self.store = dist.TCPStore(host, port, world, is_master=rank == 0,
+                                       timeout=datetime.timedelta(seconds=meet_s))
         except RuntimeError as e:  # the rendezvous itself timed out
             raise WeightSyncError(f"weight sync group {host}:{port}: rank {rank} of {world} could not meet the "
-                                  f"others within {timeout_s:.0f}s ({e})") from None
+                                  f"others within {meet_s:.0f}s ({e})") from None
         if backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
-            self.pg = dist.ProcessGroupGloo(self.store, rank, world, timeout)
+            # Connecting the pairs is part of meeting (slow starters); every collective after that gets timeout_s.
+            self.pg = dist.ProcessGroupGloo(self.store, rank, world, datetime.timedelta(seconds=meet_s))
+            self.pg.set_timeout(timeout)
             self.device = torch.device("cpu")
 
     def broadcast(self, t: torch.Tensor, what: str) -> None:
@@ -173,19 +180,20 @@ def _backend() -> str:
 class _Forming:
     """A Group formed on a background thread (its rendezvous waits for every member)."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, rendezvous_s: float):
         self.group: Group | None = None
         self.failed: str | None = None
         self.syncs = 0
         self.sync_s = 0.0
         self.timeout_s = timeout_s
+        self.rendezvous_s = rendezvous_s
         self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
                                         name="weight-sync-rendezvous")
         self._thread.start()
 
     def _form(self, host: str, port: int, rank: int, world: int) -> None:
         try:
-            self.group = Group(host, port, rank, world, self.timeout_s, _backend())
+            self.group = Group(host, port, rank, world, self.timeout_s, _backend(), self.rendezvous_s)
             log.info("weight sync: rank %d of %d joined the %s group at %s:%d", rank, world, _backend(), host, port)
         except Exception as e:  # noqa: BLE001  (any failure means: stay on ZeroMQ)
             self.fail(f"could not form the group: {e}")
@@ -203,8 +211,19 @@ class _Forming:
         """Wait for a rendezvous still under way to give up (it does within the timeout): a process
         that exits while that C++ call blocks its thread aborts instead of exiting cleanly."""
         if self._thread.is_alive():
-            log.info("weight sync: waiting up to %.0fs for the group's rendezvous to end", self.timeout_s)
-            self._thread.join(self.timeout_s + 5)
+            log.info("weight sync: waiting up to %.0fs for the group's rendezvous to end", self.rendezvous_s)
+            self._thread.join(self.rendezvous_s + 5)
+
+    def _count(self, sync: Callable[[], dict]) -> bool:
+        """Run one sync and count it; on failure leave the collective (False)."""
+        try:
+            stats = sync()
+        except WeightSyncError as e:
+            self.fail(str(e))
+            return False
+        self.syncs += 1
+        self.sync_s += stats["sync_s"]
+        return True
 
     def report(self) -> dict:
         """For the run's summary: versions that went over the collective, their time, why it was left."""
@@ -214,10 +233,23 @@ class _Forming:
 class LearnerSync(_Forming):
     """Learner rank 0's end: rank 0 of a group with one rank per actor."""
 
-    def __init__(self, host: str, port: int, actors: int, timeout_s: float, bucket_bytes: int):
-        super().__init__(host, port, 0, 1 + actors, timeout_s)
+    def __init__(self, host: str, port: int, actors: int, timeout_s: float, rendezvous_s: float, bucket_bytes: int,
+                 first_wait_s: float):
+        super().__init__(host, port, 0, 1 + actors, timeout_s, rendezvous_s)
         self.bucket_bytes = bucket_bytes
         self.plan: SyncPlan | None = None
+        self.first_wait_s = first_wait_s
+        self._waited = False
+
+    def formed(self) -> bool:
+        """Whether this version goes over the collective. The first call waits up to first_wait_s for
+        the group to form, so that with every actor up every version goes collective; the learner
+        serves no weights meanwhile, so the wait must stay below the actors' weights timeout. Later
+        calls never wait: until the group forms, ZeroMQ carries the versions."""
+        if not self._waited:
+            self._thread.join(self.first_wait_s)
+            self._waited = True
+        return self.ready
 
     def announcement(self, version: int, state: dict[str, torch.Tensor], learner: str) -> WeightsCollective:
         self.plan = self.plan or plan(state, self.bucket_bytes)
@@ -226,29 +258,22 @@ class LearnerSync(_Forming):
     def send(self, version: int, state: dict[str, torch.Tensor]) -> bool:
         """Broadcast `state` (after its announcement); False (and the collective left) on failure."""
         assert self.group is not None and self.plan is not None
-        try:
-            stats = send(self.group, version, self.plan,
-                         (flatten(state[s.name] for s in b) for b in self.plan.buckets))
-        except WeightSyncError as e:
-            self.fail(str(e))
-            return False
-        self.syncs += 1
-        self.sync_s += stats["sync_s"]
-        return True
+        buckets = (flatten(state[s.name] for s in b) for b in self.plan.buckets)
+        return self._count(lambda: send(self.group, version, self.plan, buckets))
 
 
 class ActorSync(_Forming):
     """An actor's end: rank 1 + index. `receive` is what the weight subscriber calls when an
     announcement arrives; it returns {name: tensor} or None (then the actor asks over ZeroMQ)."""
 
-    def __init__(self, host: str, port: int, index: int, actors: int, timeout_s: float,
+    def __init__(self, host: str, port: int, index: int, actors: int, timeout_s: float, rendezvous_s: float,
                  expected: dict[str, torch.Tensor]):
-        super().__init__(host, port, 1 + index, 1 + actors, timeout_s)
+        super().__init__(host, port, 1 + index, 1 + actors, timeout_s, rendezvous_s)
         self.expected = {name: (str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in expected.items()}
 
     def receive(self, msg: WeightsCollective) -> dict[str, torch.Tensor] | None:
         # The learner announces only once its group has formed, so ours is about to: wait for it.
-        self._thread.join(self.timeout_s)
+        self._thread.join(self.rendezvous_s)
         if not self.ready:
             return None
         sync_plan = SyncPlan(buckets=msg.buckets)
@@ -258,11 +283,4 @@ class ActorSync(_Forming):
                       f"({sorted(set(announced) ^ set(self.expected))[:3] or 'dtypes or shapes'})")
             return None
         got: dict[str, torch.Tensor] = {}
-        try:
-            stats = receive(self.group, sync_plan, got.update)
-        except WeightSyncError as e:
-            self.fail(str(e))
-            return None
-        self.syncs += 1
-        self.sync_s += stats["sync_s"]
-        return got
+        return got if self._count(lambda: receive(self.group, sync_plan, got.update)) else None
