@@ -280,8 +280,7 @@ class WeightPublisher:
         self.settle()  # one job at a time: the previous version's copy is complete before this one starts
         layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in state.items())
         if layout != self._infos[0]:
-            self._infos = (layout, [wire.TensorInfo(name=n, dtype=str(d).removeprefix("torch."), shape=list(shape))
-                                    for n, d, shape in layout])
+            self._infos = (layout, [wire.TensorInfo.of(*entry) for entry in layout])
         infos = self._infos[1]
         copied = threading.Event()
         self._copied = copied

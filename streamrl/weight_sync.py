@@ -57,7 +57,7 @@ def plan(state: dict[str, torch.Tensor], bucket_bytes: int) -> SyncPlan:
     buckets: list[list[TensorInfo]] = []
     size, dtype = 0, None
     for name, t in state.items():
-        spec = TensorInfo(name, str(t.dtype).removeprefix("torch."), list(t.shape))
+        spec = TensorInfo.of(name, t.dtype, t.shape)
         nbytes = t.numel() * t.element_size()
         if not buckets or spec.dtype != dtype or size + nbytes > bucket_bytes:
             buckets.append([])
@@ -269,7 +269,7 @@ class ActorSync(_Forming):
     def __init__(self, host: str, port: int, index: int, actors: int, timeout_s: float, rendezvous_s: float,
                  expected: dict[str, torch.Tensor]):
         super().__init__(host, port, 1 + index, 1 + actors, timeout_s, rendezvous_s)
-        self.expected = {name: (str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in expected.items()}
+        self.expected = {name: TensorInfo.of(name, t.dtype, t.shape) for name, t in expected.items()}
 
     def receive(self, msg: WeightsCollective) -> dict[str, torch.Tensor] | None:
         # The learner announces only once its group has formed, so ours is about to: wait for it.
@@ -277,7 +277,7 @@ class ActorSync(_Forming):
         if not self.ready:
             return None
         sync_plan = SyncPlan(buckets=msg.buckets)
-        announced = {t.name: (t.dtype, list(t.shape)) for b in msg.buckets for t in b}
+        announced = {t.name: t for b in msg.buckets for t in b}
         if announced != self.expected:
             self.fail(f"version {msg.version}: the learner's tensors differ from this actor's model "
                       f"({sorted(set(announced) ^ set(self.expected))[:3] or 'dtypes or shapes'})")

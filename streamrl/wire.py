@@ -98,6 +98,11 @@ class TensorInfo(Struct, array_like=True, frozen=True):
     dtype: str
     shape: list[int]
 
+    @classmethod
+    def of(cls, name: str, dtype, shape) -> "TensorInfo":
+        """From a torch dtype and shape (torch.float32, (2, 3) -> "float32", [2, 3])."""
+        return cls(name=name, dtype=str(dtype).removeprefix("torch."), shape=list(shape))
+
 
 class WeightsHeader(Struct, tag="weights", kw_only=True):
     """Frame 0 of a weight broadcast.
@@ -484,7 +489,7 @@ def encode_weights(version: int, state: dict, learner: str = "") -> list:
     infos, frames = [], []
     for name, t in state.items():
         t = t.detach().to("cpu").contiguous()
-        infos.append(TensorInfo(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)))
+        infos.append(TensorInfo.of(name, t.dtype, t.shape))
         frames.append(t.reshape(-1).view(torch.uint8).numpy())
     return [encode_weights_header(version, infos, learner), *frames]
 
@@ -504,7 +509,7 @@ def encode_weights_flat(version: int, state: dict, learner: str = "") -> list:
 
     pool = SnapshotPool()
     snap = pool.fill(state)
-    infos = [TensorInfo(name=n, dtype=str(d).removeprefix("torch."), shape=list(shape)) for n, d, shape in pool.layout]
+    infos = [TensorInfo.of(*entry) for entry in pool.layout]
     return [encode_weights_header(version, infos, learner, snap.offsets), snap.frame]
 
 
