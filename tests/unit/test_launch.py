@@ -1,4 +1,4 @@
-"""`streamrl run` picks ports that no outgoing connection can take while the learner starts."""
+"""`streamrl run`: ports no outgoing connection can take while the learner starts, and each process on its own GPUs."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _cfg(**overrides):
 
 
 def test_streamrl_run_gives_each_actor_its_own_gpus_after_the_learners():
-    from streamrl.launch import gpu_plan
+    from streamrl.commands.launch import gpu_plan
 
     cfg = _cfg(**{"learner.ranks": 2, "actors.num": 3, "actors.backend": "vllm", "actors.tensor_parallel_size": 2})
     learner, actors = gpu_plan(cfg, [str(i) for i in range(8)])
@@ -32,7 +32,7 @@ def test_streamrl_run_gives_each_actor_its_own_gpus_after_the_learners():
 
 
 def test_gpu_plan_maps_through_the_launchers_own_visible_devices_and_shares_when_short():
-    from streamrl.launch import gpu_plan
+    from streamrl.commands.launch import gpu_plan
 
     # The supervisor sees GPUs 4-7 only: children get those physical ids; 3 actors on 3 free GPUs.
     learner, actors = gpu_plan(_cfg(**{"actors.num": 4}), ["4", "5", "6", "7"])
@@ -47,7 +47,7 @@ def test_gpu_plan_sets_nothing_without_gpus_or_for_cpu_actors_and_refuses_too_fe
     import pytest
 
     from streamrl.config import ConfigError
-    from streamrl.launch import gpu_plan
+    from streamrl.commands.launch import gpu_plan
 
     assert gpu_plan(_cfg(), []) == ({}, [{}, {}])
     assert gpu_plan(_cfg(**{"actors.device": "cpu"}), ["0", "1"])[1] == [{}, {}]
@@ -56,7 +56,7 @@ def test_gpu_plan_sets_nothing_without_gpus_or_for_cpu_actors_and_refuses_too_fe
 
 
 def test_streamrl_run_starts_each_process_with_its_gpus(monkeypatch, tmp_path):
-    from streamrl import launch
+    from streamrl.commands import launch
 
     class Exited:  # a child that has already finished
         returncode = 0
