@@ -1,22 +1,37 @@
-"""Which GPUs of its node an actor drives: a pure function of its index and tensor parallelism.
+"""Where an actor runs and what it draws: its GPUs on its node and its engine's seed, both from its
+index alone, so every process (and a launcher starting them) computes the same answer.
 
-A node with `gpus_per_node` GPUs runs `gpus_per_node // tp` actors side by side, each on `tp`
-consecutive GPUs. Actors are numbered node after node (Slurm's block distribution: node n runs
-indices n*k .. n*k+k-1), so index mod k is the actor's slot on its node.
+Actor i of a node with `gpus_per_node` GPUs and engines of `tp` GPUs each (`actors.tensor_parallel_size`)
+takes GPUs [slot·tp, slot·tp + tp) with slot = i mod (gpus_per_node // tp): indices 0..k-1 fill the
+first node, k..2k-1 the next, and so on (a launcher numbering actors node by node gets distinct GPUs).
 """
 
 from __future__ import annotations
 
 
-def actor_gpus(index: int, tp: int, gpus_per_node: int) -> list[int]:
-    """The GPU ordinals (0-based, on the actor's node) that actor `index` drives with tensor
-    parallelism `tp`. Actors beyond one node's slots wrap around (node-local numbering)."""
-    if index < 0:
-        raise ValueError(f"actor index {index}: must be at least 0")
+def actors_per_node(tp: int, gpus_per_node: int) -> int:
+    """How many engines of `tp` GPUs fit on a node; a one-line error when none fits or GPUs would idle."""
     if tp < 1 or gpus_per_node < 1:
-        raise ValueError(f"tensor_parallel_size={tp}, gpus_per_node={gpus_per_node}: both must be at least 1")
-    if gpus_per_node % tp:
-        raise ValueError(f"actors.tensor_parallel_size={tp} must divide the {gpus_per_node} GPUs of a node "
-                         "(each actor takes tp whole GPUs)")
-    slot = index % (gpus_per_node // tp)
-    return list(range(slot * tp, (slot + 1) * tp))
+        raise ValueError(f"actors.tensor_parallel_size={tp}, gpus_per_node={gpus_per_node}: both must be >= 1")
+    if tp > gpus_per_node or gpus_per_node % tp:
+        raise ValueError(f"actors.tensor_parallel_size={tp}: must divide the node's {gpus_per_node} GPUs "
+                         f"(allowed: {[d for d in range(1, gpus_per_node + 1) if gpus_per_node % d == 0]})")
+    return gpus_per_node // tp
+
+
+def actor_gpus(index: int, tp: int, gpus_per_node: int) -> list[int]:
+    """The node-local GPU ids actor `index` runs its engine on (len tp, distinct from its node's other actors)."""
+    if index < 0:
+        raise ValueError(f"actor index {index}: must be >= 0")
+    slot = index % actors_per_node(tp, gpus_per_node)
+    return list(range(slot * tp, slot * tp + tp))
+
+
+def cuda_visible_devices(index: int, tp: int, gpus_per_node: int) -> str:
+    """actor_gpus as the CUDA_VISIBLE_DEVICES value a launcher sets for the actor's process ("2,3")."""
+    return ",".join(map(str, actor_gpus(index, tp, gpus_per_node)))
+
+
+def actor_seed(seed: int, index: int) -> int:
+    """The sampling seed of actor `index`'s engine: seed + index, so no two actors draw one stream."""
+    return seed + index
