@@ -37,12 +37,13 @@ for v in LEARNER_NODES ACTOR_NODES GPUS CPUS; do
 done
 
 # The config as the jobs will read it: a bad key fails here, not after hours in the queue.
-TP=$("$PYTHON" - "$LEARNER_NODES" "$GPUS" "$CONFIG" "$@" <<'PY'
+TP=$("$PYTHON" - "$LEARNER_NODES" "$ACTOR_NODES" "$GPUS" "$CONFIG" "$@" <<'PY'
 import sys
+from pathlib import Path
 
 from streamrl import config
 
-nodes, gpus, path, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+nodes, actor_nodes, gpus, path, overrides = *map(int, sys.argv[1:4]), sys.argv[4], sys.argv[5:]
 try:
     cfg = config.load(path, overrides)
 except config.ConfigError as e:
@@ -53,6 +54,10 @@ if gpus % tp:
 if cfg.learner.batch_groups % ranks:
     sys.exit(f"submit.sh: learner.batch_groups={cfg.learner.batch_groups} must divide by the {ranks} learner ranks "
              f"({nodes} node(s) x {gpus} GPUs)")
+num = actor_nodes * (gpus // tp)
+if (keys := cfg.transport.curve_keys) and not all((Path(keys) / f"actor-{i}.key_secret").is_file() for i in range(num)):
+    sys.exit(f"submit.sh: transport.curve_keys={keys}: the {num} actors need actor-0 .. actor-{num - 1} keys there; "
+             f"make them with: streamrl keys {keys} --actors {num}")
 print(tp)
 PY
 )

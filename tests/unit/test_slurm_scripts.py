@@ -128,8 +128,14 @@ def test_submit_then_learner_and_actors_jobs_start_every_process_where_it_belong
     bad = slurm.bash(str(CLUSTER / "submit.sh"), CONFIG, "actors.no_such_key=1")
     assert bad.returncode != 0 and "no_such_key" in bad.stderr and not slurm.calls("sbatch")
 
-    done = slurm.bash(str(CLUSTER / "submit.sh"), "--learner-nodes", "2", "--actor-nodes", "2", CONFIG,
-                      "actors.tensor_parallel_size=2")
+    submit = (str(CLUSTER / "submit.sh"), "--learner-nodes", "2", "--actor-nodes", "2", CONFIG,
+              "actors.tensor_parallel_size=2")
+    no_keys = slurm.bash(*submit)  # the config authenticates actors: 8 need keys
+    assert no_keys.returncode != 0 and "streamrl keys keys/ --actors 8" in no_keys.stderr
+    (slurm.work / "keys").mkdir()
+    for i in range(8):
+        (slurm.work / "keys" / f"actor-{i}.key_secret").touch()
+    done = slurm.bash(*submit)
     assert done.returncode == 0, done.stderr
     assert "learner job 1001" in done.stdout and "actors job 1002" in done.stdout
     learner, actors = (sbatch_options(c) for c in slurm.calls("sbatch"))
