@@ -1,4 +1,4 @@
-"""Import boundaries from DESIGN.md: actors/ and learner/ never import each other; streamrl/ never
+"""Import boundaries (docs/architecture.md, "Processes"): actors/ and learner/ never import each other; streamrl/ never
 imports an inference engine or DeepSpeed when a module is imported."""
 
 from __future__ import annotations
