@@ -164,6 +164,7 @@ def test_submit_then_learner_and_actors_jobs_start_every_process_where_it_belong
         while not host_file.exists() and learner_job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert host_file.read_text().strip() == "node-a"  # rank 0's node, written once the job runs
+        slurm.state.write_text("RUNNING")  # what scontrol now says of job 1001
         actor_job = slurm.bash(str(actors["script"]), *actors["args"], **slurm.job_env(actors, "1002", nodes_a))
         assert actor_job.returncode == 0, actor_job.stderr
     finally:
@@ -230,10 +231,14 @@ def test_actors_wait_for_the_host_their_learner_job_publishes_not_an_older_one(s
     assert actor["argv"][:-4] == ["actor", CONFIG, "actors.num=1", "actors.tensor_parallel_size=8"]
 
 
-@pytest.mark.parametrize("state, says", [("CANCELLED", "is CANCELLED"), ("UNKNOWN", "unknown to scontrol"),
-                                         ("PENDING", "no ")])
-def test_actors_give_up_when_their_learner_job_ends_or_never_starts(slurm, state, says):
+@pytest.mark.parametrize("state, says, host_file", [
+    ("CANCELLED", "is CANCELLED", False), ("UNKNOWN", "unknown to scontrol", False), ("PENDING", "no ", False),
+    ("COMPLETED", "is COMPLETED", True)])  # a host file an ended learner left behind is not used
+def test_actors_give_up_when_their_learner_job_ends_or_never_starts(slurm, state, says, host_file):
     slurm.state.write_text(state)
+    if host_file:
+        (slurm.work / "logs").mkdir()
+        (slurm.work / "logs" / "learner-host.1001").write_text("gone-node\n")
     done = actors_job(slurm, LEARNER_JOB="1001", LEARNER_WAIT_S="0")
     assert done.returncode == 1 and says in done.stderr and "learner-host.1001" in done.stderr
     assert not slurm.calls("srun")
