@@ -16,7 +16,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
 LEARNER_NODES=1 ACTOR_NODES=1 GPUS=8 CPUS=32 LOGS=logs
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [[ $# -gt 0 && $1 == --* ]]; do
   [[ $# -ge 2 ]] || usage
   case $1 in

@@ -124,6 +124,8 @@ def test_every_sbatch_script_asks_for_memory_cpus_gpus_and_an_output_file_in_an_
 
 def test_submit_then_learner_and_actors_jobs_start_every_process_where_it_belongs(slurm):
     nodes_l, nodes_a = ["node-a", "node-b"], ["node-c", "node-d"]
+    usage = slurm.bash(str(CLUSTER / "submit.sh"))
+    assert usage.returncode == 2 and usage.stderr.startswith("One command") and "set -e" not in usage.stderr
     bad = slurm.bash(str(CLUSTER / "submit.sh"), CONFIG, "actors.no_such_key=1")
     assert bad.returncode != 0 and "no_such_key" in bad.stderr and not slurm.calls("sbatch")
 
