@@ -193,8 +193,8 @@ def run(cfg: Config, out=sys.stdout) -> int:
               "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
 
     if learner_env or any(actor_envs):
-        where = [f"learner {learner_env.get('CUDA_VISIBLE_DEVICES', 'all')}"] + [
-            f"actor-{i} {e.get('CUDA_VISIBLE_DEVICES', 'all')}" for i, e in enumerate(actor_envs)]
+        where = [f"learner {learner_env.get('CUDA_VISIBLE_DEVICES', 'unset')}"] + [
+            f"actor-{i} {e.get('CUDA_VISIBLE_DEVICES', 'unset')}" for i, e in enumerate(actor_envs)]
         print(f"streamrl: GPUs (CUDA_VISIBLE_DEVICES): {'; '.join(where)}", file=out, flush=True)
 
     learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
