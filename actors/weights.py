@@ -27,8 +27,8 @@ log = logging.getLogger("streamrl.actor")
 
 class ActorWeights:
     def __init__(self, cfg: Config, ctx: zmq.Context, host: str, index: int, curve: Curve | None, backend,
-                 expected: dict[str, torch.Tensor], telemetry: metrics.ActorMetrics, health: exporter.Health):
-        """expected: the actor's own state dict (names, dtypes, shapes the collective must match)."""
+                 model: torch.nn.Module, telemetry: metrics.ActorMetrics, health: exporter.Health):
+        """model: the actor's own copy of the policy (the names, dtypes and shapes a collective must match)."""
         t = cfg.transport
         self.actor_id = f"actor-{index}"
         self.backend, self.telemetry, self.health = backend, telemetry, health
@@ -41,7 +41,7 @@ class ActorWeights:
 
             # Subscribed first: the learner announces its first collective version as soon as the group forms.
             self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,
-                                  t.weight_sync_rendezvous_s, expected)
+                                  t.weight_sync_rendezvous_s, model.state_dict())
             self.subscriber.collective = self.sync.receive
         self.version = 0
         """The policy version the backend holds (0 before any weights)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -60,12 +61,7 @@ def run(cfg: Config) -> dict:
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
 
-    evaluator = None
-
-    def evaluate() -> dict:  # eval/* keys for the step's record
-        nonlocal evaluator
-        evaluator = evaluator or evaluation.Evaluator(cfg, reward)  # a CPU copy, built once
-        return evaluator.run(engine.full_state_dict())
+    evaluator = functools.cache(lambda: evaluation.Evaluator(cfg, reward))  # a CPU copy, built at the first eval
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         health.beat()
@@ -78,7 +74,8 @@ def run(cfg: Config) -> dict:
     started = time.time()
     try:
         while step < cfg.steps and not stopping():
-            groups, wait_s = intake.collect(learner_version, L.batch_groups, L.data_timeout_s, stopping)  # receive, gate
+            # receive → gate
+            groups, wait_s = intake.collect(learner_version, L.batch_groups, L.data_timeout_s, stopping)
             if len(groups) < L.batch_groups:
                 break
             due = schedule.due(step, learner_version, cfg)  # the other ranks follow the same schedule
@@ -103,7 +100,7 @@ def run(cfg: Config) -> dict:
             telemetry.observe_accounting(accounting := intake.accounting())
             rec["metrics_s"] = time.perf_counter() - t4
             if due.evaluate:                                                                     # evaluate
-                rec.update(evaluate())
+                rec.update(evaluator().run(engine.full_state_dict()))
             learner_version, step = learner_version + 1, step + 1
             health.beat(step=step, learner_version=learner_version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})

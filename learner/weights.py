@@ -26,8 +26,8 @@ class LearnerWeights:
                  telemetry: metrics.LearnerMetrics):
         t = cfg.transport
         self.engine, self.telemetry = engine, telemetry
-        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
-                                         t.max_message_bytes, curve)
+        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port),
+                                         endpoint(t.host, t.weights_request_port), t.max_message_bytes, curve)
         """The ZeroMQ end; the intake serves weight requests and sends demands through it."""
         self.sync = _collective(cfg)
         # A publish copies and sends in the background during the next forward/backward: the
