@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from actors import rollout
-from streamrl import difficulty, metrics
+from streamrl import difficulty, prometheus_metrics
 from streamrl.config import Config
 from streamrl.wire import ScoredGroup
 
@@ -18,7 +18,7 @@ log = logging.getLogger("streamrl.actor")
 
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
-                 telemetry: metrics.ActorMetrics):
+                 telemetry: prometheus_metrics.ActorMetrics):
         """start_version: the version the actor's weights started at (its prompt stream depends on it)."""
         self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
         self.actor_id = f"actor-{index}"

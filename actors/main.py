@@ -19,7 +19,7 @@ import zmq
 from actors import backends
 from actors.generation import Generation
 from actors.weights import ActorWeights
-from streamrl import exporter, metrics, rewards, security, staleness
+from streamrl import exporter, prometheus_metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -115,8 +115,8 @@ def _send_all(sender: GroupSender, weights: ActorWeights, groups, stop, timeout_
 
 
 def _monitoring(cfg: Config, index: int, actor_id: str):
-    registry = metrics.new_registry()
-    telemetry = metrics.ActorMetrics(registry, cfg.name, actor_id)
+    registry = prometheus_metrics.new_registry()
+    telemetry = prometheus_metrics.ActorMetrics(registry, cfg.name, actor_id)
     health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
     port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
     return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, port)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import zmq
 
-from streamrl import exporter, metrics, wire
+from streamrl import exporter, prometheus_metrics, wire
 from streamrl.config import Config
 from streamrl.security import Curve
 from streamrl.transport import WeightSubscriber, endpoint
@@ -27,7 +27,7 @@ log = logging.getLogger("streamrl.actor")
 
 class ActorWeights:
     def __init__(self, cfg: Config, ctx: zmq.Context, host: str, index: int, curve: Curve | None, backend,
-                 model: torch.nn.Module, telemetry: metrics.ActorMetrics, health: exporter.Health):
+                 model: torch.nn.Module, telemetry: prometheus_metrics.ActorMetrics, health: exporter.Health):
         """model: the actor's own copy of the policy (the names, dtypes and shapes a collective must match)."""
         t = cfg.transport
         self.actor_id = f"actor-{index}"

@@ -7,7 +7,7 @@ import collections
 import torch
 
 from learner.batch import Batch
-from streamrl import correction, learning_signal, staleness
+from streamrl import learning_signal, mgrpo, staleness
 from streamrl.losses import LossOutput
 
 
@@ -66,12 +66,12 @@ def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
     t1 = (batch.rewards[has] >= r_min_correct).tolist()
     t2 = (batch.corrections[has] >= r_min_correct).tolist()
     layer2 = batch.layers == 2
-    return {**correction.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
+    return {**mgrpo.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 
 
 def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
-    """What the learner's histograms need from a step, as references: metrics.LearnerMetrics turns
+    """What the learner's histograms need from a step, as references: prometheus_metrics.LearnerMetrics turns
     them into numpy and bins them later, in batches of steps, so the step pays almost nothing."""
     return {"learner_version": learner_version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
             "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}

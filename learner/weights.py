@@ -15,7 +15,7 @@ import time
 import zmq
 
 from learner.engine import Engine
-from streamrl import metrics
+from streamrl import prometheus_metrics
 from streamrl.config import Config
 from streamrl.security import Curve
 from streamrl.transport import WeightPublisher, endpoint
@@ -23,7 +23,7 @@ from streamrl.transport import WeightPublisher, endpoint
 
 class LearnerWeights:
     def __init__(self, cfg: Config, ctx: zmq.Context, curve: Curve | None, engine: Engine,
-                 telemetry: metrics.LearnerMetrics):
+                 telemetry: prometheus_metrics.LearnerMetrics):
         t = cfg.transport
         self.engine, self.telemetry = engine, telemetry
         self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port),

@@ -14,7 +14,7 @@ import zmq
 
 from actors.weights import ActorWeights
 from learner.weights import LearnerWeights
-from streamrl import exporter, metrics
+from streamrl import exporter, prometheus_metrics
 from streamrl.config import load
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,12 +55,12 @@ def setup():
     opened = []
 
     def learner(value: float) -> LearnerWeights:
-        telemetry = metrics.LearnerMetrics(metrics.new_registry(), "t", "corpo", [0, 1], 2)
+        telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0, 1], 2)
         opened.append(w := LearnerWeights(cfg, ctx, None, engine_at(value), telemetry))
         return w
 
     def actor(backend) -> ActorWeights:
-        telemetry = metrics.ActorMetrics(metrics.new_registry(), "t", "actor-0")
+        telemetry = prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
         opened.append(w := ActorWeights(cfg, ctx, "127.0.0.1", 0, None, backend, torch.nn.Linear(3, 4), telemetry,
                                         exporter.Health("actor-0", 60)))
         return w
