@@ -210,8 +210,7 @@ class LearnerMetrics:
                 ("streamrl_last_step_timestamp_seconds",
                  "Unix time of the last optimizer step (start time before the first)", last_step)):
             g = GaugeMetricFamily(name, doc, labels=names)
-            if value:
-                g.add_metric(values, value)
+            g.add_metric(values, value)  # a bound of 0 (strict) is a value, not an absence
             yield g
         for name, doc, label, keys in STEP_COUNTERS:
             c = CounterMetricFamily(name, doc, labels=names + ([label] if label else []))

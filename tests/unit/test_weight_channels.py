@@ -94,7 +94,6 @@ def test_an_actor_loads_the_learners_first_weights_then_only_newer_versions_each
         learner.settle()  # (what the optimizer step does before it changes the weights)
         learner.engine.state["w"].fill_(10.0 + v)
         learner.publish(v)
-    learner.settle()
     seen = [actor.version]
     while actor.version < 3:  # broadcasts the actor was too slow for are asked for (the newest comes back)
         assert actor.wait_newer(serving(learner))
