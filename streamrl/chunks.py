@@ -71,6 +71,8 @@ def copy_chunk(layout: Layout, tensors: list, start: int, dst) -> None:
         flat = tensors[i].detach().reshape(-1).view(torch.uint8)
         srcs.append(flat[a:b])
         dsts.append(dst[at:at + b - a])
+    if not srcs:
+        return
     with torch.no_grad():
         if all(s.device.type == "cpu" for s in srcs):
             torch._foreach_copy_(dsts, srcs)  # one call: per-tensor copies cost more in Python than in bytes
@@ -206,3 +208,26 @@ class Assembly:
         assert self.complete
         buf = self.buffer.numpy().data if self.buffer is not None else wire._buffer(self.frame)
         return wire.tensors(buf, self.entries)
+
+
+def decode_weights(messages: list, max_bytes: int = 1 << 40) -> tuple[int, dict]:
+    """(version, {name: tensor}) from every message of one version ([header, chunk] frames each), checked
+    as a WeightSubscriber checks them: for tests and tools. Raises WireError."""
+    assembly = None
+    for frames in messages:
+        header = wire.decode_header(frames)
+        if not isinstance(header, WeightsChunk):
+            raise WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
+        payload = wire.chunk_payload(frames, header)
+        if assembly is None:
+            assembly = Assembly(header, max_bytes)
+        elif (header.learner, header.version) != (assembly.learner, assembly.version):
+            raise WireError("chunk_lost", f"weights version {assembly.version}: {assembly.missing} of {assembly.count} "
+                            f"chunks never came (version {header.version} began)")
+        assembly.add(header, payload, frames[1])
+    if assembly is None:
+        raise WireError("empty", "no weights messages")
+    if not assembly.complete:
+        raise WireError("chunk_lost", f"weights version {assembly.version}: {assembly.missing} of {assembly.count} "
+                        "chunks never came")
+    return assembly.version, assembly.tensors()
