@@ -178,7 +178,11 @@ class Assembly:
         self.have = bytearray(self.count)
         self.missing = self.count
         self.frame = None  # a one-chunk version: its frame is the buffer (no copy)
-        self.buffer = torch.empty(header.total, dtype=torch.uint8) if self.count > 1 else None
+        try:
+            self.buffer = torch.empty(header.total, dtype=torch.uint8) if self.count > 1 else None
+        except RuntimeError as e:  # more than this machine can hold
+            raise WireError("too_large", f"weights version {header.version}: cannot allocate {header.total} bytes "
+                            f"({e})") from None
         self.started = time.monotonic()
 
     def add(self, header: WeightsChunk, payload: memoryview, frame) -> None:

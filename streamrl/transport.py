@@ -465,7 +465,12 @@ class WeightSubscriber:
         self.poller.register(self.dealer, zmq.POLLIN)
 
     def request(self, have_version: int) -> None:
-        self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id, have_version=have_version)))
+        """Ask for the newest weights; dropped if no learner connection can take it now (it is asked again)."""
+        try:
+            self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id,
+                                                                      have_version=have_version)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def watch(self, timeout_ms: int = 0) -> None:
         """Take in whatever arrived within `timeout_ms`: notices, and the newest weights (kept for `poll`)."""
