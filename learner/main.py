@@ -71,7 +71,7 @@ def run(cfg: Config) -> dict:
 
     def checkpoint() -> None:
         nonlocal saved_at
-        publisher.settle()  # nothing reads the parameters half-copied, and nothing changes them mid-copy
+        publisher.flush()  # nothing reads the parameters half-copied; they stay the version requests are answered from
         state = {"step": step, "version": version, "accounting": intake.accounting()}
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
