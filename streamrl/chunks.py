@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _ALIGN = 64  # every tensor starts on a cache line, so typed views of the byte buffer are aligned
 DEFAULT_CHUNK_BYTES = 64 << 20
+POOL_BYTES = 256 << 20  # what one publish may hold on the learner, whatever the model's size
 _HEADER_ROOM = 1 << 20  # room left under the message cap for a chunk's header (the layout, ~50 B a tensor)
 
 

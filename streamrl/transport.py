@@ -243,8 +243,11 @@ class WeightPublisher:
     """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int,
-                 curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES, pool_chunks: int = 4,
-                 stall_s: float = 10.0):
+                 curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
+                 pool_chunks: int | None = None, stall_s: float = 10.0):
+        """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4)."""
+        self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
+        pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self.pub = _socket(ctx, zmq.PUB, curve=curve)
         # Sends wait for pool buffers, so at most pool_chunks chunks are ever queued: a live subscriber
         # never loses one to the high-water mark; a dead one fills its queue and then misses versions.
@@ -253,7 +256,6 @@ class WeightPublisher:
         self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024, curve=curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
-        self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks, stall_s)
         self._layout: chunks.Layout | None = None
         self._live: tuple[int, dict] | None = None
