@@ -20,7 +20,7 @@ def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: i
         if gathers and (version + 1) % L.publish_every == 0:
             engine.full_state_dict()
         if gathers and L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
-            engine.parameters()
+            engine.weight_stats()
         if gathers and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
             engine.full_state_dict()                   # rank 0 evaluates the whole policy
         version, step = version + 1, step + 1

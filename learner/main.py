@@ -14,7 +14,7 @@ from learner.engine import Engine
 from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
-from streamrl import advantages, evaluation, exporter, learning_signal, metrics, rewards, security
+from streamrl import advantages, evaluation, exporter, metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -48,7 +48,7 @@ def run(cfg: Config) -> dict:
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
     ctx, gate, receiver, publisher = _open_sockets(cfg, vocab_size)
     intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s,
-                    refused=(lambda: gate.refused) if gate else (lambda: 0))
+                    refused=(lambda: gate.refused) if gate else (lambda: 0), strict=cfg.strict)
     telemetry, health, server = _monitoring(cfg, reward.levels)
 
     sync = _weight_sync(cfg)
@@ -114,7 +114,7 @@ def run(cfg: Config) -> dict:
                        "publish_s": t3 - t2 + settle_s}
             rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
             if L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
-                rec.update(learning_signal.weight_stats(engine.parameters()))
+                rec.update(engine.weight_stats())
             t4 = time.perf_counter()
             telemetry.observe_step(rec, stepstats.distributions(version, batch, out))            # observe
             telemetry.observe_accounting(accounting := intake.accounting())
@@ -124,7 +124,7 @@ def run(cfg: Config) -> dict:
             health.beat(step=step, policy_version=version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})
             if cfg.strict:
-                stepstats.check_strict(rec, L.strict_ratio_tol)
+                stepstats.check_strict(rec, stepstats.ratio_tolerance(L.strict_ratio_tol, cfg.model.dtype))
             if L.checkpoint_every and step % L.checkpoint_every == 0:
                 checkpoint()
             if L.slow_step_s:

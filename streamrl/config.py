@@ -171,8 +171,8 @@ class LearnerConfig(_Section):
     """torch threads in the learner (0: torch's default)."""
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
-    strict_ratio_tol: PositiveFloat = 1e-3
-    """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    strict_ratio_tol: PositiveFloat | None = None
+    """Strict mode: largest allowed per-sample mean |log importance ratio| (null: by model.dtype, 1e-4 float32, 7.8e-3 bfloat16)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
