@@ -24,15 +24,11 @@ def _vm(field: str) -> int:
 
 
 def _step(args: dict, overrides: list[str], out) -> None:
-    import os
     import random
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from streamrl.launch import free_ports
-
-    os.environ["MASTER_PORT"] = str(free_ports(1)[0])
     torch.set_num_threads(1)
     from learner.batch import collate
     from learner.engine import Engine

@@ -15,12 +15,8 @@ pytestmark = pytest.mark.slow
 def _cases(dtype: str, out_path: str) -> None:
     """Four steps of a learner and an actor model (a copy, as the actors hold), each checked strictly."""
     import copy
-    import os
     import random
 
-    from streamrl.launch import free_ports
-
-    os.environ["MASTER_PORT"] = str(free_ports(1)[0])
     torch.set_num_threads(1)
     from learner import stepstats
     from learner.batch import collate
