@@ -54,8 +54,8 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
 
 
 def log_ratio_stats(ratio: torch.Tensor, completion_mask: torch.Tensor) -> dict:
-    """|log importance ratio| per token, as its mean over the batch's tokens and, the strict check's
-    statistic, the largest over samples of each sample's mean. ratio, completion_mask: (B, L-1)."""
+    """The batch's KL(behaviour ‖ learner) estimate (the strict check's statistic) and |log ratio|:
+    its mean over tokens, and the largest over samples of each sample's mean. ratio, completion_mask: (B, L-1)."""
     mask = completion_mask.to(torch.float32)
     r = ratio.double()
     dev = r.log().abs() * mask
@@ -91,29 +91,33 @@ def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
             "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}
 
 
-# When learner.strict_ratio_tol is unset: one unit of the parameter dtype's precision (torch.finfo
-# eps: 7.8e-3 for bfloat16, 9.8e-4 for float16), floored at 1e-4 for float32, whose recomputation
-# noise is ~1e-6. Measured on the tiny model over 6 steps (scripts in the README's strict section):
-# bfloat16 on-policy samples reach at most 2.0e-3 (tokens: max 2.3e-3, mean 1.9e-4 to 3.5e-4), while
-# samples one version back average 1.0e-2 to 5.3e-2 per batch and samples at temperature 0.9 instead
-# of 1.0 average 1.3e-2 to 2.1e-2.
-_RATIO_TOL_FLOOR = 1e-4
+# When learner.strict_ratio_tol is unset: the square of the parameter dtype's precision (torch.finfo
+# eps) over 10, floored at 1e-7: bfloat16 6.1e-6, float16 and float32 1e-7 (float32 noise between
+# engines' kernels reaches ~1e-6 per token: ~1e-12 here). A token's log-prob
+# recomputed in another kernel order differs by rounding, up to about eps; the KL estimate grows
+# with the square of such differences, so rounding stays far below eps², while a sample from other
+# weights or another temperature, off by a few hundredths on most tokens, lands far above. Measured
+# on the tiny model (README, "Strict on-policy"): on-policy bfloat16 batches ~1e-7; one group of 8
+# sampled one version back, or at temperature 0.8, among the 16 of a batch: 5e-5 to 8e-5.
+_RATIO_TOL_FLOOR = 1e-7
 
 
 def ratio_tolerance(configured: float | None, dtype: str) -> float:
-    """The strict check's bound on any sample's mean |log ratio| for a model of `dtype` ('bfloat16', ...)."""
+    """The strict check's bound on the batch's kl_behaviour_learner for a model of `dtype` ('bfloat16', ...)."""
     if configured is not None:
         return configured
-    return max(_RATIO_TOL_FLOOR, torch.finfo(getattr(torch, dtype)).eps)
+    return max(_RATIO_TOL_FLOOR, torch.finfo(getattr(torch, dtype)).eps ** 2 / 10)
 
 
 def check_strict(rec: dict, ratio_tol: float) -> None:
     """Raise StrictModeViolation unless the step was on-policy. ratio_tol: see ratio_tolerance.
 
-    The ratio test looks at each sample's mean |log ratio| over its tokens rather than the worst
-    token: half precision rounds every logit by up to one unit of its precision, which one token
-    shows in full, while a sample drawn from other weights or at another temperature is off on
-    most of its tokens.
+    The ratio test bounds the batch's estimate of KL(behaviour ‖ learner), the mean over tokens of
+    r - 1 - log r (r the importance ratio), rather than the worst token's |r - 1|: half precision
+    moves every log-prob by up to a unit of its precision, which the worst of thousands of tokens
+    shows in full and which grows as the logits do, while the KL estimate weighs each token's
+    deviation by its own size (quadratically), so rounding noise stays near eps² and a group sampled
+    from other weights or at another temperature stands out by orders of magnitude.
     """
     if rec["lag_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
@@ -123,8 +127,8 @@ def check_strict(rec: dict, ratio_tol: float) -> None:
     if rec["optimizer_steps"] != 1:
         raise StrictModeViolation(
             f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
-    if rec["sample_log_ratio_abs_max"] > ratio_tol:
+    if rec["kl_behaviour_learner"] > ratio_tol:
         raise StrictModeViolation(
-            f"step {rec['step']}: a sample's mean |log importance ratio| is {rec['sample_log_ratio_abs_max']:.2e} > "
-            f"{ratio_tol:.1e} (learner.strict_ratio_tol): actors did not sample from the learner's current weights "
-            "at its temperature")
+            f"step {rec['step']}: KL(behaviour ‖ learner) estimated at {rec['kl_behaviour_learner']:.2e} > "
+            f"{ratio_tol:.1e} (learner.strict_ratio_tol; worst token |ratio - 1| {rec['is_ratio_max_abs_dev']:.2e}): "
+            "actors did not sample from the learner's current weights at its temperature")
