@@ -59,8 +59,9 @@ def _cases(dtype: str, out_path: str) -> None:
             fired = None
         except stepstats.StrictModeViolation as e:
             fired = str(e)
-        results[case] = {"fired": fired, **{k: rec[k] for k in ("kl_behaviour_learner", "log_ratio_abs_mean",
-                                                                  "sample_log_ratio_abs_max", "is_ratio_max_abs_dev")}}
+        stats = ("group_kl_behaviour_learner_max", "kl_behaviour_learner", "log_ratio_abs_mean",
+                 "sample_log_ratio_abs_max", "is_ratio_max_abs_dev")
+        results[case] = {"fired": fired, **{k: rec[k] for k in stats}}
     lagged = dict(rec, lag_max=1)  # a group stamped one version back
     try:
         stepstats.check_strict(lagged, tol)
@@ -82,5 +83,5 @@ def test_the_strict_check_fires_on_a_stale_or_mistempered_group_and_not_on_an_on
     print(dtype, json.dumps(r, indent=1))  # the measured statistics, for the record
     assert r["on_policy"]["fired"] is None and r["on_policy_later"]["fired"] is None
     for case in ("one_version_back", "temperature_0.8"):
-        assert r[case]["fired"] and "KL(behaviour ‖ learner) estimated at" in r[case]["fired"], case
+        assert r[case]["fired"] and "a group's KL(behaviour ‖ learner) estimated at" in r[case]["fired"], case
     assert "lag 1" in r["stamped_one_version_back"]["fired"]
