@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if path is None and args.command in ("run", "check", "reproduce"):
             path = str(config_lib.DEFAULT_CONFIG) if config_lib.DEFAULT_CONFIG.is_file() else None
         cfg = config_lib.load(path, overrides)
+        if args.command in ("check", "run", "learner", "actor"):  # a model that cannot load fails here, not 30 s in
+            from streamrl.model import path_problem
+
+            if problem := path_problem(cfg.model.path):
+                raise config_lib.ConfigError(problem)
     except config_lib.ConfigError as e:
         msg = str(e)
         print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
