@@ -143,6 +143,8 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
                     actor_id, stats.prompts_too_long, opts.max_seq_len, max(map(len, ids)))
         prompts = [p for p, ok in zip(prompts, fits) if ok]
         ids = [i for i, ok in zip(ids, fits) if ok]
+        if not prompts:
+            return [], stats
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
