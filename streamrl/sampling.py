@@ -85,10 +85,17 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
         stopping_criteria=StoppingCriteriaList([hook]) if hook else None,
     )
     seq = out.sequences[:, width:].cpu()  # (B, T)
-    logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # (B, T, V)
-    logp = logits.gather(-1, seq[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
+    # Step by step: a (B, T, V) float32 copy of every step's logits would be the largest tensor of an
+    # actor with a release-sized vocabulary (32 rows x 32 steps x 151,936 = 622 MB).
+    logp = torch.stack([_token_logprob(step, seq[:, t], temperature) for t, step in enumerate(out.logits)], 1)  # (B, T)
     completions = [_cut(seq[i], logp[i], eos_ids, hook.versions if hook else None) for i in range(len(rows))]
     return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
+
+
+def _token_logprob(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits (B, V) of one decoding step, tokens (B,) sampled there → (B,) log-prob at `temperature`."""
+    scaled = logits.float().cpu() / temperature
+    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
 def _cut(tokens: torch.Tensor, logp: torch.Tensor, eos_id: int | Sequence[int],
