@@ -8,17 +8,16 @@ their prompt's room, and a prompt with no room is skipped and counted (`prompts_
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Callable
 
 import msgspec
 
-import logging
-
 from actors.backends import Backend, Completion
-from streamrl import correction, group_filters, prompting
-from streamrl.sampling import capped
+from streamrl import group_filters, mgrpo, prompting
 from streamrl.rewards import Reward
+from streamrl.sampling import capped
 from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
 
@@ -194,8 +193,8 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
     for prompt, samples in zip(prompts, chosen):
         for _, text, _ in samples:
-            queries.append(Prompt(id="", text=correction.layer2_query(prompt.text, text,
-                                                                      correction.pick_phrase(opts.phrases, rng))))
+            queries.append(Prompt(id="", text=mgrpo.layer2_query(prompt.text, text,
+                                                                 mgrpo.pick_phrase(opts.phrases, rng))))
             owners.append(prompt)
     q_ids = [opts.encode(tokenizer, q.text) for q in queries]
     caps = [opts.room(q) for q in q_ids]

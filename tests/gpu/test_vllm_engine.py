@@ -80,7 +80,7 @@ def test_real_vllm_engine_takes_new_weights_over_an_nccl_broadcast():
     _gpu_vllm()
     if torch.cuda.device_count() < 2:
         pytest.skip("the learner rank needs a second GPU (NCCL refuses two ranks on one device)")
-    from streamrl.launch import free_ports
+    from streamrl.commands.launch import free_ports
 
     backend, m, tok = _build()
     try:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrl import cli, config, plan
+from streamrl import config
+from streamrl.commands import cli, plan
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_8B = REPO / "configs" / "models" / "Qwen3-8B" / "config.json"

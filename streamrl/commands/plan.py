@@ -37,7 +37,7 @@ from pathlib import Path
 import msgspec
 
 GB = 1e9
-REPO_MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
+REPO_MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
