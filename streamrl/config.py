@@ -183,6 +183,12 @@ class LearnerConfig(_Section):
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
     """Timeout of every collective between learner ranks (a dead rank becomes an error, not a hang)."""
+    micro_batch_tokens: NonNegInt = 0
+    """Padded tokens (rows × longest row) per forward/backward on a rank, gradients accumulated (0: whole share)."""
+    logprob_chunk_tokens: PositiveInt = 1024
+    """Tokens whose full-vocabulary logits exist at once when computing log-probs (each chunk recomputed in backward)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (less memory, ~1/3 more compute)."""
     weight_stats_every: NonNegInt = 10
     """Log L1/L2 norms, min, max, mean, median of all weights every this many steps (0: never)."""
     slow_step_s: NonNegFloat = 0.0
