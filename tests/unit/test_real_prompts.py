@@ -108,3 +108,13 @@ def test_vllm_and_sglang_receive_every_end_token_as_stop_token_ids(actor, monkey
     engine = fake_sglang.install(monkeypatch)
     build_backend("sglang", cfg, model, tok).generate([[5, 6]], n=2)
     assert engine.instances[-1].calls[-1][1]["sampling_params"]["stop_token_ids"] == [IM_END, ENDOFTEXT]
+
+
+def test_evaluation_encodes_prompts_as_the_actors_do(actor):
+    from streamrl.evaluation import Evaluator
+
+    cfg, model, tok, _, reward = actor
+    ev = Evaluator(cfg, reward, model, tok)
+    text = ev.prompts[0].text
+    assert ev.encode(text) == rollout.RolloutOptions.from_config(cfg).encode(tok, text)
+    assert tok.decode(ev.encode(text)).startswith("<|im_start|>user\n")
