@@ -300,7 +300,10 @@ def report(plan: Plan, name: str) -> str:
 def run_warning(cfg) -> str | None:
     """`streamrl run`'s check: on CUDA, the plan against this machine's GPUs; elsewhere every process
     shares host memory, so the learner's and actors' needs together against the RAM installed.
-    None when it fits (or cannot be told)."""
+    None when it fits (or cannot be told). The tiny default model always fits: it is not planned,
+    which keeps transformers out of the supervisor's start-up."""
+    if cfg.model.path is None:
+        return None
     import os
 
     import torch

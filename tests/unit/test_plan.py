@@ -82,4 +82,5 @@ def test_run_warns_when_the_processes_need_more_than_this_machines_memory(releas
     cfg = config.load(None, [f"model.path={release_model}", "learner.batch_groups=4096", "model.max_seq_len=4096"])
     warning = plan.run_warning(cfg)
     assert warning and "more than this machine's" in warning
-    assert plan.run_warning(config.load(None)) is None  # the tiny job fits anywhere
+    assert plan.run_warning(config.load(None, ["learner.batch_groups=4096"])) is None  # the tiny model is not planned
+    assert plan.run_warning(config.load(None, [f"model.path={release_model}"])) is None  # the default batch fits
