@@ -118,3 +118,27 @@ def test_evaluation_encodes_prompts_as_the_actors_do(actor):
     text = ev.prompts[0].text
     assert ev.encode(text) == rollout.RolloutOptions.from_config(cfg).encode(tok, text)
     assert tok.decode(ev.encode(text)).startswith("<|im_start|>user\n")
+
+
+@pytest.mark.parametrize("path, says", [
+    ("/no/such/model", "no such folder"),
+    ("models/Nowhere-7B", "not in the local cache while downloads are off"),  # a hub id, offline
+    ("EMPTY", "the folder has no config.json"),
+])
+def test_a_model_path_that_cannot_load_is_one_line_from_check_and_run(path, says, tmp_path, monkeypatch, capsys):
+    from streamrl.commands import cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if path == "EMPTY":
+        path = str(tmp_path)
+    for command in ("check", "run"):
+        assert cli.main([command, f"model.path={path}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"model.path={path!r}" in err and says in err, err
+
+
+def test_a_release_folder_passes_check(release_model, capsys):
+    from streamrl.commands import cli
+
+    assert cli.main(["check", f"model.path={release_model}"]) == 0
+    assert f"path: {release_model}" in capsys.readouterr().out
