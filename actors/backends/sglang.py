@@ -19,7 +19,6 @@ import time
 
 from actors.backends import BACKENDS, Completion
 from actors.backends.export import hf_folder
-from streamrl.model import end_token_ids
 
 
 @BACKENDS.register("sglang")
@@ -31,7 +30,9 @@ class SGLangBackend:
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
         self.cfg = cfg.actors
-        self.stop_token_ids = end_token_ids(model, tokenizer)  # all end tokens
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.paused_s = 0.0  # total time generation was paused for weight updates
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),

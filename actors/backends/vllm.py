@@ -30,7 +30,6 @@ import time
 from actors.backends import BACKENDS, Completion
 from actors.backends.export import hf_folder
 from actors.backends.vllm_worker import WORKER_EXTENSION
-from streamrl.model import end_token_ids
 
 log = logging.getLogger("streamrl.actor.vllm")
 LOGPROBS_MODE = "processed_logprobs"
@@ -47,7 +46,9 @@ class VLLMBackend:
             raise RuntimeError("this vLLM has no logprobs_mode: it would report log-probs without the sampling "
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
-        self.stop_token_ids = end_token_ids(model, tokenizer)  # all end tokens
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         cpu = current_platform.is_cpu()
         self.update_mode = "reload_from_path" if cpu else "in_place"
         self.weights_dir = tempfile.mkdtemp(prefix="streamrl-vllm-weights-") if cpu else None
