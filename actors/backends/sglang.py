@@ -29,10 +29,11 @@ class SGLangBackend:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true"):
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
-        self.cfg = cfg.actors
         from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
 
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
+        self.cfg = cfg.actors
+        self.eos_id = tokenizer.eos_token_id
         self.paused_s = 0.0  # total time generation was paused for weight updates
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
