@@ -19,7 +19,7 @@ import torch
 
 from learner import logprobs
 from learner.batch import Batch, micro_batches
-from streamrl import losses
+from streamrl import learning_signal, losses
 from streamrl.config import Config
 
 log = logging.getLogger("streamrl.learner")
@@ -187,14 +187,35 @@ class Engine:
         return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=out.ratio,
                                  clipped=out.clipped)
 
-    def parameters(self) -> list[torch.Tensor]:
-        """Every parameter, whole (gathered under ZeRO-3, where each rank holds only a shard)."""
-        if self.cfg.learner.zero_stage == 3:
-            return list(self.full_state_dict().values())
-        return list(self.engine.module.parameters())
+    def weight_stats(self) -> dict[str, float]:
+        """learning_signal.weight_stats over every parameter, streamed: no copy of the weights.
+
+        Under ZeRO-3 each rank reads only its own shard of each parameter and the passes' aggregates
+        are all-reduced, so nothing is gathered; every rank must call it at the same step.
+        """
+        if self.cfg.learner.zero_stage != 3:
+            return learning_signal.weight_stats(list(self.engine.module.parameters()))
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+        def shards():
+            for p in self.engine.module.parameters():
+                size = p.ds_tensor.ds_numel  # each rank holds [rank·size, (rank+1)·size) of the flat parameter,
+                valid = max(0, min(size, p.ds_numel - rank * size))  # the last one padded beyond ds_numel
+                yield p.ds_tensor.reshape(-1)[:valid]
+
+        def reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+            dist.all_reduce(t, op=ops[op])
+            return t
+
+        return learning_signal.weight_stats(shards, reduce)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All weights, gathered on every rank (a collective under ZeRO-3: every rank must call it).
+        """All weights. Under ZeRO-3 a collective (every rank must call it): each parameter is
+        gathered in turn and only rank 0 copies it to the CPU, so no rank ever holds a full copy
+        beyond rank 0's result (the others get {}).
 
         Below ZeRO-3 these are the live parameters, not copies: the next optimizer step changes
         them, so a caller that keeps them past it must copy (WeightPublisher.publish does).
@@ -202,9 +223,18 @@ class Engine:
         if self.cfg.learner.zero_stage == 3:
             import deepspeed
 
-            params = list(self.engine.module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+            state: dict[str, torch.Tensor] = {}
+            copies: dict[int, torch.Tensor] = {}  # tied weights: one gather and one copy
+            for name, t in self.engine.module.state_dict(keep_vars=True).items():
+                if id(t) not in copies:
+                    if hasattr(t, "ds_id"):  # a partitioned parameter
+                        with deepspeed.zero.GatheredParameters([t], modifier_rank=None):
+                            copies[id(t)] = t.detach().cpu().clone() if self.rank == 0 else t.new_empty(0)
+                    else:
+                        copies[id(t)] = t.detach().cpu().clone()
+                if self.rank == 0:
+                    state[name] = copies[id(t)]
+            return state
         if self._state_vars is None:
             # state_dict() walks every module (~0.2 ms on the tiny model, more than copying its weights);
             # the Parameter objects stay, and `.data` reads whatever tensor DeepSpeed has put behind them.

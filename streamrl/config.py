@@ -177,8 +177,8 @@ class LearnerConfig(_Section):
     """torch threads in the learner (0: torch's default)."""
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
-    strict_ratio_tol: PositiveFloat = 1e-3
-    """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    strict_ratio_tol: PositiveFloat | None = None
+    """Strict mode: largest allowed per-sample mean |log importance ratio| (null: by model.dtype, 1e-4 float32, 7.8e-3 bfloat16)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
@@ -333,7 +333,7 @@ class Config(_Section):
     on_policy: Literal["async", "strict"] = "async"
     """strict: lag 0 on every consumed group and one step per batch, checked every step."""
     max_staleness: NonNegInt = 2
-    """Drop groups whose lag (learner version - generating version) exceeds this."""
+    """Drop groups whose lag (learner version - generating version) exceeds this (on_policy strict makes it 0)."""
     run_dir: str = "runs"
     """Parent folder of run directories."""
     log_every: PositiveInt = 10
@@ -386,14 +386,12 @@ class Config(_Section):
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")
+        if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
+            self.max_staleness = 0
 
     @property
     def strict(self) -> bool:
         return self.on_policy == "strict"
-
-    @property
-    def effective_max_staleness(self) -> int:
-        return 0 if self.strict else self.max_staleness
 
     @property
     def run_path(self) -> Path:

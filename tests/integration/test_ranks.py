@@ -134,6 +134,44 @@ def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch
     assert max(_relative(w2[k] - initial[k], w1[k] - initial[k]) for k in w1) < 1e-3
 
 
+def _zero3_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import json
+
+    from learner.engine import Engine
+    from streamrl import config, learning_signal, model
+
+    cfg = config.load(None, ["learner.batch_groups=4", "learner.zero_stage=3"])
+    engine = Engine(cfg, model.build(cfg)[0])
+    sharded = engine.weight_stats()  # every rank reads its shard; aggregates all-reduced
+    state = engine.full_state_dict()  # gathered one parameter at a time, copied by rank 0 only
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"sharded": sharded, "keys": len(state),
+                   "whole": learning_signal.weight_stats(list(state.values())) if state else None}, f)
+    engine.close()
+
+
+def test_under_zero3_weight_stats_read_only_shards_and_only_rank_0_copies_the_weights(tmp_path):
+    import json
+
+    port = free_ports(1)[0]
+    procs = [mp.get_context("spawn").Process(target=_zero3_rank, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+        assert p.exitcode == 0
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    from streamrl import config, model
+
+    assert zero["keys"] == len(model.build(config.load(None))[0].state_dict()) and one["keys"] == 0
+    assert zero["sharded"] == one["sharded"]
+    for k, v in zero["whole"].items():
+        assert zero["sharded"][k] == pytest.approx(v, rel=1e-9), k
+
+
 def test_a_run_with_a_two_rank_learner_trains_resumes_and_balances(run_job):
     run = run_job("learner.ranks=2", "learner.zero_stage=3", "learner.checkpoint_every=4", "steps=8", name="ranks")
     assert len(metrics(run)) == 8 and summary(run)["reconciliation"]["balanced"]
