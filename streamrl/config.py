@@ -36,7 +36,13 @@ class _Section(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str | None = None
-    """Local Hugging Face model folder; null builds the tiny random-init Llama described below."""
+    """Local Hugging Face model folder, or a hub id where downloads are allowed; null: the tiny random-init Llama below."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Prompts as a user turn through the tokenizer's chat template: auto (when it has one), on (required), off (raw text)."""
+    enable_thinking: bool | None = None
+    """Chat template's thinking switch (Qwen3: false pre-fills an empty think block); null: the template's default."""
+    max_seq_len: PositiveInt | None = None
+    """Cap on prompt + completion tokens (a prompt leaving no room is skipped and counted); null: completion cap only."""
     hidden_size: PositiveInt = 64
     """Tiny model: hidden size."""
     num_layers: PositiveInt = 2
