@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 
-from actors.backends import BACKENDS, Completion
+from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
 
 

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 
-from actors.backends import BACKENDS, Completion
+from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
 from actors.backends.vllm_worker import WORKER_EXTENSION
 
