@@ -1,0 +1,95 @@
+"""A weight version handed from the actor to its engine's workers through node-local shared memory.
+
+The actor writes the state dict as bucket files in a folder under /dev/shm (each bucket one dtype,
+at most `bucket_bytes`, cut by `streamrl.weight_sync.plan`, the same plan the collective sync
+uses); the workers (every tensor-parallel rank, same node) map the files one bucket at a time and
+hand out tensors that are views into the mapping, so nothing is serialised, no message size limit
+applies, and no tensor is copied to the device before the engine's own weight loaders copy it into
+its parameters. Only names, dtypes and shapes travel in the call.
+
+Layout of bucket i: file `bucket-<i>`, the bucket's tensors back to back in plan order, each
+`numel × itemsize` bytes (one dtype per bucket, so every offset is aligned).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import shutil
+import tempfile
+from typing import Iterator
+
+import torch
+
+from streamrl.weight_sync import SyncPlan
+
+Buckets = list[list[list]]  # [[[name, dtype, shape], ...] per bucket]: what crosses to the workers (msgpack)
+
+
+def shm_root() -> str:
+    """/dev/shm where it exists (memory, not disk), else the temp folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def new_folder(prefix: str = "streamrl-weights-") -> str:
+    return tempfile.mkdtemp(prefix=prefix, dir=shm_root())
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int:
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
+def write(state: dict[str, torch.Tensor], plan: SyncPlan, folder: str) -> Buckets:
+    """Write `state` (any device, any strides) into `folder` as the plan's bucket files, one copy per
+    tensor straight into the mapped file. Returns the bucket description the workers read them with."""
+    buckets: Buckets = []
+    for i, specs in enumerate(plan.buckets):
+        size = sum(_nbytes(s.dtype, s.shape) for s in specs)
+        with open(os.path.join(folder, f"bucket-{i}"), "w+b") as f:
+            f.truncate(size)
+            if size:
+                with mmap.mmap(f.fileno(), size) as mm:
+                    flat = torch.frombuffer(mm, dtype=torch.uint8)
+                    offset = 0
+                    for s in specs:
+                        n = _nbytes(s.dtype, s.shape)
+                        flat[offset:offset + n].view(getattr(torch, s.dtype)).view(s.shape).copy_(state[s.name].detach())
+                        offset += n
+                    del flat  # the mapping closes only once no tensor views it
+        buckets.append([[s.name, s.dtype, list(s.shape)] for s in specs])
+    return buckets
+
+
+def read(folder: str, buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) in plan order; each bucket's file is mapped when its first tensor is asked
+    for and unmapped once nothing references its tensors (the engine copies them into its weights).
+    A private mapping: nothing here can write back into the actor's files."""
+    for i, specs in enumerate(buckets):
+        path = os.path.join(folder, f"bucket-{i}")
+        size = sum(_nbytes(dtype, shape) for _, dtype, shape in specs)
+        if os.path.getsize(path) != size:
+            raise ValueError(f"{path}: {os.path.getsize(path)} bytes, the bucket's tensors need {size}")
+        if not size:
+            yield from ((name, torch.empty(shape, dtype=getattr(torch, dtype))) for name, dtype, shape in specs)
+            continue
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(mm, dtype=torch.uint8)  # keeps `mm` alive as long as a view of it lives
+        offset = 0
+        for name, dtype, shape in specs:
+            n = _nbytes(dtype, shape)
+            yield name, flat[offset:offset + n].view(getattr(torch, dtype)).view(shape)
+            offset += n
+        del flat, mm
+
+
+def remove(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def clear(folder: str) -> None:
+    """Drop a version's bucket files (their memory returns to the node) but keep the folder."""
+    for name in os.listdir(folder):
+        if name.startswith("bucket-"):
+            os.unlink(os.path.join(folder, name))
