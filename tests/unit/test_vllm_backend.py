@@ -213,3 +213,10 @@ def _real_vllm():
     if isinstance(sys.modules.get("vllm"), types.ModuleType) and not hasattr(sys.modules["vllm"], "__file__"):
         pytest.skip("the fake vllm is installed")
     return pytest.importorskip("vllm")
+
+
+def test_the_paper_and_cluster_configs_generate_with_vllm():
+    repo = Path(__file__).resolve().parents[2]
+    paths = [*sorted((repo / "configs" / "paper").glob("*.yaml")), repo / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml",
+             repo / "configs" / "cluster" / "async-8b.yaml"]
+    assert len(paths) >= 12 and all(config.load(p).actors.backend == "vllm" for p in paths)
