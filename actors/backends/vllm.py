@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from actors.backends import shm_weights
+import actors.backends.shm_weights as shm_weights
 from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
 from actors.backends.vllm_worker import WORKER_EXTENSION

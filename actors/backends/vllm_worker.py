@@ -27,7 +27,7 @@ class WorkerExtension:
     def load_weights_from_shm(self, folder: str, buckets: list[list[list]]) -> int:
         """Load the version in `folder` (shm_weights.write's bucket files; buckets: per bucket, its
         [name, dtype, shape] entries in order) in place. Returns how many tensors were read."""
-        from actors.backends import shm_weights
+        import actors.backends.shm_weights as shm_weights
 
         count = 0
 
