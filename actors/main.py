@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from actors import backends, rollout
-from streamrl import difficulty, exporter, metrics, rewards, security, staleness
+from streamrl import difficulty, exporter, prometheus_metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -201,7 +201,7 @@ def _send_all(sender: GroupSender, weights: WeightSubscriber, groups, stop, time
     return sent
 
 
-def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, telemetry: metrics.ActorMetrics,
+def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats, telemetry: prometheus_metrics.ActorMetrics,
           ask_first: bool = False):
     t0 = time.perf_counter()
     try:
@@ -212,8 +212,8 @@ def _wait(weights: WeightSubscriber, min_version: int, cfg: Config, stop, stats,
 
 
 def _monitoring(cfg: Config, index: int, actor_id: str):
-    registry = metrics.new_registry()
-    telemetry = metrics.ActorMetrics(registry, cfg.name, actor_id)
+    registry = prometheus_metrics.new_registry()
+    telemetry = prometheus_metrics.ActorMetrics(registry, cfg.name, actor_id)
     health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
     port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
     return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, port)

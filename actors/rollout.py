@@ -10,7 +10,7 @@ from typing import Callable
 import msgspec
 
 from actors.backends import Backend, Completion
-from streamrl import correction, group_filters
+from streamrl import group_filters, mgrpo
 from streamrl.rewards import Reward
 from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
@@ -153,8 +153,8 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
     for prompt, samples in zip(prompts, chosen):
         for _, text, _ in samples:
-            queries.append(Prompt(id="", text=correction.layer2_query(prompt.text, text,
-                                                                      correction.pick_phrase(opts.phrases, rng))))
+            queries.append(Prompt(id="", text=mgrpo.layer2_query(prompt.text, text,
+                                                                      mgrpo.pick_phrase(opts.phrases, rng))))
             owners.append(prompt)
     q_ids = [tokenizer(q.text, add_special_tokens=False)["input_ids"] for q in queries]
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.

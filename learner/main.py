@@ -14,7 +14,7 @@ from learner.engine import Engine
 from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
-from streamrl import advantages, evaluation, exporter, learning_signal, metrics, rewards, security
+from streamrl import advantages, evaluation, exporter, learning_signal, prometheus_metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -183,12 +183,12 @@ def _weight_sync(cfg: Config):
 
 
 def _monitoring(cfg: Config, reward_levels: list[float]
-                ) -> tuple[metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
-    registry = metrics.new_registry()
+                ) -> tuple[prometheus_metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
+    registry = prometheus_metrics.new_registry()
     settings = {"on_policy": cfg.on_policy, "max_staleness": str(cfg.max_staleness), "task": cfg.task.name,
                 "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
                 "batch_groups": str(cfg.learner.batch_groups), "r_min_correct": str(cfg.advantage.r_min_correct)}
-    telemetry = metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, reward_levels,
+    telemetry = prometheus_metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, reward_levels,
                                        cfg.effective_max_staleness, settings)
     health = exporter.Health("learner", cfg.monitoring.healthy_within_s)
     return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, cfg.monitoring.learner_port)

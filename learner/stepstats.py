@@ -7,7 +7,7 @@ import collections
 import torch
 
 from learner.batch import Batch
-from streamrl import correction, learning_signal
+from streamrl import learning_signal, mgrpo
 from streamrl.losses import LossOutput
 
 
@@ -66,7 +66,7 @@ def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
     t1 = (batch.rewards[has] >= r_min_correct).tolist()
     t2 = (batch.corrections[has] >= r_min_correct).tolist()
     layer2 = batch.layers == 2
-    return {**correction.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
+    return {**mgrpo.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from streamrl.cli import main
+from streamrl.commands.cli import main
 
 sys.exit(main())

@@ -16,7 +16,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from streamrl.correction import DEFAULT_PHRASES
+from streamrl.mgrpo import DEFAULT_PHRASES
 
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]

@@ -6,7 +6,7 @@ A prompt whose success rate over N rollouts is above `difficulty.high` (0.9) or 
 
 - Online: `SuccessTracker` counts successes per prompt id as groups are scored; an actor asks
   `keep(prompt_id)` before using a prompt (wired in with `difficulty.online`).
-- Offline: `streamrl difficulty CONFIG --rollouts N --out FILE.jsonl [--checkpoint RUN_OR_CHECKPOINT]`
+- Offline (`streamrl.commands.difficulty`): `streamrl difficulty CONFIG --rollouts N --out FILE.jsonl [--checkpoint RUN_OR_CHECKPOINT]`
   samples N rollouts per prompt with the initial (or a saved) policy, at the actors' temperature
   and length cap (what training will see). For a task with a dataset (code_verifier with
   `task.data`) the prompts are the dataset's rows and FILE gets the kept rows verbatim (a new
@@ -17,8 +17,6 @@ A prompt whose success rate over N rollouts is above `difficulty.high` (0.9) or 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Sequence
 
 
@@ -75,35 +73,3 @@ class SuccessTracker:
 def in_band(rate: float, low: float, high: float) -> bool:
     """Kept: low ≤ rate ≤ high."""
     return low <= rate <= high
-
-
-def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,
-                   prompts: int | None = None) -> dict:
-    """Sample `rollouts` per prompt, write the kept ones to `out`; returns the counts."""
-    from streamrl import evaluation, policy, rewards
-    from streamrl import model as model_lib
-
-    reward = rewards.build(cfg)
-    task = reward.task
-    if checkpoint is not None:
-        model, tokenizer = policy.load_policy(cfg, checkpoint)
-    else:
-        model, tokenizer = model_lib.build(cfg, task.vocabulary)
-    rows = getattr(task, "train", None) if cfg.task.data else None
-    items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.prompts, cfg.eval.seed)
-    a = cfg.actors
-    table = evaluation.sample_rewards(model.eval(), tokenizer, reward, items, rollouts, temperature=a.temperature,
-                                      max_new_tokens=a.max_new_tokens, seed=cfg.seed)
-    r_min, d = cfg.advantage.r_min_correct, cfg.difficulty
-    rates = [sum(r >= r_min for r in row) / len(row) for row in table]
-    kept = [i for i, rate in enumerate(rates) if in_band(rate, d.low, d.high)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if rows:
-        lines = [line for line in Path(cfg.task.data).read_text().splitlines() if line.strip()]  # read_jsonl's rows
-        out.write_text("".join(lines[i] + "\n" for i in kept))
-    else:
-        out.write_text("".join(json.dumps({"id": items[i].id, "text": items[i].text, "success_rate": rates[i]}) + "\n"
-                               for i in kept))
-    return {"prompts": len(items), "kept": len(kept), "too_easy": sum(r > d.high for r in rates),
-            "too_hard": sum(r < d.low for r in rates), "source": "task.data rows" if rows else "task.eval_set",
-            "out": str(out)}

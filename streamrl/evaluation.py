@@ -94,18 +94,18 @@ def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[fl
     scored by the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas."""
     import random
 
-    from streamrl import correction
+    from streamrl import mgrpo
     from streamrl.tasks import Prompt
 
     rng = random.Random(seed)
     owners = [p for p, row in zip(prompts, texts) for _ in row]
-    queries = [Prompt(id=p.id, text=correction.layer2_query(p.text, t, correction.pick_phrase(cfg.mgrpo.phrases, rng)))
+    queries = [Prompt(id=p.id, text=mgrpo.layer2_query(p.text, t, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng)))
                for p, row in zip(prompts, texts) for t in row]
     _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
                              max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1)
     t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
     t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
-    return {f"eval/{k}": v for k, v in correction.accuracy(t1, t2).items()}
+    return {f"eval/{k}": v for k, v in mgrpo.accuracy(t1, t2).items()}
 
 
 class Evaluator:

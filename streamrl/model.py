@@ -42,7 +42,7 @@ def build(cfg, task_words: list[str] | None = None):
 
             task_words = tasks.build(cfg.task).vocabulary
         if cfg.mgrpo.enabled:  # layer-2 queries hold a guiding phrase
-            from streamrl.correction import phrase_words
+            from streamrl.mgrpo import phrase_words
 
             task_words = [*task_words, *phrase_words(cfg.mgrpo.phrases)]
         tokenizer = build_tokenizer(task_words)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import zmq
 
-from streamrl.launch import free_ports  # noqa: F401  (tests pick ports the way `streamrl run` does)
+from streamrl.commands.launch import free_ports  # noqa: F401  (tests pick ports the way `streamrl run` does)
 
 REPO = Path(__file__).resolve().parents[2]
 FREE_PORTS = ["transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0",

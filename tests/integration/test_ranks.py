@@ -9,7 +9,7 @@ import pytest
 import torch
 from procs import metrics, summary
 
-from streamrl.launch import free_ports
+from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.slow
 

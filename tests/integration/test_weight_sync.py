@@ -14,7 +14,7 @@ import torch
 from procs import REPO, metrics, reaped, spawn, summary
 
 from streamrl import weight_sync
-from streamrl.launch import free_ports
+from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from streamrl import bench_trl
+from streamrl.commands import bench_trl
 
 
 def test_time_to_reward_is_the_first_step_whose_trailing_window_mean_reaches_the_target():

@@ -99,3 +99,28 @@ def test_nothing_under_the_package_imports_from_tests(package):
         if (bad := [m for m in all_imports(p.read_text()) if _root(m) in ("tests", "procs", "conftest")])
     }
     assert offenders == {}
+
+
+def _core_files() -> list[Path]:
+    """streamrl/ without its commands: what the processes share (`__main__` only forwards to the CLI)."""
+    return [p for p in _py_files("streamrl")
+            if "commands" not in p.relative_to(REPO / "streamrl").parts and p.name != "__main__.py"]
+
+
+def test_the_shared_core_never_imports_a_process():
+    offenders = {
+        str(p.relative_to(REPO)): bad
+        for p in _core_files()
+        if (bad := [m for m in all_imports(p.read_text()) if _root(m) in ("actors", "learner")])
+    }
+    assert offenders == {}
+
+
+def test_only_the_command_line_imports_the_commands():
+    files = [*_core_files(), *_py_files("actors"), *_py_files("learner")]
+    offenders = {
+        str(p.relative_to(REPO)): bad
+        for p in files
+        if (bad := [m for m in all_imports(p.read_text()) if m.startswith("streamrl.commands")])
+    }
+    assert offenders == {}

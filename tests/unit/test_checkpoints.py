@@ -70,14 +70,14 @@ def test_rng_states_round_trip_through_the_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_carries_policy_weights_that_load_without_deepspeed(tmp_path):
-    from streamrl import policy
+    from streamrl import checkpoints as reader
 
     weights = {"a.weight": torch.randn(3, 2), "b.bias": torch.arange(4.0)}
     weights["tied"] = weights["a.weight"]  # shares memory, as tied embeddings do
     checkpoints.save(tmp_path / "checkpoints", "step-3", write_model, {"step": 3, "version": 3}, weights)
-    path = policy.checkpoint_of(tmp_path)  # a run dir: the newest complete checkpoint
+    path = reader.checkpoint_of(tmp_path)  # a run dir: the newest complete checkpoint
     assert path == tmp_path / "checkpoints" / "step-3" / checkpoints.POLICY
-    assert policy.checkpoint_of(path.parent) == path  # a checkpoint tag folder
+    assert reader.checkpoint_of(path.parent) == path  # a checkpoint tag folder
     from safetensors.torch import load_file
 
     loaded = load_file(str(path))
@@ -98,16 +98,17 @@ def test_a_crash_while_writing_policy_weights_leaves_the_checkpoint_incomplete(t
 
 
 def test_a_path_with_no_checkpoint_is_a_clear_error(tmp_path):
-    from streamrl import policy
+    from streamrl import checkpoints as reader
 
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-        policy.checkpoint_of(tmp_path)
+        reader.checkpoint_of(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a run directory"):
-        policy.run_dir_of(tmp_path)
+        reader.run_dir_of(tmp_path)
 
 
 def test_load_policy_rebuilds_the_trained_model_from_a_run_directory(tmp_path):
-    from streamrl import config, policy
+    from streamrl import checkpoints as reader
+    from streamrl import config
     from streamrl import model as model_lib
 
     cfg = config.load(None, ["model.hidden_size=16", "model.intermediate_size=16"])
@@ -117,7 +118,7 @@ def test_load_policy_rebuilds_the_trained_model_from_a_run_directory(tmp_path):
         for p in trained.parameters():
             p.add_(1.0)  # anything but the seeded initial weights
     checkpoints.save(tmp_path / "checkpoints", "step-1", write_model, {"step": 1, "version": 1}, trained.state_dict())
-    model, tokenizer = policy.load_policy(None, tmp_path)  # None: the run's config.yaml
+    model, tokenizer = reader.load_policy(None, tmp_path)  # None: the run's config.yaml
     assert len(tokenizer) == model_lib.vocab_size(model)
     got, want = model.state_dict(), trained.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from streamrl import cli
+from streamrl.commands import cli
 
 
 def test_the_module_docstring_lists_every_command():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from streamrl import config, difficulty
+from streamrl.commands import difficulty as offline_difficulty
 from streamrl.difficulty import SuccessTracker
 
 
@@ -59,6 +60,6 @@ def test_offline_filtering_of_a_dataset_writes_the_kept_rows_verbatim(tmp_path, 
         return [[1.0] * n, [0.0] * n, [1.0, 0.0] * (n // 2)][:len(prompts)]
 
     monkeypatch.setattr("streamrl.evaluation.sample_rewards", fake)
-    counts = difficulty.filter_offline(cfg, rollouts=4, out=tmp_path / "kept.jsonl")
+    counts = offline_difficulty.filter_offline(cfg, rollouts=4, out=tmp_path / "kept.jsonl")
     assert (counts["prompts"], counts["kept"], counts["too_easy"], counts["too_hard"]) == (3, 1, 1, 1)
     assert [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == [rows[2]]

@@ -6,6 +6,7 @@ import pytest
 from actors import rollout
 from actors.backends import Completion
 from streamrl import group_filters, rewards, tasks
+from streamrl.tasks import symbols
 
 
 def _variance(xs):
@@ -75,7 +76,7 @@ def _opts(group_size, **kw):
 
 
 def _copy_setup(script):
-    task = tasks.Copy(num_symbols=4, length=1)       # rewards 0 or 1: one symbol to copy
+    task = symbols.Copy(num_symbols=4, length=1)       # rewards 0 or 1: one symbol to copy
     prompt = tasks.Prompt(id="p", text="copy : a =", target=("a",))
     return ScriptedBackend(script), WordTokenizer(["a", "b"]), rewards.Reward(task), prompt
 
@@ -98,7 +99,7 @@ def test_dynamic_rollouts_stop_at_the_factor_when_diversity_never_comes():
 
 
 def test_zero_variance_groups_are_filtered_and_counted():
-    task = tasks.Copy(num_symbols=4, length=1)
+    task = symbols.Copy(num_symbols=4, length=1)
     prompts = [tasks.Prompt(id=str(i), text="x", target=("a",)) for i in range(3)]
     backend = ScriptedBackend([[0, 0], [0, 1], [1, 1]])
     groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,
@@ -110,7 +111,7 @@ def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_fil
     from streamrl.difficulty import SuccessTracker
 
     tracker = SuccessTracker(rollouts=2, low=0.1, high=0.9)
-    task = tasks.Copy(num_symbols=2, length=1)                  # prompt ids: copy-a, copy-b
+    task = symbols.Copy(num_symbols=2, length=1)                  # prompt ids: copy-a, copy-b
     prompts = [tasks.Prompt(id="copy-a", text="x", target=("a",))]
     backend = ScriptedBackend([[0, 0]])                         # both right: too easy after 2 samples
     groups, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from streamrl.launch import free_ports
+from streamrl.commands.launch import free_ports
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():

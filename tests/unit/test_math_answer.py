@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from streamrl import math_answer
+from streamrl.tasks import math_answer
 
 
 @pytest.mark.parametrize("text, answer", [

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from learner import stepstats
 from learner.batch import collate
-from streamrl import advantages, losses, metrics
+from streamrl import advantages, losses, prometheus_metrics
 from streamrl.exporter import Exporter, Health, WeightedHistogram, serve
 from streamrl.wire import ScoredGroup
 
@@ -45,9 +45,9 @@ def step(version: int, groups: list[ScoredGroup], step_no: int = 0) -> tuple[dic
     return rec, stepstats.distributions(version, batch, out)
 
 
-def learner(max_staleness: int = 2) -> tuple[CollectorRegistry, metrics.LearnerMetrics]:
-    registry = metrics.new_registry()
-    return registry, metrics.LearnerMetrics(registry, "r1", "corpo", [0, 0.25, 0.5, 0.75, 1], max_staleness,
+def learner(max_staleness: int = 2) -> tuple[CollectorRegistry, prometheus_metrics.LearnerMetrics]:
+    registry = prometheus_metrics.new_registry()
+    return registry, prometheus_metrics.LearnerMetrics(registry, "r1", "corpo", [0, 0.25, 0.5, 0.75, 1], max_staleness,
                                             {"on_policy": "async"})
 
 
@@ -102,10 +102,10 @@ def test_histograms_count_every_sample_token_and_lag():
 def test_without_a_scraper_pending_histogram_inputs_stay_bounded():
     registry, m = learner()
     rec, d = step(1, [group([1.0, 0.0], 1)])
-    for _ in range(metrics.FLUSH_EVERY):
+    for _ in range(prometheus_metrics.FLUSH_EVERY):
         m.observe_step(rec, d)
     assert m._pending == []
-    assert m.sample_staleness.counts.sum() == 2 * metrics.FLUSH_EVERY
+    assert m.sample_staleness.counts.sum() == 2 * prometheus_metrics.FLUSH_EVERY
 
 
 def test_intake_accounting_becomes_counters_with_drop_reasons_present_from_the_start():
@@ -125,8 +125,8 @@ def test_the_stalled_clock_starts_at_startup_not_at_the_epoch():
 
 
 def test_actor_series_count_groups_samples_and_tokens():
-    registry = metrics.new_registry()
-    a = metrics.ActorMetrics(registry, "r1", "actor-3")
+    registry = prometheus_metrics.new_registry()
+    a = prometheus_metrics.ActorMetrics(registry, "r1", "actor-3")
     a.observe_generate([group([1.0, 0.0], 0, tokens=(8, 9, 10)), group([0.5, 0.5], 0)], seconds=0.5)
     a.observe_sent(2, blocked_total_s=0.25)
     a.observe_sent(0, blocked_total_s=0.75)
@@ -141,7 +141,7 @@ def test_actor_series_count_groups_samples_and_tokens():
 def test_the_exposition_passes_promtool_check_metrics(promtool_bin):
     registry, m = learner()
     m.observe_step(*step(3, [group([1.0, 0.0], 3)]))
-    actor = metrics.ActorMetrics(registry, "r1", "actor-0")
+    actor = prometheus_metrics.ActorMetrics(registry, "r1", "actor-0")
     actor.observe_weights(3, 0.01)
     check = subprocess.run([promtool_bin, "check", "metrics"], input=generate_latest(registry), capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
@@ -230,6 +230,6 @@ def test_histogram_inputs_come_from_tensors_on_any_device_unchanged():
     rewards = torch.tensor([[1.0, 0.0]])
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
     ratio = torch.tensor([[9.0, 1.5, 0.5], [9.0, 9.0, 2.0]])
-    out = metrics.histogram_arrays(4, rewards, torch.tensor([3]), mask, ratio)
+    out = prometheus_metrics.histogram_arrays(4, rewards, torch.tensor([3]), mask, ratio)
     assert out["lag"].tolist() == [1, 1] and out["tokens"].tolist() == [2, 1]
     assert out["is_ratio"].tolist() == [1.5, 0.5, 2.0] and out["reward"].tolist() == [1.0, 0.0]

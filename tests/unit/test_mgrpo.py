@@ -9,7 +9,8 @@ import torch
 
 from actors import rollout
 from actors.backends import Completion
-from streamrl import correction, rewards, tasks
+from streamrl import mgrpo, rewards, tasks
+from streamrl.tasks import symbols
 
 PHRASES = ("Wait, let me double-check that.", "Where might I have gone wrong this time? Let me double-check carefully.")
 
@@ -51,7 +52,7 @@ def _run(script, group_size=4, augment=3, prompt_text="copy : a b =", target=("a
     prompt = tasks.Prompt(id="p0", text=prompt_text, target=target)
     opts = rollout.RolloutOptions(group_size=group_size, r_min_correct=1.0, phrases=PHRASES, augment=augment)
     backend = Scripted(tok, script)
-    groups, stats = rollout.make_groups(backend, tok, rewards.Reward(tasks.Copy(4, len(target))), [prompt], opts,
+    groups, stats = rollout.make_groups(backend, tok, rewards.Reward(symbols.Copy(4, len(target))), [prompt], opts,
                                         7, "actor-0", random.Random(0))
     return groups, stats, backend, tok
 
@@ -93,7 +94,7 @@ def test_no_layer2_group_when_no_correction_verifies():
 def test_five_metrics_on_a_fixed_batch():
     t1 = [True, True, False, False, False, True, False, False]
     t2 = [True, False, True, True, False, True, False, True]
-    m = correction.accuracy(t1, t2)
+    m = mgrpo.accuracy(t1, t2)
     assert m == pytest.approx({"acc_t1": 3 / 8, "acc_t2": 5 / 8, "delta_t1_t2": 2 / 8,
                                "delta_i2c": 3 / 8, "delta_c2i": 1 / 8})
     assert m["delta_t1_t2"] == pytest.approx(m["delta_i2c"] - m["delta_c2i"])

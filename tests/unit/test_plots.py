@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from streamrl import plots, reproduce
+from streamrl.commands import plots, reproduce
 
 
 def _run_dir(tmp_path, estimator, steps, pos, neg, failed_pos=0.0):

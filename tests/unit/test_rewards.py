@@ -1,6 +1,7 @@
 import pytest
 
 from streamrl import config, rewards, tasks
+from streamrl.tasks import symbols
 
 
 @pytest.mark.parametrize("r, shaped", [
@@ -19,7 +20,7 @@ def test_ten_step_scale_condensed_to_four_levels():
 
 
 def test_custom_bucket_values_are_the_shaped_levels():
-    shaped = rewards.Reward(tasks.Copy(4, 4), [0.5], [-1.0, 1.0])
+    shaped = rewards.Reward(symbols.Copy(4, 4), [0.5], [-1.0, 1.0])
     assert shaped.levels == [-1.0, 1.0]
     p = tasks.Prompt(id="x", text="", target=("a", "b", "c", "d"))
     assert shaped(p, "a b x x") == 1.0 and shaped(p, "a x x x") == -1.0
@@ -32,7 +33,7 @@ def test_custom_bucket_values_are_the_shaped_levels():
 ])
 def test_bad_shaping_is_refused_with_the_reason(edges, values, msg):
     with pytest.raises(ValueError, match=msg):
-        rewards.Reward(tasks.Copy(4, 4), edges, values)
+        rewards.Reward(symbols.Copy(4, 4), edges, values)
 
 
 def test_r_min_correct_must_lie_on_the_shaped_scale():

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from streamrl import config, model, tasks
-from streamrl.tasks import Prompt
+from streamrl.tasks import Prompt, symbols
 
 
 def _prompt(target: str) -> Prompt:
@@ -38,35 +38,35 @@ def test_sampled_prompt_text_id_and_target_agree():
 
 def test_score_gives_partial_credit_per_position():
     p = _prompt("a b c d")
-    assert tasks.Copy(4, 4).score(p, "a b c d") == 1.0
-    assert tasks.Copy(4, 4).score(p, "a b x d") == 0.75
-    assert tasks.Copy(4, 4).score(p, "a x x x") == 0.25
-    assert tasks.Copy(4, 4).score(p, "b c d a") == 0.0  # right symbols, wrong places
-    assert tasks.Copy(4, 4).score(p, "") == 0.0
+    assert symbols.Copy(4, 4).score(p, "a b c d") == 1.0
+    assert symbols.Copy(4, 4).score(p, "a b x d") == 0.75
+    assert symbols.Copy(4, 4).score(p, "a x x x") == 0.25
+    assert symbols.Copy(4, 4).score(p, "b c d a") == 0.0  # right symbols, wrong places
+    assert symbols.Copy(4, 4).score(p, "") == 0.0
 
 
 def test_score_of_a_short_completion_counts_only_what_is_there():
-    assert tasks.Copy(4, 4).score(_prompt("a b c d"), "a b") == 0.5
+    assert symbols.Copy(4, 4).score(_prompt("a b c d"), "a b") == 0.5
 
 
 def test_score_ignores_extra_words():
     p = _prompt("a b c d")
-    assert tasks.Copy(4, 4).score(p, "a b c d d d <eos> junk") == 1.0
-    assert tasks.Copy(4, 4).score(p, "a b x d extra") == 0.75
+    assert symbols.Copy(4, 4).score(p, "a b c d d d <eos> junk") == 1.0
+    assert symbols.Copy(4, 4).score(p, "a b x d extra") == 0.75
 
 
 def test_score_splits_on_any_whitespace():
-    assert tasks.Copy(4, 4).score(_prompt("a b c d"), "  a\tb\nc  d ") == 1.0
+    assert symbols.Copy(4, 4).score(_prompt("a b c d"), "  a\tb\nc  d ") == 1.0
 
 
 @pytest.mark.parametrize("length,levels", [(1, [0.0, 1.0]), (4, [0.0, 0.25, 0.5, 0.75, 1.0]),
                                            (5, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])])
 def test_reward_levels_are_multiples_of_one_over_length(length, levels):
-    assert tasks.Copy(4, length).reward_levels == pytest.approx(levels)
+    assert symbols.Copy(4, length).reward_levels == pytest.approx(levels)
 
 
 def test_every_score_is_a_reward_level():
-    task = tasks.Reverse(3, 4)
+    task = symbols.Reverse(3, 4)
     rng = random.Random(0)
     for _ in range(50):
         p = task.sample(rng)
@@ -75,7 +75,7 @@ def test_every_score_is_a_reward_level():
 
 
 def test_prompts_are_deterministic_for_a_seeded_random():
-    task = tasks.Copy(4, 4)
+    task = symbols.Copy(4, 4)
     a = [task.sample(random.Random(42)) for _ in range(3)]
     r1, r2 = random.Random(7), random.Random(7)
     assert [task.sample(r1) for _ in range(20)] == [task.sample(r2) for _ in range(20)]
@@ -86,7 +86,7 @@ def test_prompts_are_deterministic_for_a_seeded_random():
 
 def test_build_follows_the_task_config():
     task = tasks.build(config.load(None, ["task.name=repeat_first", "task.num_symbols=3", "task.length=6"]).task)
-    assert isinstance(task, tasks.RepeatFirst)
+    assert isinstance(task, symbols.RepeatFirst)
     assert task.symbols == ["a", "b", "c"] and task.length == 6
 
 

@@ -1,4 +1,4 @@
-"""streamrl.uplift: samples are ranked by initial log-prob and bucketed; ratios are exact."""
+"""streamrl.commands.uplift: samples are ranked by initial log-prob and bucketed; ratios are exact."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from streamrl.uplift import buckets
+from streamrl.commands.uplift import buckets
 
 
 def test_samples_are_ranked_by_initial_log_prob_highest_first_and_split_into_equal_buckets():

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from streamrl import verifier
+from streamrl.tasks import verifier
 from streamrl.tasks import Prompt
 
 PAIR_B_RIGHT = Prompt(id="p", text="", labels=(0.0, 1.0))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.tasks import TASKS, Prompt, _distinct
+from streamrl.tasks.base import TASKS, Prompt, distinct
 
 PAIR_TEMPLATE = ("Question: {question}\nResponse A: {response_a}\nResponse B: {response_b}\n"
                  "Explain which response is correct, then rate each from 0 to 10 as A: <rating> B: <rating>")
@@ -145,7 +145,7 @@ class CodeVerifier:
     def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
         if self.eval_rows is not None:
             return [self.prompt(ex) for ex in self.eval_rows[:size]]
-        return _distinct(self.sample, size, seed)
+        return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
         ratings = parse(completion, pair=len(prompt.labels) == 2)

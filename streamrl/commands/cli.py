@@ -110,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
               f"run learner and actors with transport.curve_keys={args.directory}")
         return 0
     if args.command == "bench":
-        from streamrl import bench
+        from streamrl.commands import bench
 
         bench.run(args.names, short=args.short)
         return 0
     if args.command == "plot":
-        from streamrl import plots
+        from streamrl.commands import plots
 
         try:
             made = plots.plot(args.runs, args.out or args.runs[0], args.window)
@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         print(config_lib.dump(cfg), end="")
         return 0
     if args.command == "reproduce":
-        from streamrl import reproduce
+        from streamrl.commands import reproduce
 
         return reproduce.run(path, overrides, args.out)
     if args.command == "run":
-        from streamrl import launch
+        from streamrl.commands import launch
 
         return launch.run(cfg)
     name = "learner" if args.command == "learner" else f"actor-{args.index}"
@@ -176,7 +176,7 @@ def _tool(args) -> int:
         path, overrides = split_args(args.args)
         out = Path(args.out) if args.out else None
         if args.command == "eval":
-            from streamrl import eval_cli
+            from streamrl.commands import eval_cli
 
             if not args.live:
                 if path is None:
@@ -190,7 +190,7 @@ def _tool(args) -> int:
             done = eval_cli.live(cfg, args.learner, args.watch, args.timeout, out)
             return 0 if done else 1
         if args.command == "difficulty":
-            from streamrl import difficulty
+            from streamrl.commands import difficulty
 
             if path is None and args.checkpoint:
                 path = str(_run_dir(args.checkpoint) / "config.yaml")
@@ -205,7 +205,7 @@ def _tool(args) -> int:
                   f"(rate < {cfg.difficulty.low}) -> {c['out']}")
             return 0
         if args.command == "uplift":
-            from streamrl import uplift
+            from streamrl.commands import uplift
 
             if path is None:
                 raise config_lib.ConfigError("streamrl uplift: give a RUN_DIR")
@@ -229,9 +229,9 @@ def _tool(args) -> int:
 
 
 def _run_dir(path: str) -> Path:
-    from streamrl import policy
+    from streamrl import checkpoints
 
-    return policy.run_dir_of(path)
+    return checkpoints.run_dir_of(path)
 
 
 def _live_config(path: str | None, overrides: list[str]) -> config_lib.Config:

@@ -40,7 +40,7 @@ def _streamrl(overrides: list[str], workdir: Path) -> tuple[list[float], list[fl
     import subprocess
     import sys
 
-    from streamrl import launch
+    from streamrl.commands import launch
 
     ports = launch.free_ports(3)
     args = [*overrides, "name=bench-trl", f"run_dir={workdir}", "monitoring.learner_port=0", "monitoring.actor_port=0",

@@ -16,18 +16,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrl import checkpoints, evaluation, jsonfiles, policy, rewards
+from streamrl import checkpoints, evaluation, jsonfiles, rewards
 
 
 def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> dict:
     """Evaluate the checkpoint at `path`; the result is written to `out` (default RUN_DIR/eval.json)."""
-    cfg = policy.run_config(path, overrides)
-    weights = policy.checkpoint_of(path)
-    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *policy.load_policy(cfg, path))
+    cfg = checkpoints.run_config(path, overrides)
+    weights = checkpoints.checkpoint_of(path)
+    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *checkpoints.load_policy(cfg, path))
     state = json.loads((weights.parent / checkpoints.STATE).read_text())
     result = {"checkpoint": str(weights), "step": state.get("step"), "policy_version": state.get("version"),
               **evaluator.run()}
-    jsonfiles.write(out or policy.run_dir_of(path) / "eval.json", result)
+    jsonfiles.write(out or checkpoints.run_dir_of(path) / "eval.json", result)
     return result
 
 

@@ -1,33 +1,15 @@
-"""Prompt sources with ordinal (partial-credit) rewards, in a registry.
+"""The built-in symbol tasks (copy, reverse, repeat_first).
 
-A task makes prompts (`sample`, `eval_set`) and scores completions (`score`) with a reward in
-[0, 1] on several levels (`reward_levels`); `streamrl.rewards` may condense those levels onto a
-coarser ordinal scale, and a shaped reward at or above `advantage.r_min_correct` means "correct".
-The pairwise code verifier of the paper is in `streamrl.verifier`. The built-in symbol tasks are
-small enough that a random-init model learns them on 2 CPU cores in minutes: the prompt is a
-string of symbols, the completion must transform it, and the reward is the fraction of positions
+They are small enough that a random-init model learns them on 2 CPU cores in minutes: the prompt is
+a string of symbols, the completion must transform it, and the reward is the fraction of positions
 right (levels 0, 1/L, ..., 1 for L symbols).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Callable
 
-import msgspec
-
-from streamrl.registry import Registry
-
-
-class Prompt(msgspec.Struct, frozen=True):
-    id: str
-    """Stable id: the same question gets the same id (difficulty filtering and pass@k group by it)."""
-    text: str
-    """What the policy sees."""
-    target: tuple[str, ...] = ()
-    """Symbol tasks: the words a fully correct completion starts with."""
-    labels: tuple[float, ...] = ()
-    """Verifier task: ground-truth quality of each candidate response (label_a[, label_b])."""
+from streamrl.tasks.base import TASKS, Prompt, distinct
 
 
 class SymbolTask:
@@ -57,7 +39,7 @@ class SymbolTask:
 
     def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
         """`size` prompts drawn from a stream of their own (distinct ids where the space allows)."""
-        return _distinct(self.sample, size, seed)
+        return distinct(self.sample, size, seed)
 
     def sample(self, rng: random.Random) -> Prompt:
         seq = [rng.choice(self.symbols) for _ in range(self.length)]
@@ -74,7 +56,6 @@ class SymbolTask:
         return right / len(prompt.target)
 
 
-TASKS: Registry[Callable[..., SymbolTask]] = Registry("task")
 _SYMBOL_TASKS: list[type[SymbolTask]] = []
 
 
@@ -103,24 +84,3 @@ class Reverse(SymbolTask):
 class RepeatFirst(SymbolTask):
     def transform(self, symbols: list[str]) -> list[str]:
         return [symbols[0]] * len(symbols)
-
-
-def _distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) -> list[Prompt]:
-    rng, seen, out = random.Random(seed), set(), []
-    for _ in range(size * 20):
-        p = sample(rng)
-        if p.id not in seen:
-            seen.add(p.id)
-            out.append(p)
-            if len(out) == size:
-                break
-    return out
-
-
-def build(cfg):
-    """The task a `TaskConfig` names (every task class has `from_config`)."""
-    return TASKS.get(cfg.name).from_config(cfg)
-
-
-# The data-backed tasks register themselves; imported last because they build on the definitions above.
-from streamrl import math_answer, verifier  # noqa: E402, F401

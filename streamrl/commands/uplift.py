@@ -56,13 +56,13 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     import torch
 
     from streamrl import model as model_lib
-    from streamrl import policy, rewards, sampling
+    from streamrl import checkpoints, rewards, sampling
 
-    cfg = policy.run_config(run_dir, overrides)
+    cfg = checkpoints.run_config(run_dir, overrides)
     reward = rewards.build(cfg)
     pre_model, tok = model_lib.build(cfg, reward.task.vocabulary)  # seeded by cfg.seed: the run's initial weights
-    post_model, _ = policy.load_policy(cfg, run_dir)
-    weights = policy.checkpoint_of(run_dir)
+    post_model, _ = checkpoints.load_policy(cfg, run_dir)
+    weights = checkpoints.checkpoint_of(run_dir)
     pre_model.eval()
     items = reward.task.eval_set(prompts, cfg.eval.seed)
     ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in items]
@@ -94,7 +94,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
         "ratios": RATIOS,
         "buckets": buckets(pre, post, num_buckets) if correct else [],
     }
-    out = out or policy.run_dir_of(run_dir) / "uplift.json"
+    out = out or checkpoints.run_dir_of(run_dir) / "uplift.json"
     jsonfiles.write(out, result)
     result["out"] = str(out)
     return result

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.tasks import TASKS, Prompt, _distinct
+from streamrl.tasks.base import TASKS, Prompt, distinct
 
 TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
@@ -91,7 +91,7 @@ class MathAnswer:
         return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE)
 
     def prompt(self, row: Problem) -> Prompt:
-        from streamrl.verifier import hash_text
+        from streamrl.tasks.verifier import hash_text
 
         return Prompt(id=f"math-{hash_text(row.problem):016x}", text=self.template.format(problem=row.problem),
                       target=(row.answer,))
@@ -102,7 +102,7 @@ class MathAnswer:
     def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
         if self.eval_rows is not None:
             return [self.prompt(r) for r in self.eval_rows[:size]]
-        return _distinct(self.sample, size, seed)
+        return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
         got = final_answer(completion)

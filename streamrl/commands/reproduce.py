@@ -1,7 +1,7 @@
 """`streamrl reproduce`: the paper's GRPO / static / CoRPO comparison on a laptop.
 
 Trains the three estimators on the tiny CPU model and a built-in ordinal task with the same
-seeds and steps, then writes the Figure-2-style plot (`streamrl.plots`) and a table that checks
+seeds and steps, then writes the Figure-2-style plot (`streamrl.commands.plots`) and a table that checks
 the paper's three observations against what these runs measured, and says so when one fails.
 """
 
@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from streamrl import config as config_lib
-from streamrl import jsonfiles, plots
+from streamrl import jsonfiles
+from streamrl.commands import plots
 
 ESTIMATORS = ("grpo", "static", "corpo")
 EARLY, LATE = 0.2, 0.3  # share of the run read as "early" (first) and "late" (last)
@@ -92,7 +93,7 @@ DEFAULT_STEPS = 500  # the tiny job's 300 steps end just as static and CoRPO par
 
 def run(config_path: str | None, overrides: list[str], out: str) -> int:
     """Train the three estimators one after another (same seed, steps and config), then report."""
-    from streamrl import launch
+    from streamrl.commands import launch
 
     out_dir = Path(out)
     dirs = {}

@@ -352,7 +352,7 @@ def _job(mode: str, steps: int, workdir, pin: bool) -> dict:
     import subprocess
     from pathlib import Path
 
-    from streamrl import launch
+    from streamrl.commands import launch
 
     g, w, r = launch.free_ports(3)
     args = [f"steps={steps}", f"on_policy={mode}", f"name={mode}", f"run_dir={workdir}",
@@ -410,7 +410,7 @@ def overlap(short: bool = False) -> list[dict]:
 
 
 def trl(short: bool = False) -> list[dict]:
-    from streamrl import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
+    from streamrl.commands import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
 
     return bench_trl.trl(short=short)
 

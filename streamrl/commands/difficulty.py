@@ -1,0 +1,44 @@
+"""`streamrl difficulty`: offline difficulty filtering (see `streamrl.difficulty` for the rule).
+
+Samples N rollouts per prompt with the initial (or a saved) policy and writes the prompts whose
+success rate lies in [difficulty.low, difficulty.high].
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamrl.difficulty import in_band
+
+
+def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,
+                   prompts: int | None = None) -> dict:
+    """Sample `rollouts` per prompt, write the kept ones to `out`; returns the counts."""
+    from streamrl import checkpoints, evaluation, rewards
+    from streamrl import model as model_lib
+
+    reward = rewards.build(cfg)
+    task = reward.task
+    if checkpoint is not None:
+        model, tokenizer = checkpoints.load_policy(cfg, checkpoint)
+    else:
+        model, tokenizer = model_lib.build(cfg, task.vocabulary)
+    rows = getattr(task, "train", None) if cfg.task.data else None
+    items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.prompts, cfg.eval.seed)
+    a = cfg.actors
+    table = evaluation.sample_rewards(model.eval(), tokenizer, reward, items, rollouts, temperature=a.temperature,
+                                      max_new_tokens=a.max_new_tokens, seed=cfg.seed)
+    r_min, d = cfg.advantage.r_min_correct, cfg.difficulty
+    rates = [sum(r >= r_min for r in row) / len(row) for row in table]
+    kept = [i for i, rate in enumerate(rates) if in_band(rate, d.low, d.high)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if rows:
+        lines = [line for line in Path(cfg.task.data).read_text().splitlines() if line.strip()]  # read_jsonl's rows
+        out.write_text("".join(lines[i] + "\n" for i in kept))
+    else:
+        out.write_text("".join(json.dumps({"id": items[i].id, "text": items[i].text, "success_rate": rates[i]}) + "\n"
+                               for i in kept))
+    return {"prompts": len(items), "kept": len(kept), "too_easy": sum(r > d.high for r in rates),
+            "too_hard": sum(r < d.low for r in rates), "source": "task.data rows" if rows else "task.eval_set",
+            "out": str(out)}

@@ -1,0 +1,48 @@
+"""What every task shares: the `Prompt` a task makes, the task registry, and seeded distinct prompt sets.
+
+A task makes prompts (`sample`, `eval_set`) and scores completions (`score`) with a reward in
+[0, 1] on several levels (`reward_levels`); `streamrl.rewards` may condense those levels onto a
+coarser ordinal scale, and a shaped reward at or above `advantage.r_min_correct` means "correct".
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import msgspec
+
+from streamrl.registry import Registry
+
+
+class Prompt(msgspec.Struct, frozen=True):
+    id: str
+    """Stable id: the same question gets the same id (difficulty filtering and pass@k group by it)."""
+    text: str
+    """What the policy sees."""
+    target: tuple[str, ...] = ()
+    """Symbol tasks: the words a fully correct completion starts with."""
+    labels: tuple[float, ...] = ()
+    """Verifier task: ground-truth quality of each candidate response (label_a[, label_b])."""
+
+
+TASKS: Registry[Callable] = Registry("task")
+
+
+def distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) -> list[Prompt]:
+    """`size` prompts with distinct ids drawn from `sample` on a stream seeded with `seed` (fewer where the space
+    is smaller)."""
+    rng, seen, out = random.Random(seed), set(), []
+    for _ in range(size * 20):
+        p = sample(rng)
+        if p.id not in seen:
+            seen.add(p.id)
+            out.append(p)
+            if len(out) == size:
+                break
+    return out
+
+
+def build(cfg):
+    """The task a `TaskConfig` names (every task class has `from_config`)."""
+    return TASKS.get(cfg.name).from_config(cfg)
