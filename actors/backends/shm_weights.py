@@ -49,6 +49,7 @@ def write(state: dict[str, torch.Tensor], plan: SyncPlan, folder: str) -> Bucket
         with open(os.path.join(folder, f"bucket-{i}"), "w+b") as f:
             f.truncate(size)
             if size:
+                _reserve(f.fileno(), size, folder)
                 with mmap.mmap(f.fileno(), size) as mm:
                     flat = torch.frombuffer(mm, dtype=torch.uint8)
                     offset = 0
@@ -59,6 +60,18 @@ def write(state: dict[str, torch.Tensor], plan: SyncPlan, folder: str) -> Bucket
                     del flat  # the mapping closes only once no tensor views it
         buckets.append([[s.name, s.dtype, list(s.shape)] for s in specs])
     return buckets
+
+
+def _reserve(fd: int, size: int, folder: str) -> None:
+    """Take the bucket's memory now: writing through a mapping of a full tmpfs kills the process
+    (SIGBUS); this fails with a clear error instead (a container's /dev/shm is often 64 MB)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        free = os.statvfs(folder)
+        raise OSError(e.errno, f"weight update: {folder} cannot hold a {size / 2**20:.0f} MiB bucket "
+                               f"({free.f_bavail * free.f_frsize / 2**20:.0f} MiB free; the update needs the "
+                               "model's size in all): give the node's /dev/shm more room (docker: --shm-size)") from None
 
 
 def read(folder: str, buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:

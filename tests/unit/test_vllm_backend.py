@@ -220,3 +220,17 @@ def test_the_paper_and_cluster_configs_generate_with_vllm():
     paths = [*sorted((repo / "configs" / "paper").glob("*.yaml")), repo / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml",
              repo / "configs" / "cluster" / "async-8b.yaml"]
     assert len(paths) >= 12 and all(config.load(p).actors.backend == "vllm" for p in paths)
+
+
+def test_a_full_shared_memory_is_a_clear_error_not_a_crash(cpu_backend, monkeypatch):
+    import errno
+
+    b, llm, _ = cpu_backend
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=r"cannot hold a \d+ MiB bucket .* MiB free; .*--shm-size"):
+        b.load_weights({"w": torch.ones(1 << 20)})
+    assert not [c for c in llm.calls if c[0] == "collective_rpc"] and os.listdir(b.weights_dir) == []
