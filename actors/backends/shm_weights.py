@@ -41,37 +41,52 @@ def _nbytes(dtype: str, shape: list[int]) -> int:
 
 
 def write(state: dict[str, torch.Tensor], plan: SyncPlan, folder: str) -> Buckets:
-    """Write `state` (any device, any strides) into `folder` as the plan's bucket files, one copy per
-    tensor straight into the mapped file. Returns the bucket description the workers read them with."""
+    """Write `state` into `folder` as the plan's bucket files, each tensor's bytes written straight
+    from its memory (a CPU contiguous tensor, as weights arrive, is not copied first). A bucket file of
+    the right size from the last version is overwritten in place: its memory is already there.
+    Returns the bucket description the workers read them with."""
     buckets: Buckets = []
     for i, specs in enumerate(plan.buckets):
         size = sum(_nbytes(s.dtype, s.shape) for s in specs)
-        with open(os.path.join(folder, f"bucket-{i}"), "w+b") as f:
-            f.truncate(size)
-            if size:
-                _reserve(f.fileno(), size, folder)
-                with mmap.mmap(f.fileno(), size) as mm:
-                    flat = torch.frombuffer(mm, dtype=torch.uint8)
-                    offset = 0
-                    for s in specs:
-                        n = _nbytes(s.dtype, s.shape)
-                        flat[offset:offset + n].view(getattr(torch, s.dtype)).view(s.shape).copy_(state[s.name].detach())
-                        offset += n
-                    del flat  # the mapping closes only once no tensor views it
+        path = os.path.join(folder, f"bucket-{i}")
+        reuse = os.path.exists(path) and os.path.getsize(path) == size
+        with open(path, "r+b" if reuse else "w+b") as f:
+            if not reuse:
+                f.truncate(size)
+                _reserve(f.fileno(), size, path)
+            offset = 0
+            for s in specs:
+                t = state[s.name].detach()
+                if t.dtype != getattr(torch, s.dtype) or list(t.shape) != s.shape:
+                    raise ValueError(f"weight update: {s.name} is {t.dtype} {list(t.shape)}, the plan says "
+                                     f"{s.dtype} {s.shape} (every version must have the first one's tensors)")
+                _pwrite_all(f.fileno(), t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), offset)
+                offset += _nbytes(s.dtype, s.shape)
         buckets.append([[s.name, s.dtype, list(s.shape)] for s in specs])
     return buckets
 
 
-def _reserve(fd: int, size: int, folder: str) -> None:
-    """Take the bucket's memory now: writing through a mapping of a full tmpfs kills the process
-    (SIGBUS); this fails with a clear error instead (a container's /dev/shm is often 64 MB)."""
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    """os.pwrite until done: Linux writes at most ~2 GiB per call."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _reserve(fd: int, size: int, path: str) -> None:
+    """Take the bucket's memory now, so a full tmpfs (a container's /dev/shm is often 64 MB) is one
+    clear error up front, never a half-written version or a worker killed reading a hole (SIGBUS)."""
+    if not size:
+        return
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
-        free = os.statvfs(folder)
-        raise OSError(e.errno, f"weight update: {folder} cannot hold a {size / 2**20:.0f} MiB bucket "
-                               f"({free.f_bavail * free.f_frsize / 2**20:.0f} MiB free; the update needs the "
-                               "model's size in all): give the node's /dev/shm more room (docker: --shm-size)") from None
+        os.unlink(path)  # never reused: its pages were not all there
+        free = os.statvfs(os.path.dirname(path))
+        raise OSError(e.errno, f"weight update: {os.path.dirname(path)} cannot hold a {size / 2**20:.0f} MiB bucket "
+                               f"({free.f_bavail * free.f_frsize / 2**20:.0f} MiB free; updates keep the model's size "
+                               "there): give the node's /dev/shm more room (docker: --shm-size)") from None
 
 
 def read(folder: str, buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
@@ -99,10 +114,3 @@ def read(folder: str, buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
 
 def remove(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def clear(folder: str) -> None:
-    """Drop a version's bucket files (their memory returns to the node) but keep the folder."""
-    for name in os.listdir(folder):
-        if name.startswith("bucket-"):
-            os.unlink(os.path.join(folder, name))

@@ -12,8 +12,8 @@ build: the actor writes the version into node-local shared memory in buckets of 
 `actors.update_bucket_bytes` each) and every worker streams them into vLLM's in-place reload through
 the worker extension (actors/backends/vllm_worker.py, `load_weights_from_shm`). Nothing goes through
 collective_rpc's msgpack but names and shapes (no 4 GiB limit), and the weight loaders copy from the
-mapped files into the parameters (no second copy of the model on the GPU); /dev/shm holds one copy of
-the weights during an update and is emptied after it. Then the prefix cache is reset: KV computed by
+mapped files into the parameters (no second copy of the model on the GPU); /dev/shm keeps one copy of
+the weights, overwritten in place by the next version, and freed when the engine closes. Then the prefix cache is reset: KV computed by
 the old weights must not be reused.
 Every vLLM call here is pinned by tests against a fake with the same signatures
 (tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
@@ -100,12 +100,8 @@ class VLLMBackend:
         fails: the engine may then hold a partly loaded version and must not generate again."""
         t0 = time.perf_counter()
         self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
-        try:
-            buckets = shm_weights.write(state, self.plan, self.weights_dir)
-            counts = self.llm.collective_rpc("load_weights_from_shm",
-                                             kwargs={"folder": self.weights_dir, "buckets": buckets})
-        finally:
-            shm_weights.clear(self.weights_dir)  # the node's memory back: one copy lives only during an update
+        buckets = shm_weights.write(state, self.plan, self.weights_dir)
+        counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
         if any(c != len(state) for c in counts):
             raise RuntimeError(f"vllm weight update: the workers read {counts} tensors of {len(state)}")
         self.llm.reset_prefix_cache()
