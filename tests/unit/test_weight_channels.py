@@ -68,7 +68,7 @@ def setup():
     yield learner, actor
     for w in reversed(opened):
         w.close()
-    ctx.term()
+    ctx.destroy(linger=0)  # a socket a background sender still holds must not block the teardown in C
 
 
 def serving(learner: LearnerWeights):
