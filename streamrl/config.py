@@ -410,9 +410,11 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if p.resolve() in chain:
         raise ConfigError(f"{p}: 'extends' loops back to itself ({' -> '.join(map(str, chain))})")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(_yaml_error(p, e)) from None
+    if raw is None:  # an empty file would silently run the default job
+        raise ConfigError(f"{p}: the file is empty (no keys); give the settings to change, or `extends: tiny.yaml`")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(raw).__name__}")
     base = raw.pop("extends", None)
@@ -421,6 +423,15 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(f"{p}: extends={base!r}: must be a path to another YAML config")
     return _merge(_read(p.parent / base, (*chain, p.resolve())), raw)
+
+
+def _yaml_error(p: Path, e: yaml.YAMLError) -> str:
+    """'FILE:LINE:COLUMN: not valid YAML: PROBLEM (CONTEXT)', from PyYAML's marks (0-based)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
