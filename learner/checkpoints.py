@@ -69,14 +69,14 @@ def save(directory: Path, tag: str, write_model: Callable[[str, str], None], sta
             shutil.rmtree(folder, ignore_errors=True)  # a partial checkpoint is never left behind
         if full:
             newest = newest_complete(directory)
-            raise storage.DiskFull(folder, f"checkpoint (removed the partial one; the newest complete one is "
-                                   f"{newest[0] if newest else 'none'})") from e
+            raise storage.DiskFull(folder, "checkpoint", "removed the partial checkpoint; the newest complete one "
+                                   f"is {newest[0] if newest else 'none'}") from e
         raise
     try:
         write_atomic(directory / LATEST, tag)
     except OSError as e:  # the checkpoint is complete; resume finds it without `latest`
         if storage.is_disk_full(e, directory):
-            raise storage.DiskFull(directory / LATEST, "the checkpoint pointer (the checkpoint itself is complete)") from e
+            raise storage.DiskFull(directory / LATEST, "the checkpoint pointer", f"checkpoint {tag} itself is complete") from e
         raise
 
 

@@ -57,7 +57,7 @@ class RunLog:
         except OSError as e:  # a line cut short would leave metrics.jsonl unreadable: cut it back
             os.ftruncate(self._metrics.fileno(), self._metrics_size)
             path = self.dir / "metrics.jsonl"
-            raise (storage.DiskFull(path, f"step {record['step']} to") if storage.is_disk_full(e, path) else e) from e
+            raise (storage.DiskFull(path, "metrics", f"step {record['step']}'s record is not in it") if storage.is_disk_full(e, path) else e) from e
         self._metrics_size += len(data)
         self.rewards.append(record["reward_mean"])
         self.step_s += record["step_s"]

@@ -18,10 +18,11 @@ LOW_SPACE_BYTES = 1 << 20  # below this a failed write is put down to the disk b
 class DiskFull(OSError):
     """A run's file could not be written because its filesystem is full; the message says which."""
 
-    def __init__(self, path: str | Path, what: str = ""):
+    def __init__(self, path: str | Path, what: str = "", then: str = ""):
+        """what: the kind of file ("checkpoint"); then: what was done about it, as a clause."""
         self.path = Path(path)
-        super().__init__(errno.ENOSPC, f"disk full (No space left on device) writing {what or 'to'} {self.path}"
-                         f"{_free_text(self.path)}")
+        super().__init__(errno.ENOSPC, f"disk full (No space left on device) writing {what + ' ' if what else ''}"
+                         f"{self.path}{_free_text(self.path)}{'; ' + then if then else ''}")
 
     def __str__(self) -> str:
         return self.strerror

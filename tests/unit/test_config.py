@@ -286,3 +286,17 @@ def test_difficulty_band_needs_low_below_high():
 def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
     assert "wired for actors.backend=hf only" in _error("actors.backend=sglang", "transport.weight_sync=collective")
     assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"
+
+
+def test_an_empty_yaml_file_is_refused_rather_than_running_the_default_job(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here yet\n")
+    with pytest.raises(config.ConfigError, match="empty.yaml: the file is empty"):
+        config.load(empty)
+
+
+def test_a_yaml_error_names_its_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\n  name: x\n")
+    with pytest.raises(config.ConfigError, match=r"bad.yaml:2:7: not valid YAML: mapping values are not allowed"):
+        config.load(bad)
