@@ -135,7 +135,7 @@ def resume(engine, directory: Path) -> tuple[str, dict] | None:
     """
     directory = Path(directory)
     skipped = []
-    for tag, state in complete_newest_first(directory):
+    for tag, state in complete_newest_first(directory, warn=True):
         problem = problem_with(directory / tag)
         if problem is None:
             try:
