@@ -143,7 +143,7 @@ def run(cfg: Config) -> dict:
                 checkpoint()
             except Exception as e:  # the summary still gets written, then the run fails with this
                 log.error("final checkpoint failed: %s", storage.reason(e))
-                error = final_error = error or e
+                final_error, error = e, error or e
         if sync:
             sync.close()
         status = "failed" if error is not None else "finished" if step >= cfg.steps else "stopped"
