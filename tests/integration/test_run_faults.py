@@ -65,7 +65,7 @@ def test_a_disk_filling_up_mid_run_keeps_the_last_checkpoint_metrics_and_a_faile
     run = small_disk / "full"
     proc = _run(tmp_path, small_disk, "full", "learner.checkpoint_every=5")
     with reaped(proc):
-        _wait_for(lambda: (run / "checkpoints" / "latest").exists(), proc, "a first checkpoint")
+        _wait_for(lambda: (run / "checkpoints" / "step-5" / checkpoints.STATE).exists(), proc, "the step-5 checkpoint")
         _fill(small_disk, leave_bytes=400_000)  # room for metrics lines and logs, not for a 1.4 MB checkpoint
         out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, out
