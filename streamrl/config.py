@@ -172,7 +172,7 @@ class LearnerConfig(_Section):
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
     strict_ratio_tol: PositiveFloat | None = None
-    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: dtype eps², ≥ 1e-7: bf16 6.1e-5)."""
+    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: 4·eps² of the dtype, ≥ 1e-7: bf16 2.4e-4)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
