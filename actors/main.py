@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from actors import backends, rollout
-from streamrl import difficulty, exporter, prometheus_metrics, rewards, security, staleness
+from streamrl import difficulty, exporter, mgrpo, prometheus_metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -142,7 +142,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                                                phrase_rng, observe=observe,
                                                between_steps=between_steps if cfg.actors.inflight_updates else None)
             if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
-                done.over_budget, groups = len(groups) - budget, groups[:budget]
+                done.over_budget, groups = len(groups) - budget, mgrpo.fill_budget(groups, budget, cfg.mgrpo.layer2_share)
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
             telemetry.observe_rollout(done)

@@ -26,6 +26,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """Non-empty: multi-layer GRPO with this pool of guiding phrases."""
     augment: int = 0
     """H: further samples of each kept correction's query."""
+    query_limit: int = 0
+    """Most tokens of a layer-2 query (0: no cap); see mgrpo.query_limit."""
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutOptions":
@@ -33,7 +35,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
         return cls(group_size=cfg.actors.group_size, r_min_correct=cfg.advantage.r_min_correct,
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
                    phrases=tuple(m.phrases) if m.enabled else (),
-                   augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0)
+                   augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
+                   query_limit=mgrpo.query_limit(cfg) if m.enabled else 0)
 
 
 class RolloutStats(msgspec.Struct):
@@ -51,6 +54,10 @@ class RolloutStats(msgspec.Struct):
     """Corrections the verifier found correct, each the seed of a layer-2 group."""
     over_budget: int = 0
     """Groups not sent because they exceeded the actor's staleness budget (the actor sets this)."""
+    queries_capped: int = 0
+    """Multi-layer GRPO: layer-2 queries cut to fit the model's context."""
+    query_tokens_cut: int = 0
+    """Tokens those cuts removed."""
 
 
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
@@ -109,7 +116,7 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     layer2: list[ScoredGroup] = []
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
-                                      rng or random.Random(), stats, between_steps)
+                                      rng or random.Random(), stats, between_steps, prompt_ids=ids)
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
         if observe is not None:
@@ -147,7 +154,7 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
 
 def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opts: RolloutOptions, version: int,
             actor_id: str, rng: random.Random, stats: RolloutStats,
-            between_steps=None) -> tuple[list[list[float]], list[ScoredGroup]]:
+            between_steps=None, prompt_ids=None) -> tuple[list[list[float]], list[ScoredGroup]]:
     """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
     query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups."""
     queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
@@ -157,6 +164,12 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
                                                                       mgrpo.pick_phrase(opts.phrases, rng))))
             owners.append(prompt)
     q_ids = [tokenizer(q.text, add_special_tokens=False)["input_ids"] for q in queries]
+    if opts.query_limit:  # a query longer than the context would fail the engine: keep its ends, count the cut
+        heads = [len(i) for i in prompt_ids for _ in range(opts.group_size)] if prompt_ids else [0] * len(q_ids)
+        for j, head in enumerate(heads):
+            q_ids[j], cut = mgrpo.cap_query(q_ids[j], opts.query_limit, head)
+            stats.queries_capped += bool(cut)
+            stats.query_tokens_cut += cut
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
     first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps)]
     stats.corrections += len(first)

@@ -262,6 +262,10 @@ class MGRPOConfig(_Section):
     """Guiding phrases appended to a layer-1 response to make a layer-2 query (one drawn at random)."""
     augment: NonNegInt | None = None
     """H: further samples of a kept correction's query; null: group_size - 1, so every group holds G samples."""
+    layer2_share: Fraction = 0.5
+    """Share of an actor's budget for layer-2 groups when a generate call makes more groups than it (rest: layer 1)."""
+    max_query_tokens: PositiveInt | None = None
+    """Cap on a layer-2 query's tokens (cut and counted); null: model.path's context minus actors.max_new_tokens."""
 
     def __post_init__(self) -> None:
         if not self.phrases or not all(p.strip() for p in self.phrases):

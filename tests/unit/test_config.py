@@ -282,7 +282,7 @@ def test_mgrpo_paper_config_follows_the_paper():
     assert cfg.mgrpo.enabled and cfg.model.path.endswith("Qwen2.5-Math-7B") and cfg.task.name == "math"
     assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.warmup_ratio, cfg.loss.kl_coef) == (5e-7, "cosine", 0.03, 0.001)
     assert (cfg.actors.max_new_tokens, cfg.actors.group_size, cfg.learner.batch_groups) == (8196, 8, 32)
-    assert cfg.actors.temperature == 0.7
+    assert cfg.actors.temperature == cfg.eval.temperature == 0.7
 
 
 def test_eval_ks_above_the_sample_count_are_refused_with_the_key_and_the_limit():
