@@ -10,7 +10,7 @@ from typing import Callable
 import msgspec
 
 from actors.backends import Backend, Completion
-from streamrl import group_filters, mgrpo
+from streamrl import group_filters, learning_signal, mgrpo
 from streamrl.rewards import Reward
 from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
@@ -28,6 +28,9 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """H: further samples of each kept correction's query."""
     query_limit: int = 0
     """Most tokens of a layer-2 query (0: no cap); see mgrpo.query_limit."""
+    estimator: str = ""
+    """The run's advantage estimator: the census of layer-1 groups before and after filtering ('': not counted)."""
+    std_normalize: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutOptions":
@@ -36,7 +39,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
                    phrases=tuple(m.phrases) if m.enabled else (),
                    augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
-                   query_limit=mgrpo.query_limit(cfg) if m.enabled else 0)
+                   query_limit=mgrpo.query_limit(cfg) if m.enabled else 0,
+                   estimator=cfg.advantage.estimator, std_normalize=cfg.advantage.std_normalize)
 
 
 class RolloutStats(msgspec.Struct):
@@ -58,6 +62,16 @@ class RolloutStats(msgspec.Struct):
     """Multi-layer GRPO: layer-2 queries cut to fit the model's context."""
     query_tokens_cut: int = 0
     """Tokens those cuts removed."""
+    # The paper's census (failed/passed × A > 0 / A ≤ 0) in layer-1 samples, before dynamic filtering and
+    # after it (the groups sent, which the learner's census counts), with the run's estimator.
+    census_before_failed_pos: int = 0
+    census_before_failed_nonpos: int = 0
+    census_before_passed_pos: int = 0
+    census_before_passed_nonpos: int = 0
+    census_after_failed_pos: int = 0
+    census_after_failed_nonpos: int = 0
+    census_after_passed_pos: int = 0
+    census_after_passed_nonpos: int = 0
 
 
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
@@ -126,6 +140,11 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
             continue
         groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
     stats.unparseable = reward.unparseable - unparseable_before
+    if opts.estimator:  # the paper's census before and after dynamic filtering
+        for stage, rows in (("before", [[r for _, _, r in c] for c in chosen]), ("after", [g.rewards for g in groups])):
+            for cell, n in learning_signal.census_counts(rows, opts.estimator, opts.r_min_correct,
+                                                         opts.std_normalize).items():
+                setattr(stats, f"census_{stage}_{cell}", n)
     return groups + layer2, stats
 
 
