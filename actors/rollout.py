@@ -31,6 +31,7 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     estimator: str = ""
     """The run's advantage estimator: the census of layer-1 groups before and after filtering ('': not counted)."""
     std_normalize: bool = False
+    """GRPO's std normalisation, as the learner applies it (the census needs the sign of A only, but exactly)."""
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutOptions":
