@@ -142,7 +142,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
                                                phrase_rng, observe=observe,
                                                between_steps=between_steps if cfg.actors.inflight_updates else None)
             if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
-                done.over_budget, groups = len(groups) - budget, mgrpo.fill_budget(groups, budget, cfg.mgrpo.layer2_share)
+                done.over_budget = len(groups) - budget  # the layers share the budget (mgrpo.layer2_share)
+                groups = mgrpo.fill_budget(groups, budget, cfg.mgrpo.layer2_share)
             stats["generate_s"] += (gen_s := time.perf_counter() - t0)
             telemetry.observe_generate(groups, gen_s)
             telemetry.observe_rollout(done)

@@ -94,7 +94,8 @@ def test_all_evaluates_every_row_of_the_eval_file_with_its_categories(tmp_path):
                              "eval.prompts=all", "eval.samples=2", "eval.ks=[1,2]", "actors.max_new_tokens=2"])
     out = evaluation.Evaluator(cfg, rewards.build(cfg)).run()
     assert out["eval/prompts"] == 41   # not cut at the default 32
-    assert (out["eval/first_correct/prompts"], out["eval/second_correct/prompts"], out["eval/single/prompts"]) == (20, 20, 1)
+    counts = [out[f"eval/{c}/prompts"] for c in ("first_correct", "second_correct", "single")]
+    assert counts == [20, 20, 1]
 
 
 def test_all_without_an_eval_file_is_one_clear_error():
