@@ -7,7 +7,7 @@ import collections
 import torch
 
 from learner.batch import Batch
-from streamrl import learning_signal, mgrpo
+from streamrl import learning_signal, mgrpo, staleness
 from streamrl.losses import LossOutput
 
 
@@ -15,19 +15,19 @@ class StrictModeViolation(RuntimeError):
     """on_policy=strict saw a step that was not on-policy; the run stops rather than lie."""
 
 
-def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
+def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
            r_min_correct: float, timings: dict) -> dict:
-    """Metrics of one step. `version` is the learner version the batch was consumed at."""
+    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1)."""
     num_groups, G = batch.rewards.shape
     sample_loss = out.token_loss.sum(-1).view(num_groups, G)
     m = batch.completion_mask.bool()
     ratio = out.ratio[m]
-    lags = (version - batch.policy_versions).tolist()
+    lags = staleness.lag(learner_version, batch.policy_versions).tolist()
     hist = collections.Counter(lags)
     wall = sum(timings.values())
     return {
         "step": step,
-        "policy_version": version + 1,
+        "learner_version": learner_version + 1,
         **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
         **mgrpo_metrics(batch, r_min_correct),
         "reward_std": float(batch.rewards.std()),
@@ -70,10 +70,10 @@ def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 
 
-def distributions(version: int, batch: Batch, out: LossOutput) -> dict:
-    """What the learner's histograms need from a step, as references: metrics.LearnerMetrics turns
+def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
+    """What the learner's histograms need from a step, as references: prometheus_metrics.LearnerMetrics turns
     them into numpy and bins them later, in batches of steps, so the step pays almost nothing."""
-    return {"version": version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
+    return {"learner_version": learner_version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
             "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}
 
 

@@ -325,7 +325,7 @@ class Config(_Section):
     on_policy: Literal["async", "strict"] = "async"
     """strict: lag 0 on every consumed group and one step per batch, checked every step."""
     max_staleness: NonNegInt = 2
-    """Drop groups whose lag (learner version - generating version) exceeds this."""
+    """Drop groups whose lag (learner version - generating version) exceeds this (on_policy strict makes it 0)."""
     run_dir: str = "runs"
     """Parent folder of run directories."""
     log_every: PositiveInt = 10
@@ -375,6 +375,8 @@ class Config(_Section):
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")
+        if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
+            self.max_staleness = 0
 
     def _check_r_min_correct(self) -> None:
         """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the
@@ -393,10 +395,6 @@ class Config(_Section):
     @property
     def strict(self) -> bool:
         return self.on_policy == "strict"
-
-    @property
-    def effective_max_staleness(self) -> int:
-        return 0 if self.strict else self.max_staleness
 
     @property
     def run_path(self) -> Path:

@@ -168,7 +168,7 @@ def run(cfg: Config, out=sys.stdout) -> int:
         for line in tail.lines():
             rec = json.loads(line)
             if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
-                print(progress_line(rec, cfg.steps, cfg.effective_max_staleness), file=out, flush=True)
+                print(progress_line(rec, cfg.steps, cfg.max_staleness), file=out, flush=True)
 
     try:
         while learner.poll() is None:
