@@ -250,6 +250,7 @@ def test_paper_configs_follow_the_paper():
         assert (cfg.loss.kl_coef, cfg.loss.entropy_coef, cfg.actors.temperature, cfg.actors.top_p) == (0, 0, 1, 1)
         assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10 and cfg.task.reward_form == "bce"
         assert cfg.advantage.r_min_correct == math.log(0.6)
+        assert cfg.model.max_seq_len == 16384  # the paper's cap is on the whole sequence
         assert (cfg.eval.prompts, cfg.eval.samples, cfg.eval.ks) == ("all", 16, [1, 16])
         four = config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml")
         assert len(four.reward.bucket_edges) == 3 and four.advantage.r_min_correct == math.log(2 / 3)
