@@ -44,9 +44,12 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
 
 def query_limit(cfg) -> int:
     """Most tokens a layer-2 query may hold so that it and a completion fit the model's context (0: no cap):
-    `mgrpo.max_query_tokens`, else the model folder's max_position_embeddings minus actors.max_new_tokens."""
+    `mgrpo.max_query_tokens`, else model.max_seq_len (or the model folder's max_position_embeddings) minus
+    actors.max_new_tokens."""
     if cfg.mgrpo.max_query_tokens:
         return cfg.mgrpo.max_query_tokens
+    if getattr(cfg.model, "max_seq_len", None):
+        return max(1, cfg.model.max_seq_len - cfg.actors.max_new_tokens)
     path = Path(cfg.model.path or "") / "config.json"
     if not cfg.model.path or not path.is_file():
         return 0  # the tiny model: its queries are short; set mgrpo.max_query_tokens to cap anyway
