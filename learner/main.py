@@ -56,7 +56,9 @@ def run(cfg: Config) -> dict:
 
     def checkpoint() -> None:
         nonlocal saved_at
-        weights.settle()  # nothing reads the parameters half-copied, and nothing changes them mid-copy
+        # The copy is done and the parameters stay the published version (a save changes nothing),
+        # so weight requests are still answered from them (settle would stop that until the next publish).
+        weights.publisher.flush()
         state = {"step": step, "version": learner_version, "accounting": intake.accounting()}
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step

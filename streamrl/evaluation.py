@@ -1,14 +1,20 @@
-"""Evaluation on a fixed prompt set: unbiased pass@k and mean@k.
+"""Evaluation on a fixed prompt set: unbiased pass@k, mean@k, and the shaped reward.
 
 For each of the task's `eval.prompts` eval prompts (`task.eval_set(size, seed)`: the same every
-time) the policy samples n = `eval.samples` completions; each gets the run's shaped reward, and
-a completion is *correct* when its reward is at least `advantage.r_min_correct`.
+time; `all`: every row of the eval file) the policy samples n = `eval.samples` completions; each
+gets the run's shaped reward, and a completion is *correct* when its reward is at least
+`advantage.r_min_correct`.
 
 - pass@k (Chen et al. 2021, unbiased): per prompt with c correct of n, 1 - C(n-c, k) / C(n, k),
   the chance that k samples drawn without replacement from the n hold at least one correct one;
   averaged over prompts.
-- mean@k: per prompt the average reward of its first k samples, averaged over prompts (the
-  expected reward of a sample, estimated from k per prompt; mean@n is the plain mean reward).
+- mean@k: per prompt the share of its first k samples that are correct, averaged over prompts
+  (accuracy; comparable across reward scales, e.g. the paper's 10-step and 4-step runs).
+- reward@k: the same average over the shaped reward itself (depends on the scale and reward form).
+
+Tasks that sort their prompts into categories (`task.category(prompt)`: the code verifier's
+first_correct, second_correct, both_correct, both_incorrect, single) get every metric per
+category too, as `eval/<category>/<metric>`.
 
 Sampling is seeded by `eval.seed` inside a forked RNG, so the numbers depend only on the
 weights, and evaluating in the middle of training leaves the trainer's random streams untouched.
@@ -47,32 +53,47 @@ def mean_at_k(rewards: Sequence[Sequence[float]], k: int) -> float:
     return sum(sum(row[:k]) / k for row in rewards) / len(rewards)
 
 
-def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int]) -> dict:
-    """eval/pass@k and eval/mean@k for each k, eval/reward_mean, eval/prompts from a (prompts, n) reward table."""
+def _metrics(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int], prefix: str) -> dict:
+    correct = [[1.0 if r >= r_min_correct else 0.0 for r in row] for row in rewards]
     out: dict = {}
     for k in ks:
-        out[f"eval/pass@{k}"] = sum(pass_at_k(len(row), sum(r >= r_min_correct for r in row), k)
-                                    for row in rewards) / len(rewards)
+        out[f"{prefix}pass@{k}"] = sum(pass_at_k(len(row), int(sum(row)), k) for row in correct) / len(correct)
     for k in ks:
-        out[f"eval/mean@{k}"] = mean_at_k(rewards, k)
-    out["eval/reward_mean"] = sum(map(sum, rewards)) / sum(map(len, rewards))
-    out["eval/prompts"] = len(rewards)
+        out[f"{prefix}mean@{k}"] = mean_at_k(correct, k)
+    for k in ks:
+        out[f"{prefix}reward@{k}"] = mean_at_k(rewards, k)
+    out[f"{prefix}reward_mean"] = sum(map(sum, rewards)) / sum(map(len, rewards))
+    out[f"{prefix}prompts"] = len(rewards)
+    return out
+
+
+def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int],
+              categories: Sequence[str] | None = None) -> dict:
+    """eval/pass@k, eval/mean@k (correctness) and eval/reward@k (shaped) for each k, eval/reward_mean and
+    eval/prompts from a (prompts, n) reward table; with `categories` (one per prompt) the same per category."""
+    out = _metrics(rewards, r_min_correct, ks, "eval/")
+    for cat in dict.fromkeys(categories or ()):
+        rows = [row for row, c in zip(rewards, categories) if c == cat]
+        out.update(_metrics(rows, r_min_correct, ks, f"eval/{cat}/"))
     return out
 
 
 def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                   seed: int) -> list[list[float]]:
+                   seed: int, encode=None) -> list[list[float]]:
     """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
     return sample_scored(model, tokenizer, reward, prompts, n, temperature=temperature,
-                         max_new_tokens=max_new_tokens, seed=seed)[0]
+                         max_new_tokens=max_new_tokens, seed=seed, encode=encode)[0]
 
 
 @torch.no_grad()
 def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                  seed: int) -> tuple[list[list[float]], list[list[str]]]:
-    """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG."""
+                  seed: int, encode=None) -> tuple[list[list[float]], list[list[str]]]:
+    """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG.
+    encode(text) → prompt ids as the actors make them (streamrl.prompting.PromptEncoder); None: raw text."""
+    from streamrl.model import end_token_ids
+
     device = next(model.parameters()).device
-    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     per_call = max(1, ROWS_PER_GENERATE // n)
     table: list[list[float]] = []
     texts: list[list[str]] = []
@@ -81,7 +102,7 @@ def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: flo
         for start in range(0, len(prompts), per_call):
             groups = sampling.generate(model, ids[start:start + per_call], n, temperature=temperature,
                                        max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
-                                       eos_id=tokenizer.eos_token_id, device=device)
+                                       eos_id=end_token_ids(model, tokenizer), device=device)
             for prompt, group in zip(prompts[start:start + per_call], groups):
                 texts.append([tokenizer.decode(c.tokens, skip_special_tokens=True) for c in group])
                 table.append([reward(prompt, t) for t in texts[-1]])
@@ -101,8 +122,11 @@ def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[fl
     owners = [p for p, row in zip(prompts, texts) for _ in row]
     queries = [Prompt(id=p.id, text=mgrpo.layer2_query(p.text, t, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng)))
                for p, row in zip(prompts, texts) for t in row]
+    from streamrl.prompting import PromptEncoder
+
     _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
-                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1)
+                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1,
+                             encode=PromptEncoder.from_config(cfg, tokenizer))
     t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
     t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
     return {f"eval/{k}": v for k, v in mgrpo.accuracy(t1, t2).items()}
@@ -121,7 +145,12 @@ class Evaluator:
         if model is None:
             model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.prompts = reward.task.eval_set(cfg.eval.prompts, cfg.eval.seed)
+        from streamrl.prompting import PromptEncoder
+
+        self.encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
+        self.prompts = reward.task.eval_set(cfg.eval.size, cfg.eval.seed)
+        category = getattr(reward.task, "category", None)
+        self.categories = [category(p) for p in self.prompts] if category else None
 
     @torch.no_grad()
     def load(self, state: dict) -> None:
@@ -137,8 +166,9 @@ class Evaluator:
         e = self.cfg.eval
         table, texts = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
                                      temperature=e.temperature,
-                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed)
-        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks)
+                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
+                                     encode=self.encode)
+        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks, self.categories)
         out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
         if self.cfg.mgrpo.enabled:
             out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, texts,
