@@ -37,7 +37,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
     reward = rewards.build(cfg)
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build(cfg.actors.backend, cfg, model, tokenizer)
+    backend = backends.build(cfg.actors.backend, cfg, model, tokenizer, index)  # the engine seeds with seed + index
     telemetry, health, server = _monitoring(cfg, index, actor_id)
 
     def stopping() -> bool:  # asked every few hundred ms while waiting: proof of life for /healthz

@@ -23,7 +23,7 @@ def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: i
         if gathers and due.publish:
             engine.full_state_dict()
         if gathers and due.weight_stats:
-            engine.parameters()
+            engine.weight_stats()
         if gathers and due.evaluate:
             engine.full_state_dict()                   # rank 0 evaluates the whole policy
         learner_version, step = learner_version + 1, step + 1

@@ -16,7 +16,7 @@ from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
 from learner.weights import LearnerWeights
-from streamrl import advantages, evaluation, exporter, learning_signal, prometheus_metrics, rewards, security
+from streamrl import advantages, evaluation, exporter, prometheus_metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -52,7 +52,7 @@ def run(cfg: Config) -> dict:
     telemetry, health, server = _monitoring(cfg, reward.levels)
     weights = LearnerWeights(cfg, ctx, curve, engine, telemetry)  # the weights' way out, ZeroMQ or collective
     intake = Intake(receiver, weights.publisher, cfg.actors.group_size, cfg.max_staleness, L.demand_after_s,
-                    refused=(lambda: gate.refused) if gate else (lambda: 0))
+                    refused=(lambda: gate.refused) if gate else (lambda: 0), strict=cfg.strict)
 
     def checkpoint() -> None:
         nonlocal saved_at
@@ -96,7 +96,7 @@ def run(cfg: Config) -> dict:
                        "publish_s": t3 - t2 + settle_s}
             rec = stepstats.record(step, learner_version, batch, adv, out, train, a.r_min_correct, timings)
             if due.weight_stats:
-                rec.update(learning_signal.weight_stats(engine.parameters()))
+                rec.update(engine.weight_stats())
             t4 = time.perf_counter()
             telemetry.observe_step(rec, stepstats.distributions(learner_version, batch, out))    # observe
             telemetry.observe_accounting(accounting := intake.accounting())
@@ -107,7 +107,7 @@ def run(cfg: Config) -> dict:
             health.beat(step=step, learner_version=learner_version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})
             if cfg.strict:
-                stepstats.check_strict(rec, L.strict_ratio_tol)
+                stepstats.check_strict(rec, stepstats.ratio_tolerance(L.strict_ratio_tol, cfg.model.dtype))
             if due.checkpoint:
                 checkpoint()
             if L.slow_step_s:

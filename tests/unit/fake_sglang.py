@@ -1,38 +1,21 @@
 """A stand-in for the `sglang` package with exactly the parts actors/backends/sglang.py uses.
 
-Each method copies the signature of SGLang's offline Engine (python/sglang/srt/entrypoints/engine.py)
-and of the io_struct request types, and records every call, so a test pins the exact calls and
+Each method copies the signature of SGLang 0.5.23's offline Engine (python/sglang/srt/entrypoints/
+engine.py) and its behaviour where the backend depends on it: weight updates answer
+`(success, message)` and never raise, and `update_weights_from_tensor` is refused outside a
+`begin_weight_update()` … `end_weight_update()` session, with SGLang's own messages
+(srt/managers/scheduler_components/weight_updater.py). test_sglang_source.py checks all of this
+against the released package's source. Every call is recorded, so a test pins the exact calls and
 arguments the backend makes. `install(monkeypatch)` puts it in sys.modules as `sglang`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import sys
 import types
-from typing import Literal, Optional
+from typing import Optional
 
-
-@dataclasses.dataclass
-class PauseGenerationReqInput:
-    mode: Literal["abort", "retract", "in_place"] = "abort"
-
-
-@dataclasses.dataclass
-class ContinueGenerationReqInput:
-    pass
-
-
-class TokenizerManager:
-    def __init__(self, calls: list):
-        self.calls = calls
-
-    async def pause_generation(self, obj: PauseGenerationReqInput):
-        self.calls.append(("pause_generation", obj))
-
-    async def continue_generation(self, obj: ContinueGenerationReqInput):
-        self.calls.append(("continue_generation", obj))
+import torch
 
 
 class Engine:
@@ -40,8 +23,9 @@ class Engine:
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls = kwargs, []
-        self.tokenizer_manager = TokenizerManager(self.calls)
-        self.loop = asyncio.new_event_loop()
+        self.session = False  # a weight-update session is open
+        self.weights: dict[str, torch.Tensor] = {}  # what the model holds after the updates so far
+        self.fail: dict[str, str] = {}  # method name → the message it fails with (tests set this)
         Engine.instances.append(self)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
@@ -50,7 +34,7 @@ class Engine:
                  custom_logit_processor=None, require_reasoning=False, return_hidden_states=False,
                  return_routed_experts=False, routed_experts_start_len=0, stream=False, bootstrap_host=None,
                  bootstrap_port=None, bootstrap_room=None, routed_dp_rank=None, disagg_prefill_dp_rank=None,
-                 data_parallel_rank=None, external_trace_header=None, rid=None, session_params=None,
+                 kv_hints=None, data_parallel_rank=None, external_trace_header=None, rid=None, session_params=None,
                  priority=None, session_id=None, *, cache_salt=None):
         self.calls.append(("generate", {"input_ids": input_ids, "sampling_params": sampling_params,
                                         "return_logprob": return_logprob}))
@@ -64,35 +48,40 @@ class Engine:
                                       "finish_reason": finish}})
         return out
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str, backend: str = "nccl"):
-        self.calls.append(("init_weights_update_group", dict(master_address=master_address, master_port=master_port,
-                                                             rank_offset=rank_offset, world_size=world_size,
-                                                             group_name=group_name, backend=backend)))
+    def begin_weight_update(self, selector: str = "all"):
+        self.calls.append(("begin_weight_update", {"selector": selector}))
+        if self.session:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        answer = self._answer("begin_weight_update", "Success")
+        self.session = answer[0]
+        return answer
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        group_name: str = "weight_update_group", flush_cache: bool = True,
-                                        load_format: Optional[str] = None):
-        self.calls.append(("update_weights_from_distributed", dict(names=names, dtypes=dtypes, shapes=shapes,
-                                                                   group_name=group_name, flush_cache=flush_cache)))
+    def end_weight_update(self):
+        self.calls.append(("end_weight_update", {}))
+        if not self.session:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session = False
+        return self._answer("end_weight_update", "Success")
 
     def update_weights_from_tensor(self, named_tensors, load_format: Optional[str] = None, flush_cache: bool = True):
         self.calls.append(("update_weights_from_tensor", dict(named_tensors=named_tensors, load_format=load_format,
                                                               flush_cache=flush_cache)))
+        if not self.session:
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+        if "update_weights_from_tensor" not in self.fail:
+            self.weights.update((name, t.clone()) for name, t in named_tensors)
+        return self._answer("update_weights_from_tensor", "Success")
 
     def shutdown(self):
         self.calls.append(("shutdown", {}))
+
+    def _answer(self, method: str, ok: str) -> tuple[bool, str]:
+        return (False, self.fail[method]) if method in self.fail else (True, ok)
 
 
 def install(monkeypatch) -> type[Engine]:
     root = types.ModuleType("sglang")
     root.Engine = Engine
-    io_struct = types.ModuleType("sglang.srt.managers.io_struct")
-    io_struct.PauseGenerationReqInput = PauseGenerationReqInput
-    io_struct.ContinueGenerationReqInput = ContinueGenerationReqInput
-    for name, mod in [("sglang", root), ("sglang.srt", types.ModuleType("sglang.srt")),
-                      ("sglang.srt.managers", types.ModuleType("sglang.srt.managers")),
-                      ("sglang.srt.managers.io_struct", io_struct)]:
-        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "sglang", root)
     Engine.instances.clear()
     return Engine

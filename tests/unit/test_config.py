@@ -247,6 +247,7 @@ def test_paper_configs_follow_the_paper():
         assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.weight_decay) == (1e-6, 10, 0.1)
         assert (cfg.loss.kl_coef, cfg.loss.entropy_coef, cfg.actors.temperature, cfg.actors.top_p) == (0, 0, 1, 1)
         assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10
+        assert cfg.model.max_seq_len == 16384  # the paper's cap is on the whole sequence
         assert config.load(REPO / "configs" / "paper" / f"{estimator}-wd0.yaml").optim.weight_decay == 0
         assert len(config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml").reward.bucket_edges) == 3
 

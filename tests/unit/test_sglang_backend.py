@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
-from fake_sglang import ContinueGenerationReqInput, PauseGenerationReqInput, install
+from fake_sglang import install
 
+from actors.backends.sglang import WeightUpdateError
 from streamrl import config, model
 
 
-@pytest.fixture
-def backend(monkeypatch, tmp_path):
+def _build(monkeypatch, *overrides: str):
     engine_cls = install(monkeypatch)
     from actors.backends import build
 
     cfg = config.load(None, ["actors.backend=sglang", "actors.temperature=0.7", "actors.top_p=0.9",
-                             "actors.max_new_tokens=3"])
+                             "actors.max_new_tokens=3", *overrides])
     m, tok = model.build(cfg)
     b = build("sglang", cfg, m, tok)
     return b, engine_cls.instances[-1], tok
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    return _build(monkeypatch)
 
 
 def test_engine_starts_from_the_saved_tiny_model_with_token_ids_only(backend):
@@ -42,29 +45,60 @@ def test_generate_sends_ids_once_per_sample_and_reads_tokens_logprobs_and_finish
     assert out[1][0].finish_reason == "length"  # the fake's third row hits max_new_tokens
 
 
-def test_weights_from_tensors_load_with_generation_paused_in_place(backend):
-    b, engine, _ = backend
-    state = {"w": torch.ones(2)}
+def _calls(engine) -> list[tuple[str, bool | None]]:
+    return [(name, kw.get("flush_cache")) for name, kw in engine.calls]
+
+
+def test_an_update_is_one_session_of_one_dtype_buckets_with_one_cache_flush_at_the_end(monkeypatch):
+    b, engine, _ = _build(monkeypatch, "actors.update_bucket_bytes=40")
+    state = {"a": torch.randn(2, 3), "b": torch.randn(4), "c": torch.randn(5).bfloat16(), "d": torch.randn(2)}
     b.load_weights(state)
-    names = [c[0] for c in engine.calls]
-    assert names == ["pause_generation", "update_weights_from_tensor", "continue_generation"]
-    assert engine.calls[0][1] == PauseGenerationReqInput(mode="in_place")
-    assert engine.calls[2][1] == ContinueGenerationReqInput()
-    assert engine.calls[1][1]["named_tensors"] == [("w", state["w"])] and engine.calls[1][1]["flush_cache"]
-    assert b.paused_s > 0
+    assert _calls(engine) == [("begin_weight_update", None), ("update_weights_from_tensor", False),
+                              ("update_weights_from_tensor", False), ("update_weights_from_tensor", True),
+                              ("end_weight_update", None)]
+    # bounded: 24 + 16 bytes of float32 fill one bucket, the bfloat16 tensor starts the next
+    sent = [[name for name, _ in kw["named_tensors"]] for name, kw in engine.calls if name == "update_weights_from_tensor"]
+    assert sent == [["a", "b"], ["c"], ["d"]]
+    assert set(engine.weights) == set(state) and all(torch.equal(engine.weights[k], state[k]) for k in state)
+    b.load_weights(state)  # the next version opens a session of its own
+    assert _calls(engine)[5:] == _calls(engine)[:5] and not engine.session
+    assert b.engine_stats()["updates"] == 2 and b.engine_stats()["buckets"] == 3
 
 
-def test_nccl_weights_join_the_group_then_load_each_bucket_paused(backend):
+@pytest.mark.parametrize("method", ["begin_weight_update", "update_weights_from_tensor", "end_weight_update"])
+def test_a_refused_step_of_an_update_raises_and_leaves_no_session_open(backend, method):
     b, engine, _ = backend
-    b.join_weight_group("10.0.0.1", 29700, 1, 3, "streamrl-weights")
-    b.load_weights_from_distributed(["a", "b"], ["float32", "bfloat16"], [[2, 2], [4]], "streamrl-weights")
-    assert engine.calls[0] == ("init_weights_update_group", dict(
-        master_address="10.0.0.1", master_port=29700, rank_offset=1, world_size=3, group_name="streamrl-weights",
-        backend="nccl"))
-    assert [c[0] for c in engine.calls[1:]] == ["pause_generation", "update_weights_from_distributed",
-                                                "continue_generation"]
-    assert engine.calls[2][1] == dict(names=["a", "b"], dtypes=["float32", "bfloat16"], shapes=[[2, 2], [4]],
-                                      group_name="streamrl-weights", flush_cache=True)
+    engine.fail[method] = "Failed to update parameter online: boom"
+    with pytest.raises(WeightUpdateError, match=f"sglang {method}.* failed: Failed to update parameter online: boom"):
+        b.load_weights({"w": torch.ones(2)})
+    assert not engine.session and b.engine_stats()["updates"] == 0
+    if method == "update_weights_from_tensor":  # the session was closed after the failed bucket
+        assert _calls(engine)[-1] == ("end_weight_update", None)
+
+
+def test_an_update_outside_a_session_is_what_sglang_refuses(backend):
+    # the fake answers as SGLang 0.5 does (test_sglang_source.py pins it), so the backend's session is needed
+    _, engine, _ = backend
+    assert engine.update_weights_from_tensor(named_tensors=[("w", torch.ones(1))]) == (
+        False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()")
+
+
+def test_an_answer_that_is_not_a_status_is_an_api_drift(backend):
+    b, engine, _ = backend
+    engine.begin_weight_update = lambda selector="all": None  # SGLang before 0.5 returned nothing
+    with pytest.raises(WeightUpdateError, match=r"expected \(success, message\), got None"):
+        b.load_weights({"w": torch.ones(2)})
+
+
+def test_each_actors_engine_gets_its_own_seed(monkeypatch):
+    engine_cls = install(monkeypatch)
+    from actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=sglang", "seed=5"])
+    m, tok = model.build(cfg)
+    for index in (0, 2):
+        build("sglang", cfg, m, tok, index=index)
+    assert [e.kwargs["random_seed"] for e in engine_cls.instances] == [5, 7]
 
 
 def test_original_logprob_mode_is_refused(monkeypatch):
@@ -75,13 +109,3 @@ def test_original_logprob_mode_is_refused(monkeypatch):
     cfg = config.load(None, ["actors.backend=sglang"])
     with pytest.raises(RuntimeError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         build("sglang", cfg, *model.build(cfg))
-
-
-def test_the_fake_mirrors_the_real_engine_signatures_where_sglang_is_installed():
-    real = pytest.importorskip("sglang").Engine
-    import fake_sglang
-
-    for method in ("generate", "init_weights_update_group", "update_weights_from_distributed",
-                   "update_weights_from_tensor"):
-        assert list(inspect.signature(getattr(fake_sglang.Engine, method)).parameters) == \
-            list(inspect.signature(getattr(real, method)).parameters), method

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import types
 from pathlib import Path
@@ -28,11 +29,6 @@ def _build(monkeypatch, cpu: bool = True, overrides: tuple[str, ...] = ()):
 @pytest.fixture
 def cpu_backend(monkeypatch):
     return _build(monkeypatch, cpu=True)
-
-
-@pytest.fixture
-def gpu_backend(monkeypatch):
-    return _build(monkeypatch, cpu=False)
 
 
 def test_engine_starts_from_the_saved_tiny_model_with_token_ids_and_tempered_logprobs(cpu_backend):
@@ -72,53 +68,61 @@ def test_a_seed_for_one_call_reaches_the_sampling_params(cpu_backend):
     assert llm.calls[-1][1]["sampling_params"].seed == 11
 
 
-def test_on_cpu_weights_are_written_to_one_reused_folder_and_reloaded_then_the_prefix_cache_reset(cpu_backend):
-    from safetensors.torch import load_file
-
-    b, llm, _ = cpu_backend
-    state = {"a.weight": torch.ones(2, 3), "b.weight": torch.arange(4.0)}
-    state["tied.weight"] = state["a.weight"]  # tensors sharing memory must still save
-    b.load_weights(state)
-    b.load_weights({k: v * 2 for k, v in state.items()})
-    rpcs = [c for c in llm.calls if c[0] == "collective_rpc"]
-    assert [c[1]["method"] for c in rpcs] == ["reload_weights", "reload_weights"]
-    folder = rpcs[0][1]["kwargs"]["weights_path"]
-    assert rpcs[0][1]["kwargs"] == rpcs[1][1]["kwargs"] == {"weights_path": folder}
-    assert [c[0] for c in llm.calls] == ["collective_rpc", "reset_prefix_cache"] * 2
-    saved = load_file(str(Path(folder) / "model.safetensors"))
-    assert set(saved) == set(state) and torch.equal(saved["b.weight"], torch.arange(4.0) * 2)
-    assert b.engine_stats()["updates"] == 2 and b.engine_stats()["update_mode"] == "reload_from_path"
-
-
-def test_on_gpu_weights_load_in_place_through_the_worker_extension_as_safetensors_bytes(gpu_backend):
-    from safetensors.torch import load
-
-    b, llm, _ = gpu_backend
-    state = {"w": torch.ones(2), "v": torch.arange(6.0).reshape(2, 3).t()}  # a non-contiguous one too
+@pytest.mark.parametrize("cpu", [True, False])
+def test_weights_reach_every_worker_through_shared_memory_in_one_dtype_buckets_then_the_prefix_cache_resets(
+        monkeypatch, cpu):
+    # the same path on the CPU build and on GPUs; 2 ranks: each worker reads the whole version
+    b, llm, _ = _build(monkeypatch, cpu=cpu, overrides=("actors.tensor_parallel_size=2",
+                                                        "actors.update_bucket_bytes=40"))
+    state = {"a.weight": torch.randn(2, 3), "b.weight": torch.arange(6.0).reshape(2, 3).t(),  # non-contiguous
+             "c.weight": torch.randn(4).bfloat16()}
+    state["tied.weight"] = state["a.weight"]  # tensors sharing memory
     b.load_weights(state)
     name, call = llm.calls[0]
-    assert name == "collective_rpc" and call["method"] == "load_weights_from_bytes" and set(call["kwargs"]) == {"data"}
-    # bytes, because collective_rpc's msgpack turns a tensor in untyped kwargs into a plain list
-    got = load(call["kwargs"]["data"])
-    assert set(got) == {"w", "v"} and torch.equal(got["v"], state["v"])
-    assert llm.calls[1][0] == "reset_prefix_cache" and b.update_mode == "in_place"
+    assert name == "collective_rpc" and call["method"] == "load_weights_from_shm"
+    # only names, dtypes and shapes cross collective_rpc (msgpack): never tensor bytes
+    assert call["kwargs"]["folder"] == b.weights_dir and call["kwargs"]["buckets"] == [
+        [["a.weight", "float32", [2, 3]]], [["b.weight", "float32", [3, 2]]], [["c.weight", "bfloat16", [4]]],
+        [["tied.weight", "float32", [2, 3]]]]
+    assert llm.calls[1][0] == "reset_prefix_cache" and len(llm.calls) == 2
+    for worker in llm.workers:
+        (got,) = worker.model_runner.reloads
+        assert list(got) == list(state) and all(torch.equal(got[k], state[k]) and got[k].dtype == state[k].dtype
+                                                for k in state)
+    files = {f: os.stat(os.path.join(b.weights_dir, f)).st_ino for f in os.listdir(b.weights_dir)}
+    assert sorted(files) == [f"bucket-{i}" for i in range(4)]
+    b.load_weights({k: v * 2 for k, v in state.items()})
+    assert torch.equal(llm.workers[1].model_runner.reloads[1]["b.weight"], state["b.weight"] * 2)
+    # the next version overwrites the same files (their memory is already there)
+    assert files == {f: os.stat(os.path.join(b.weights_dir, f)).st_ino for f in os.listdir(b.weights_dir)}
+    s = b.engine_stats()
+    assert s["updates"] == 2 and s["update_mode"] == "shared_memory"
 
 
-def test_nccl_weights_join_the_group_then_load_each_bucket_and_reset_the_prefix_cache(gpu_backend):
-    b, llm, _ = gpu_backend
-    b.join_weight_group("10.0.0.1", 29700, 1, 3)
-    b.load_weights_from_distributed(["a", "b"], ["float32", "bfloat16"], [[2, 2], [4]])
-    assert llm.calls[0] == ("collective_rpc", {"method": "init_weight_update_group", "args": (), "kwargs": dict(
-        master_address="10.0.0.1", master_port=29700, rank_offset=1, world_size=3)})
-    assert llm.calls[1] == ("collective_rpc", {"method": "update_weights_from_distributed", "args": (), "kwargs": dict(
-        names=["a", "b"], dtypes=["float32", "bfloat16"], shapes=[[2, 2], [4]])})
-    assert llm.calls[2][0] == "reset_prefix_cache"
+def test_a_worker_that_read_fewer_tensors_fails_the_update(cpu_backend, monkeypatch):
+    b, llm, _ = cpu_backend
+    monkeypatch.setattr(llm, "collective_rpc", lambda method, timeout=None, args=(), kwargs=None: [1])
+    with pytest.raises(RuntimeError, match=r"the workers read \[1\] tensors of 2"):
+        b.load_weights({"w": torch.ones(2), "v": torch.ones(3)})
+    assert b.engine_stats()["updates"] == 0
 
 
-def test_nccl_weights_are_refused_on_the_cpu_build(cpu_backend):
-    b, _, _ = cpu_backend
-    with pytest.raises(RuntimeError, match="needs vLLM on a GPU"):
-        b.join_weight_group("127.0.0.1", 29700, 1, 2)
+def test_each_actors_engine_gets_its_own_seed(monkeypatch):
+    llm_cls = install(monkeypatch)
+    from actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=vllm", "seed=5"])
+    m, tok = model.build(cfg)
+    for index in (0, 3):
+        build("vllm", cfg, m, tok, index=index)
+    assert [llm.kwargs["seed"] for llm in llm_cls.instances] == [5, 8]
+
+
+def test_strict_mode_refuses_top_p_below_1_on_vllm():
+    with pytest.raises(config.ConfigError, match=r"actors.top_p=0.9 with actors.backend=vllm: on_policy strict"):
+        config.load(None, ["actors.backend=vllm", "on_policy=strict", "actors.top_p=0.9"])
+    assert config.load(None, ["actors.backend=vllm", "actors.top_p=0.9"]).actors.top_p == 0.9  # async: allowed
+    assert config.load(None, ["on_policy=strict", "actors.top_p=0.9"]).actors.top_p == 0.9  # hf: the full one
 
 
 def test_a_vllm_without_logprobs_mode_is_refused(monkeypatch):
@@ -147,44 +151,22 @@ def test_close_shuts_the_engine_down_and_removes_the_weights_folder(cpu_backend)
     assert llm.calls[-1] == ("shutdown", {}) and not Path(folder).exists()
 
 
-class _Runner:
-    def __init__(self):
-        self.loaded = []
+def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
+    from fake_vllm import Worker
 
-    def get_model(self):
-        return types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(weights))
+    from actors.backends import shm_weights
+    from streamrl.weight_sync import plan
 
-
-def test_worker_extension_loads_safetensors_bytes_on_the_workers_device_through_the_models_load_weights():
-    from safetensors.torch import save
-
-    from actors.backends.vllm_worker import WorkerExtension
-
-    worker = types.SimpleNamespace(device=torch.device("cpu"), model_runner=_Runner())
-    assert WorkerExtension.load_weights_from_bytes(worker, save({"w": torch.ones(2)})) == 1
-    assert worker.model_runner.loaded[0][0] == "w" and torch.equal(worker.model_runner.loaded[0][1], torch.ones(2))
-
-
-def test_worker_extension_receives_a_bucket_in_one_broadcast_then_loads_its_tensors_in_order(monkeypatch):
-    from actors.backends.vllm_worker import WorkerExtension
-
-    got = []
-
-    class Group:
-        def broadcast(self, tensor, src, stream=None):
-            assert src == 0
-            tensor.copy_(torch.arange(tensor.numel(), dtype=tensor.dtype))
-            got.append((tuple(tensor.shape), tensor.dtype))
-
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
-    worker = types.SimpleNamespace(device=torch.device("cpu"), model_runner=_Runner(), _streamrl_weight_group=Group())
-    n = WorkerExtension.update_weights_from_distributed(worker, ["a", "b"], ["float32", "float32"], [[2, 2], [3]])
-    assert n == 2 and got == [((7,), torch.float32)]  # never tensor by tensor
-    assert [name for name, _ in worker.model_runner.loaded] == ["a", "b"]
-    assert torch.equal(worker.model_runner.loaded[0][1], torch.arange(4.0).view(2, 2))
-    assert torch.equal(worker.model_runner.loaded[1][1], torch.tensor([4.0, 5.0, 6.0]))
-    with pytest.raises(ValueError, match="one dtype"):
-        WorkerExtension.update_weights_from_distributed(worker, ["a", "b"], ["float32", "bfloat16"], [[2], [3]])
+    state = {"w": torch.arange(6.0).reshape(2, 3), "h": torch.ones(3, dtype=torch.bfloat16)}
+    folder = shm_weights.new_folder()
+    try:
+        buckets = shm_weights.write(state, plan(state, 1 << 20), folder)
+        worker = Worker()
+        assert worker.load_weights_from_shm(folder, buckets) == 2
+        (got,) = worker.model_runner.reloads
+        assert torch.equal(got["w"], state["w"]) and got["h"].dtype == torch.bfloat16
+    finally:
+        shm_weights.remove(folder)
 
 
 def test_config_takes_the_vllm_backend_but_not_collective_sync_or_inflight_updates():
@@ -210,6 +192,13 @@ def test_the_fake_mirrors_the_real_llm_signatures_where_vllm_is_installed():
     from vllm.engine.arg_utils import EngineArgs
 
     assert "logprobs_mode" in EngineArgs.__dataclass_fields__
+    # the in-place reload the worker extension feeds: the Worker forwards to its model runner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    assert list(inspect.signature(fake_vllm.GPUModelRunner.reload_weights).parameters) == \
+        list(inspect.signature(GPUModelRunner.reload_weights).parameters)
+    assert "self.model_runner.reload_weights(*args, **kwargs)" in inspect.getsource(Worker.reload_weights)
 
 
 def test_the_worker_extension_shadows_no_worker_method_where_vllm_is_installed():
@@ -227,3 +216,25 @@ def _real_vllm():
     if isinstance(sys.modules.get("vllm"), types.ModuleType) and not hasattr(sys.modules["vllm"], "__file__"):
         pytest.skip("the fake vllm is installed")
     return pytest.importorskip("vllm")
+
+
+def test_the_paper_and_cluster_configs_generate_with_vllm():
+    repo = Path(__file__).resolve().parents[2]
+    paths = [*sorted((repo / "configs" / "paper").glob("*.yaml")), repo / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml",
+             repo / "configs" / "cluster" / "async-8b.yaml"]
+    assert len(paths) >= 12 and all(config.load(p).actors.backend == "vllm" for p in paths)
+
+
+def test_a_full_shared_memory_is_a_clear_error_not_a_crash(cpu_backend, monkeypatch):
+    import errno
+
+    b, llm, _ = cpu_backend
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=r"cannot hold a \d+ MiB bucket .* MiB free; .*--shm-size"):
+        b.load_weights({"w": torch.ones(1 << 20)})
+    # nothing reached the engine, and no file that lacks memory is left to be reused
+    assert not [c for c in llm.calls if c[0] == "collective_rpc"] and os.listdir(b.weights_dir) == []

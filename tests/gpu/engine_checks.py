@@ -1,0 +1,39 @@
+"""What the engine GPU tests compare an engine's log-probs with: the learner's teacher-forced
+recomputation (streamrl.sampling) under given weights, full or cut to the top-p nucleus."""
+
+from __future__ import annotations
+
+import torch
+
+PROMPTS = ("copy : a b c d =", "copy : d c b a =")
+
+
+def prompts(tok) -> list[list[int]]:
+    return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+
+def gap(m, tok, prompts: list[list[int]], groups, temperature: float) -> float:
+    """Largest |engine's summed log-prob - the learner's recomputation at `temperature`| over the samples."""
+    from streamrl import sampling
+
+    flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
+    ref = sampling.sequence_logprobs(m, [p for p, _ in flat], [c.tokens for _, c in flat], tok.pad_token_id,
+                                     temperature=temperature)
+    return max(abs(r - sum(c.logprobs)) for r, (_, c) in zip(ref, flat))
+
+
+def nucleus_gap(m, prompts: list[list[int]], groups, temperature: float, top_p: float) -> float:
+    """As gap, against the tempered distribution cut to its top-p nucleus and renormalised (drop the
+    smallest tokens whose cumulative mass stays within 1 - top_p, keep at least one)."""
+    worst = 0.0
+    for p, g in zip(prompts, groups):
+        for c in g:
+            with torch.no_grad():
+                logits = m(torch.tensor([p + c.tokens])).logits[0, len(p) - 1:-1].float() / temperature
+            probs, order = logits.softmax(-1).sort(-1)
+            drop = probs.cumsum(-1) <= 1 - top_p
+            drop[:, -1] = False
+            cut = logits.scatter(-1, order, logits.gather(-1, order).masked_fill(drop, float("-inf")))
+            ref = float(cut.log_softmax(-1).gather(-1, torch.tensor(c.tokens)[:, None]).sum())
+            worst = max(worst, abs(ref - sum(c.logprobs)))
+    return worst
