@@ -1,17 +1,23 @@
 """One rollout step: prompts → G completions each (more where dynamic rollouts ask) → rewards →
 ScoredGroups stamped with the policy version that generated them, minus the filtered ones; under
-multi-layer GRPO, then each response → a correction → the verified corrections' layer-2 groups."""
+multi-layer GRPO, then each response → a correction → the verified corrections' layer-2 groups.
+
+Prompts are encoded as the model expects (`streamrl.prompting`: the chat template when there is
+one) and the length cap is on prompt + completion (`model.max_seq_len`): completions are cut at
+their prompt's room, and a prompt with no room is skipped and counted (`prompts_too_long`)."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Callable
 
 import msgspec
 
 from actors.backends import Backend, Completion
-from streamrl import group_filters, mgrpo
+from streamrl import group_filters, mgrpo, prompting
 from streamrl.rewards import Reward
+from streamrl.sampling import capped
 from streamrl.tasks import Prompt
 from streamrl.wire import ScoredGroup
 
@@ -26,6 +32,14 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """Non-empty: multi-layer GRPO with this pool of guiding phrases."""
     augment: int = 0
     """H: further samples of each kept correction's query."""
+    chat_template: str = "off"
+    """Prompt encoding: auto | on | off (model.chat_template)."""
+    enable_thinking: bool | None = None
+    """The chat template's thinking switch (model.enable_thinking); None: the template's default."""
+    max_new_tokens: int | None = None
+    """Completion cap (actors.max_new_tokens); None: the backend's own cap only."""
+    max_seq_len: int | None = None
+    """Cap on prompt + completion tokens (model.max_seq_len); None: none."""
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutOptions":
@@ -33,7 +47,19 @@ class RolloutOptions(msgspec.Struct, frozen=True):
         return cls(group_size=cfg.actors.group_size, r_min_correct=cfg.advantage.r_min_correct,
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
                    phrases=tuple(m.phrases) if m.enabled else (),
-                   augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0)
+                   augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
+                   chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
+                   max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len)
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        return prompting.encode(tokenizer, text, prompting.uses_chat_template(tokenizer, self.chat_template),
+                                self.enable_thinking)
+
+    def room(self, ids: list[int]) -> int:
+        """Completion tokens the prompt `ids` leaves under the caps (≤ 0: none)."""
+        if self.max_new_tokens is None:
+            return 1 << 30 if self.max_seq_len is None else self.max_seq_len - len(ids)
+        return prompting.room(len(ids), self.max_new_tokens, self.max_seq_len)
 
 
 class RolloutStats(msgspec.Struct):
@@ -51,9 +77,12 @@ class RolloutStats(msgspec.Struct):
     """Corrections the verifier found correct, each the seed of a layer-2 group."""
     over_budget: int = 0
     """Groups not sent because they exceeded the actor's staleness budget (the actor sets this)."""
+    prompts_too_long: int = 0
+    """Prompts (and layer-2 queries) skipped because they leave no room under model.max_seq_len."""
 
 
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
+log = logging.getLogger("streamrl.actor")
 
 
 def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool] | None = None,
@@ -73,12 +102,14 @@ def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool]
 
 
 def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
-            n: int, between_steps: Callable[[], int] | None = None) -> list[list[Sample]]:
-    """n scored samples for each prompt (ids: its token ids)."""
+            n: int, between_steps: Callable[[], int] | None = None, caps: list[int] | None = None) -> list[list[Sample]]:
+    """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap)."""
     # Only backends that can pause between decoding steps take between_steps (the config checks which).
     drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
     out = []
-    for prompt, completions in zip(prompts, drawn):
+    for j, (prompt, completions) in enumerate(zip(prompts, drawn)):
+        if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
+            completions = [capped(c, max(0, caps[j])) for c in completions]
         texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
         out.append([(c, t, reward(prompt, t)) for c, t in zip(completions, texts)])
     return out
@@ -103,7 +134,16 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
-    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [opts.encode(tokenizer, p.text) for p in prompts]
+    fits = [opts.room(i) > 0 for i in ids]
+    if not all(fits):
+        stats.prompts_too_long = fits.count(False)
+        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
+                    actor_id, stats.prompts_too_long, opts.max_seq_len, max(map(len, ids)))
+        prompts = [p for p, ok in zip(prompts, fits) if ok]
+        ids = [i for i, ok in zip(ids, fits) if ok]
+        if not prompts:
+            return [], stats
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
@@ -130,7 +170,7 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
     pending = list(range(len(prompts)))
     for round_ in range(opts.rollout_factor):
         drawn = _sample(backend, tokenizer, reward, [prompts[i] for i in pending], [ids[i] for i in pending],
-                        opts.group_size, between_steps)
+                        opts.group_size, between_steps, [opts.room(ids[i]) for i in pending])
         for i, samples in zip(pending, drawn):
             pools[i] += samples
         stats.extra_samples += opts.group_size * len(pending) if round_ else 0
@@ -154,19 +194,21 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     for prompt, samples in zip(prompts, chosen):
         for _, text, _ in samples:
             queries.append(Prompt(id="", text=mgrpo.layer2_query(prompt.text, text,
-                                                                      mgrpo.pick_phrase(opts.phrases, rng))))
+                                                                 mgrpo.pick_phrase(opts.phrases, rng))))
             owners.append(prompt)
-    q_ids = [tokenizer(q.text, add_special_tokens=False)["input_ids"] for q in queries]
+    q_ids = [opts.encode(tokenizer, q.text) for q in queries]
+    caps = [opts.room(q) for q in q_ids]
+    stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
-    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps)]
+    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps)]
     stats.corrections += len(first)
     per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
-    kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct]
+    kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct and caps[j] > 0]
     stats.corrections_kept += len(kept)
     groups = []
     if kept and opts.augment:
         more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment,
-                       between_steps)
+                       between_steps, [caps[j] for j in kept])
         for j, extra in zip(kept, more):
             groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
                                  actor_id, layer=2))

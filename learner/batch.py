@@ -39,6 +39,62 @@ class Batch(msgspec.Struct):
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(B, L, num_groups, G): everything `empty` needs to make a batch of this shape."""
+        return (*self.input_ids.shape, *self.rewards.shape)  # type: ignore[return-value]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every field, in declaration order (what a collective sends one by one)."""
+        return [getattr(self, name) for name in self.__struct_fields__]
+
+    @classmethod
+    def empty(cls, B: int, L: int, num_groups: int, G: int, device: torch.device | str = "cpu") -> "Batch":
+        """A batch of uninitialised tensors of this shape (to receive one into)."""
+        sizes = {"B": B, "L": L, "L-1": L - 1, "groups": num_groups, "G": G}
+        return cls(**{name: torch.empty(tuple(sizes[d] for d in dims), dtype=dtype, device=device)
+                      for name, (dims, dtype) in _LAYOUT.items()})
+
+    def groups(self, start: int, stop: int) -> "Batch":
+        """Groups start..stop-1 and their samples (views, no copy)."""
+        G = self.rewards.shape[1]
+        return Batch(**{name: getattr(self, name)[start * G:stop * G] if dims[0] == "B" else getattr(self, name)[start:stop]
+                        for name, (dims, _) in _LAYOUT.items()})
+
+
+# Each field's dimensions and dtype; the first dimension says whether it has a row per sample (B)
+# or per group.
+_LAYOUT: dict[str, tuple[tuple[str, ...], torch.dtype]] = {
+    "input_ids": (("B", "L"), torch.int64),
+    "attention_mask": (("B", "L"), torch.int64),
+    "completion_mask": (("B", "L-1"), torch.float32),
+    "behaviour_logprobs": (("B", "L-1"), torch.float32),
+    "rewards": (("groups", "G"), torch.float32),
+    "policy_versions": (("groups",), torch.int64),
+    "last_versions": (("groups", "G"), torch.int64),
+    "layers": (("groups",), torch.int64),
+    "corrections": (("groups", "G"), torch.float32),
+}
+assert tuple(_LAYOUT) == Batch.__struct_fields__, "every Batch field needs its layout"
+
+
+def micro_batches(lengths: list[int], budget: int) -> list[slice]:
+    """Consecutive row ranges whose padded size (rows × longest row) stays within `budget` tokens.
+
+    lengths: (B,) each row's real length. A row longer than the budget goes alone; budget 0 means
+    one range of every row.
+    """
+    if not budget:
+        return [slice(0, len(lengths))]
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (i - start + 1) * max(longest, n) > budget:
+            out.append(slice(start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    out.append(slice(start, len(lengths)))
+    return out
+
 
 # Above this many tokens per row on average, a slice copy per row beats masked writes (which touch
 # every cell of the (B, L) arrays); below it, the per-row Python overhead dominates. Measured on

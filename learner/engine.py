@@ -17,8 +17,9 @@ from typing import Callable
 
 import torch
 
-from learner.batch import Batch
-from streamrl import losses
+from learner import logprobs
+from learner.batch import Batch, micro_batches
+from streamrl import learning_signal, losses
 from streamrl.config import Config
 
 log = logging.getLogger("streamrl.learner")
@@ -51,6 +52,17 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     return 1.0
 
 
+def _concat(outs: list[losses.LossOutput], width: int) -> losses.LossOutput:
+    """Micro-batches' outputs, each (b_i, l_i - 1), as one (B, width) output in row order."""
+    def cat(ts: list[torch.Tensor], fill) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in ts])
+
+    return losses.LossOutput(loss=torch.stack([o.loss for o in outs]).sum(),
+                             token_loss=cat([o.token_loss for o in outs], 0.0),
+                             ratio=cat([o.ratio for o in outs], 1.0),
+                             clipped=cat([o.clipped.to(torch.uint8) for o in outs], 0).bool())
+
+
 def _grad_norm(module: torch.nn.Module) -> float:
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
@@ -64,6 +76,8 @@ class Engine:
         _init_distributed(cfg.learner.collective_timeout_s)
         self.cfg = cfg
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
+        if cfg.learner.activation_checkpointing:  # recompute each layer's activations in backward
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         o = cfg.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         warmup = math.ceil(o.warmup_ratio * cfg.steps) if o.warmup_ratio else o.warmup_steps
@@ -98,38 +112,38 @@ class Engine:
     def optimizer_steps(self) -> int:
         return int(self.engine.global_steps)
 
-    def token_logprobs(self, module: torch.nn.Module, batch: Batch, with_entropy: bool = False):
-        """(B, L-1) log-prob of each next token at the sampling temperature, and optionally entropy."""
-        ids = batch.input_ids.to(self.device)
-        logits = module(input_ids=ids, attention_mask=batch.attention_mask.to(self.device)).logits
-        logits = logits[:, :-1].float() / self.cfg.actors.temperature
-        lse = logits.logsumexp(-1)
-        logp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - lse
-        entropy = None
-        if with_entropy:
-            p = torch.softmax(logits, -1)
-            entropy = lse - (p * logits).sum(-1)
-        return logp, entropy
+    def token_logprobs(self, module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       positions: torch.Tensor, with_entropy: bool = False):
+        """(b, l-1) log-prob of each next token at the sampling temperature where `positions` (b, l-1)
+        is true (0 elsewhere), and optionally entropy. `module`: the engine or the reference model."""
+        model = self.engine.module if module is self.engine else module
+        h = logprobs.hidden_states(module, model, input_ids, attention_mask)  # (b, l, H)
+        return logprobs.token_logprobs(
+            model.get_output_embeddings(), h, input_ids, positions, temperature=self.cfg.actors.temperature,
+            chunk_tokens=self.cfg.learner.logprob_chunk_tokens,
+            softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
 
     def train_step(self, batch: Batch, advantages: torch.Tensor,
                    token_count: float | None = None) -> tuple[losses.LossOutput, dict]:
-        """One forward/backward/optimizer step on `batch` (this rank's share of it under data
-        parallelism; token_count: the whole batch's completion tokens over the world size).
-        advantages: (num_groups, G)."""
-        lc = self.cfg.loss
+        """One optimizer step on `batch` (this rank's share of it under data parallelism;
+        token_count: the whole batch's completion tokens over the world size). advantages: (num_groups, G).
+
+        The rows go through forward/backward in micro-batches of at most learner.micro_batch_tokens
+        padded tokens, accumulating gradients; every micro-batch's loss is normalised by the whole
+        batch's token count, so the update does not depend on how the rows were split.
+        """
         t0 = time.perf_counter()
         self.engine.train()
-        logp, entropy = self.token_logprobs(self.engine, batch, with_entropy=bool(lc.entropy_coef))
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref, _ = self.token_logprobs(self.ref_model.to(self.device), batch)
-        out = losses.compute(
-            lc.name, logp, batch.behaviour_logprobs.to(self.device), advantages.flatten().to(self.device),
-            batch.completion_mask.to(self.device), clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap,
-            kl_coef=lc.kl_coef, entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy,
-            token_count=token_count)
-        self.engine.backward(out.loss)
+        adv = advantages.flatten()  # (B,)
+        n_tokens = float(batch.num_tokens if token_count is None else token_count)
+        lengths = batch.attention_mask.sum(-1)  # rows are right-padded
+        parts = micro_batches(lengths.tolist(), self.cfg.learner.micro_batch_tokens)
+        outs = []
+        for i, rows in enumerate(parts):
+            # Gradients reduce across ranks and the optimizer steps only after the last micro-batch.
+            self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
+            outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens))
+        out = _concat(outs, batch.completion_mask.shape[1])
         t1 = time.perf_counter()
         steps_before = self.optimizer_steps
         # ZeRO-0 leaves full gradients on the module and DeepSpeed reports no norm there.
@@ -143,22 +157,65 @@ class Engine:
         t2 = time.perf_counter()
         grad_norm = self.engine.get_global_grad_norm() if local_norm is None else local_norm
         return out, {
-            "loss": float(out.loss.detach()),
+            "loss": float(out.loss),
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
             "optimizer_steps": self.optimizer_steps - steps_before,
+            "micro_batches": len(parts),
             "fwd_bwd_s": t1 - t0,
             "optimizer_s": t2 - t1 - settle_s,
         }
 
-    def parameters(self) -> list[torch.Tensor]:
-        """Every parameter, whole (gathered under ZeRO-3, where each rank holds only a shard)."""
-        if self.cfg.learner.zero_stage == 3:
-            return list(self.full_state_dict().values())
-        return list(self.engine.module.parameters())
+    def _micro_step(self, batch: Batch, rows: slice, length: int, adv: torch.Tensor,
+                    n_tokens: float) -> losses.LossOutput:
+        """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`)."""
+        lc, dev = self.cfg.loss, self.device
+        ids = batch.input_ids[rows, :length].to(dev)
+        attn = batch.attention_mask[rows, :length].to(dev)
+        mask = batch.completion_mask[rows, :length - 1].to(dev)
+        positions = mask.bool()
+        logp, entropy = self.token_logprobs(self.engine, ids, attn, positions, with_entropy=bool(lc.entropy_coef))
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = self.token_logprobs(self.ref_model.to(dev), ids, attn, positions)
+        out = losses.compute(
+            lc.name, logp, batch.behaviour_logprobs[rows, :length - 1].to(dev), adv.to(dev), mask,
+            clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, kl_coef=lc.kl_coef,
+            entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy, token_count=n_tokens)
+        self.engine.backward(out.loss)
+        return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=out.ratio,
+                                 clipped=out.clipped)
+
+    def weight_stats(self) -> dict[str, float]:
+        """learning_signal.weight_stats over every parameter, streamed: no copy of the weights.
+
+        Under ZeRO-3 each rank reads only its own shard of each parameter and the passes' aggregates
+        are all-reduced, so nothing is gathered; every rank must call it at the same step.
+        """
+        if self.cfg.learner.zero_stage != 3:
+            return learning_signal.weight_stats(list(self.engine.module.parameters()))
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+        def shards():
+            for p in self.engine.module.parameters():
+                size = p.ds_tensor.ds_numel  # each rank holds [rank·size, (rank+1)·size) of the flat parameter,
+                valid = max(0, min(size, p.ds_numel - rank * size))  # the last one padded beyond ds_numel
+                yield p.ds_tensor.reshape(-1)[:valid]
+
+        def reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+            dist.all_reduce(t, op=ops[op])
+            return t
+
+        return learning_signal.weight_stats(shards, reduce)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All weights, gathered on every rank (a collective under ZeRO-3: every rank must call it).
+        """All weights. Under ZeRO-3 a collective (every rank must call it): each parameter is
+        gathered in turn and only rank 0 copies it to the CPU, so no rank ever holds a full copy
+        beyond rank 0's result (the others get {}).
 
         Below ZeRO-3 these are the live parameters, not copies: the next optimizer step changes
         them, so a caller that keeps them past it must copy (WeightPublisher.publish does).
@@ -166,9 +223,18 @@ class Engine:
         if self.cfg.learner.zero_stage == 3:
             import deepspeed
 
-            params = list(self.engine.module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+            state: dict[str, torch.Tensor] = {}
+            copies: dict[int, torch.Tensor] = {}  # tied weights: one gather and one copy
+            for name, t in self.engine.module.state_dict(keep_vars=True).items():
+                if id(t) not in copies:
+                    if hasattr(t, "ds_id"):  # a partitioned parameter
+                        with deepspeed.zero.GatheredParameters([t], modifier_rank=None):
+                            copies[id(t)] = t.detach().cpu().clone() if self.rank == 0 else t.new_empty(0)
+                    else:
+                        copies[id(t)] = t.detach().cpu().clone()
+                if self.rank == 0:
+                    state[name] = copies[id(t)]
+            return state
         if self._state_vars is None:
             # state_dict() walks every module (~0.2 ms on the tiny model, more than copying its weights);
             # the Parameter objects stay, and `.data` reads whatever tensor DeepSpeed has put behind them.

@@ -1,10 +1,12 @@
 """The loop of learner ranks > 0: take rank 0's batch share, train, and join every collective
-rank 0 enters (gathering weights under ZeRO-3, checkpoints) at the same steps, until told to stop."""
+rank 0 enters (gathering weights under ZeRO-3, checkpoints) at the same steps, until told to stop.
+Which steps those are comes from `learner.schedule`, the one place rank 0 asks too."""
 
 from __future__ import annotations
 
 import logging
 
+from learner import schedule
 from learner.engine import Engine
 from learner.ranks import STEP, STOP_AND_SAVE, Ranks
 from streamrl.config import Config
@@ -12,19 +14,20 @@ from streamrl.config import Config
 log = logging.getLogger("streamrl.learner")
 
 
-def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: int, version: int) -> dict:
-    L, gathers = cfg.learner, cfg.learner.zero_stage == 3  # below ZeRO-3 rank 0 reads full weights alone
+def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: int, learner_version: int) -> dict:
+    gathers = cfg.learner.zero_stage == 3  # below ZeRO-3 rank 0 reads full weights alone
     if gathers:
         engine.full_state_dict()                       # rank 0's first publish
     while (cmd := ranks.receive(engine)).kind == STEP:  # broadcast → train on our share → gather outputs
-        if gathers and (version + 1) % L.publish_every == 0:
+        due = schedule.due(step, learner_version, cfg)
+        if gathers and due.publish:
             engine.full_state_dict()
-        if gathers and L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
-            engine.parameters()
-        if gathers and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+        if gathers and due.weight_stats:
+            engine.weight_stats()
+        if gathers and due.evaluate:
             engine.full_state_dict()                   # rank 0 evaluates the whole policy
-        version, step = version + 1, step + 1
-        if L.checkpoint_every and step % L.checkpoint_every == 0:
+        learner_version, step = learner_version + 1, step + 1
+        if due.checkpoint:
             _save(engine, checkpoints_dir, step, gathers)
     if cmd.kind == STOP_AND_SAVE:
         _save(engine, checkpoints_dir, step, gathers)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import zmq
 
+from learner.stepstats import StrictModeViolation
 from streamrl import staleness
 from streamrl.transport import GroupReceiver, WeightPublisher
 from streamrl.wire import ScoredGroup
@@ -22,8 +23,9 @@ log = logging.getLogger("streamrl.learner")
 
 class Intake:
     def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int,
-                 demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0):
+                 demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0, strict: bool = False):
         self.receiver = receiver
+        self.strict = strict  # on_policy=strict: a stale group is an error, never a silent drop
         self.publisher = publisher
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -117,7 +119,13 @@ class Intake:
                 log.warning("dropping group from %s with %d samples; this run uses group_size %d",
                             group.actor_id, group.group_size, self.group_size)
             return "wrong_group_size"
-        return staleness.gate(version, group.policy_version, self.max_staleness)
+        verdict = staleness.gate(version, group.policy_version, self.max_staleness)
+        if verdict == "stale" and self.strict:
+            raise StrictModeViolation(
+                f"a group from {group.actor_id} generated at policy version {group.policy_version} arrived at learner "
+                f"version {version} (lag {staleness.lag(version, group.policy_version)}; strict needs 0): an actor "
+                "generated past its share of a version, or from weights older than the newest")
+        return verdict
 
     def reconciliation(self) -> dict:
         """Every group, from each actor session's own count to what became of it at the learner.

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
 import torch
 import zmq
 
-from learner import checkpoints, follower, stepstats
+from learner import checkpoints, follower, schedule, stepstats
 from learner.batch import collate
 from learner.engine import Engine
 from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
-from streamrl import advantages, evaluation, exporter, learning_signal, prometheus_metrics, rewards, security
+from learner.weights import LearnerWeights
+from streamrl import advantages, evaluation, exporter, prometheus_metrics, rewards, security
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
-from streamrl.transport import GroupReceiver, WeightPublisher, endpoint
+from streamrl.transport import GroupReceiver, endpoint
 
 log = logging.getLogger("streamrl.learner")
 
@@ -38,114 +40,93 @@ def run(cfg: Config) -> dict:
     if resumed:
         engine.load(str(ckpt_dir), resumed[0])
         checkpoints.restore_rng(resumed[1]["rng"])
-    step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
+    step, learner_version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
-        return follower.run(cfg, engine, ranks, str(ckpt_dir), step, version)
+        return follower.run(cfg, engine, ranks, str(ckpt_dir), step, learner_version)
     runlog = RunLog(cfg)
     runlog.open(resumed_step=step)
     saved_at = step
 
     t, L, a = cfg.transport, cfg.learner, cfg.advantage
-    ctx, gate, receiver, publisher = _open_sockets(cfg, vocab_size)
-    intake = Intake(receiver, publisher, cfg.actors.group_size, cfg.effective_max_staleness, L.demand_after_s,
-                    refused=(lambda: gate.refused) if gate else (lambda: 0))
+    ctx, curve, gate, receiver = _open_sockets(cfg, vocab_size)
     telemetry, health, server = _monitoring(cfg, reward.levels)
-
-    sync = _weight_sync(cfg)
-
-    def publish(v: int) -> None:
-        # The copy and send run in the background (wait=False) during the next forward/backward:
-        # engine.before_step settles it before the optimizer changes the parameters it reads, and
-        # checkpoint/shutdown settle too. The collective branch reads `state` here, synchronously.
-        t0 = time.perf_counter()
-        state = engine.full_state_dict()
-        collective = sync is not None and sync.formed()
-        nbytes = publisher.publish(v, state, broadcast=not collective, wait=False)
-        if collective:  # announced on the weight channel, then broadcast; on failure ZeroMQ carries it
-            publisher.announce(sync.announcement(v, state, publisher.session))
-            if not sync.send(v, state):
-                publisher.publish(v, state, wait=False)
-        telemetry.observe_publish(time.perf_counter() - t0, nbytes)
-
-    engine.before_step = publisher.settle
+    weights = LearnerWeights(cfg, ctx, curve, engine, telemetry)  # the weights' way out, ZeroMQ or collective
+    intake = Intake(receiver, weights.publisher, cfg.actors.group_size, cfg.max_staleness, L.demand_after_s,
+                    refused=(lambda: gate.refused) if gate else (lambda: 0), strict=cfg.strict)
 
     def checkpoint() -> None:
         nonlocal saved_at
-        publisher.settle()  # nothing reads the parameters half-copied, and nothing changes them mid-copy
-        state = {"step": step, "version": version, "accounting": intake.accounting()}
+        # The copy is done and the parameters stay the published version (a save changes nothing),
+        # so weight requests are still answered from them (settle would stop that until the next publish).
+        weights.publisher.flush()
+        state = {"step": step, "version": learner_version, "accounting": intake.accounting()}
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step
 
-    evaluator = None
-
-    def evaluate(at_step: int) -> dict:  # every eval.every steps: eval/* keys for that step's record
-        nonlocal evaluator
-        if not cfg.eval.every or at_step % cfg.eval.every:
-            return {}
-        evaluator = evaluator or evaluation.Evaluator(cfg, reward)  # a CPU copy, built once
-        return evaluator.run(engine.full_state_dict())
+    evaluator = functools.cache(lambda: evaluation.Evaluator(cfg, reward))  # a CPU copy, built at the first eval
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         health.beat()
         return stop()
 
-    publish(version)
-    health.beat(step=step, policy_version=version)
+    weights.publish(learner_version)
+    health.beat(step=step, learner_version=learner_version)
     log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
-             version, step, engine.device, ranks.world, "s" if ranks.world > 1 else "", t.group_port)
+             learner_version, step, engine.device, ranks.world, "s" if ranks.world > 1 else "", t.group_port)
     started = time.time()
     try:
         while step < cfg.steps and not stopping():
-            groups, wait_s = intake.collect(version, L.batch_groups, L.data_timeout_s, stopping)  # receive → gate
+            # receive → gate
+            groups, wait_s = intake.collect(learner_version, L.batch_groups, L.data_timeout_s, stopping)
             if len(groups) < L.batch_groups:
                 break
+            due = schedule.due(step, learner_version, cfg)  # the other ranks follow the same schedule
             t0 = time.perf_counter()
             batch = collate(groups, tokenizer.pad_token_id)                                      # batch
             adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)  # advantages
             t1 = time.perf_counter()
-            settled = publisher.settle_s
+            settled = weights.settle_s
             out, train = ranks.train_step(engine, batch, adv)                                    # step
             t2 = time.perf_counter()
-            settle_s = publisher.settle_s - settled  # waiting for the last publish's copy: publishing's cost
-            if (version + 1) % L.publish_every == 0:                                             # publish
-                publish(version + 1)
+            settle_s = weights.settle_s - settled  # waiting for the last publish's copy: publishing's cost
+            if due.publish:                                                                      # publish
+                weights.publish(learner_version + 1)
             t3 = time.perf_counter()
             timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1 - settle_s,
                        "publish_s": t3 - t2 + settle_s}
-            rec = stepstats.record(step, version, batch, adv, out, train, a.r_min_correct, timings)
-            if L.weight_stats_every and (step + 1) % L.weight_stats_every == 0:
-                rec.update(learning_signal.weight_stats(engine.parameters()))
+            rec = stepstats.record(step, learner_version, batch, adv, out, train, a.r_min_correct, timings)
+            if due.weight_stats:
+                rec.update(engine.weight_stats())
             t4 = time.perf_counter()
-            telemetry.observe_step(rec, stepstats.distributions(version, batch, out))            # observe
+            telemetry.observe_step(rec, stepstats.distributions(learner_version, batch, out))    # observe
             telemetry.observe_accounting(accounting := intake.accounting())
             rec["metrics_s"] = time.perf_counter() - t4
-            rec.update(evaluate(step + 1))                                                       # evaluate
-            version, step = version + 1, step + 1
-            health.beat(step=step, policy_version=version)
+            if due.evaluate:                                                                     # evaluate
+                rec.update(evaluator().run(engine.full_state_dict()))
+            learner_version, step = learner_version + 1, step + 1
+            health.beat(step=step, learner_version=learner_version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})
             if cfg.strict:
-                stepstats.check_strict(rec, L.strict_ratio_tol)
-            if L.checkpoint_every and step % L.checkpoint_every == 0:
+                stepstats.check_strict(rec, stepstats.ratio_tolerance(L.strict_ratio_tol, cfg.model.dtype))
+            if due.checkpoint:
                 checkpoint()
             if L.slow_step_s:
                 time.sleep(L.slow_step_s)
     finally:
-        publisher.shutdown()
+        weights.shutdown()
         intake.drain(L.shutdown_drain_s)
         save = step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists()
         ranks.stop(save)
         if save:
             checkpoint()
-        if sync:
-            sync.close()
+        weights.close()
         summary = runlog.summary(
-            {"policy_version": version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
+            {"learner_version": learner_version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
              **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server),
-             **({"weight_sync": sync.report()} if sync else {})},
+             **weights.report()},
             reward_range=(min(reward.levels), max(reward.levels)))
         runlog.close()
         receiver.close()
-        publisher.close()
         if gate:
             gate.stop()
         ctx.term()
@@ -157,29 +138,15 @@ def run(cfg: Config) -> dict:
 
 
 def _open_sockets(cfg: Config, vocab_size: int):
-    """The learner's three sockets (groups in, weights out, weight requests), with CurveZMQ when configured."""
+    """The ZeroMQ context, CurveZMQ (when configured) and the socket groups come in on; the weight
+    channel's sockets use the same context and keys."""
     t = cfg.transport
     ctx = zmq.Context()
     curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
     gate = security.Gatekeeper(ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
     security.warn_if_exposed(t.host, curve)
     receiver = GroupReceiver(ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes, vocab_size, curve)
-    publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), endpoint(t.host, t.weights_request_port),
-                                t.max_message_bytes, curve)
-    return ctx, gate, receiver, publisher
-
-
-def _weight_sync(cfg: Config):
-    """The collective weight-sync group's learner end (forming in the background), or None for zmq."""
-    t = cfg.transport
-    if t.weight_sync != "collective":
-        return None
-    from streamrl.weight_sync import LearnerSync
-
-    # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
-    first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)
-    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
-                       t.weight_sync_bucket_bytes, first_wait_s)
+    return ctx, curve, gate, receiver
 
 
 def _monitoring(cfg: Config, reward_levels: list[float]
@@ -189,7 +156,7 @@ def _monitoring(cfg: Config, reward_levels: list[float]
                 "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
                 "batch_groups": str(cfg.learner.batch_groups), "r_min_correct": str(cfg.advantage.r_min_correct)}
     telemetry = prometheus_metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, reward_levels,
-                                       cfg.effective_max_staleness, settings)
+                                       cfg.max_staleness, settings)
     health = exporter.Health("learner", cfg.monitoring.healthy_within_s)
     return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, cfg.monitoring.learner_port)
 

@@ -17,8 +17,12 @@ from learner.batch import Batch
 from streamrl.losses import LossOutput
 
 STOP, STEP, STOP_AND_SAVE = 0, 1, 2
-_BATCH_FIELDS = ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs", "rewards",
-                 "policy_versions", "last_versions", "layers", "corrections")
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a collective's tensors must live for `backend`: NCCL takes CUDA tensors only (the
+    current device, which DeepSpeed set to the local rank), gloo CPU ones."""
+    return torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
 
 class Command(msgspec.Struct, frozen=True):
@@ -28,15 +32,17 @@ class Command(msgspec.Struct, frozen=True):
 
 
 class Ranks:
-    def __init__(self, world: int, rank: int):
+    def __init__(self, world: int, rank: int, device: torch.device | str = "cpu"):
         self.world, self.rank = world, rank
+        self.device = torch.device(device)
+        """Where every tensor this class sends or receives lives (see collective_device)."""
 
     @classmethod
     def current(cls) -> "Ranks":
         import torch.distributed as dist
 
         if dist.is_initialized():
-            return cls(dist.get_world_size(), dist.get_rank())
+            return cls(dist.get_world_size(), dist.get_rank(), collective_device(dist.get_backend()))
         return cls(1, 0)
 
     @property
@@ -49,11 +55,9 @@ class Ranks:
         """engine.train_step on the whole batch, spread over the ranks; outputs cover the whole batch."""
         if self.world == 1:
             return engine.train_step(batch, adv)
-        self._send(Command(STEP, (*batch.input_ids.shape, *batch.rewards.shape)))
-        for name in _BATCH_FIELDS:
-            self._broadcast(getattr(batch, name))
-        self._broadcast(adv.contiguous())
-        out, train = self._local_step(engine, batch, adv)
+        self._send(Command(STEP, batch.shape))
+        sent = Batch(*(self._broadcast(t.contiguous().to(self.device)) for t in batch.tensors()))
+        out, train = self._local_step(engine, sent, self._broadcast(adv.contiguous().to(self.device)))
         full = self._gather(out)
         return full, {**train, "loss": float(full.loss)}
 
@@ -66,48 +70,33 @@ class Ranks:
 
     def receive(self, engine) -> Command:
         """Wait for rank 0's next command; on STEP, take part in the step and return it."""
-        header = torch.zeros(5, dtype=torch.int64)
-        self._broadcast(header)
-        cmd = Command(int(header[0]), tuple(int(x) for x in header[1:]))  # type: ignore[arg-type]
+        header = self._broadcast(torch.zeros(5, dtype=torch.int64, device=self.device)).tolist()
+        cmd = Command(header[0], tuple(header[1:]))  # type: ignore[arg-type]
         if cmd.kind != STEP:
             return cmd
-        B, L, groups, G = cmd.shape
-        shapes = {"input_ids": ((B, L), torch.int64), "attention_mask": ((B, L), torch.int64),
-                  "completion_mask": ((B, L - 1), torch.float32), "behaviour_logprobs": ((B, L - 1), torch.float32),
-                  "rewards": ((groups, G), torch.float32), "policy_versions": ((groups,), torch.int64),
-                  "last_versions": ((groups, G), torch.int64), "layers": ((groups,), torch.int64),
-                  "corrections": ((groups, G), torch.float32)}
-        fields = {}
-        for name in _BATCH_FIELDS:
-            fields[name] = torch.empty(*shapes[name][0], dtype=shapes[name][1])
-            self._broadcast(fields[name])
-        adv = torch.empty(groups, G)
-        self._broadcast(adv)
-        out, _ = self._local_step(engine, Batch(**fields), adv)
+        batch = Batch.empty(*cmd.shape, device=self.device)
+        for t in batch.tensors():
+            self._broadcast(t)
+        adv = self._broadcast(torch.empty(cmd.shape[2:], device=self.device))
+        out, _ = self._local_step(engine, batch, adv)
         self._gather(out)
         return cmd
 
     # --- both ---------------------------------------------------------------------------------
 
     def _local_step(self, engine, batch: Batch, adv: torch.Tensor):
-        groups = batch.rewards.shape[0]
-        k, G = groups // self.world, batch.rewards.shape[1]
-        g0, r0 = self.rank * k, self.rank * k * G
-        rows = slice(r0, r0 + k * G)
-        share = Batch(input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows],
-                      completion_mask=batch.completion_mask[rows], behaviour_logprobs=batch.behaviour_logprobs[rows],
-                      rewards=batch.rewards[g0:g0 + k], policy_versions=batch.policy_versions[g0:g0 + k],
-                      last_versions=batch.last_versions[g0:g0 + k], layers=batch.layers[g0:g0 + k],
-                      corrections=batch.corrections[g0:g0 + k])
-        return engine.train_step(share, adv[g0:g0 + k], token_count=batch.num_tokens / self.world)
+        k = batch.rewards.shape[0] // self.world
+        g0 = self.rank * k
+        return engine.train_step(batch.groups(g0, g0 + k), adv[g0:g0 + k], token_count=batch.num_tokens / self.world)
 
     def _gather(self, out: LossOutput) -> LossOutput:
         """Every rank's (B/world, T) outputs, concatenated in rank order (= batch order)."""
         import torch.distributed as dist
 
         def cat(t: torch.Tensor) -> torch.Tensor:
+            t = t.contiguous().to(self.device)
             parts = [torch.empty_like(t) for _ in range(self.world)]
-            dist.all_gather(parts, t.contiguous())
+            dist.all_gather(parts, t)
             return torch.cat(parts)
 
         # Each rank's token losses are scaled by world / its share (see Engine.train_step): undo it.
@@ -116,10 +105,13 @@ class Ranks:
                           clipped=cat(out.clipped.to(torch.uint8)).bool())
 
     def _send(self, cmd: Command) -> None:
-        self._broadcast(torch.tensor([cmd.kind, *cmd.shape], dtype=torch.int64))
+        self._broadcast(torch.tensor([cmd.kind, *cmd.shape], dtype=torch.int64, device=self.device))
 
-    @staticmethod
-    def _broadcast(t: torch.Tensor) -> None:
+    def _broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `t` into every rank's `t` (which must live on self.device), returned."""
         import torch.distributed as dist
 
+        if t.device.type != self.device.type:  # NCCL would fail later with a far less clear message
+            raise ValueError(f"a {t.device} tensor in a collective whose tensors live on {self.device}")
         dist.broadcast(t, src=0)
+        return t

@@ -7,7 +7,7 @@ import collections
 import torch
 
 from learner.batch import Batch
-from streamrl import learning_signal, mgrpo
+from streamrl import learning_signal, mgrpo, staleness
 from streamrl.losses import LossOutput
 
 
@@ -15,19 +15,19 @@ class StrictModeViolation(RuntimeError):
     """on_policy=strict saw a step that was not on-policy; the run stops rather than lie."""
 
 
-def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
+def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
            r_min_correct: float, timings: dict) -> dict:
-    """Metrics of one step. `version` is the learner version the batch was consumed at."""
+    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1)."""
     num_groups, G = batch.rewards.shape
     sample_loss = out.token_loss.sum(-1).view(num_groups, G)
     m = batch.completion_mask.bool()
     ratio = out.ratio[m]
-    lags = (version - batch.policy_versions).tolist()
+    lags = staleness.lag(learner_version, batch.policy_versions).tolist()
     hist = collections.Counter(lags)
     wall = sum(timings.values())
     return {
         "step": step,
-        "policy_version": version + 1,
+        "learner_version": learner_version + 1,
         **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
         **mgrpo_metrics(batch, r_min_correct),
         "reward_std": float(batch.rewards.std()),
@@ -41,6 +41,7 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "is_ratio_min": float(ratio.min()),
         "is_ratio_max": float(ratio.max()),
         "is_ratio_max_abs_dev": float((ratio - 1).abs().max()),
+        **log_ratio_stats(out.ratio, batch.completion_mask, G),
         "clipped_fraction": float(out.clipped[m].float().mean()),
         **train,
         **{k: round(v, 6) for k, v in timings.items()},
@@ -50,6 +51,22 @@ def record(step: int, version: int, batch: Batch, adv: torch.Tensor, out: LossOu
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
     }
+
+
+def log_ratio_stats(ratio: torch.Tensor, completion_mask: torch.Tensor, group_size: int) -> dict:
+    """KL(behaviour ‖ learner) estimated per group, its largest (the strict check's statistic) and
+    the batch's, and |log ratio|: its mean over tokens and its largest per-sample mean.
+    ratio, completion_mask: (B, L-1) with B = groups × group_size."""
+    mask = completion_mask.to(torch.float64)
+    r = ratio.double()
+    dev = r.log().abs() * mask
+    k3 = (r - 1 - r.log()) * mask  # ≥ 0 per token; its mean estimates KL(behaviour ‖ learner) without bias
+    per_sample = dev.sum(-1) / mask.sum(-1).clamp_min(1)  # (B,)
+    per_group = k3.view(-1, group_size, k3.shape[-1]).sum((1, 2)) / \
+        mask.view(-1, group_size, mask.shape[-1]).sum((1, 2)).clamp_min(1)  # (groups,)
+    n = mask.sum().clamp_min(1)
+    return {"kl_behaviour_learner": float(k3.sum() / n), "group_kl_behaviour_learner_max": float(per_group.max()),
+            "log_ratio_abs_mean": float(dev.sum() / n), "sample_log_ratio_abs_max": float(per_sample.max())}
 
 
 def version_spans(batch: Batch) -> dict:
@@ -70,14 +87,40 @@ def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 
 
-def distributions(version: int, batch: Batch, out: LossOutput) -> dict:
-    """What the learner's histograms need from a step, as references: metrics.LearnerMetrics turns
+def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
+    """What the learner's histograms need from a step, as references: prometheus_metrics.LearnerMetrics turns
     them into numpy and bins them later, in batches of steps, so the step pays almost nothing."""
-    return {"version": version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
+    return {"learner_version": learner_version, "rewards": batch.rewards, "policy_versions": batch.policy_versions,
             "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}
 
 
+# When learner.strict_ratio_tol is unset: the square of the parameter dtype's precision (torch.finfo
+# eps), floored at 1e-7: bfloat16 6.1e-5, float16 9.5e-7, float32 1e-7 (float32 noise between
+# engines' kernels, ~1e-6 per token, gives ~1e-12). A token's log-prob recomputed in another kernel
+# order differs by rounding, a fraction of eps that grows with the logits as the model sharpens; the
+# KL estimate grows with the square of such differences, so rounding stays below eps², while a group
+# sampled from other weights or at another temperature, off by a few hundredths on most tokens,
+# lands far above. Measured on the tiny model (README, "Strict on-policy"): see there.
+_RATIO_TOL_FLOOR = 1e-7
+
+
+def ratio_tolerance(configured: float | None, dtype: str) -> float:
+    """The strict check's bound on any group's KL(behaviour ‖ learner) estimate for a model of `dtype`."""
+    if configured is not None:
+        return configured
+    return max(_RATIO_TOL_FLOOR, torch.finfo(getattr(torch, dtype)).eps ** 2)
+
+
 def check_strict(rec: dict, ratio_tol: float) -> None:
+    """Raise StrictModeViolation unless the step was on-policy. ratio_tol: see ratio_tolerance.
+
+    The ratio test bounds each group's estimate of KL(behaviour ‖ learner), the mean over its tokens
+    of r - 1 - log r (r the importance ratio), rather than the worst token's |r - 1|: half precision
+    moves every log-prob by a fraction of its precision, which the worst of thousands of tokens shows
+    in full, while the KL estimate weighs each token's deviation by its own size (quadratically), so
+    rounding stays below eps² and a group sampled from other weights or at another temperature (the
+    unit an actor makes with one set of weights) stands out by an order of magnitude or more.
+    """
     if rec["lag_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
     if rec["version_span_max"] != 0:
@@ -86,7 +129,9 @@ def check_strict(rec: dict, ratio_tol: float) -> None:
     if rec["optimizer_steps"] != 1:
         raise StrictModeViolation(
             f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
-    if rec["is_ratio_max_abs_dev"] > ratio_tol:
+    if rec["group_kl_behaviour_learner_max"] > ratio_tol:
         raise StrictModeViolation(
-            f"step {rec['step']}: importance ratio off by {rec['is_ratio_max_abs_dev']:.2e} > {ratio_tol:.0e}: "
-            "actors did not sample from the learner's current weights")
+            f"step {rec['step']}: a group's KL(behaviour ‖ learner) estimated at "
+            f"{rec['group_kl_behaviour_learner_max']:.2e} > "
+            f"{ratio_tol:.1e} (learner.strict_ratio_tol; worst token |ratio - 1| {rec['is_ratio_max_abs_dev']:.2e}): "
+            "actors did not sample from the learner's current weights at its temperature")

@@ -36,7 +36,13 @@ class _Section(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str | None = None
-    """Local Hugging Face model folder; null builds the tiny random-init Llama described below."""
+    """Local Hugging Face model folder, or a hub id where downloads are allowed; null: the tiny random-init Llama below."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Prompts as a user turn through the tokenizer's chat template: auto (when it has one), on (required), off (raw text)."""
+    enable_thinking: bool | None = None
+    """Chat template's thinking switch (Qwen3: false pre-fills an empty think block); null: the template's default."""
+    max_seq_len: PositiveInt | None = None
+    """Cap on prompt + completion tokens (a prompt leaving no room is skipped and counted); null: completion cap only."""
     hidden_size: PositiveInt = 64
     """Tiny model: hidden size."""
     num_layers: PositiveInt = 2
@@ -171,12 +177,18 @@ class LearnerConfig(_Section):
     """torch threads in the learner (0: torch's default)."""
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
-    strict_ratio_tol: PositiveFloat = 1e-3
-    """Strict mode: largest allowed |importance ratio - 1| before the run fails loudly."""
+    strict_ratio_tol: PositiveFloat | None = None
+    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: dtype eps², ≥ 1e-7: bf16 6.1e-5)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
     """Timeout of every collective between learner ranks (a dead rank becomes an error, not a hang)."""
+    micro_batch_tokens: NonNegInt = 0
+    """Padded tokens (rows × longest row) per forward/backward on a rank, gradients accumulated (0: whole share)."""
+    logprob_chunk_tokens: PositiveInt = 1024
+    """Tokens whose full-vocabulary logits exist at once when computing log-probs (each chunk recomputed in backward)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (less memory, ~1/3 more compute)."""
     weight_stats_every: NonNegInt = 10
     """Log L1/L2 norms, min, max, mean, median of all weights every this many steps (0: never)."""
     slow_step_s: NonNegFloat = 0.0
@@ -323,7 +335,7 @@ class Config(_Section):
     on_policy: Literal["async", "strict"] = "async"
     """strict: lag 0 on every consumed group and one step per batch, checked every step."""
     max_staleness: NonNegInt = 2
-    """Drop groups whose lag (learner version - generating version) exceeds this."""
+    """Drop groups whose lag (learner version - generating version) exceeds this (on_policy strict makes it 0)."""
     run_dir: str = "runs"
     """Parent folder of run directories."""
     log_every: PositiveInt = 10
@@ -381,14 +393,12 @@ class Config(_Section):
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")
+        if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
+            self.max_staleness = 0
 
     @property
     def strict(self) -> bool:
         return self.on_policy == "strict"
-
-    @property
-    def effective_max_staleness(self) -> int:
-        return 0 if self.strict else self.max_staleness
 
     @property
     def run_path(self) -> Path:

@@ -61,18 +61,21 @@ def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequ
 
 
 def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                   seed: int) -> list[list[float]]:
+                   seed: int, encode=None) -> list[list[float]]:
     """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
     return sample_scored(model, tokenizer, reward, prompts, n, temperature=temperature,
-                         max_new_tokens=max_new_tokens, seed=seed)[0]
+                         max_new_tokens=max_new_tokens, seed=seed, encode=encode)[0]
 
 
 @torch.no_grad()
 def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                  seed: int) -> tuple[list[list[float]], list[list[str]]]:
-    """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG."""
+                  seed: int, encode=None) -> tuple[list[list[float]], list[list[str]]]:
+    """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG.
+    encode(text) → prompt ids as the actors make them (streamrl.prompting.PromptEncoder); None: raw text."""
+    from streamrl.model import end_token_ids
+
     device = next(model.parameters()).device
-    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     per_call = max(1, ROWS_PER_GENERATE // n)
     table: list[list[float]] = []
     texts: list[list[str]] = []
@@ -81,7 +84,7 @@ def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: flo
         for start in range(0, len(prompts), per_call):
             groups = sampling.generate(model, ids[start:start + per_call], n, temperature=temperature,
                                        max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
-                                       eos_id=tokenizer.eos_token_id, device=device)
+                                       eos_id=end_token_ids(model, tokenizer), device=device)
             for prompt, group in zip(prompts[start:start + per_call], groups):
                 texts.append([tokenizer.decode(c.tokens, skip_special_tokens=True) for c in group])
                 table.append([reward(prompt, t) for t in texts[-1]])
@@ -101,8 +104,11 @@ def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[fl
     owners = [p for p, row in zip(prompts, texts) for _ in row]
     queries = [Prompt(id=p.id, text=mgrpo.layer2_query(p.text, t, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng)))
                for p, row in zip(prompts, texts) for t in row]
+    from streamrl.prompting import PromptEncoder
+
     _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
-                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1)
+                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1,
+                             encode=PromptEncoder.from_config(cfg, tokenizer))
     t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
     t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
     return {f"eval/{k}": v for k, v in mgrpo.accuracy(t1, t2).items()}
@@ -121,6 +127,9 @@ class Evaluator:
         if model is None:
             model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
         self.model, self.tokenizer = model.eval(), tokenizer
+        from streamrl.prompting import PromptEncoder
+
+        self.encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
         self.prompts = reward.task.eval_set(cfg.eval.prompts, cfg.eval.seed)
 
     @torch.no_grad()
@@ -137,7 +146,8 @@ class Evaluator:
         e = self.cfg.eval
         table, texts = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
                                      temperature=e.temperature,
-                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed)
+                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
+                                     encode=self.encode)
         out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks)
         out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
         if self.cfg.mgrpo.enabled:

@@ -1,4 +1,4 @@
-"""Learning-signal statistics of a batch (DESIGN.md, "Learning-signal metrics").
+"""Learning-signal statistics of a batch (docs/architecture.md, "Metric definitions").
 
 Inputs are per sample: rewards R (N,), advantages A (N,), the loss contribution of each sample
 (N,) and, per group, rewards (num_groups, G). All outputs are plain floats for metrics.jsonl.
@@ -7,6 +7,7 @@ Inputs are per sample: rewards R (N,), advantages A (N,), the loss contribution 
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterable
 
 import torch
 
@@ -64,18 +65,81 @@ def census(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float
     }
 
 
-def weight_stats(params) -> dict[str, float]:
-    """L1 and L2 norms, min, max, mean and median over every element of `params` (tensors of any shape).
+# Elements read at once: memory for the statistics stays at one chunk however large the model.
+_CHUNK = 1 << 22
 
-    One float64 copy of all parameters is made (the median needs it): on a large model call this
-    every few steps, as `learner.weight_stats_every` does.
+
+def weight_stats(params: Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]],
+                 reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+                 chunk: int = _CHUNK) -> dict[str, float]:
+    """L1 and L2 norms, min, max, mean and (lower) median over every element of `params`.
+
+    params: tensors of any float dtype up to float32, or a function returning them afresh (read
+    twice). Both passes go a chunk at a time, so no copy of all parameters is ever made. The median
+    is a radix select on float32 bit patterns: the first pass counts elements by the high 16 bits
+    of an order-preserving key, the second by the low 16 bits within the bucket holding the middle
+    rank, which pins its value exactly. reduce(t, op) combines each pass's aggregates across
+    processes that each hold a shard of the parameters (op: "sum", "min" or "max"); every process
+    must then call weight_stats together.
     """
-    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
+    source = params if callable(params) else (lambda: params)
+    combine = reduce or (lambda t, op: t)
+
+    def chunks():
+        for p in source():
+            flat = p.detach().reshape(-1)
+            for a in range(0, flat.numel(), chunk):
+                yield flat[a:a + chunk].float()
+
+    device = next(iter(source()), torch.empty(0)).device
+    f64 = {"dtype": torch.float64, "device": device}
+    sums = torch.zeros(4, **f64)  # n, L1, L2², sum
+    lo, hi = torch.tensor(math.inf, **f64), torch.tensor(-math.inf, **f64)
+    high = torch.zeros(1 << 16, dtype=torch.int64, device=device)
+    for x in chunks():
+        if not x.numel():
+            continue
+        sums += torch.stack([torch.tensor(float(x.numel()), **f64), x.abs().sum(dtype=torch.float64),
+                             x.double().square().sum(), x.sum(dtype=torch.float64)])
+        lo, hi = torch.minimum(lo, x.min().double()), torch.maximum(hi, x.max().double())
+        high += torch.bincount((_order_key(x) >> 16) + (1 << 15), minlength=1 << 16)
+    sums, lo, hi, high = combine(sums, "sum"), combine(lo, "min"), combine(hi, "max"), combine(high, "sum")
+    n = int(sums[0])
+    if n == 0:
+        raise ValueError("weight_stats: no parameters")
+    k = (n - 1) // 2  # the lower median's rank, as torch.median
+    bucket, k = _select(high, k)
+    bucket -= 1 << 15  # the key's (signed) high 16 bits
+    low = torch.zeros(1 << 16, dtype=torch.int64, device=device)
+    for x in chunks():
+        key = _order_key(x)
+        low += torch.bincount(key[(key >> 16) == bucket] & 0xFFFF, minlength=1 << 16)
+    offset, _ = _select(combine(low, "sum"), k)
     return {
-        "weights_l1": float(flat.abs().sum()),
-        "weights_l2": float(flat.norm()),
-        "weights_min": float(flat.min()),
-        "weights_max": float(flat.max()),
-        "weights_mean": float(flat.mean()),
-        "weights_median": float(flat.median()),
+        "weights_l1": float(sums[1]),
+        "weights_l2": float(sums[2].sqrt()),
+        "weights_min": float(lo),
+        "weights_max": float(hi),
+        "weights_mean": float(sums[3] / n),
+        "weights_median": _from_order_key(bucket * (1 << 16) + offset),
     }
+
+
+def _order_key(x: torch.Tensor) -> torch.Tensor:
+    """float32 (n,) → int32 keys that sort as the floats do: a negative float's magnitude bits are
+    flipped, so a larger magnitude makes a smaller key. Buckets: (key >> 16) + 2^15 in [0, 2^16)."""
+    bits = x.view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _from_order_key(key: int) -> float:
+    """The float32 whose _order_key is `key` (an int in [-2^31, 2^31))."""
+    bits = key ^ 0x7FFFFFFF if key < 0 else key
+    return float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
+
+
+def _select(counts: torch.Tensor, k: int) -> tuple[int, int]:
+    """The bucket holding the k-th smallest element (0-based) given per-bucket counts, and k's rank within it."""
+    below = counts.cumsum(0)
+    b = int(torch.searchsorted(below, torch.tensor(k, dtype=torch.int64, device=counts.device), right=True))
+    return b, k - (int(below[b - 1]) if b else 0)

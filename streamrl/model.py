@@ -3,10 +3,17 @@
 With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config and
 a word-level tokenizer made offline from the task's vocabulary, so nothing is downloaded.
 Actors replace the random weights with the learner's before they generate anything.
+
+`model.path` is a local Hugging Face folder, or a hub id (`Qwen/Qwen3-8B`) where the machine may
+download; `path_problem` says in one line why a path cannot work, before any process starts.
+`end_token_ids` lists every token that ends a completion (a release's generation_config may name
+several: Qwen3 stops at `<|im_end|>` and `<|endoftext|>`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
@@ -33,9 +40,12 @@ def build(cfg, task_words: list[str] | None = None):
 
     dtype = getattr(torch, cfg.model.dtype)
     if cfg.model.path:
-        path = Path(cfg.model.path)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        path = cfg.model.path
+        # A folder is read as it is; a hub id may download, unless HF_HUB_OFFLINE says otherwise.
+        local = Path(path).expanduser().is_dir()
+        source = str(Path(path).expanduser()) if local else path
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype)
     else:
         if task_words is None:
             from streamrl import tasks
@@ -70,3 +80,70 @@ def build(cfg, task_words: list[str] | None = None):
 
 def vocab_size(model) -> int:
     return int(model.get_input_embeddings().weight.shape[0])
+
+
+def end_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS, then each one the model's
+    generation config lists (`eos_token_id` may be an int or a list there), without repeats."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    more = getattr(gen, "eos_token_id", None) if gen is not None else None
+    for i in ([more] if isinstance(more, int) else list(more or [])):
+        if int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("the model names no end token (tokenizer.eos_token_id and generation_config.eos_token_id "
+                         "are both unset); generation could never stop before its cap")
+    return ids
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def offline() -> bool:
+    """True when Hugging Face downloads are switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def path_problem(path: str | None, ask_hub: bool = True) -> str | None:
+    """Why `model.path` cannot be loaded, in one line (None: it can). A folder must hold config.json;
+    a name that is no folder here must be a hub id that is cached, or downloadable (ask_hub: the hub
+    is asked whether it exists, so a typo fails now rather than when the processes load it)."""
+    if path is None:
+        return None
+    where = Path(path).expanduser()
+    if where.is_dir():
+        if not (where / "config.json").is_file():
+            return (f"model.path={path!r}: the folder has no config.json; a Hugging Face model folder holds "
+                    "config.json, the weights (*.safetensors) and the tokenizer files")
+        return None
+    if where.exists():
+        return f"model.path={path!r}: is a file; give the model's folder (with config.json) or a hub id"
+    if not _HUB_ID.fullmatch(path):
+        return f"model.path={path!r}: no such folder (give a local Hugging Face model folder, or a hub id like Qwen/Qwen3-8B)"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return None  # in the local Hugging Face cache
+    except Exception:  # a malformed id: reported below like any other missing model
+        pass
+    here = f"no such folder (relative to {Path.cwd()})" if not where.is_absolute() else "no such folder"
+    hint = "e.g. huggingface-cli download Qwen/Qwen3-8B --local-dir models/Qwen3-8B, then model.path=models/Qwen3-8B"
+    if offline():
+        return (f"model.path={path!r}: {here}, and as a hub id it is not in the local cache while downloads are off "
+                f"(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); give the folder of a downloaded model ({hint})")
+    if not ask_hub:
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(path, timeout=10)
+    except Exception as e:  # not found, gated, or no network: all mean the run would fail later
+        reason = type(e).__name__
+        return (f"model.path={path!r}: {here}, and the Hugging Face hub did not provide it ({reason}); "
+                f"give the folder of a downloaded model ({hint})")
+    return None

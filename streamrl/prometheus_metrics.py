@@ -1,4 +1,4 @@
-"""The Prometheus metrics of learner and actors: names, labels, buckets (DESIGN.md, "Learning-signal metrics").
+"""The Prometheus metrics of learner and actors: names, labels, buckets (docs/architecture.md, "Metric definitions").
 
 Dashboards and alert rules in monitoring/ query these names; metrics.jsonl carries the same
 per-step values under the names without the `streamrl_` prefix. Every series has a `run` label;
@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
+from streamrl import staleness
 from streamrl.exporter import WeightedHistogram
 from streamrl.wire import ScoredGroup
 
@@ -81,7 +82,8 @@ STEP_GAUGES = (
      "corpo_phase_fraction"),
     ("streamrl_reward_mean", "Mean reward of the last batch", "reward_mean"),
     ("streamrl_success_rate", "Share of the last batch's samples with R >= R_min_correct", "success_rate"),
-    ("streamrl_policy_version", "Learner policy version (one per optimizer step)", "policy_version"),
+    # The name predates `learner_version` in metrics.jsonl; dashboards and alerts query it, so it stays.
+    ("streamrl_policy_version", "Learner policy version (one per optimizer step)", "learner_version"),
     ("streamrl_loss", "Policy loss of the last step", "loss"),
     ("streamrl_learning_rate", "Learning rate of the last step", "lr"),
     ("streamrl_grad_norm", "Gradient norm of the last step (before clipping)", "grad_norm"),
@@ -208,8 +210,7 @@ class LearnerMetrics:
                 ("streamrl_last_step_timestamp_seconds",
                  "Unix time of the last optimizer step (start time before the first)", last_step)):
             g = GaugeMetricFamily(name, doc, labels=names)
-            if value:
-                g.add_metric(values, value)
+            g.add_metric(values, value)  # a bound of 0 (strict) is a value, not an absence
             yield g
         for name, doc, label, keys in STEP_COUNTERS:
             c = CounterMetricFamily(name, doc, labels=names + ([label] if label else []))
@@ -229,7 +230,7 @@ class LearnerMetrics:
             yield from h.collect()
 
 
-def histogram_arrays(version: int, rewards, policy_versions, completion_mask, ratio) -> dict[str, np.ndarray]:
+def histogram_arrays(learner_version: int, rewards, policy_versions, completion_mask, ratio) -> dict[str, np.ndarray]:
     """Per-sample reward, lag and completion tokens (B,) and per-token importance ratio (T,).
 
     rewards: (num_groups, G); policy_versions: (num_groups,); completion_mask, ratio: (B, L-1),
@@ -238,7 +239,7 @@ def histogram_arrays(version: int, rewards, policy_versions, completion_mask, ra
     G = rewards.shape[1]
     mask = completion_mask.detach().cpu().numpy() > 0
     return {"reward": rewards.detach().float().cpu().numpy().ravel(),
-            "lag": np.repeat(version - policy_versions.cpu().numpy(), G),
+            "lag": np.repeat(staleness.lag(learner_version, policy_versions.cpu().numpy()), G),
             "tokens": mask.sum(-1),
             "is_ratio": ratio.detach().float().cpu().numpy()[mask]}
 

@@ -3,7 +3,8 @@
 lag = learner_version_when_consumed - group.policy_version. A group with lag > max_staleness is
 dropped (and counted); a group from a version the learner has not made yet is invalid. Strict
 on-policy mode is max_staleness = 0, and the learner additionally fails loudly if a consumed group
-ever has lag != 0.
+ever has lag != 0. An actor keeps to the rule from its side with a `Throttle`: it makes no more
+groups than the learner can still take within the bound.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Literal
 Verdict = Literal["ok", "stale", "future"]
 
 
-def lag(learner_version: int, policy_version: int) -> int:
+def lag(learner_version, policy_version):
+    """The one definition of lag; ints, or elementwise on tensors and arrays of policy versions."""
     return learner_version - policy_version
 
 
@@ -46,3 +48,65 @@ def generation_budget(known_version: int, start_version: int, produced: int, sha
     """
     allowed = (known_version - start_version + 1 + max_staleness) * share
     return max(0, allowed - produced)
+
+
+SHARE_RELAX_VERSIONS = 50
+"""Versions without a demand before a raised share returns to the planned one."""
+UNLIMITED = 1 << 30
+"""The budget of an actor that does not throttle (actors.throttle false): the learner drops what is too stale."""
+
+
+class Throttle:
+    """One actor's side of the staleness rule: its share of each batch, and how many groups it may
+    still make before it must wait for newer weights (`generation_budget`), kept as the events
+    that change them arrive.
+
+    The share starts as the planned one (`planned_share`). A learner short of groups at a version
+    (a Demand: fewer actors than planned) raises it; after `relax_after` versions without one it
+    returns to the planned share (the missing actors are back, or others took over). The budget
+    counts from `start_version`: the first weights, a restarted learner's first weights, or the
+    last change of share (a new share must not apply to versions already past).
+    """
+
+    def __init__(self, batch_groups: int, num_actors: int, index: int, max_staleness: int, enabled: bool = True,
+                 relax_after: int = SHARE_RELAX_VERSIONS):
+        self.batch_groups, self.max_staleness, self.enabled, self.relax_after = (
+            batch_groups, max_staleness, enabled, relax_after)
+        # The batch split exactly (16 over 3 actors is 6, 5, 5; rounding every share up would make
+        # surplus groups that go stale).
+        self.share = self.base_share = planned_share(batch_groups, num_actors, index)
+        self.version = self.start_version = self.produced = self.last_demand = 0
+        self.total = 0
+        """Groups made in this actor's life (`produced` counts from `start_version` only)."""
+        self.life: int | None = None
+        """The learner life (its restarts so far) the budget counts in; None before any weights."""
+
+    def weights(self, version: int, life: int = 0) -> None:
+        """The actor holds weights of `version` from the learner's `life` (restarts so far). A new
+        life (a resumed learner, at a version of its own) starts the budget again."""
+        if life != self.life:
+            self.life, self.start_version, self.produced = life, version, 0
+        self.version = version
+
+    def demand(self, groups_missing: int) -> None:
+        """The learner lacks `groups_missing` groups at the current version: take them on, from now."""
+        self.share = min(self.batch_groups, self.share + groups_missing)
+        self.start_version, self.produced, self.last_demand = self.version, 0, self.version
+
+    def relax(self) -> bool:
+        """Back to the planned share after `relax_after` versions without a demand; True if it changed."""
+        if self.share > self.base_share and self.version - self.last_demand >= self.relax_after:
+            self.share, self.start_version, self.produced = self.base_share, self.version, 0
+            return True
+        return False
+
+    def made(self, groups: int) -> None:
+        """`groups` more groups made (and handed to the sender) at the current weights."""
+        self.produced += groups
+        self.total += groups
+
+    def budget(self) -> int:
+        """Groups the actor may still make now; 0: wait for newer weights."""
+        if not self.enabled:
+            return UNLIMITED
+        return generation_budget(self.version, self.start_version, self.produced, self.share, self.max_staleness)

@@ -26,7 +26,7 @@ import zmq
 
 from streamrl import wire
 from streamrl.security import Curve
-from streamrl.snapshot import SnapshotPool
+from streamrl import chunks
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,11 @@ class GroupSender:
         return self.send_batch([group], timeout_s)
 
     def send_batch(self, groups: list[wire.ScoredGroup], timeout_s: float) -> bool:
-        """Send `groups` as one message (a single group as a plain scored_group); False, with no seq
-        used up, if the learner applied backpressure for `timeout_s`."""
+        """Send `groups` as one message; False, with no seq used up, if the learner applied backpressure
+        for `timeout_s`."""
         for i, group in enumerate(groups):
             group.session, group.seq = self.session, self.sent + i
-        frames = wire.encode_group(groups[0]) if len(groups) == 1 else wire.encode_groups(groups)
+        frames = wire.encode_groups(groups)
         # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
         copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
         try:
@@ -169,7 +169,7 @@ class SessionCount:
 class GroupReceiver:
     """Learner side of the group channel (PULL, binds). Validates every message.
 
-    A batch message is decoded whole and its groups handed out one by one from `pending`;
+    A message (one or more groups) is decoded whole and its groups handed out one by one from `pending`;
     groups count as received when handed out, so the accounting is the same as for one group
     per message, and the next message (an actor's report, say) is read only after them.
     """
@@ -201,14 +201,10 @@ class GroupReceiver:
                 if isinstance(header, wire.ActorReport):
                     self._session(header.actor_id, header.session).report = header
                     continue
-                if isinstance(header, wire.GroupBatchHeader):
-                    self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
-                    continue
-                group = wire.decode_group(frames, header, vocab_size=self.vocab_size)
+                self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:
                 self.rejected(e)
                 return None
-            return self._count(group)
 
     def _count(self, group: wire.ScoredGroup) -> wire.ScoredGroup:
         self.received += 1
@@ -232,85 +228,116 @@ class GroupReceiver:
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests.
 
-    `publish(..., wait=False)` copies and sends on a background thread so the learner goes on with
-    its next forward/backward meanwhile; `settle()` must come before anything changes the
-    parameters (the optimizer step, loading a checkpoint). Threads: the sending thread owns the PUB
-    socket while a job runs (every other use of PUB waits for it, see `flush`); the ROUTER is only
-    used by the caller's thread and only ever sends a completed snapshot (`latest`).
+    A version travels as chunks under the message cap (streamrl.chunks), copied from the live
+    parameters into a small pool of reused buffers as they are sent, so a publish holds the pool,
+    not a copy of the model. `publish(..., wait=False)` copies and sends on a background thread so
+    the learner goes on with its next forward/backward meanwhile; `settle()` must come before
+    anything changes the parameters (the optimizer step, loading a checkpoint): it waits for the
+    copy of the last chunk. Until then the parameters still are the published version, and a
+    request is answered by sending it again from them; after it, requests wait for the next publish.
+
+    An answer to a request is a re-broadcast on the PUB socket (the one thread that sends weights
+    owns it; ZeroMQ sockets are not thread-safe, and the ROUTER belongs to the caller's thread):
+    subscribers that hold the version skip its chunks without copying them, and requests that come
+    while a version is on the way share one re-broadcast after it.
     """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, max_bytes: int,
-                 curve: Curve | None = None):
+                 curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
+                 pool_chunks: int | None = None, stall_s: float = 10.0):
+        """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4)."""
+        self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
+        pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self.pub = _socket(ctx, zmq.PUB, curve=curve)
-        self.pub.setsockopt(zmq.SNDHWM, 2)  # a slow subscriber misses versions and asks the ROUTER
+        # Sends wait for pool buffers, so at most pool_chunks chunks are ever queued: a live subscriber
+        # never loses one to the high-water mark; a dead one fills its queue and then misses versions.
+        self.pub.setsockopt(zmq.SNDHWM, pool_chunks + 4)
         _bind(self.pub, pub_addr, "weight broadcast")
         self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024, curve=curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
-        self.latest: tuple[list, object] | None = None
-        """(frames, snapshot) of the newest version whose copy is complete: the reply to a request."""
-        self.snapshots = SnapshotPool()
-        self._infos: tuple = (None, [])  # (the snapshot layout, its TensorInfos), made once per layout
+        self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks, stall_s)
+        self._layout: chunks.Layout | None = None
+        self._live: tuple[int, dict] | None = None
+        """(version, state) while `state` still holds that version (from publish to settle): requests are
+        answered from it."""
+        self._asked = 0  # requests waiting for a re-broadcast
         self.version = -1
         self.rejected = RejectCounter("weights request server")
         self.bytes_sent = 0
         self.requests_served = 0
+        self.rebroadcasts = 0
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
         self.settle_s = 0.0
         """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
         self.copy_s = 0.0
-        """Seconds the copies into snapshots took (on the publishing thread when wait=False)."""
+        """Seconds the copies into chunk buffers took (on the publishing thread when wait=False)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
-        self._copied: threading.Event | None = None  # set when the pending job's copy is done
+        self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
         self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
+
+    @property
+    def latest(self) -> tuple[int, dict] | None:
+        """(version, state) a request would be answered from now, or None (the parameters moved on)."""
+        return self._live
 
     def publish(self, version: int, state: dict, broadcast: bool = True, wait: bool = True) -> int:
         """Broadcast `state` as `version`; returns the bytes of one copy.
 
-        `state` is copied into a reused snapshot and sent from there as one flat frame without
-        another copy, so no actor sees a torn version. wait=True: the copy is done when this
-        returns, so the caller may update its tensors at once. wait=False: the copy and the send
-        run on a background thread and this returns at once; the caller must call `settle()` before
-        it changes any tensor of `state`. broadcast=False only keeps it as the answer to requests
-        (the collective sync carries it).
+        wait=True: the copy is done when this returns, so the caller may update its tensors at once.
+        wait=False: the copy and the send run on a background thread and this returns at once; the
+        caller must call `settle()` before it changes any tensor of `state`. broadcast=False only keeps
+        it as the answer to requests (the collective sync carries it).
         """
-        self.settle()  # one job at a time: the previous version's copy is complete before this one starts
-        layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in state.items())
-        if layout != self._infos[0]:
-            self._infos = (layout, [wire.TensorInfo.of(*entry) for entry in layout])
-        infos = self._infos[1]
+        self._wait_copied()  # one job at a time: the previous version's copy is complete before this one starts
+        layout = self._layout
+        if layout is None or layout.key != tuple((n, t.dtype, tuple(t.shape)) for n, t in state.items()):
+            layout = self._layout = chunks.Layout(state)
+        self._live = (version, state)
+        self.version = version
+        if broadcast or self._asked:
+            self._start(version, state)
+        if wait:
+            self._wait_copied()
+        return layout.total
+
+    def _start(self, version: int, state: dict) -> None:
         copied = threading.Event()
         self._copied = copied
-        self._job = self._pool.submit(self._copy_and_send, version, state, infos, broadcast, copied)
-        self.version = version
-        if wait:
-            self.settle()
-        # the snapshot's size, known before it exists: tensors 64-byte aligned as SnapshotPool lays them out
-        nbytes = sum(-(-t.numel() * t.element_size() // 64) * 64 for t in state.values())
-        self.bytes_sent += nbytes
-        return nbytes
+        self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
+        self.requests_served += self._asked
+        self._asked = 0
+        self.bytes_sent += self._layout.total
 
-    def _copy_and_send(self, version: int, state: dict, infos: list, broadcast: bool,
-                       copied: threading.Event) -> None:
+    def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
+        """On the publishing thread: each chunk copied into a pool buffer, then sent zero-copy from it."""
         try:
-            t0 = time.perf_counter()
-            snap = self.snapshots.fill(state)
-            self.copy_s += time.perf_counter() - t0
-            frames = [wire.encode_weights_header(version, infos, self.session, snap.offsets), snap.frame]
-            self.latest = (frames, snap)  # one assignment: the request server sees the old pair or the new
+            tensors = list(state.values())
+            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
+            for h in heads:
+                start = h.index * self.chunk_bytes
+                i, buf = self.pool.take(min(self.chunk_bytes, layout.total - start))
+                t0 = time.perf_counter()
+                chunks.copy_chunk(layout, tensors, start, buf)
+                self.copy_s += time.perf_counter() - t0
+                if h.index == len(heads) - 1:
+                    copied.set()  # the parameters may change now: the rest is in the pool
+                self.pub.send(wire.encode_chunk_header(h), zmq.SNDMORE)
+                frame = buf.numpy()
+                if frame.nbytes < _ZERO_COPY_MIN:  # a tracked frame costs ~25 µs; a small copy far less
+                    self.pub.send(frame)
+                else:
+                    self.pool.track(i, self.pub.send(frame, copy=False, track=True))
         except BaseException as e:
             self._error = e  # raised by the caller's next settle
             raise
         finally:
             copied.set()
-        if broadcast:
-            self._send(self.pub, frames, snap)
 
-    def settle(self) -> None:
-        """Block until the pending publish has copied `state` (call before changing the parameters)."""
+    def _wait_copied(self) -> None:
         copied = self._copied
         if copied is None:
             return
@@ -323,32 +350,27 @@ class WeightPublisher:
             err, self._error, self._job = self._error, None, None
             raise err
 
+    def settle(self) -> None:
+        """Block until the pending publish has copied `state`; from here on the caller may change the
+        parameters (call it before the optimizer step), and requests wait for the next publish."""
+        self._wait_copied()
+        self._live = None
+
     def flush(self) -> None:
         """Wait for the pending copy and its send (before the caller's thread uses the PUB socket)."""
-        self.settle()
+        self._wait_copied()
         job, self._job = self._job, None
         if job is not None:
             job.result()
 
-    def _send(self, sock: zmq.Socket, frames: list, snap) -> None:
-        """Send from `snap`: large frames zero-copy and tracked (the snapshot is refilled only once
-        all are sent), small ones copied (a tracked frame costs ~25 µs; a small copy far less)."""
-        last = len(frames) - 1
-        for i, f in enumerate(frames):
-            more = zmq.SNDMORE if i < last else 0
-            if memoryview(f).nbytes < _ZERO_COPY_MIN:
-                sock.send(f, more)
-            else:
-                snap.track(sock.send(f, more, copy=False, track=True))
-
     def serve_requests(self) -> int:
-        """Answer every waiting WeightsRequest with the newest weights; returns how many."""
-        served = 0
+        """Take every waiting WeightsRequest; returns how many were answered now (a re-broadcast of the
+        newest version started; see the class docstring for when it waits)."""
         while True:
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return served
+                break
             identity, body = frames[0], frames[1:]
             try:
                 msg = wire.decode_header(body)
@@ -362,17 +384,16 @@ class WeightPublisher:
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
             else:
-                # A copy under way is the version the actor needs (a joiner, or one that missed the
-                # broadcast): wait for it (well under the step it overlaps) rather than send an older one
-                # and leave the actor to ask again a second later.
-                self.settle()
-                if self.latest is None:
-                    continue
-                frames, snap = self.latest
-                self.router.send(identity, zmq.SNDMORE)
-                self._send(self.router, frames, snap)
-                served += 1
-                self.requests_served += 1
+                self._asked += 1
+        busy = self._job is not None and not self._job.done()
+        if not self._asked or busy or self._live is None or self.closing is not None:
+            return 0
+        served = self._asked
+        self._wait_copied()  # surfaces a failed previous job
+        self._job = None
+        self.rebroadcasts += 1
+        self._start(*self._live)
+        return served
 
     def announce(self, msg: wire.WeightsCollective) -> None:
         """Tell subscribers a version follows over the collective group (they join the broadcast)."""
@@ -411,12 +432,16 @@ class WeightSubscriber:
     """Actor side of the weight channel: SUB for broadcasts, DEALER to ask for the newest weights.
 
     `poll` returns the newest version waiting (older ones are skipped), so an actor that fell
-    behind jumps straight to the current policy.
+    behind jumps straight to the current policy. A version comes as chunks (streamrl.chunks) and is
+    returned only once all of them have arrived and agree; a version whose chunks stop coming (a
+    newer one starts, a chunk was lost) is dropped and counted (`chunk_lost`), and chunks of a
+    version already held are skipped without a copy.
     """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, router_addr: str, actor_id: str, max_bytes: int,
                  curve: Curve | None = None,
-                 collective: Callable[[wire.WeightsCollective], dict | None] | None = None):
+                 collective: Callable[[wire.WeightsCollective], dict | None] | None = None,
+                 max_version_bytes: int = 1 << 40):
         self.collective = collective
         """Takes an announced collective sync and returns its tensors, or None (then ask the ROUTER)."""
         self.sub = _socket(ctx, zmq.SUB, max_bytes, curve)
@@ -430,13 +455,24 @@ class WeightSubscriber:
         self.demand: wire.Demand | None = None
         self.learner: str | None = None  # the learner life whose weights we hold
         self.learner_restarts = 0
+        self.max_version_bytes = max_version_bytes
+        """The largest version (bytes) this subscriber allocates room for."""
         self._newest: tuple[int, dict] | None = None
+        self._held = -1  # newest version taken in from the current learner life (its chunks are skipped)
+        self._assembly: chunks.Assembly | None = None
+        self.last_chunk = 0.0
+        """time.monotonic() of the last chunk taken in: a version is on its way, no need to ask again."""
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.dealer, zmq.POLLIN)
 
     def request(self, have_version: int) -> None:
-        self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id, have_version=have_version)))
+        """Ask for the newest weights; dropped if no learner connection can take it now (it is asked again)."""
+        try:
+            self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id,
+                                                                      have_version=have_version)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def watch(self, timeout_ms: int = 0) -> None:
         """Take in whatever arrived within `timeout_ms`: notices, and the newest weights (kept for `poll`)."""
@@ -488,6 +524,8 @@ class WeightSubscriber:
             if self.shutdown is not None or stop() or self._demanded(min_version - 1):
                 return None
             now = time.monotonic()
+            if self.last_chunk > now - ask_every_s:  # a version is arriving: asking again would resend it
+                next_ask = max(next_ask, self.last_chunk + ask_every_s)
             if now > deadline:
                 raise TimeoutError(
                     f"actor {self.actor_id}: no weights with version >= {min_version} from the learner "
@@ -527,8 +565,12 @@ class WeightSubscriber:
                     self.request(header.version - 1)
                     return None
                 got = (header.version, tensors)
+            elif isinstance(header, wire.WeightsChunk):
+                got = self._chunk(frames, header)
+                if got is None:
+                    return None
             else:
-                got = wire.decode_weights(frames, header)
+                raise wire.WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
         except wire.WireError as e:
             self.rejected(e)
             return None
@@ -539,7 +581,31 @@ class WeightSubscriber:
                 self.learner_restarts += 1
                 self._newest = None  # versions of the old learner life are not comparable
             self.learner = header.learner
+            self._held = -1
+        self._held = max(self._held, got[0])
         return got
+
+    def _chunk(self, frames, header: wire.WeightsChunk) -> tuple[int, dict] | None:
+        """Take one chunk; the version's (version, tensors) once its last chunk is in, else None."""
+        payload = wire.chunk_payload(frames, header)
+        if header.learner == self.learner and header.version <= self._held:
+            return None  # a version we have (re-sent for another subscriber that asked)
+        self.last_chunk = time.monotonic()
+        a = self._assembly
+        if a is None or (a.learner, a.version) != (header.learner, header.version):
+            if a is not None and a.learner == header.learner and header.version < a.version:
+                return None  # an older version re-sent while a newer one is under way
+            self._assembly = None
+            if a is not None:  # a newer version (or learner life) started: the old one's chunks are gone
+                self.rejected(wire.WireError(
+                    "chunk_lost", f"weights version {a.version}: {a.missing} of {a.count} chunks never came "
+                    f"(version {header.version} began); the version is dropped"))
+            a = self._assembly = chunks.Assembly(header, self.max_version_bytes)
+        a.add(header, payload, frames[1])
+        if not a.complete:
+            return None
+        self._assembly = None
+        return a.version, a.tensors()
 
     def close(self) -> None:
         self.sub.close(linger=0)

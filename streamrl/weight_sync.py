@@ -15,13 +15,26 @@ waits a while for it (below the actors' weights timeout); from then on each vers
 channel (`wire.WeightsCollective`, carrying the plan) and broadcast. Any failure (a dead actor, a
 timeout, a torn bucket) sends that version over ZeroMQ instead and leaves the collective for
 good: a run slows down, it never hangs.
+
+Devices: NCCL takes CUDA tensors only and gloo CPU ones, so every tensor handed to a collective
+is made on `Group.device`, which `collective_device` derives from the group's backend; the gloo
+tests thereby run the code path NCCL runs. Error handling: under torchrun
+`TORCH_NCCL_ASYNC_ERROR_HANDLING` is 1 (TearDown) and torch's own default is 3 (SkipCleanUp); in
+both, NCCL's watchdog kills the process when a collective times out, which would turn a dead actor
+into a dead learner instead of a fallback to ZeroMQ. ProcessGroupNCCL reads that variable once, in
+its constructor (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp), so this group of its own is
+built with it set to 2 (CleanUpOnly: abort this group's communicators and raise in `wait`, leave
+the process alive) and the variable is put back at once: the learner's training group keeps its
+own setting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import math
+import os
 import threading
 import time
 from typing import Callable, Iterable, Iterator
@@ -79,6 +92,36 @@ def checksum(flat: torch.Tensor) -> float:
     return float((x * weights).sum())
 
 
+def collective_device(backend: str) -> torch.device:
+    """The device whose tensors `backend`'s collectives take: CUDA (the current device) for nccl, CPU for gloo."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
+    if backend == "gloo":
+        return torch.device("cpu")
+    raise ValueError(f"weight sync backend {backend!r}: expected 'nccl' or 'gloo'")
+
+
+# ProcessGroupNCCL's ErrorHandlingMode: 2 = CleanUpOnly (abort the communicators, raise, keep the process).
+NCCL_ERROR_HANDLING = "2"
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _nccl_error_handling(mode: str):
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=mode while a ProcessGroupNCCL is constructed (it reads it there), then
+    as it was."""
+    with _ENV_LOCK:
+        before = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = mode
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+            else:
+                os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = before
+
+
 class Group:
     """A process group of its own between learner rank 0 (rank 0 here) and the actors' workers,
     rendezvousing on a TCPStore at (host, port); separate from any group the learner trains in."""
@@ -97,19 +140,23 @@ class Group:
         except RuntimeError as e:  # the rendezvous itself timed out
             raise WeightSyncError(f"weight sync group {host}:{port}: rank {rank} of {world} could not meet the "
                                   f"others within {meet_s:.0f}s ({e})") from None
+        self.backend = backend
+        self.device = collective_device(backend)
         if backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            with _nccl_error_handling(NCCL_ERROR_HANDLING):
+                self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
         else:
             # Connecting the pairs is part of meeting (slow starters); every collective after that gets timeout_s.
             self.pg = dist.ProcessGroupGloo(self.store, rank, world, datetime.timedelta(seconds=meet_s))
             self.pg.set_timeout(timeout)
-            self.device = torch.device("cpu")
 
     def broadcast(self, t: torch.Tensor, what: str) -> None:
         """Broadcast from rank 0 in place; raises WeightSyncError when it does not finish in time."""
+        if t.device.type != self.device.type:  # NCCL would fail (or hang a peer) on a CPU tensor: say so here
+            raise ValueError(f"weight sync: {what} is a {t.device.type} tensor; the {self.backend} group takes "
+                             f"{self.device.type} tensors (make it on Group.device)")
         work = self.pg.broadcast(t, 0)
         try:
             done = work.wait(datetime.timedelta(seconds=self.timeout_s))

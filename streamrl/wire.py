@@ -2,8 +2,11 @@
 
 A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and bulk arrays
 follow as separate frames so they travel without copies (numpy/torch views on the received
-buffers). Small scored groups travel several to a message (GroupBatchHeader), so the fixed cost
-of a message and of checking its arrays is paid once per batch rather than once per group.
+buffers). Scored groups have one format, a batch (GroupBatchHeader; a single group is a batch of
+one and keeps its arrays zero-copy), so the fixed cost of a message and of checking its arrays is
+paid once per batch rather than once per group. Weights have one layout: a version is one flat
+byte buffer (every tensor at an aligned offset) that travels as chunks under the message cap
+(WeightsChunk; see streamrl.chunks for the two ends).
 
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
@@ -47,37 +50,21 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
 
 
-class GroupHeader(Struct, tag="scored_group", kw_only=True):
-    """Frame 0 of a scored group. Frames 1..3: prompt tokens, completion tokens, behaviour log-probs."""
+class GroupEntry(Struct, array_like=True, frozen=True):
+    """One group inside a GroupBatchHeader: its fields, the arrays aside."""
 
-    schema: int = SCHEMA_VERSION
     prompt_id: str
     policy_version: int
-    actor_id: str
     num_prompt_tokens: int
     samples: list[SampleInfo]
     created_at: float
-    sent_at: float = 0.0
-    session: str = ""
     seq: int = -1
     layer: int = 1
     """1: a prompt's group; 2: a multi-layer GRPO correction group (its prompt is the layer-2 query)."""
 
 
-class GroupEntry(Struct, array_like=True, frozen=True):
-    """One group inside a GroupBatchHeader: the per-group fields of GroupHeader."""
-
-    prompt_id: str
-    policy_version: int
-    num_prompt_tokens: int
-    samples: list[SampleInfo]
-    created_at: float
-    seq: int = -1
-    layer: int = 1
-
-
 class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
-    """Frame 0 of several scored groups of one actor session in one message.
+    """Frame 0 of one or more scored groups of one actor session in one message.
 
     Frames 1..3 hold the groups' prompt tokens, completion tokens and behaviour log-probs
     concatenated in `groups` order: group k's slices start where group k-1's end. No offsets
@@ -104,24 +91,32 @@ class TensorInfo(Struct, array_like=True, frozen=True):
         return cls(name=name, dtype=str(dtype).removeprefix("torch."), shape=list(shape))
 
 
-class WeightsHeader(Struct, tag="weights", kw_only=True):
-    """Frame 0 of a weight broadcast.
+class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
+    """Frame 0 of one chunk of a weight version; frame 1 holds its bytes.
 
-    Flat layout (`offsets` given, what the learner sends): ONE bulk frame follows, the learner's
-    snapshot buffer, and tensor i is its bytes [offsets[i], offsets[i] + numel × itemsize). One
-    frame per version costs one ZeroMQ send (~25 µs in pyzmq) instead of one per tensor.
-    Per-tensor layout (`offsets` None, still decoded): one raw frame per tensor, in `tensors` order.
+    A version is one flat buffer of `total` bytes, tensor i at byte `offsets[i]` (increasing,
+    non-overlapping, aligned to its dtype, at most 64 bytes of padding between tensors), cut into
+    `count = ceil(total / chunk_bytes)` chunks (one when total is 0): chunk `index` is bytes
+    [index × chunk_bytes, +chunk_bytes) of it, the last one shorter. Every chunk carries the whole
+    layout, so a receiver can start from any chunk, and checks it against the others of its version.
     """
 
     schema: int = SCHEMA_VERSION
     version: int
     tensors: list[TensorInfo]
+    offsets: list[int]
+    total: int
+    """Bytes of the version's flat buffer."""
+    chunk_bytes: int
+    """Bytes of every chunk but the last."""
+    index: int = 0
     sent_at: float = 0.0
     learner: str = ""
     """Which life of the learner sent it: a new value tells actors the learner restarted (resync)."""
-    offsets: list[int] | None = None
-    """Flat layout: each tensor's byte offset in the single bulk frame (parallel to `tensors`);
-    increasing, non-overlapping, each a multiple of its dtype's itemsize."""
+
+    @property
+    def count(self) -> int:
+        return max(1, -(-self.total // self.chunk_bytes))
 
 
 class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
@@ -179,8 +174,7 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     reason: str = "shutdown"
 
 
-Header = Union[GroupHeader, GroupBatchHeader, WeightsHeader, WeightsCollective, WeightsRequest, Shutdown, Demand,
-               ActorReport]
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -277,31 +271,10 @@ class ScoredGroup(Struct, kw_only=True):
         )
 
 
-def encode_group(group: ScoredGroup) -> list:
-    """Frames for `group`: [header, prompt tokens, completion tokens, log-probs] (arrays not copied)."""
-    header = GroupHeader(
-        prompt_id=group.prompt_id,
-        policy_version=group.policy_version,
-        actor_id=group.actor_id,
-        num_prompt_tokens=int(group.prompt_tokens.size),
-        samples=group.samples,
-        created_at=group.created_at,
-        sent_at=time.time(),
-        session=group.session,
-        seq=group.seq,
-        layer=group.layer,
-    )
-    return [
-        _encoder.encode(header),
-        np.ascontiguousarray(group.prompt_tokens, dtype=TOKEN_DTYPE),
-        np.ascontiguousarray(group.completion_tokens, dtype=TOKEN_DTYPE),
-        np.ascontiguousarray(group.behaviour_logprobs, dtype=LOGPROB_DTYPE),
-    ]
-
-
 def encode_groups(groups: Sequence[ScoredGroup]) -> list:
-    """Frames for several groups of one actor session: [GroupBatchHeader, prompt tokens, completion
-    tokens, log-probs], each bulk frame the groups' arrays concatenated (one copy, into fresh arrays)."""
+    """Frames for one or more groups of one actor session: [GroupBatchHeader, prompt tokens, completion
+    tokens, log-probs]. A single group's frames are its own arrays (no copy); several groups' arrays are
+    concatenated (one copy, into fresh arrays)."""
     first = groups[0]
     if any(g.actor_id != first.actor_id or g.session != first.session for g in groups):
         raise ValueError("a group batch carries the groups of one actor session")
@@ -312,12 +285,14 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
         groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
                            g.layer) for g in groups],
     )
-    return [
-        _encoder.encode(header),
-        np.concatenate([g.prompt_tokens for g in groups], dtype=TOKEN_DTYPE),
-        np.concatenate([g.completion_tokens for g in groups], dtype=TOKEN_DTYPE),
-        np.concatenate([g.behaviour_logprobs for g in groups], dtype=LOGPROB_DTYPE),
-    ]
+    if len(groups) == 1:
+        arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
+    else:
+        arrays = [np.concatenate([getattr(g, name) for g in groups], dtype=dtype) for name, dtype in _ARRAYS]
+    return [_encoder.encode(header), *arrays]
+
+
+_ARRAYS = (("prompt_tokens", TOKEN_DTYPE), ("completion_tokens", TOKEN_DTYPE), ("behaviour_logprobs", LOGPROB_DTYPE))
 
 
 def group_nbytes(group: ScoredGroup) -> int:
@@ -348,36 +323,10 @@ def decode_header(frames: Sequence) -> Header:
     return header
 
 
-def decode_group(frames: Sequence, header: GroupHeader | None = None, vocab_size: int | None = None) -> ScoredGroup:
-    """Rebuild and validate a ScoredGroup from its frames; arrays are views on the frames."""
-    if header is None:
-        header = decode_header(frames)
-    if not isinstance(header, GroupHeader):
-        raise WireError("unexpected_type", f"expected a scored_group, got {type(header).__name__}")
-    if len(frames) != 4:
-        raise WireError("frame_count", f"scored_group needs 4 frames, got {len(frames)}")
-    total = _check_groups([header])[-1]
-    prompt, tokens, logprobs = _check_arrays(frames, header.num_prompt_tokens, total, vocab_size)
-    return ScoredGroup(
-        prompt_id=header.prompt_id,
-        policy_version=header.policy_version,
-        actor_id=header.actor_id,
-        prompt_tokens=prompt,
-        completion_tokens=tokens,
-        behaviour_logprobs=logprobs,
-        samples=header.samples,
-        created_at=header.created_at,
-        sent_at=header.sent_at,
-        session=header.session,
-        seq=header.seq,
-        layer=header.layer,
-    )
-
-
 def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
                   vocab_size: int | None = None) -> list[ScoredGroup]:
-    """Rebuild and validate every group of a batch message, as strictly as `decode_group` does one;
-    arrays are views on the frames. One bad group rejects the whole message."""
+    """Rebuild and validate every group of a group message; arrays are views on the frames. One bad
+    group rejects the whole message."""
     if header is None:
         header = decode_header(frames)
     if not isinstance(header, GroupBatchHeader):
@@ -410,7 +359,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
     ]
 
 
-def _check_groups(groups: Sequence[GroupHeader | GroupEntry]) -> list[int]:
+def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
     """The header checks of every group at once (a few C-level passes instead of a Python loop per
     sample). Returns where each group's completion tokens start, then the total: (num_groups + 1,)."""
     def first(bad, what: str, reason: str):
@@ -482,77 +431,46 @@ def _check_arrays(frames: Sequence, num_prompt: int, num_tokens: int, vocab_size
     return prompt, tokens, logprobs
 
 
-def encode_weights(version: int, state: dict, learner: str = "") -> list:
-    """Frames for a state dict of torch tensors: [WeightsHeader, one raw frame per tensor]."""
-    import torch
-
-    infos, frames = [], []
-    for name, t in state.items():
-        t = t.detach().to("cpu").contiguous()
-        infos.append(TensorInfo.of(name, t.dtype, t.shape))
-        frames.append(t.reshape(-1).view(torch.uint8).numpy())
-    return [encode_weights_header(version, infos, learner), *frames]
+def encode_chunk_header(header: WeightsChunk) -> bytes:
+    return _encoder.encode(header)
 
 
-def encode_weights_header(version: int, tensors: list[TensorInfo], learner: str = "",
-                          offsets: list[int] | None = None) -> bytes:
-    """Frame 0 of a weight broadcast: with `offsets`, one flat frame follows holding every tensor at
-    its offset; without, the tensors' raw frames follow in `tensors` order."""
-    return _encoder.encode(WeightsHeader(version=version, tensors=tensors, sent_at=time.time(), learner=learner,
-                                         offsets=offsets))
-
-
-def encode_weights_flat(version: int, state: dict, learner: str = "") -> list:
-    """Frames for a state dict in the flat layout: [WeightsHeader, one buffer] (copies into the buffer;
-    the learner sends from its snapshot instead, see WeightPublisher)."""
-    from streamrl.snapshot import SnapshotPool
-
-    pool = SnapshotPool()
-    snap = pool.fill(state)
-    infos = [TensorInfo.of(*entry) for entry in pool.layout]
-    return [encode_weights_header(version, infos, learner, snap.offsets), snap.frame]
-
-
-def decode_weights(frames: Sequence, header: WeightsHeader | None = None) -> tuple[int, dict]:
-    """(version, {name: tensor}) from weight frames, flat or per-tensor layout; tensors share memory
-    with the frames."""
-    if header is None:
-        header = decode_header(frames)
-    if not isinstance(header, WeightsHeader):
-        raise WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
-    expected = 2 if header.offsets is not None else len(header.tensors) + 1
-    if len(frames) != expected:
-        raise WireError("frame_count", f"weights: {len(header.tensors)} tensors need {expected} frames, "
-                        f"got {len(frames)}")
+def chunk_payload(frames: Sequence, header: WeightsChunk) -> memoryview:
+    """The bytes of one weights chunk, checked against its header's own fields (index, sizes, version);
+    the layout is checked once per version (`layout`). Raises WireError."""
+    if len(frames) != 2:
+        raise WireError("frame_count", f"weights chunk needs 2 frames, got {len(frames)}")
     if header.version < 0:
         raise WireError("bad_version", f"weights version {header.version} < 0")
-    if header.offsets is not None:
-        return header.version, _decode_flat(frames, header)
-    out = {}
-    for info, frame in zip(header.tensors, frames[1:]):
-        dtype, numel = _tensor_type(info, out)
-        buf = _buffer(frame)
-        if len(buf) != numel * dtype.itemsize:
-            raise WireError("length_mismatch", f"tensor {info.name!r}: {len(buf)} bytes for shape {info.shape}")
-        out[info.name] = _view(buf, dtype, numel, 0).view(info.shape)
-    return header.version, out
+    if header.chunk_bytes < 1 or header.total < 0:
+        raise WireError("bad_chunk", f"weights version {header.version}: chunk_bytes {header.chunk_bytes}, "
+                        f"total {header.total} (need chunk_bytes ≥ 1, total ≥ 0)")
+    if not 0 <= header.index < header.count:
+        raise WireError("bad_chunk", f"weights version {header.version}: chunk {header.index} of {header.count}")
+    buf = _buffer(frames[1])
+    start = header.index * header.chunk_bytes
+    expected = min(header.chunk_bytes, header.total - start)
+    if len(buf) != expected:
+        raise WireError("length_mismatch", f"weights version {header.version} chunk {header.index}: {len(buf)} bytes, "
+                        f"its place in the {header.total}-byte version holds {expected}")
+    return buf
 
 
 # Padding the flat layout may put after a tensor (the learner aligns tensors to 64 bytes); more is rejected,
-# so a frame cannot carry bytes no tensor accounts for.
+# so a version cannot carry bytes no tensor accounts for.
 _MAX_PAD = 64
 
 
-def _decode_flat(frames: Sequence, header: WeightsHeader) -> dict:
-    """Tensors of a flat weights message: views at `header.offsets` of its one bulk frame."""
+def layout(header: WeightsChunk) -> list[tuple[str, object, int, int, list[int]]]:
+    """(name, torch dtype, numel, byte offset, shape) of every tensor of a version, checked against its
+    `total` bytes; raises WireError("bad_offset" | "length_mismatch" | "duplicate_tensor" | ...)."""
     offsets = header.offsets
     if len(offsets) != len(header.tensors):
         raise WireError("bad_offset", f"{len(offsets)} offsets for {len(header.tensors)} tensors")
-    buf = _buffer(frames[1])
-    out: dict = {}
-    end = 0
+    out, seen, end = [], set(), 0
     for info, offset in zip(header.tensors, offsets):
-        dtype, numel = _tensor_type(info, out)
+        dtype, numel = _tensor_type(info, seen)
+        seen.add(info.name)
         if offset < end:
             raise WireError("bad_offset", f"tensor {info.name!r} at byte {offset} overlaps the previous one "
                             f"(ends at {end}) or goes backwards")
@@ -563,12 +481,18 @@ def _decode_flat(frames: Sequence, header: WeightsHeader) -> dict:
             raise WireError("bad_offset", f"tensor {info.name!r} at byte {offset} is not aligned to its "
                             f"{dtype.itemsize}-byte dtype")
         end = offset + numel * dtype.itemsize
-        if end > len(buf):
-            raise WireError("bad_offset", f"tensor {info.name!r} ends at byte {end}, past the {len(buf)}-byte frame")
-        out[info.name] = _view(buf, dtype, numel, offset).view(info.shape)
-    if len(buf) - end > _MAX_PAD:
-        raise WireError("length_mismatch", f"flat weights frame is {len(buf)} bytes, its tensors end at {end}")
+        if end > header.total:
+            raise WireError("bad_offset", f"tensor {info.name!r} ends at byte {end}, past the {header.total}-byte "
+                            "version")
+        out.append((info.name, dtype, numel, offset, info.shape))
+    if header.total - end > _MAX_PAD:
+        raise WireError("length_mismatch", f"weights version is {header.total} bytes, its tensors end at {end}")
     return out
+
+
+def tensors(buf, entries: list) -> dict:
+    """{name: tensor} viewing `buf` (a version's whole flat buffer) at the offsets of `layout(...)`."""
+    return {name: _view(buf, dtype, numel, offset).view(shape) for name, dtype, numel, offset, shape in entries}
 
 
 def _tensor_type(info: TensorInfo, seen: dict):

@@ -40,3 +40,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def release_model(tmp_path_factory) -> str:
+    """A Qwen3-shaped model folder (streamrl.release_model), built once per test session, offline."""
+    from streamrl import release_model
+
+    return str(release_model.build(tmp_path_factory.mktemp("release-model") / "qwen3-shaped"))

@@ -23,12 +23,19 @@ def _group(rng: random.Random, **header_changes) -> list[bytes]:
         prompt_id=f"p{rng.randrange(1000)}", policy_version=0, actor_id="fuzz", prompt_tokens=[1, 2, 3],
         completions=[[4, 5], [6]], logprobs=[[-0.5, -1.0], [-2.0]], rewards=[1.0, 0.0],
         finish_reasons=["stop", "length"])
-    frames = [bytes(memoryview(f)) for f in wire.encode_group(g)]
-    if header_changes:
+    frames = [bytes(memoryview(f)) for f in wire.encode_groups([g])]
+    if header_changes:  # a single group is a batch of one: its fields are in the batch header or its entry
         header = msgspec.msgpack.decode(frames[0])
-        header.update(header_changes)
+        for name, value in header_changes.items():
+            if name in _ENTRY_FIELDS:
+                header["groups"][0][_ENTRY_FIELDS.index(name)] = value
+            else:
+                header[name] = value
         frames[0] = msgspec.msgpack.encode(header)
     return frames
+
+
+_ENTRY_FIELDS = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq", "layer"]
 
 
 def _arrays(frames: list[bytes], tokens=None, logprobs=None, prompt=None) -> list[bytes]:
@@ -55,10 +62,9 @@ def _batch(rng: random.Random, entry: int | None = None, **entry_changes) -> lis
     frames = [bytes(memoryview(f)) for f in wire.encode_groups(groups)]
     if entry_changes:
         header = msgspec.msgpack.decode(frames[0])
-        fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq"]
         k = rng.randrange(len(groups)) if entry is None else entry
         for name, value in entry_changes.items():
-            header["groups"][k][fields.index(name)] = value
+            header["groups"][k][_ENTRY_FIELDS.index(name)] = value
         frames[0] = msgspec.msgpack.encode(header)
     return frames
 
@@ -123,8 +129,7 @@ MAKERS = {
     "batch_wrong_entry_type": lambda r: _batch(r, created_at=r.choice(["now", None, [1.0]])),
     "batch_bad_logprob": lambda r: _poke(r, _batch(r), 3, r.choice([math.nan, math.inf, 0.5])),
     "batch_token_too_big": lambda r: _poke(r, _batch(r), r.choice([1, 2]), r.choice([10**6, -5])),
-    "weights_on_group_channel": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                                   "tensors": []})],
+    "weights_on_group_channel": lambda r: _chunk(r),
 }
 
 
@@ -143,41 +148,39 @@ def future_group(rng: random.Random, group_size: int) -> list[bytes]:
         prompt_id=f"p{rng.randrange(1000)}", policy_version=10**9, actor_id="fuzz", prompt_tokens=[1, 2],
         completions=[[3]] * group_size, logprobs=[[-1.0]] * group_size, rewards=[0.0] * group_size,
         finish_reasons=["stop"] * group_size)
-    return [bytes(memoryview(f)) for f in wire.encode_group(g)]
+    return [bytes(memoryview(f)) for f in wire.encode_groups([g])]
+
+
+def _chunk(rng: random.Random, payload: bytes | None = None, **changes) -> list[bytes]:
+    """A weights chunk (2 float32 tensors, 64 bytes, one chunk) with `changes` made to its header."""
+    header = {"type": "weights_chunk", "schema": 1, "version": 1, "tensors": [["a", "float32", [4]],
+              ["b", "float32", [4]]], "offsets": [0, 16], "total": 64, "chunk_bytes": 1 << 20, "index": 0}
+    header.update(changes)
+    return [msgspec.msgpack.encode(header), bytes(64) if payload is None else payload]
 
 
 WEIGHT_MAKERS = {
     "random_bytes": MAKERS["random_bytes"],
     "random_frames": MAKERS["random_frames"],
-    "wrong_schema": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 7, "version": 1, "tensors": []})],
-    "frame_count": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                      "tensors": [["w", "float32", [2]]]})],
-    "negative_version": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": -3,
-                                                           "tensors": []})],
-    "duplicate_tensor": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                           "tensors": [["w", "float32", [1]], ["w", "float32", [1]]]}),
-                                   b"\0" * 4, b"\0" * 4],
-    "bad_shape": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                    "tensors": [["w", "float32", [-1]]]}), b""],
-    "bad_dtype": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                    "tensors": [["w", "pickle", [1]]]}), b"\0" * 4],
-    "absurd_size": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                      "tensors": [["w", "float32", [10**9, 10**9]]]}), b"\0" * 4],
-    "length_mismatch": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                          "tensors": [["w", "float32", [3]]]}), b"\0" * 4],
+    "wrong_schema": lambda r: _chunk(r, schema=7),
+    "frame_count": lambda r: _chunk(r)[:1],
+    "extra_frames": lambda r: _chunk(r) + [b"x"],
+    "negative_version": lambda r: _chunk(r, version=-3),
+    "duplicate_tensor": lambda r: _chunk(r, tensors=[["w", "float32", [1]], ["w", "float32", [1]]], offsets=[0, 4],
+                                         total=8, payload=bytes(8)),
+    "bad_shape": lambda r: _chunk(r, tensors=[["w", "float32", [-1]]], offsets=[0], total=0, payload=b""),
+    "bad_dtype": lambda r: _chunk(r, tensors=[["w", "pickle", [1]]], offsets=[0], total=4, payload=bytes(4)),
+    "absurd_size": lambda r: _chunk(r, tensors=[["w", "float32", [10**9, 10**9]]], offsets=[0], total=4,
+                                    payload=bytes(4)),
+    "absurd_total": lambda r: _chunk(r, tensors=[["w", "float32", [2**60]]], offsets=[0], total=2**62,
+                                     chunk_bytes=64),
+    "length_mismatch": lambda r: _chunk(r, payload=bytes(r.choice([0, 60, 68]))),
     "group_on_weight_channel": lambda r: _group(r),
-    "flat_overlap": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                       "tensors": [["a", "float32", [4]], ["b", "float32", [4]]],
-                                                       "offsets": [0, r.choice([4, 8, 12])]}), b"\0" * 64],
-    "flat_past_end": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                        "tensors": [["a", "float32", [4]]],
-                                                        "offsets": [r.choice([4, 64, 2**40])]}), b"\0" * 16],
-    "flat_misaligned": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                          "tensors": [["a", "float32", [1]]], "offsets": [2]}),
-                                  b"\0" * 8],
-    "flat_frame_count": lambda r: [msgspec.msgpack.encode({"type": "weights", "schema": 1, "version": 1,
-                                                           "tensors": [["a", "float32", [1]]], "offsets": [0]}),
-                                   b"\0" * 4, b"\0" * 4],
+    "overlap": lambda r: _chunk(r, offsets=[0, r.choice([4, 8, 12])]),
+    "past_end": lambda r: _chunk(r, offsets=[r.choice([4, 64, 2**40]), 80]),
+    "misaligned": lambda r: _chunk(r, offsets=[2, 18]),
+    "bad_index": lambda r: _chunk(r, index=r.choice([-1, 1, 2**40])),
+    "zero_chunk_bytes": lambda r: _chunk(r, chunk_bytes=0),
 }
 
 

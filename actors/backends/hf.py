@@ -9,6 +9,7 @@ import torch
 
 from actors.backends.base import BACKENDS, Completion
 from streamrl import sampling
+from streamrl.model import end_token_ids
 
 
 @BACKENDS.register("hf")
@@ -21,13 +22,13 @@ class HFBackend:
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.pad_id = tokenizer.pad_token_id
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_ids = end_token_ids(model, tokenizer)  # every end token of the model's generation config
 
     def generate(self, prompts: list[list[int]], n: int,
                  between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
         c = self.cfg
         return sampling.generate(self.model, prompts, n, temperature=c.temperature, top_p=c.top_p,
-                                 max_new_tokens=c.max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_id,
+                                 max_new_tokens=c.max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_ids,
                                  device=self.device, between_steps=between_steps)
 
     @torch.no_grad()

@@ -40,6 +40,9 @@ class SGLangBackend:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true"):
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.cfg = cfg.actors
         self.eos_id = tokenizer.eos_token_id
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
@@ -56,7 +59,7 @@ class SGLangBackend:
     def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
         rows = [p for p in prompts for _ in range(n)]
         params = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
-                  "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": [self.eos_id]}
+                  "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": self.stop_token_ids}
         outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True)
         completions = [self._completion(o) for o in outputs]
         return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]

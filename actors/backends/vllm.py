@@ -47,7 +47,9 @@ class VLLMBackend:
             raise RuntimeError("this vLLM has no logprobs_mode: it would report log-probs without the sampling "
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
-        self.eos_id = tokenizer.eos_token_id
+        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
+
+        self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         cpu = current_platform.is_cpu()
         self.weights_dir = shm_weights.new_folder()
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
@@ -77,7 +79,7 @@ class VLLMBackend:
 
         c = self.cfg
         params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens,
-                                stop_token_ids=[self.eos_id], logprobs=0, seed=seed)
+                                stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
         t0 = time.perf_counter()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]

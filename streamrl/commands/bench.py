@@ -3,7 +3,8 @@ the same run (never a bare time).
 
 - transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
   loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec).
-- weights: WeightPublisher → 1, 2, 4 WeightSubscriber processes against raw PUB/SUB of the same bytes.
+- weights: WeightPublisher → 2 WeightSubscriber processes, a version in chunks (2 GB in the full run), against
+  raw PUB/SUB of the same bytes in the same chunks; and the learner's blocked share of the transfer.
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
@@ -13,7 +14,9 @@ the same run (never a bare time).
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import socket
+import threading
 import time
 
 import numpy as np
@@ -139,9 +142,8 @@ def transport(short: bool = False) -> list[dict]:
         if short:
             n = max(10, n // 50)
         call = [_group(tokens) for _ in range(per_call)]
-        messages = [_nbytes(wire.encode_group(b[0]) if len(b) == 1 else wire.encode_groups(b))
-                    for b in batches(call, batch_max_bytes)]
-        group_bytes = _nbytes(wire.encode_group(call[0]))
+        messages = [_nbytes(wire.encode_groups(b)) for b in batches(call, batch_max_bytes)]
+        group_bytes = _nbytes(wire.encode_groups(call[:1]))
         # (streamrl, raw) measured back to back, 3 times: the pair with the median ratio is reported, so a
         # burst of load from another process moves one pair, not the figure.
         pairs = []
@@ -197,8 +199,11 @@ def batching(short: bool = False) -> list[dict]:
     return rows
 
 
-def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: int, n: int, name: str, ready) -> None:
-    """Take weight versions 0..n (0 is the warm-up, possibly repeated) and ack each one to the publisher."""
+def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: int, n: int, name: str,
+                        max_message: int, ready) -> None:
+    """Take weight versions 0..n (0 is a tiny warm-up, possibly repeated) and ack each one to the publisher:
+    streamrl through a WeightSubscriber (chunks checked and assembled into tensors); raw by counting the bytes
+    of each version's messages."""
     import zmq
 
     from streamrl.transport import WeightSubscriber
@@ -207,7 +212,8 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     ack = ctx.socket(zmq.PUSH)
     ack.connect(f"tcp://127.0.0.1:{ack_port}")
     if kind == "streamrl":
-        sub = WeightSubscriber(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", name, 1 << 31)
+        sub = WeightSubscriber(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", name,
+                               max_message)
 
         def take() -> int:
             got = None
@@ -217,12 +223,18 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     else:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.setsockopt(zmq.RCVHWM, 2)
+        sub.setsockopt(zmq.MAXMSGSIZE, max_message)
         sub.connect(f"tcp://127.0.0.1:{pub_port}")
+        have: dict[int, int] = {}
 
         def take() -> int:
-            frames = sub.recv_multipart(copy=False)
-            return int.from_bytes(frames[0].bytes[:8], "little")
+            while True:
+                head, payload = sub.recv_multipart(copy=False)
+                version, total = np.frombuffer(head.buffer, dtype=np.int64)
+                have[version] = have.get(version, 0) + len(payload.buffer)
+                if have[version] >= total:
+                    del have[version]
+                    return int(version)
     ready.set()
     version = -1
     while version < n:
@@ -233,14 +245,15 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     ctx.term()
 
 
-def _broadcast(kind: str, nbytes: int, subscribers: int, n: int) -> tuple[float, float, float]:
-    """(seconds per version until every subscriber has it, seconds the publisher was blocked per version,
-    seconds of snapshot copy per version).
+def _broadcast(kind: str, nbytes: int, subscribers: int, n: int, max_message: int, step_s: float = 0.0) -> dict:
+    """Move n versions of an nbytes state dict to `subscribers` processes; per version: seconds until every
+    subscriber has it, and (streamrl) seconds the learner's thread was blocked.
 
-    streamrl publishes as the learner does: publish(wait=False), the copy and send on a thread, and
-    settle() where the learner's next optimizer step would come, modelled as after the version is
-    delivered; blocked = time in publish + time settle waited. The copy's own time is returned too:
-    a learner whose forward/backward is shorter than the copy waits for the difference."""
+    streamrl publishes as the learner does: publish(wait=False) (chunks copied from the live tensor into a
+    small pool and sent on a background thread), then the learner's forward/backward, modelled as `step_s`
+    (the same run's raw transfer time: the step lasts as long as the network needs), then settle() before
+    the optimizer step; blocked = time in publish + time settle waited. raw: PUB/SUB of the same bytes in the
+    same chunk sizes, zero-copy from the live tensor (no copy, no header, no checks), nothing held back."""
     import torch
     import zmq
 
@@ -253,22 +266,30 @@ def _broadcast(kind: str, nbytes: int, subscribers: int, n: int) -> tuple[float,
     acks = ctx.socket(zmq.PULL)
     acks.bind(f"tcp://127.0.0.1:{ack_port}")
     state = {"w": torch.ones(nbytes // 4, dtype=torch.float32)}
+    warm = {"w": torch.ones(16)}
     if kind == "streamrl":
-        publisher = WeightPublisher(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", 1 << 31)
+        publisher = WeightPublisher(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}",
+                                    max_message)
+        chunk = publisher.chunk_bytes
 
-        def publish(v: int) -> None:
-            publisher.publish(v, state, wait=False)
+        def publish(v: int, tensors: dict) -> None:
+            publisher.publish(v, tensors, wait=False)
 
         def settle() -> None:
             publisher.settle()
     else:
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.SNDHWM, 2)
-        pub.bind(f"tcp://127.0.0.1:{pub_port}")
-        payload = state["w"].numpy().view(np.uint8)
+        from streamrl.chunks import chunk_bytes_for
 
-        def publish(v: int) -> None:
-            pub.send_multipart([v.to_bytes(8, "little"), payload], copy=False)
+        chunk = chunk_bytes_for(max_message)
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 0)  # no limit: raw ZeroMQ never drops or waits here
+        pub.bind(f"tcp://127.0.0.1:{pub_port}")
+
+        def publish(v: int, tensors: dict) -> None:
+            payload = tensors["w"].numpy().view(np.uint8)
+            head = np.array([v, payload.nbytes], dtype=np.int64).tobytes()
+            for start in range(0, payload.nbytes, chunk):
+                pub.send_multipart([head, payload[start:start + chunk]], copy=False)
 
         def settle() -> None:
             pass
@@ -276,70 +297,86 @@ def _broadcast(kind: str, nbytes: int, subscribers: int, n: int) -> tuple[float,
     procs = []
     for i in range(subscribers):
         ready = mpc.Event()
-        proc = mpc.Process(target=_weights_subscriber, args=(kind, pub_port, router_port, ack_port, n, f"s{i}", ready))
+        proc = mpc.Process(target=_weights_subscriber,
+                           args=(kind, pub_port, router_port, ack_port, n, f"s{i}", max_message, ready))
         proc.start()
         procs.append((proc, ready))
     for _, ready in procs:
         ready.wait(60)
-    warm: set[bytes] = set()
-    while len(warm) < subscribers:  # PUB/SUB joins late: repeat version 0 until everyone has it
-        publish(0)
+    warmed: set[bytes] = set()
+    while len(warmed) < subscribers:  # PUB/SUB joins late: repeat the tiny version 0 until everyone has it
+        publish(0, warm)
         if acks.poll(200):
             while acks.poll(0):
                 who, _ = acks.recv_multipart()
-                warm.add(who)
-    time.sleep(0.2)
-    while acks.poll(50):
-        acks.recv_multipart()
+                warmed.add(who)
     settle()
-    blocked, resent = 0.0, 0
-    copied = publisher.copy_s if kind == "streamrl" else 0.0
-    t0 = time.perf_counter()
-    for v in range(1, n + 1):
-        b0 = time.perf_counter()
-        publish(v)
-        blocked += time.perf_counter() - b0
-        got: set[bytes] = set()
-        while len(got) < subscribers:
-            if not acks.poll(5000):  # PUB dropped v for a subscriber still busy with warm-up copies: resend
-                publish(v)
-                resent += 1
+    arrivals: queue.Queue = queue.Queue()
+
+    done = threading.Event()
+
+    def collect() -> None:  # acks timed as they arrive, whatever the learner's thread is doing
+        while not done.is_set():
+            if not acks.poll(100):
                 continue
             who, version = acks.recv_multipart()
-            if int.from_bytes(version, "little") == v:
-                got.add(who)
+            arrivals.put((who, int.from_bytes(version, "little"), time.perf_counter()))
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    delivery, blocked = [], []
+    for v in range(1, n + 1):
+        t0 = time.perf_counter()
+        publish(v, state)
+        b = time.perf_counter() - t0
+        if step_s:
+            time.sleep(step_s)  # the learner's forward/backward
         b0 = time.perf_counter()
-        settle()  # the next optimizer step
-        blocked += time.perf_counter() - b0
-    elapsed = time.perf_counter() - t0
-    copied = (publisher.copy_s - copied) if kind == "streamrl" else 0.0
-    if resent:
-        print(f"  ({kind}, {subscribers} subscribers: version resent {resent}x after a drop; this row's time includes "
-              "the 5 s waits)", flush=True)
+        settle()  # the optimizer step comes next
+        b += time.perf_counter() - b0
+        got: dict[bytes, float] = {}
+        while len(got) < subscribers:
+            try:
+                who, version, at = arrivals.get(timeout=300)
+            except queue.Empty:
+                raise RuntimeError(f"bench weights: version {v} never reached every subscriber ({kind})") from None
+            if version == v:
+                got[who] = at
+        delivery.append(max(got.values()) - t0)
+        blocked.append(b)
+    done.set()
+    collector.join(5)
+    copy_s = publisher.copy_s if kind == "streamrl" else 0.0
     for proc, _ in procs:
-        proc.join(30)
+        proc.join(60)
     acks.close(0)
     if kind == "streamrl":
         publisher.close()
     else:
         pub.close(0)
     ctx.term()
-    return elapsed / n, blocked / n, copied / n
+    return {"delivery_s": sorted(delivery)[len(delivery) // 2], "blocked_s": sorted(blocked)[len(blocked) // 2],
+            "chunk_bytes": chunk, "copy_s": copy_s / n}
 
 
 def weights(short: bool = False) -> list[dict]:
-    """WeightPublisher → WeightSubscriber (decoded into tensors) against raw PUB/SUB of the same bytes,
-    to 1, 2 and 4 subscriber processes; each version is timed until every subscriber has it."""
+    """A state dict published by a WeightPublisher in chunks under the message cap, to 2 WeightSubscriber
+    processes (each version assembled and decoded into tensors), against raw PUB/SUB of the same bytes in
+    the same chunks; each version timed until every subscriber has it (median of the versions)."""
     rows = []
-    for nbytes in (4 << 20,) if short else (4 << 20, 64 << 20):
-        for subscribers in (1, 2) if short else (1, 2, 4):
-            n = 3 if short else (30 if nbytes < (16 << 20) else 10)
-            ours, blocked, copy = _broadcast("streamrl", nbytes, subscribers, n)
-            ref, _, _ = _broadcast("raw", nbytes, subscribers, n)
-            rows.append({"bench": "weights", "MB": nbytes >> 20, "subscribers": subscribers,
-                         "ms_per_version": ours * 1e3, "GB_per_s_delivered": nbytes * subscribers / ours / 1e9,
-                         "ratio_vs_raw_zmq": ref / ours, "publisher_blocked_fraction": blocked / ours,
-                         "copy_ms": copy * 1e3, "copy_fraction": copy / ours})
+    # (state bytes, subscribers, message cap, versions): the full run moves 2 GB under the default 256 MiB cap.
+    cases = [(4 << 20, 1, 1 << 20, 3), (32 << 20, 2, 4 << 20, 3)] if short else \
+        [(64 << 20, 2, 256 << 20, 5), (2 << 30, 2, 256 << 20, 3)]
+    for nbytes, subscribers, cap, n in cases:
+        raw = _broadcast("raw", nbytes, subscribers, n, cap)
+        ours = _broadcast("streamrl", nbytes, subscribers, n, cap, step_s=raw["delivery_s"])
+        rows.append({"bench": "weights", "MB": nbytes >> 20, "subscribers": subscribers,
+                     "chunk_MB": ours["chunk_bytes"] / (1 << 20), "chunks": -(-nbytes // ours["chunk_bytes"]),
+                     "s_per_version": ours["delivery_s"], "raw_s_per_version": raw["delivery_s"],
+                     "GB_per_s_delivered": nbytes * subscribers / ours["delivery_s"] / 1e9,
+                     "ratio_vs_raw_zmq": raw["delivery_s"] / ours["delivery_s"],
+                     "publisher_blocked_fraction": ours["blocked_s"] / ours["delivery_s"],
+                     "copy_fraction": ours["copy_s"] / ours["delivery_s"]})
     return rows
 
 

@@ -4,6 +4,7 @@
   streamrl learner CONFIG [key=value ...]      one learner (also under `deepspeed` or `torchrun`)
   streamrl actor CONFIG --learner HOST [...]   one actor
   streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
+  streamrl plan [CONFIG] [--gpus N --gpu-mem GB]  per-GPU memory the config needs, and whether it fits
   streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
   streamrl plot RUN_DIR... [--out DIR]         the paper's figures (r_count/r_loss, rewards, census) as PNG
   streamrl reproduce [CONFIG] [key=value ...]  GRPO, static and CoRPO on the tiny model: plot and table
@@ -42,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     actor.add_argument("--index", type=int, default=0, help="actor index: its id and seed")
     check = sub.add_parser("check", help="validate a config and print it resolved")
     check.add_argument("args", nargs="*", help=spec)
+    plan = sub.add_parser("plan", help="per-GPU memory a config needs (learner and actors), and whether it fits")
+    plan.add_argument("args", nargs="*", help=spec)
+    plan.add_argument("--gpus", type=int, default=None, help="GPUs available (learner ranks + actor GPUs must fit)")
+    plan.add_argument("--gpu-mem", type=float, default=None, help="memory of one GPU in GB (1e9 bytes)")
+    plan.add_argument("--prompt-tokens", type=int, default=256,
+                      help="prompt length assumed when model.max_seq_len is unset (default 256)")
+    plan.add_argument("--model-config", default=None, help="a config.json to read the model's shape from")
     keys = sub.add_parser("keys", help="make CurveZMQ key pairs for the learner and N actors")
     keys.add_argument("directory", help="folder to write (learner.key*, actor-<i>.key*, authorized/)")
     keys.add_argument("--actors", type=int, default=2, help="how many actor key pairs (default 2)")
@@ -128,9 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         return _tool(args)
     try:
         path, overrides = split_args(args.args)
-        if path is None and args.command in ("run", "check", "reproduce"):
+        if path is None and args.command in ("run", "check", "reproduce", "plan"):
             path = str(config_lib.DEFAULT_CONFIG) if config_lib.DEFAULT_CONFIG.is_file() else None
         cfg = config_lib.load(path, overrides)
+        if args.command in ("check", "run", "learner", "actor"):  # a model that cannot load fails here, not 30 s in
+            from streamrl.model import path_problem
+
+            if problem := path_problem(cfg.model.path):
+                raise config_lib.ConfigError(problem)
     except config_lib.ConfigError as e:
         msg = str(e)
         print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
@@ -141,12 +154,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(config_lib.dump(cfg), end="")
         return 0
+    if args.command == "plan":
+        from streamrl.commands import plan as plan_lib
+
+        try:
+            made = plan_lib.make(cfg, args.gpus, args.gpu_mem, args.prompt_tokens, args.model_config)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"streamrl plan: error: {e}", file=sys.stderr)
+            return 2
+        print(plan_lib.report(made, path or "default"))
+        return 0 if made.fits is not False else 1
     if args.command == "reproduce":
         from streamrl.commands import reproduce
 
         return reproduce.run(path, overrides, args.out)
     if args.command == "run":
-        from streamrl.commands import launch
+        from streamrl.commands import launch, plan
+
+        if warning := plan.run_warning(cfg):
+            print(f"streamrl: warning: {warning}", file=sys.stderr)
 
         return launch.run(cfg)
     name = "learner" if args.command == "learner" else f"actor-{args.index}"

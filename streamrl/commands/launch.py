@@ -21,6 +21,7 @@ import msgspec
 
 from streamrl import config as config_lib
 from streamrl.config import Config
+from streamrl.placement import actor_gpus
 
 
 def free_ports(n: int) -> list[int]:
@@ -85,9 +86,49 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
             f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
 
 
-def spawn(args: list[str], log_path: Path, ranks: int = 1) -> subprocess.Popen:
-    """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def visible_gpus() -> list[str]:
+    """This machine's usable GPUs as CUDA_VISIBLE_DEVICES entries (the launcher's own list, if it
+    has one, so a supervisor confined to GPUs 4-7 hands out only those)."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # no torch build with CUDA, no driver: no GPUs
+        return []
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return [str(i) for i in range(count)]
+    return [e.strip() for e in parent.split(",") if e.strip()][:count]
+
+
+def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """CUDA_VISIBLE_DEVICES for the learner and for each actor of a run on this machine.
+
+    The learner's ranks take the first `learner.ranks` GPUs; the actors share out the rest, each
+    on `actors.tensor_parallel_size` GPUs of its own (streamrl.placement.actor_gpus: actor i takes
+    slot i mod the number of slots, so more actors than slots share). With too few GPUs left for
+    one actor, the actors use all GPUs alongside the learner (one GPU: everything on it). No GPUs,
+    or CPU actors: nothing is set."""
+    if not gpus:
+        return {}, [{} for _ in range(cfg.actors.num)]
+    ranks = cfg.learner.ranks
+    learner = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[:ranks])} if len(gpus) >= ranks else {}
+    if cfg.actors.backend == "hf" and cfg.actors.device == "cpu":
+        return learner, [{} for _ in range(cfg.actors.num)]
+    tp = cfg.actors.tensor_parallel_size if cfg.actors.backend != "hf" else 1  # hf generates on one GPU
+    pool = gpus[ranks:] if len(gpus) - ranks >= tp else gpus
+    if tp > len(pool):
+        raise config_lib.ConfigError(f"actors.tensor_parallel_size={tp}: each actor needs {tp} GPUs, "
+                                     f"this machine has {len(gpus)}")
+    usable = len(pool) // tp * tp
+    return learner, [{"CUDA_VISIBLE_DEVICES": ",".join(pool[g] for g in actor_gpus(i, tp, usable))}
+                     for i in range(cfg.actors.num)]
+
+
+def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank.
+    `env_extra` adds to (or overrides) the inherited environment, e.g. the process's GPUs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     launcher = [sys.executable, "-m", "streamrl"]
     if ranks > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -130,6 +171,11 @@ def _tail_of(path: Path, n: int = 15) -> str:
 
 
 def run(cfg: Config, out=sys.stdout) -> int:
+    try:
+        learner_env, actor_envs = gpu_plan(cfg, visible_gpus())
+    except config_lib.ConfigError as e:
+        print(f"streamrl: config error: {e}", file=sys.stderr)
+        return 2
     cfg = with_free_ports(cfg)
     run_dir = cfg.run_path
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -146,8 +192,14 @@ def run(cfg: Config, out=sys.stdout) -> int:
         print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
               "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
 
-    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks)
-    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log")
+    if learner_env or any(actor_envs):
+        where = [f"learner {learner_env.get('CUDA_VISIBLE_DEVICES', 'unset')}"] + [
+            f"actor-{i} {e.get('CUDA_VISIBLE_DEVICES', 'unset')}" for i, e in enumerate(actor_envs)]
+        print(f"streamrl: GPUs (CUDA_VISIBLE_DEVICES): {'; '.join(where)}", file=out, flush=True)
+
+    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
+    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log",
+                    env_extra=actor_envs[i])
               for i in range(cfg.actors.num)]
     interrupts = {"n": 0}
 
@@ -168,7 +220,7 @@ def run(cfg: Config, out=sys.stdout) -> int:
         for line in tail.lines():
             rec = json.loads(line)
             if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
-                print(progress_line(rec, cfg.steps, cfg.effective_max_staleness), file=out, flush=True)
+                print(progress_line(rec, cfg.steps, cfg.max_staleness), file=out, flush=True)
 
     try:
         while learner.poll() is None:

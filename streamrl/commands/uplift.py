@@ -74,7 +74,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
         for start in range(0, len(items), per_call):
             groups = sampling.generate(pre_model, ids[start:start + per_call], samples,
                                        temperature=cfg.eval.temperature, max_new_tokens=max_new,
-                                       pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
+                                       pad_id=tok.pad_token_id, eos_id=model_lib.end_token_ids(pre_model, tok))
             for prompt, p_ids, group in zip(items[start:start + per_call], ids[start:start + per_call], groups):
                 for c in group:
                     if reward(prompt, tok.decode(c.tokens, skip_special_tokens=True)) >= cfg.advantage.r_min_correct:

@@ -86,9 +86,9 @@ def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tm
     log = (tmp_path / "learner2.log").read_text()
     assert "using step-6, the newest complete one" in log and re.search(r"resumed from .*step-6", log)
     recs = metrics(run)
-    assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["policy_version"] == 8
+    assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["learner_version"] == 8
     s = summary(run)
-    assert s["policy_version"] == 8 and s["steps"] == 8  # the summary covers the whole run, not the last leg
+    assert s["learner_version"] == 8 and s["steps"] == 8  # the summary covers the whole run, not the last leg
     state = json.loads((ckpt / "step-8" / "streamrl.json").read_text())
     assert state["step"] == 8 and state["version"] == 8 and set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
 

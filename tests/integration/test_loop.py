@@ -58,7 +58,7 @@ def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_
     consumed_versions = [r["step"] - r["lag_mean"] for r in recs]
     assert consumed_versions[-1] > consumed_versions[0] + 5, "actors must follow the learner's new weights"
     s = summary(run)
-    assert s["policy_version"] == 15
+    assert s["learner_version"] == 15
     assert sum(s["messages_rejected"].values()) == len(GARBAGE)
     assert sum(s["weight_requests_rejected"].values()) == 3
     for i in range(2):
@@ -127,7 +127,7 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
         assert learner.wait(timeout=180) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         assert actor.wait(timeout=30) == 0, (tmp_path / "actor.log").read_text()[-3000:]
     s = summary(tmp_path / "lone")
-    assert s["policy_version"] == 20 and s["groups_used"] == 20 * 16
+    assert s["learner_version"] == 20 and s["groups_used"] == 20 * 16
     assert 1 <= s["demands_sent"] <= 3, "after the first demand the actor should supply whole batches itself"
     assert "'share': 16" in (tmp_path / "actor.log").read_text()
 

@@ -21,6 +21,15 @@ def test_strict_mode_consumes_only_lag_zero_groups_with_one_step_per_batch(run_j
     assert set(dropped) <= {"lost_at_shutdown"} and dropped.get("lost_at_shutdown", 0) <= 16
 
 
+def test_strict_mode_runs_in_bfloat16_with_the_dtypes_own_tolerance(run_job):
+    run = run_job("on_policy=strict", "model.dtype=bfloat16", "steps=8", name="strict-bf16")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(8))
+    # bf16 rounding shows in the worst token, not in the batch's KL estimate the check bounds.
+    assert max(r["is_ratio_max_abs_dev"] for r in recs) > 1e-4
+    assert all(r["group_kl_behaviour_learner_max"] < 6.1e-5 for r in recs)
+
+
 def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):
     # Unthrottled actors outrun the slowed learner, so the gate itself must hold the bound.
     run = run_job("max_staleness=1", "learner.slow_step_s=0.3", "actors.throttle=false", "steps=12", name="slow")

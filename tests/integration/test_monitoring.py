@@ -179,7 +179,7 @@ def test_the_exposition_passes_promtool_check_metrics(stack, promtool_bin):
 
 def test_healthz_reports_live_progress(stack):
     body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{stack.learner_port}/healthz", timeout=10).read())
-    assert body["status"] == "ok" and body["role"] == "learner" and body["policy_version"] > 20
+    assert body["status"] == "ok" and body["role"] == "learner" and body["learner_version"] > 20
     actor = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{stack.actor_port}/healthz", timeout=10).read())
     assert actor["status"] == "ok" and actor["role"] == "actor-0"
 

@@ -29,7 +29,12 @@ def _groups():
     return out
 
 
-def _rank(rank: int, world: int, port: int, zero: int, out_dir: str) -> None:
+# The test batch's rows are 4-7 tokens long: a budget of 1 puts every row alone, 21 = 3 × 7 at most
+# three rows together, 0 (the default) a rank's whole share at once.
+BUDGETS = (0, 1, 21)
+
+
+def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tuple[int, ...]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -40,29 +45,37 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str) -> None:
     from learner.ranks import Ranks
     from streamrl import advantages, config, model
 
-    cfg = config.load(None, ["learner.batch_groups=4", f"learner.zero_stage={zero}"])
-    m, tok = model.build(cfg)
-    engine = Engine(cfg, m)
-    ranks = Ranks.current()
-    if ranks.leader:
-        batch = collate(_groups(), tok.pad_token_id)
-        out, train = ranks.train_step(engine, batch, advantages.compute(batch.rewards, "grpo", 0.75))
-        ranks.stop(save=False)
-        save_file({"token_loss": out.token_loss.contiguous(), "ratio": out.ratio.contiguous(),
-                   "loss": torch.tensor([train["loss"]])}, f"{out_dir}/out-{world}.safetensors")
-    else:
-        while ranks.receive(engine).kind == 1:
-            pass
-    state = engine.full_state_dict()
-    if ranks.leader:
-        save_file({k: v.contiguous() for k, v in state.items()}, f"{out_dir}/weights-{world}.safetensors")
+    for budget in budgets:  # one engine after another in the same process group
+        cfg = config.load(None, ["learner.batch_groups=4", f"learner.zero_stage={zero}",
+                                 f"learner.micro_batch_tokens={budget}", "learner.logprob_chunk_tokens=5"])
+        m, tok = model.build(cfg)
+        engine = Engine(cfg, m)
+        grads: dict[str, torch.Tensor] = {}
+        if zero == 0:  # the accumulated, rank-averaged gradients, right before the optimizer uses them
+            engine.before_step = lambda: grads.update(
+                {f"grad.{n}": p.grad.detach().clone() for n, p in engine.engine.module.named_parameters()})
+        ranks = Ranks.current()
+        tag = f"{world}-{budget}"
+        if ranks.leader:
+            batch = collate(_groups(), tok.pad_token_id)
+            out, train = ranks.train_step(engine, batch, advantages.compute(batch.rewards, "grpo", 0.75))
+            ranks.stop(save=False)
+            save_file({"token_loss": out.token_loss.contiguous(), "ratio": out.ratio.contiguous(),
+                       "loss": torch.tensor([train["loss"]]), "micro_batches": torch.tensor([train["micro_batches"]]),
+                       **grads}, f"{out_dir}/out-{tag}.safetensors")
+        else:
+            while ranks.receive(engine).kind == 1:
+                pass
+        state = engine.full_state_dict()
+        if ranks.leader:
+            save_file({k: v.contiguous() for k, v in state.items()}, f"{out_dir}/weights-{tag}.safetensors")
     engine.close()
 
 
-def _launch(world: int, zero: int, out_dir) -> None:
+def _launch(world: int, zero: int, out_dir, budgets: tuple[int, ...] = (0,)) -> None:
     port = free_ports(1)[0]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, world, port, zero, str(out_dir))) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, zero, str(out_dir), budgets)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -70,22 +83,93 @@ def _launch(world: int, zero: int, out_dir) -> None:
         assert p.exitcode == 0, f"rank exited with {p.exitcode}"
 
 
-@pytest.mark.parametrize("zero", [0])
-def test_two_ranks_take_the_same_step_as_one_rank_on_the_whole_batch(tmp_path, zero):
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    """One step on the test batch, on 1 and on 2 ranks, for every micro-batch budget (ZeRO-0)."""
+    out = tmp_path_factory.mktemp("steps")
+    _launch(1, 0, out, BUDGETS)
+    _launch(2, 0, out, BUDGETS)
+    return out
+
+
+def test_two_ranks_take_the_same_step_as_one_rank_on_the_whole_batch(one_step):
     from safetensors.torch import load_file
 
-    _launch(1, zero, tmp_path)
-    _launch(2, zero, tmp_path)
+    one, two = load_file(one_step / "weights-1-0.safetensors"), load_file(one_step / "weights-2-0.safetensors")
     from streamrl import config, model
 
-    one, two = load_file(tmp_path / "weights-1.safetensors"), load_file(tmp_path / "weights-2.safetensors")
     initial = model.build(config.load(None))[0].state_dict()
     assert max(float((one[k] - initial[k]).abs().max()) for k in one) > 1e-5  # the step moved the weights
     for k in one:
         torch.testing.assert_close(two[k], one[k], atol=2e-6, rtol=1e-5)
-    a, b = load_file(tmp_path / "out-1.safetensors"), load_file(tmp_path / "out-2.safetensors")
+    a, b = load_file(one_step / "out-1-0.safetensors"), load_file(one_step / "out-2-0.safetensors")
     torch.testing.assert_close(b["token_loss"], a["token_loss"], atol=1e-7, rtol=1e-5)
     torch.testing.assert_close(b["loss"], a["loss"], atol=1e-7, rtol=1e-5)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("world,budget", [(1, 1), (1, 21), (2, 0), (2, 1), (2, 21)])
+def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch_on_one(one_step, world, budget):
+    from safetensors.torch import load_file
+
+    whole, micro = load_file(one_step / "out-1-0.safetensors"), load_file(one_step / f"out-{world}-{budget}.safetensors")
+    rows = 32 // world  # rank 0's share of the 32 samples
+    assert int(whole["micro_batches"]) == 1
+    n = int(micro["micro_batches"])
+    assert {0: n == 1, 1: n == rows, 21: rows / 3 <= n < rows}[budget], n
+    grads = [k for k in whole if k.startswith("grad.")]
+    assert grads and max(_relative(micro[k], whole[k]) for k in grads) < 1e-6  # the update's direction and size
+    assert _relative(micro["token_loss"], whole["token_loss"]) < 1e-6
+    torch.testing.assert_close(micro["loss"], whole["loss"], atol=0, rtol=1e-6)
+    # The applied step too, looser: AdamW's first step is g / (|g| + eps), so gradient elements near
+    # eps (1e-8) turn float rounding of the sum into update differences of up to ~1e-4 relative.
+    w1 = load_file(one_step / "weights-1-0.safetensors")
+    w2 = load_file(one_step / f"weights-{world}-{budget}.safetensors")
+    from streamrl import config, model
+
+    initial = model.build(config.load(None))[0].state_dict()
+    assert max(_relative(w2[k] - initial[k], w1[k] - initial[k]) for k in w1) < 1e-3
+
+
+def _zero3_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import json
+
+    from learner.engine import Engine
+    from streamrl import config, learning_signal, model
+
+    cfg = config.load(None, ["learner.batch_groups=4", "learner.zero_stage=3"])
+    engine = Engine(cfg, model.build(cfg)[0])
+    sharded = engine.weight_stats()  # every rank reads its shard; aggregates all-reduced
+    state = engine.full_state_dict()  # gathered one parameter at a time, copied by rank 0 only
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"sharded": sharded, "keys": len(state),
+                   "whole": learning_signal.weight_stats(list(state.values())) if state else None}, f)
+    engine.close()
+
+
+def test_under_zero3_weight_stats_read_only_shards_and_only_rank_0_copies_the_weights(tmp_path):
+    import json
+
+    port = free_ports(1)[0]
+    procs = [mp.get_context("spawn").Process(target=_zero3_rank, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+        assert p.exitcode == 0
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    from streamrl import config, model
+
+    assert zero["keys"] == len(model.build(config.load(None))[0].state_dict()) and one["keys"] == 0
+    assert zero["sharded"] == one["sharded"]
+    for k, v in zero["whole"].items():
+        assert zero["sharded"][k] == pytest.approx(v, rel=1e-9), k
 
 
 def test_a_run_with_a_two_rank_learner_trains_resumes_and_balances(run_job):

@@ -148,7 +148,7 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
         print(f"\nvllm loop ({time.perf_counter() - t0:.0f} s): steps {len(recs)}, groups sent {stats['groups_sent']}, "
               f"versions applied {stats['versions_applied']}, largest |ratio - 1| "
               f"{max(x['is_ratio_max_abs_dev'] for x in recs):.2e}, engine {stats['engine']}")
-    assert s["policy_version"] == steps and len(recs) == steps
+    assert s["learner_version"] == steps and len(recs) == steps
     assert all(x["lag_max"] == 0 for x in recs)  # strict: every group made with the newest weights
     # importance ratios at 1: the engine's log-probs are the learner's, version after version
     assert max(x["is_ratio_max_abs_dev"] for x in recs) < 1e-3

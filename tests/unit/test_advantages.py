@@ -1,4 +1,4 @@
-"""streamrl.advantages: each estimator on hand-computed groups, and the invariants of DESIGN.md."""
+"""streamrl.advantages: each estimator on hand-computed groups, and the invariants of docs/architecture.md ("The loss")."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_version_spans_count_the_samples_that_mixed_policy_versions():
 def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
     from learner.stepstats import StrictModeViolation, check_strict
 
-    rec = {"step": 7, "lag_max": 0, "version_span_max": 1, "optimizer_steps": 1, "is_ratio_max_abs_dev": 0.0}
+    rec = {"step": 7, "lag_max": 0, "version_span_max": 1, "optimizer_steps": 1, "group_kl_behaviour_learner_max": 0.0, "is_ratio_max_abs_dev": 0.0}
     with pytest.raises(StrictModeViolation, match="step 7: a sample spans 2 policy versions"):
         check_strict(rec, 1e-3)
 

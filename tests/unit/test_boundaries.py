@@ -1,4 +1,4 @@
-"""Import boundaries from DESIGN.md: actors/ and learner/ never import each other; streamrl/ never
+"""Import boundaries (docs/architecture.md, "Processes"): actors/ and learner/ never import each other; streamrl/ never
 imports an inference engine or DeepSpeed when a module is imported."""
 
 from __future__ import annotations
@@ -124,3 +124,70 @@ def test_only_the_command_line_imports_the_commands():
         if (bad := [m for m in all_imports(p.read_text()) if m.startswith("streamrl.commands")])
     }
     assert offenders == {}
+
+
+def _project_modules() -> dict[str, Path]:
+    mods = {}
+    for package in ("streamrl", "actors", "learner"):
+        for p in _py_files(package):
+            name = ".".join(p.relative_to(REPO).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = p
+    return mods
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module → the project modules it imports anywhere (function bodies too: a deferred import is still a
+    dependency a reader has to follow). `from a import b` points at `a.b` when that is a module, else at `a`."""
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in mods else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    mods = _project_modules()
+    graph = import_graph(mods)
+    assert graph["actors.main"], "the import graph sees nothing: the scanner is broken"
+    assert cycles(graph) == []

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from streamrl import config
-from streamrl.config import ConfigError, load
+from streamrl.config import ConfigError, from_dict, load, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
@@ -37,17 +37,22 @@ def test_defaults_are_corpo_async_with_bounded_staleness():
     cfg = load(None)
     assert cfg.advantage.estimator == "corpo"
     assert cfg.on_policy == "async" and not cfg.strict
-    assert cfg.effective_max_staleness == cfg.max_staleness == 2
+    assert cfg.max_staleness == 2
     assert cfg.transport.host == "127.0.0.1"
     assert cfg.model.path is None
 
 
 def test_overrides_apply():
-    cfg = load(None, ["advantage.estimator=grpo", "on_policy=strict", "max_staleness=1"])
+    cfg = load(None, ["advantage.estimator=grpo", "max_staleness=1", "learner.batch_groups=8"])
     assert cfg.advantage.estimator == "grpo"
+    assert cfg.max_staleness == 1 and cfg.learner.batch_groups == 8
+
+
+def test_strict_resolves_the_staleness_bound_to_zero_once_for_every_reader():
+    cfg = load(None, ["on_policy=strict", "max_staleness=1"])
     assert cfg.on_policy == "strict" and cfg.strict
-    assert cfg.max_staleness == 1
-    assert cfg.effective_max_staleness == 0  # strict means lag 0 whatever max_staleness says
+    assert cfg.max_staleness == 0  # strict means lag 0 whatever max_staleness says; gate, throttle and gauge read it
+    assert from_dict(to_dict(cfg)).max_staleness == 0  # the run's saved config says the same
 
 
 def test_overrides_apply_on_top_of_a_file_and_keep_its_other_values(tmp_path):
@@ -242,6 +247,7 @@ def test_paper_configs_follow_the_paper():
         assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.weight_decay) == (1e-6, 10, 0.1)
         assert (cfg.loss.kl_coef, cfg.loss.entropy_coef, cfg.actors.temperature, cfg.actors.top_p) == (0, 0, 1, 1)
         assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10
+        assert cfg.model.max_seq_len == 16384  # the paper's cap is on the whole sequence
         assert config.load(REPO / "configs" / "paper" / f"{estimator}-wd0.yaml").optim.weight_decay == 0
         assert len(config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml").reward.bucket_edges) == 3
 

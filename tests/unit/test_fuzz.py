@@ -11,7 +11,7 @@ import pytest
 import torch
 import zmq
 
-from streamrl import wire
+from streamrl import chunks, wire
 from streamrl.transport import GroupReceiver, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,7 +80,7 @@ def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_
             router.send_multipart([identity, *frames])
         drain(3_000 + start + 2)
     assert sub.rejected.total == 3_500
-    pub.send_multipart(wire.encode_weights(7, {"w": torch.ones(2)}))
+    pub.send_multipart(chunks.encode_weights(7, {"w": torch.ones(2)})[0])
     got = None
     while got is None and time.monotonic() < deadline:
         got = sub.poll(50)
@@ -95,6 +95,11 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     ctx = zmq.Context()
     publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
     publisher.publish(3, {"w": torch.zeros(1)})
+    publisher.flush()
+    listener = ctx.socket(zmq.SUB)
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    listener.connect(_endpoint(publisher.pub))
+    time.sleep(0.3)  # PUB/SUB joins late
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(_endpoint(publisher.router))
     msgs = malformed.messages(2_000, seed=3)
@@ -108,7 +113,9 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id="actor-0")))
     while publisher.serve_requests() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert wire.decode_weights(dealer.recv_multipart())[0] == 3
+    assert listener.poll(5000)  # answered by sending version 3 again
+    assert chunks.decode_weights([listener.recv_multipart()])[0] == 3
+    listener.close(0)
     dealer.close(0)
     publisher.close()
     ctx.term()

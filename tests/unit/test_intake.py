@@ -122,3 +122,15 @@ def test_groups_left_over_from_a_batch_message_fill_the_next_batch_without_waiti
     assert time.monotonic() - t0 < 0.08  # not one 100 ms poll of an empty socket
     assert [g.seq for g in first + second] == [0, 1, 2, 3]
     assert it.used == it.received == 4
+
+
+def test_strict_mode_refuses_a_stale_group_loudly_instead_of_dropping_it(intake):
+    from learner.stepstats import StrictModeViolation
+
+    it, sender = intake
+    it.strict, it.max_staleness = True, 0
+    for g in (group(5), group(4)):
+        assert sender.send(g, timeout_s=2)
+    with pytest.raises(StrictModeViolation, match="generated at policy version 4 arrived at learner version 5 "
+                                                  r"\(lag 1; strict needs 0\)"):
+        it.collect(version=5, n=2, timeout_s=10)

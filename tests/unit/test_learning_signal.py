@@ -84,3 +84,53 @@ def test_weight_stats_over_all_parameters():
     assert stats["weights_l1"] == 15.0 and stats["weights_l2"] == pytest.approx(55 ** 0.5)
     assert (stats["weights_min"], stats["weights_max"], stats["weights_mean"]) == (-4.0, 5.0, 0.6)
     assert stats["weights_median"] == 1.0
+
+
+def test_weight_stats_streamed_in_small_chunks_match_a_float64_copy_of_everything():
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(37, 11, generator=g), torch.randn(1000, generator=g) * 1e-3, torch.ones(64),
+              torch.zeros(5, 3), torch.randn(250, generator=g).to(torch.bfloat16)]
+    flat = torch.cat([p.reshape(-1).double() for p in params])
+    stats = learning_signal_module.weight_stats(lambda: iter(params), chunk=7)  # many chunks per tensor
+    assert stats["weights_median"] == float(flat.median())  # exactly the lower median
+    assert stats["weights_l1"] == pytest.approx(float(flat.abs().sum()), rel=1e-12)
+    assert stats["weights_l2"] == pytest.approx(float(flat.norm()), rel=1e-12)
+    assert stats["weights_mean"] == pytest.approx(float(flat.mean()), rel=1e-9)
+    assert (stats["weights_min"], stats["weights_max"]) == (float(flat.min()), float(flat.max()))
+
+
+@pytest.mark.parametrize("values", [[0.5] * 9, [2.0, 1.0], [3.0, -1.0, 3.0, 3.0], list(range(1000, 0, -1))])
+def test_weight_stats_median_is_the_lower_middle_element(values):
+    t = torch.tensor(values, dtype=torch.float32)
+    assert learning_signal_module.weight_stats([t])["weights_median"] == float(t.median())
+
+
+def test_weight_stats_over_shards_combine_to_the_stats_of_the_whole():
+    """Two shards stepped in lockstep, as ZeRO-3 ranks each holding half of every parameter would."""
+    import threading
+
+    g = torch.Generator().manual_seed(1)
+    whole = [torch.randn(301, generator=g), torch.randn(20, 5, generator=g)]
+    shards = [[p.reshape(-1)[:p.numel() // 2] for p in whole], [p.reshape(-1)[p.numel() // 2:] for p in whole]]
+    barrier, pending, results = threading.Barrier(2), [None, None], [None, None]
+    ops = {"sum": lambda a, b: a + b, "min": torch.minimum, "max": torch.maximum}
+
+    def reducer(rank):
+        def reduce(t, op):
+            pending[rank] = t
+            barrier.wait()
+            out = ops[op](pending[0], pending[1])
+            barrier.wait()
+            return out
+        return reduce
+
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(
+        r, learning_signal_module.weight_stats(shards[r], reducer(r), chunk=64))) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    expected = learning_signal_module.weight_stats(whole)
+    assert results[0] == results[1]
+    for key, value in expected.items():
+        assert results[0][key] == pytest.approx(value, rel=1e-12), key

@@ -69,7 +69,7 @@ def test_gauges_keep_the_last_step_and_counters_sum_over_steps():
     m.observe_step(rec1, d1)
     m.observe_step(rec2, d2)
     assert value(registry, "streamrl_reward_mean") == pytest.approx(rec2["reward_mean"])
-    assert value(registry, "streamrl_policy_version") == rec2["policy_version"]
+    assert value(registry, "streamrl_policy_version") == rec2["learner_version"]
     assert value(registry, "streamrl_learner_steps_total") == 2
     assert value(registry, "streamrl_trained_samples_total") == 8
     for sign, key in (("positive", "adv_pos"), ("negative", "adv_neg"), ("zero", "adv_zero")):

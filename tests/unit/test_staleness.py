@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from streamrl import staleness
@@ -60,3 +62,105 @@ def test_generation_budget_is_never_negative():
 def test_planned_shares_add_up_to_exactly_one_batch(batch, actors):
     shares = [staleness.planned_share(batch, actors, i) for i in range(actors)]
     assert sum(shares) == max(batch, actors) and max(shares) - min(shares) <= 1
+
+
+# --- Throttle: the same rules as state that events change ---------------------------------------
+
+def throttle(k: int = 0, batch: int = 16, actors: int = 2, index: int = 0, **kw) -> staleness.Throttle:
+    return staleness.Throttle(batch, actors, index, k, **kw)
+
+
+def test_throttle_starts_counting_at_the_first_weights_with_the_planned_share():
+    t = throttle(k=0, batch=16, actors=3, index=1)
+    t.weights(7)
+    assert (t.share, t.start_version, t.budget()) == (5, 7, 5)
+    t.made(5)
+    assert t.budget() == 0  # strict: one share per version, then wait
+    t.weights(8)
+    assert t.budget() == 5 and t.start_version == 7  # a newer version of the same learner adds one share
+
+
+def test_throttle_allows_k_versions_ahead():
+    t = throttle(k=2, batch=6, actors=2)
+    t.weights(0)
+    assert t.budget() == 9
+    t.made(9)
+    assert t.budget() == 0
+
+
+def test_a_restarted_learner_starts_the_budget_again_at_its_version():
+    t = throttle(k=1, batch=8, actors=2)
+    t.weights(10)
+    t.made(8)
+    assert t.budget() == 0
+    t.weights(4, life=1)  # resumed from a checkpoint at version 4: older, but a life of its own
+    assert (t.start_version, t.produced, t.budget()) == (4, 0, 8)
+    assert t.total == 8  # the session's count keeps every group made
+
+
+def test_a_demand_raises_the_share_from_the_current_version_on():
+    t = throttle(k=0, batch=16, actors=2)
+    t.weights(3)
+    t.made(8)
+    t.demand(groups_missing=8)  # the other actor is gone: make the whole batch
+    assert (t.share, t.start_version, t.produced, t.last_demand, t.budget()) == (16, 3, 0, 3, 16)
+    t.demand(groups_missing=100)
+    assert t.share == 16  # never more than a batch
+
+
+def test_a_raised_share_relaxes_after_versions_without_a_demand():
+    t = throttle(k=0, batch=16, actors=2, relax_after=5)
+    t.weights(0)
+    t.demand(8)
+    t.weights(4)
+    assert not t.relax() and t.share == 16
+    t.weights(5)
+    assert t.relax() and (t.share, t.start_version, t.produced) == (8, 5, 0)
+    assert not t.relax()  # at the planned share there is nothing to relax
+
+
+def test_an_unthrottled_actor_is_never_told_to_wait():
+    t = throttle(k=0, enabled=False)
+    t.weights(0)
+    t.made(10_000)
+    assert t.budget() == staleness.UNLIMITED
+
+
+def test_the_throttle_keeps_the_rules_the_actor_loop_kept_in_loose_locals():
+    # The actor loop before the Throttle, transcribed: random events must give the same budget,
+    # share and start at every point.
+    rng = random.Random(3)
+    for trial in range(50):
+        k, batch, actors, index = rng.randint(0, 3), rng.randint(1, 20), rng.randint(1, 4), rng.randint(0, 4)
+        t = throttle(k, batch, actors, index, relax_after=5)
+        share = base = staleness.planned_share(batch, actors, index)
+        version = start = produced = last_demand = restarts = 0
+        t.weights(0)
+        for _ in range(60):
+            event = rng.choice(["weights", "weights", "made", "made", "demand", "restart"])
+            if event == "weights":
+                version += rng.randint(1, 3)
+            elif event == "restart":
+                version, restarts = rng.randint(0, 20), restarts + 1
+                start, produced = version, 0
+            elif event == "made":
+                n = rng.randint(0, 6)
+                produced += n
+                t.made(n)
+            t.weights(version, restarts)
+            if event == "demand":
+                missing = rng.randint(1, 8)
+                share = min(batch, share + missing)
+                start, produced, last_demand = version, 0, version
+                t.demand(missing)
+            if share > base and version - last_demand >= 5:
+                share, start, produced = base, version, 0
+            t.relax()
+            assert (t.share, t.start_version, t.produced) == (share, start, produced), (trial, event)
+            assert t.budget() == staleness.generation_budget(version, start, produced, share, k)
+
+
+def test_lag_works_elementwise_on_tensors():
+    import torch
+
+    assert staleness.lag(5, torch.tensor([5, 3, 4])).tolist() == [0, 2, 1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from streamrl import wire
+from streamrl import chunks, wire
 from streamrl.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(30)
@@ -91,7 +91,7 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
-    good = wire.encode_group(make_group())
+    good = wire.encode_groups([make_group()])
     garbage = [
         [b"\xc1\xc1\xc1"],                                            # bad_frame
         [b"not msgpack at all", b"x", b"y", b"z"],                    # bad_frame or bad_header
@@ -99,12 +99,12 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
         wire.encode(wire.Shutdown()),                                 # unexpected_type
         good[:2],                                                     # frame_count
         [*good, b"extra"],                                            # frame_count
-        wire.encode_group(make_group(tokens=(9, VOCAB, 11))),         # token_out_of_range
-        wire.encode_group(make_group(version=-1)),                    # bad_version
+        wire.encode_groups([make_group(tokens=(9, VOCAB, 11))]),         # token_out_of_range
+        wire.encode_groups([make_group(version=-1)]),                    # bad_version
     ]
     for frames in garbage:
         raw.send_multipart(frames, copy=False)
-    raw.send_multipart(wire.encode_group(make_group(version=5)), copy=False)
+    raw.send_multipart(wire.encode_groups([make_group(version=5)]), copy=False)
     got = take(receiver)  # one socket keeps order: every garbage message was taken before this
     assert got is not None and got.policy_version == 5
     counts = dict(receiver.rejected.counts)
@@ -229,15 +229,22 @@ def test_a_restarted_learner_is_recognised_and_its_lower_version_taken(zmq_ctx):
     assert sub.wait_for(30, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(first))[0] == 30
     second = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))  # resumed from a checkpoint at 20
     second.publish(20, _state(20))
-    sub.dealer.connect(bound(second.router))
+    sub.dealer.connect(bound(second.router))  # (a restarted learner binds the same addresses)
+    sub.sub.connect(bound(second.pub))
     got = sub.wait_for(31, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(second))
     assert got is not None and got[0] == 20 and sub.learner_restarts == 1 and sub.learner == second.session
 
 
-def test_the_request_server_counts_bad_requests_and_keeps_serving(zmq_ctx):
+def test_the_request_server_counts_bad_requests_and_answers_a_good_one_by_sending_the_version_again(zmq_ctx):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
     pub.publish(1, _state(1))
+    pub.flush()
+    listener = track(ctx.socket(zmq.SUB))
+    listener.setsockopt(zmq.LINGER, 0)
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    listener.connect(bound(pub.pub))
+    time.sleep(0.3)  # PUB/SUB joins late
     raw = track(ctx.socket(zmq.DEALER))
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(bound(pub.router))
@@ -248,11 +255,28 @@ def test_the_request_server_counts_bad_requests_and_keeps_serving(zmq_ctx):
     while pub.requests_served < 1 and time.monotonic() < deadline:
         pub.router.poll(50)
         pub.serve_requests()
-    assert pub.requests_served == 1
+    assert pub.requests_served == 1 and pub.rebroadcasts == 1
     assert dict(pub.rejected.counts) == {"bad_frame": 1, "unexpected_type": 1}
-    assert raw.poll(2000)
-    version, tensors = wire.decode_weights(raw.recv_multipart())
+    assert listener.poll(2000)
+    version, tensors = chunks.decode_weights([listener.recv_multipart()])
     assert version == 1 and torch.equal(tensors["w"], _state(1)["w"])
+
+
+def test_after_settle_a_request_waits_for_the_next_version_instead_of_reading_changed_parameters(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
+    live = _state(1)
+    pub.publish(1, live)
+    pub.flush()  # sent before anyone subscribed
+    pub.settle()  # the optimizer step follows: the parameters are no longer version 1
+    live["w"].fill_(-7.0)
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
+    with pytest.raises(TimeoutError):
+        sub.wait_for(1, timeout_s=1.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
+    assert pub.rebroadcasts == 0
+    pub.publish(2, live, broadcast=False)  # the next version answers the waiting request
+    got = sub.wait_for(2, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))
+    assert got[0] == 2 and got[1]["w"].unique().tolist() == [-7.0]
 
 
 def _fake_learner(ctx, track):
@@ -278,8 +302,8 @@ def test_the_subscriber_counts_bad_weight_messages_and_takes_the_next_good_one(z
     router, pub = _fake_learner(ctx, track)
     sub = track(WeightSubscriber(ctx, bound(pub), bound(router), "actor-0", MAX_BYTES))
     _answer(router, sub, [b"\xc1"])
-    _answer(router, sub, wire.encode_weights(0, {"w": torch.ones(2)})[:1])  # tensor frame missing
-    _answer(router, sub, wire.encode_weights(4, {"w": torch.ones(2)}))
+    _answer(router, sub, chunks.encode_weights(0, {"w": torch.ones(2)})[0][:1])  # chunk frame missing
+    _answer(router, sub, chunks.encode_weights(4, {"w": torch.ones(2)})[0])
     deadline = time.monotonic() + 5
     got = None
     while got is None and time.monotonic() < deadline:
@@ -292,7 +316,8 @@ def test_a_weights_message_with_negative_dims_does_not_crash_the_subscriber(zmq_
     ctx, track = zmq_ctx
     router, pub = _fake_learner(ctx, track)
     sub = track(WeightSubscriber(ctx, bound(pub), bound(router), "actor-0", MAX_BYTES))
-    header = msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=[wire.TensorInfo("w", "float32", [-2, -2])]))
+    header = msgspec.msgpack.encode(wire.WeightsChunk(version=0, tensors=[wire.TensorInfo("w", "float32", [-2, -2])],
+                                                      offsets=[0], total=16, chunk_bytes=64))
     _answer(router, sub, [header, bytes(16)])
     deadline = time.monotonic() + 5
     while sub.rejected.total == 0 and time.monotonic() < deadline:
@@ -305,7 +330,7 @@ def test_a_header_that_is_not_utf8_is_counted_not_raised(zmq_ctx):
     receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
     raw.send_multipart([b"\x81\xa4type\xa2\xff\xfe"])
-    raw.send_multipart(wire.encode_group(make_group(version=1)))
+    raw.send_multipart(wire.encode_groups([make_group(version=1)]))
     got = take(receiver)
     assert got is not None and got.policy_version == 1
     assert receiver.rejected.total == 1
@@ -447,14 +472,18 @@ def test_an_actor_gets_exactly_the_published_weights_though_training_changes_the
         live["b"].fill_(-1.0)
         while (got := sub.poll(timeout_ms=0)) is not None:
             seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
-    # PUB drops versions a busy subscriber has no room for; the newest then comes on request.
-    got = sub.wait_for(20, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub))
-    seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
+    # Sends wait for the pool, so no version is dropped at the high-water mark: the newest comes by broadcast.
+    deadline = time.monotonic() + 5
+    while 20 not in seen and time.monotonic() < deadline:
+        if (got := sub.poll(timeout_ms=50)) is not None:
+            seen[got[0]] = [(t.min().item(), t.max().item()) for t in got[1].values()]
     assert 20 in seen and len(seen) >= 2
     assert all(ranges == [(v, v), (v, v)] for v, ranges in seen.items())
+    live["w"].fill_(21.0)
+    pub.publish(21, live, wait=not background)
     late = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "late", MAX_BYTES))
-    version, tensors = late.wait_for(20, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
-    assert version == 20 and (tensors["w"].min(), tensors["w"].max()) == (20.0, 20.0)  # the reply: version 20's too
+    version, tensors = late.wait_for(21, timeout_s=5.0, ask_first=True, ask_every_s=0.2, stop=_serving(pub))
+    assert version == 21 and (tensors["w"].min(), tensors["w"].max()) == (21.0, 21.0)  # sent again from `live`
 
 
 def _announce_until_seen(pub: WeightPublisher, sub: WeightSubscriber, version: int) -> tuple[int, dict] | None:
@@ -496,23 +525,80 @@ def test_a_request_during_a_background_publish_gets_that_version_once_its_copy_i
     pub.publish(2, live, wait=False)
     sub.request(have_version=1)
     got = sub.wait_for(2, timeout_s=5.0, ask_every_s=5.0, stop=_serving(pub))  # no second ask needed
-    live["w"].fill_(-1.0)  # serving settled the copy: changing the parameters now tears nothing
+    pub.settle()
+    live["w"].fill_(-1.0)  # settled: changing the parameters now tears nothing
     assert got[0] == 2 and got[1]["w"].unique().tolist() == [2.0]
 
 
 def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES))
-    fill = pub.snapshots.fill
+    copy = chunks.copy_chunk
 
-    def broken(state):
+    def broken(*args):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(pub.snapshots, "fill", broken)
+    monkeypatch.setattr(chunks, "copy_chunk", broken)
     pub.publish(0, {"w": torch.ones(2)}, wait=False)
     with pytest.raises(RuntimeError, match="device lost"):
         pub.settle()
     pub.settle()  # raised once, then the publisher is usable again
-    monkeypatch.setattr(pub.snapshots, "fill", fill)
+    monkeypatch.setattr(chunks, "copy_chunk", copy)
     pub.publish(1, {"w": torch.ones(2)})
     assert pub.version == 1 and pub.latest is not None
+
+
+def test_a_version_larger_than_the_message_cap_arrives_whole_through_a_bounded_chunk_pool(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2))
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
+    g = torch.Generator().manual_seed(0)
+    live = {"a": torch.randn(300, 1024, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
+            "c": torch.randn(500, 1000, generator=g)}  # ~3.2 MB over a 1 MiB cap
+    pub.publish(0, live)
+    got = sub.wait_for(0, timeout_s=10.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub))
+    assert all(torch.equal(got[1][k], t) for k, t in live.items())
+    assert pub.chunk_bytes < MAX_BYTES and -(-sum(t.nbytes for t in live.values()) // pub.chunk_bytes) >= 4
+    assert len(pub.pool.buffers) == 2 and all(b.numel() <= pub.chunk_bytes for b in pub.pool.buffers)
+    assert sub.rejected.total == 0
+
+
+def _chunks(version: int, value: float, learner: str = "L") -> list:
+    return chunks.encode_weights(version, {"w": torch.full((1024,), value)}, learner=learner, chunk_bytes=1024)
+
+
+def test_a_version_with_a_lost_chunk_is_dropped_and_counted_and_the_next_complete_one_delivered(zmq_ctx):
+    ctx, track = zmq_ctx
+    router, pub = _fake_learner(ctx, track)
+    sub = track(WeightSubscriber(ctx, bound(pub), bound(router), "actor-0", MAX_BYTES))
+    v1, v2 = _chunks(1, 1.0), _chunks(2, 2.0)
+    for m in v1[:2] + v1[3:]:  # chunk 2 of 4 lost
+        _answer(router, sub, m)
+    assert sub.poll(timeout_ms=300) is None
+    for m in v2[::-1]:  # any order
+        _answer(router, sub, m)
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:
+        got = sub.poll(timeout_ms=50)
+    assert got[0] == 2 and got[1]["w"].unique().tolist() == [2.0]
+    assert dict(sub.rejected.counts) == {"chunk_lost": 1}
+
+
+def test_duplicate_and_mismatched_chunks_are_counted_and_the_version_still_arrives_intact(zmq_ctx):
+    ctx, track = zmq_ctx
+    router, pub = _fake_learner(ctx, track)
+    sub = track(WeightSubscriber(ctx, bound(pub), bound(router), "actor-0", MAX_BYTES))
+    v1 = _chunks(1, 1.0)
+    other = chunks.encode_weights(1, {"x": torch.zeros(1024)}, learner="L", chunk_bytes=1024)  # another layout
+    for m in [v1[0], v1[1], v1[1], other[2], v1[2], v1[3]]:
+        _answer(router, sub, m)
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:
+        got = sub.poll(timeout_ms=50)
+    assert got[0] == 1 and got[1]["w"].unique().tolist() == [1.0]
+    assert dict(sub.rejected.counts) == {"duplicate_chunk": 1, "chunk_mismatch": 1}
+    for m in v1:  # the same version again (sent for another subscriber): skipped, not counted
+        _answer(router, sub, m)
+    assert sub.poll(timeout_ms=300) is None and sub.rejected.total == 2

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl import wire
-from streamrl.wire import GroupHeader, SampleInfo, WireError
+from streamrl import chunks, wire
+from streamrl.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32
@@ -41,21 +41,34 @@ def make_group(**kw) -> wire.ScoredGroup:
     return wire.ScoredGroup.from_samples(**args)
 
 
+def encode_group(g: wire.ScoredGroup) -> list:
+    """A single group's message: a batch of one."""
+    return wire.encode_groups([g])
+
+
+def decode_group(frames, **kw) -> wire.ScoredGroup:
+    back = wire.decode_groups(frames, **kw)
+    assert len(back) == 1
+    return back[0]
+
+
 def group_frames(**header_kw) -> list[bytes]:
     """Frames of a hand-made group: 2 prompt tokens, samples of 2 and 1 tokens."""
-    hdr = dict(
+    entry = dict(
         prompt_id="p",
         policy_version=0,
-        actor_id="a",
         num_prompt_tokens=2,
         samples=[SampleInfo(2, 1.0, "stop"), SampleInfo(1, 0.0, "length")],
         created_at=1.0,
     )
+    batch = dict(actor_id="a")
     prompt = header_kw.pop("prompt", np.array([3, 4], np.int32))
     tokens = header_kw.pop("tokens", np.array([5, 6, 7], np.int32))
     logprobs = header_kw.pop("logprobs", np.array([-0.5, -1.0, -2.0], np.float32))
-    hdr.update(header_kw)
-    return to_bytes([msgspec.msgpack.encode(GroupHeader(**hdr)), prompt, tokens, logprobs])
+    for k, v in header_kw.items():
+        (batch if k in ("schema", "actor_id", "session", "sent_at") else entry)[k] = v
+    header = GroupBatchHeader(**batch, groups=[GroupEntry(**entry)])
+    return to_bytes([msgspec.msgpack.encode(header), prompt, tokens, logprobs])
 
 
 def reason(fn, *args, **kw) -> str:
@@ -70,9 +83,9 @@ def reason(fn, *args, **kw) -> str:
 def test_scored_group_round_trips_with_identical_arrays_and_fields():
     g = make_group()
     before = time.time()
-    frames = wire.encode_group(g)
+    frames = encode_group(g)
     assert len(frames) == 4
-    back = wire.decode_group(to_bytes(frames), vocab_size=VOCAB)
+    back = decode_group(to_bytes(frames), vocab_size=VOCAB)
     for name in ("prompt_tokens", "completion_tokens", "behaviour_logprobs"):
         a, b = getattr(g, name), getattr(back, name)
         assert a.dtype == b.dtype
@@ -89,7 +102,7 @@ def test_scored_group_round_trips_with_identical_arrays_and_fields():
 
 def test_a_sample_span_newer_than_its_group_travels_and_an_older_or_equal_one_is_left_out():
     g = make_group(last_versions=[5, 3, None, 2])  # 3 (the group's own) and 2 (older) say nothing new
-    back = wire.decode_group(to_bytes(wire.encode_group(g)), vocab_size=VOCAB)
+    back = decode_group(to_bytes(encode_group(g)), vocab_size=VOCAB)
     assert [s.last_version for s in back.samples] == [5, None, None, None]
     assert back.last_versions == [5, 3, 3, 3]
     batch = wire.decode_groups(to_bytes(wire.encode_groups([g, make_group()])), vocab_size=VOCAB)
@@ -100,13 +113,13 @@ def test_a_sample_whose_last_version_precedes_its_group_is_bad_version_span():
     frames = group_frames(policy_version=4, samples=[SampleInfo(2, 1.0, "stop", last_version=3),
                                                      SampleInfo(1, 0.0, "length")])
     with pytest.raises(WireError, match="last_version 3 is older than the group's policy_version 4") as e:
-        wire.decode_group(frames, vocab_size=VOCAB)
+        decode_group(frames, vocab_size=VOCAB)
     assert e.value.reason == "bad_version_span"
 
 
 def test_group_arrays_travel_as_separate_zero_copy_frames():
     g = make_group()
-    frames = wire.encode_group(g)
+    frames = encode_group(g)
     assert np.shares_memory(frames[1], g.prompt_tokens)
     assert np.shares_memory(frames[2], g.completion_tokens)
     assert np.shares_memory(frames[3], g.behaviour_logprobs)
@@ -116,7 +129,7 @@ def test_the_header_size_does_not_grow_with_the_completions():
     def header_len(n: int) -> int:
         g = make_group(completions=[[1] * n, [2] * n], logprobs=[[-1.0] * n, [-1.0] * n], rewards=[0.0, 1.0],
                        finish_reasons=["length", "length"], prompt_tokens=[3] * 300)
-        return len(wire.encode_group(g)[0])
+        return len(encode_group(g)[0])
 
     assert header_len(300) == header_len(30000)
 
@@ -142,9 +155,11 @@ def test_from_samples_flattens_completions_with_offsets():
     ],
     ids=["float32", "bfloat16", "empty", "zero_dim", "mixed"],
 )
-@pytest.mark.parametrize("encode", [wire.encode_weights, wire.encode_weights_flat], ids=["per_tensor", "flat"])
-def test_weights_round_trip(state, encode):
-    version, back = wire.decode_weights(to_bytes(encode(7, state)))
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 64, 8], ids=["one_chunk", "chunks", "tiny_chunks"])
+def test_weights_round_trip_in_one_chunk_or_many(state, chunk_bytes):
+    messages = [to_bytes(m) for m in chunks.encode_weights(7, state, chunk_bytes=chunk_bytes)]
+    assert all(len(m[1]) <= chunk_bytes for m in messages)
+    version, back = chunks.decode_weights(messages[::-1])  # any order
     assert version == 7
     assert list(back) == list(state)
     for name, t in state.items():
@@ -225,9 +240,12 @@ def test_a_batch_with_missing_or_extra_frames_is_frame_count():
     assert reason(wire.decode_groups, [*frames, b"x"]) == "frame_count"
 
 
-def test_decode_groups_refuses_a_single_group_message_as_unexpected_type():
-    assert reason(wire.decode_groups, to_bytes(wire.encode_group(make_group()))) == "unexpected_type"
-    assert reason(wire.decode_group, batch_frames()) == "unexpected_type"
+def test_a_single_group_is_a_batch_of_one_whose_frames_are_its_own_arrays():
+    g = make_group()
+    frames = wire.encode_groups([g])
+    assert msgspec.msgpack.decode(frames[0])["type"] == "scored_group_batch"
+    assert np.shares_memory(frames[2], g.completion_tokens)
+    assert len(wire.decode_groups(to_bytes(frames))) == 1
 
 
 @pytest.mark.parametrize("changes,expected", [
@@ -263,14 +281,14 @@ def test_one_out_of_vocabulary_token_in_a_batch_rejects_it(bad):
 def test_huge_but_finite_rewards_whose_sum_overflows_are_accepted():
     groups = batch_of(make_group(rewards=[1.7e308, 1.7e308, 0.0, 0.0]))
     assert wire.decode_groups(to_bytes(wire.encode_groups(groups)))[0].rewards[0] == 1.7e308
-    assert wire.decode_group(to_bytes(wire.encode_group(groups[0]))).rewards[1] == 1.7e308
+    assert decode_group(to_bytes(encode_group(groups[0]))).rewards[1] == 1.7e308
 
 
 # --- bad input --------------------------------------------------------------------------------
 
 
 def test_bytes_that_are_not_msgpack_are_bad_frame():
-    assert reason(wire.decode_group, [b"\xc1", b"", b"", b""]) == "bad_frame"
+    assert reason(decode_group, [b"\xc1", b"", b"", b""]) == "bad_frame"
     assert reason(wire.decode_header, [b"\xc1garbage"]) == "bad_frame"
 
 
@@ -280,7 +298,7 @@ def test_random_frames_always_raise_wire_error():
     for _ in range(1000):
         frames = [rng.integers(0, 256, size=int(rng.integers(1, 40)), dtype=np.uint8).tobytes()
                   for _ in range(int(rng.integers(1, 6)))]
-        for fn in (wire.decode_group, wire.decode_weights, wire.decode_header):
+        for fn in (decode_group, decode_weights, wire.decode_header):
             with pytest.raises(WireError) as e:
                 fn(frames)
             seen.add(e.value.reason)
@@ -288,124 +306,203 @@ def test_random_frames_always_raise_wire_error():
 
 
 def test_an_empty_frame_list_is_empty():
-    assert reason(wire.decode_group, []) == "empty"
-    assert reason(wire.decode_weights, []) == "empty"
+    assert reason(decode_group, []) == "empty"
+    assert reason(decode_weights, []) == "empty"
 
 
 def test_a_truncated_frame_list_is_frame_count():
-    frames = to_bytes(wire.encode_group(make_group()))
-    assert reason(wire.decode_group, frames[:3]) == "frame_count"
-    assert reason(wire.decode_group, frames[:1]) == "frame_count"
+    frames = to_bytes(encode_group(make_group()))
+    assert reason(decode_group, frames[:3]) == "frame_count"
+    assert reason(decode_group, frames[:1]) == "frame_count"
 
 
 def test_extra_frames_are_frame_count():
-    frames = to_bytes(wire.encode_group(make_group()))
-    assert reason(wire.decode_group, [*frames, b"x"]) == "frame_count"
-    wframes = to_bytes(wire.encode_weights(0, {"w": torch.ones(2)}))
-    assert reason(wire.decode_weights, [*wframes, b"x"]) == "frame_count"
-    assert reason(wire.decode_weights, wframes[:1]) == "frame_count"
+    frames = to_bytes(encode_group(make_group()))
+    assert reason(decode_group, [*frames, b"x"]) == "frame_count"
+    wframes = to_bytes(chunks.encode_weights(0, {"w": torch.ones(2)})[0])
+    assert reason(decode_weights, [*wframes, b"x"]) == "frame_count"
+    assert reason(decode_weights, wframes[:1]) == "frame_count"
 
 
 def test_an_unknown_type_tag_is_bad_header():
-    frames = to_bytes(wire.encode_group(make_group()))
+    frames = to_bytes(encode_group(make_group()))
     unknown = msgspec.msgpack.encode({"type": "nope", "schema": 1})
-    assert reason(wire.decode_group, [unknown, *frames[1:]]) == "bad_header"
+    assert reason(decode_group, [unknown, *frames[1:]]) == "bad_header"
     assert reason(wire.decode_header, [msgspec.msgpack.encode({"schema": 1})]) == "bad_header"
     assert reason(wire.decode_header, [msgspec.msgpack.encode([1, 2, 3])]) == "bad_header"
 
 
 def test_a_header_with_a_wrong_field_type_is_bad_header():
     bad_finish = [SampleInfo(2, 1.0, "exploded"), SampleInfo(1, 0.0, "stop")]
-    assert reason(wire.decode_group, group_frames(samples=bad_finish)) == "bad_header"
+    assert reason(decode_group, group_frames(samples=bad_finish)) == "bad_header"
     raw = msgspec.msgpack.encode({"type": "scored_group", "schema": 1, "prompt_id": "p", "policy_version": "3",
                                   "actor_id": "a", "num_prompt_tokens": 0, "samples": [], "created_at": 0.0})
     assert reason(wire.decode_header, [raw]) == "bad_header"
 
 
 def test_schema_version_two_is_refused():
-    assert reason(wire.decode_group, group_frames(schema=2)) == "schema_version"
-    hdr = msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=[], schema=2))
-    assert reason(wire.decode_weights, [hdr]) == "schema_version"
+    assert reason(decode_group, group_frames(schema=2)) == "schema_version"
+    hdr = msgspec.msgpack.encode(wire.WeightsChunk(version=0, tensors=[], offsets=[], total=0, chunk_bytes=8,
+                                                   schema=2))
+    assert reason(decode_weights, [hdr, b""]) == "schema_version"
 
 
 def test_a_message_of_another_type_is_unexpected_type():
     shutdown = to_bytes(wire.encode(wire.Shutdown()))
-    assert reason(wire.decode_group, shutdown) == "unexpected_type"
-    assert reason(wire.decode_weights, shutdown) == "unexpected_type"
-    assert reason(wire.decode_weights, to_bytes(wire.encode_group(make_group()))) == "unexpected_type"
+    assert reason(decode_group, shutdown) == "unexpected_type"
+    assert reason(decode_weights, shutdown) == "unexpected_type"
+    assert reason(decode_weights, to_bytes(encode_group(make_group()))) == "unexpected_type"
 
 
 @pytest.mark.parametrize("which", ["prompt", "tokens", "logprobs"])
 def test_array_lengths_that_disagree_with_the_header_are_length_mismatch(which):
     short = {"prompt": np.array([3], np.int32), "tokens": np.array([5, 6], np.int32),
              "logprobs": np.array([-0.5, -1.0, -2.0, -1.0], np.float32)}
-    assert reason(wire.decode_group, group_frames(**{which: short[which]})) == "length_mismatch"
+    assert reason(decode_group, group_frames(**{which: short[which]})) == "length_mismatch"
 
 
 def test_a_frame_of_odd_byte_length_is_length_mismatch():
     frames = group_frames()
     frames[2] = frames[2][:-1]
-    assert reason(wire.decode_group, frames) == "length_mismatch"
+    assert reason(decode_group, frames) == "length_mismatch"
 
 
 def test_a_negative_token_count_is_length_mismatch():
     frames = group_frames(samples=[SampleInfo(4, 1.0, "stop"), SampleInfo(-1, 0.0, "stop")])
-    assert reason(wire.decode_group, frames) == "length_mismatch"
+    assert reason(decode_group, frames) == "length_mismatch"
+
+
+def decode_weights(frames):
+    """One weights message decoded as a whole version."""
+    return chunks.decode_weights([frames])
 
 
 def test_weights_of_the_wrong_byte_size_are_length_mismatch():
-    frames = to_bytes(wire.encode_weights(0, {"w": torch.ones(4)}))
-    assert reason(wire.decode_weights, [frames[0], frames[1][:-4]]) == "length_mismatch"
+    frames = to_bytes(chunks.encode_weights(0, {"w": torch.ones(4)})[0])
+    assert reason(decode_weights, [frames[0], frames[1][:-4]]) == "length_mismatch"
 
 
-def test_flat_weights_are_one_bulk_frame_and_decode_as_views_without_a_copy():
-    frames = wire.encode_weights_flat(3, {"a": torch.ones(3), "b": torch.arange(4, dtype=torch.int64)})
-    assert len(frames) == 2
-    buf = bytearray(bytes(memoryview(frames[1])))
-    _, back = wire.decode_weights([frames[0], buf])
+def test_a_one_chunk_version_decodes_as_views_of_its_frame_without_a_copy():
+    messages = chunks.encode_weights(3, {"a": torch.ones(3), "b": torch.arange(4, dtype=torch.int64)})
+    assert len(messages) == 1 and len(messages[0]) == 2
+    buf = bytearray(bytes(memoryview(messages[0][1])))
+    _, back = decode_weights([messages[0][0], buf])
     buf[:4] = torch.tensor([5.0]).numpy().tobytes()
     assert back["a"].tolist() == [5.0, 1.0, 1.0] and back["b"].tolist() == [0, 1, 2, 3]
 
 
-def _flat(offsets, frame_len, shapes=((3,), (2,))):
-    infos = [wire.TensorInfo(f"t{i}", "float32", list(s)) for i, s in enumerate(shapes)]
-    return [msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=infos, offsets=offsets)), bytes(frame_len)]
+def _chunk(offsets=None, total=None, shapes=((3,), (2,)), dtype="float32", chunk_bytes=1 << 20, index=0,
+           payload=None, version=0):
+    """One hand-made weights chunk: tensors of `shapes`, at `offsets` in a `total`-byte version."""
+    infos = [wire.TensorInfo(f"t{i}", dtype, list(s)) for i, s in enumerate(shapes)]
+    offsets = [0, 16][:len(shapes)] if offsets is None else offsets
+    total = 64 if total is None else total
+    header = wire.WeightsChunk(version=version, tensors=infos, offsets=offsets, total=total, chunk_bytes=chunk_bytes,
+                               index=index)
+    if payload is None:
+        start = index * chunk_bytes
+        payload = bytes(max(0, min(chunk_bytes, total - start)))
+    return [msgspec.msgpack.encode(header), payload]
 
 
-@pytest.mark.parametrize("offsets, frame_len", [
+@pytest.mark.parametrize("offsets, total", [
     ([0, 8], 64),        # t1 starts inside t0 (which ends at 12)
     ([64, 0], 128),      # backwards
     ([0, 14], 64),       # not aligned to float32
-    ([0, 64], 68),       # t1 ends past the frame
+    ([0, 64], 68),       # t1 ends past the version
     ([0, 1000], 2048),   # a gap no alignment explains
     ([0], 64),           # fewer offsets than tensors
-    ([-4, 12], 64),      # before the frame
+    ([-4, 12], 64),      # before the version
 ], ids=["overlap", "backwards", "misaligned", "past_end", "gap", "count", "negative"])
-def test_flat_weights_with_impossible_offsets_are_bad_offset(offsets, frame_len):
-    assert reason(wire.decode_weights, _flat(offsets, frame_len)) == "bad_offset"
+def test_weights_with_impossible_offsets_are_bad_offset(offsets, total):
+    assert reason(decode_weights, _chunk(offsets, total)) == "bad_offset"
 
 
-def test_flat_weights_with_bytes_no_tensor_accounts_for_are_length_mismatch():
-    assert reason(wire.decode_weights, _flat([0, 16], 24 + 1024)) == "length_mismatch"
-    wire.decode_weights(_flat([0, 16], 64))  # up to one cache line of alignment padding is fine
+def test_weights_with_bytes_no_tensor_accounts_for_are_length_mismatch():
+    assert reason(decode_weights, _chunk([0, 16], 24 + 1024)) == "length_mismatch"
+    decode_weights(_chunk([0, 16], 64))  # up to one cache line of alignment padding is fine
 
 
-def test_flat_weights_need_exactly_two_frames():
-    frames = _flat([0, 16], 64)
-    assert reason(wire.decode_weights, [*frames, b"x"]) == "frame_count"
-    assert reason(wire.decode_weights, frames[:1]) == "frame_count"
+def test_a_weights_chunk_needs_exactly_two_frames():
+    frames = _chunk()
+    assert reason(decode_weights, [*frames, b"x"]) == "frame_count"
+    assert reason(decode_weights, frames[:1]) == "frame_count"
 
 
 def test_weights_of_an_unknown_dtype_are_bad_dtype():
     for dtype in ("float99", "Tensor", "nn"):
-        hdr = msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=[wire.TensorInfo("w", dtype, [1])]))
-        assert reason(wire.decode_weights, [hdr, bytes(4)]) == "bad_dtype"
+        assert reason(decode_weights, _chunk([0], 64, shapes=((1,),), dtype=dtype)) == "bad_dtype"
 
 
 def test_weights_with_negative_shape_dims_are_a_wire_error():
-    hdr = msgspec.msgpack.encode(wire.WeightsHeader(version=0, tensors=[wire.TensorInfo("w", "float32", [-2, -2])]))
     with pytest.raises(WireError):
-        wire.decode_weights([hdr, bytes(16)])
+        decode_weights(_chunk([0], 64, shapes=((-2, -2),)))
+
+
+@pytest.mark.parametrize("changes", [dict(index=1), dict(index=-1), dict(chunk_bytes=0), dict(total=-64)],
+                         ids=["index_past_count", "negative_index", "zero_chunk", "negative_total"])
+def test_a_chunk_that_has_no_place_in_its_version_is_bad_chunk(changes):
+    assert reason(decode_weights, _chunk(payload=b"", **changes)) == "bad_chunk"
+
+
+def test_a_chunk_shorter_or_longer_than_its_place_is_length_mismatch():
+    assert reason(decode_weights, _chunk(chunk_bytes=48, index=1, payload=bytes(8))) == "length_mismatch"
+    assert reason(decode_weights, _chunk(chunk_bytes=48, index=0, payload=bytes(64))) == "length_mismatch"
+
+
+def test_a_negative_weights_version_is_bad_version():
+    assert reason(decode_weights, _chunk(version=-1)) == "bad_version"
+
+
+def test_a_version_larger_than_the_subscriber_accepts_is_too_large():
+    frames = _chunk(shapes=((10**6,),), offsets=[0], total=4 * 10**6, chunk_bytes=64)
+    with pytest.raises(WireError) as e:
+        chunks.decode_weights([frames], max_bytes=1 << 20)
+    assert e.value.reason == "too_large"
+
+
+def _messages(state, chunk_bytes=64, version=7):
+    return [to_bytes(m) for m in chunks.encode_weights(version, state, chunk_bytes=chunk_bytes)]
+
+
+def test_a_version_with_a_chunk_missing_is_never_delivered():
+    state = {"w": torch.arange(64.0)}  # 256 bytes: 4 chunks of 64
+    messages = _messages(state)
+    for lost in range(4):
+        assert reason(chunks.decode_weights, messages[:lost] + messages[lost + 1:]) == "chunk_lost"
+
+
+def test_chunks_of_two_versions_never_mix():
+    a, b = _messages({"w": torch.zeros(64)}, version=1), _messages({"w": torch.ones(64)}, version=2)
+    assert reason(chunks.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_lost"
+
+
+def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
+    state = {"w": torch.arange(64.0)}
+    messages = _messages(state)
+    assert reason(chunks.decode_weights, [messages[0], messages[1], messages[1], messages[2], messages[3]]) \
+        == "duplicate_chunk"
+    header = wire.decode_header(messages[1])
+    assembly = chunks.Assembly(header, 1 << 20)
+    for m in [messages[1], messages[0], messages[3], messages[2]]:
+        h = wire.decode_header(m)
+        assembly.add(h, wire.chunk_payload(m, h), m[1])
+    with pytest.raises(WireError, match="came twice"):
+        assembly.add(header, wire.chunk_payload(messages[1], header), messages[1][1])
+    assert torch.equal(assembly.tensors()["w"], state["w"])
+
+
+def test_a_chunk_whose_layout_differs_from_its_versions_is_chunk_mismatch():
+    a = _messages({"w": torch.zeros(64)})
+    b = _messages({"v": torch.zeros(64)})  # same version and sizes, another tensor name
+    assert reason(chunks.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_mismatch"
+
+
+def test_chunk_size_leaves_room_for_the_header_under_the_message_cap():
+    assert chunks.chunk_bytes_for(4 << 20) == 3 << 20
+    assert chunks.chunk_bytes_for(256 << 20) == chunks.DEFAULT_CHUNK_BYTES
+    assert chunks.chunk_bytes_for(0) == chunks.DEFAULT_CHUNK_BYTES
+    assert chunks.chunk_bytes_for(1000) % 64 == 0
 
 
 # A header whose string value is not UTF-8 (map {"type": <str 0xff 0xfe>}), and one nested 50,000 maps deep.
@@ -425,19 +522,19 @@ def test_a_deeply_nested_header_is_a_wire_error():
 
 def test_an_actor_id_that_is_valid_utf8_round_trips():
     g = make_group(actor_id="akteur-\u00fc-\u6f22")
-    assert wire.decode_group(to_bytes(wire.encode_group(g))).actor_id == "akteur-\u00fc-\u6f22"
+    assert decode_group(to_bytes(encode_group(g))).actor_id == "akteur-\u00fc-\u6f22"
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_reward_is_non_finite_reward(bad):
     frames = group_frames(samples=[SampleInfo(2, 1.0, "stop"), SampleInfo(1, bad, "stop")])
-    assert reason(wire.decode_group, frames) == "non_finite_reward"
+    assert reason(decode_group, frames) == "non_finite_reward"
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_logprob_is_non_finite_logprob(bad):
     frames = group_frames(logprobs=np.array([-0.5, bad, -2.0], np.float32))
-    assert reason(wire.decode_group, frames) == "non_finite_logprob"
+    assert reason(decode_group, frames) == "non_finite_logprob"
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -447,16 +544,16 @@ def test_a_non_finite_logprob_anywhere_in_a_long_array_is_non_finite_logprob(bad
     logprobs = np.full(n, -0.5, np.float32)
     logprobs[at] = bad
     frames = group_frames(samples=[SampleInfo(n, 1.0, "length")], tokens=np.zeros(n, np.int32), logprobs=logprobs)
-    assert reason(wire.decode_group, frames) == "non_finite_logprob"
+    assert reason(decode_group, frames) == "non_finite_logprob"
 
 
 def test_a_positive_logprob_is_bad_logprob():
     frames = group_frames(logprobs=np.array([-0.5, 0.5, -2.0], np.float32))
-    assert reason(wire.decode_group, frames) == "bad_logprob"
+    assert reason(decode_group, frames) == "bad_logprob"
 
 
 def test_a_logprob_of_zero_is_accepted():
-    g = wire.decode_group(group_frames(logprobs=np.array([0.0, -0.0, -2.0], np.float32)))
+    g = decode_group(group_frames(logprobs=np.array([0.0, -0.0, -2.0], np.float32)))
     assert g.behaviour_logprobs.tolist() == [0.0, 0.0, -2.0]
 
 
@@ -465,26 +562,26 @@ def test_a_logprob_of_zero_is_accepted():
 def test_a_token_id_outside_the_vocabulary_is_token_out_of_range(where, bad):
     arrays = {"prompt": np.array([3, 4], np.int32), "tokens": np.array([5, 6, 7], np.int32)}
     arrays[where][-1] = bad
-    assert reason(wire.decode_group, group_frames(**arrays), vocab_size=VOCAB) == "token_out_of_range"
+    assert reason(decode_group, group_frames(**arrays), vocab_size=VOCAB) == "token_out_of_range"
 
 
 def test_the_largest_valid_token_id_is_accepted():
-    g = wire.decode_group(group_frames(tokens=np.array([0, 6, VOCAB - 1], np.int32)), vocab_size=VOCAB)
+    g = decode_group(group_frames(tokens=np.array([0, 6, VOCAB - 1], np.int32)), vocab_size=VOCAB)
     assert g.completion_tokens.tolist() == [0, 6, VOCAB - 1]
 
 
 def test_a_negative_policy_version_is_bad_version():
-    assert reason(wire.decode_group, group_frames(policy_version=-1)) == "bad_version"
+    assert reason(decode_group, group_frames(policy_version=-1)) == "bad_version"
 
 
 def test_a_group_without_samples_is_empty_group():
-    assert reason(wire.decode_group, group_frames(samples=[], tokens=np.zeros(0, np.int32),
+    assert reason(decode_group, group_frames(samples=[], tokens=np.zeros(0, np.int32),
                                                   logprobs=np.zeros(0, np.float32))) == "empty_group"
 
 
 def test_a_group_with_an_empty_prompt_is_rejected():
     with pytest.raises(WireError):
-        wire.decode_group(group_frames(num_prompt_tokens=0, prompt=np.zeros(0, np.int32)), vocab_size=VOCAB)
+        decode_group(group_frames(num_prompt_tokens=0, prompt=np.zeros(0, np.int32)), vocab_size=VOCAB)
 
 
 def test_wire_error_carries_reason_and_detail():
@@ -544,7 +641,7 @@ def test_layer_and_corrections_survive_single_and_batch_messages():
     def raw(frames):  # as they arrive from a socket
         return [f if isinstance(f, bytes) else f.tobytes() for f in frames]
 
-    one = wire.decode_group(raw(wire.encode_group(group(2, None))))
+    one = decode_group(raw(encode_group(group(2, None))))
     assert one.layer == 2 and one.corrections is None
     both = wire.decode_groups(raw(wire.encode_groups([group(1, [0.5, 1.0]), group(2, None)])))
     assert [(g.layer, g.corrections) for g in both] == [(1, [0.5, 1.0]), (2, None)]

@@ -1,0 +1,69 @@
+"""An actor's generate calls: prompts from its own stream → groups of G scored samples, at most
+the staleness budget of them, with what each call did added up for the actor's stats."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable
+
+from actors import rollout
+from streamrl import difficulty, prometheus_metrics
+from streamrl.config import Config
+from streamrl.wire import ScoredGroup
+
+log = logging.getLogger("streamrl.actor")
+
+
+class Generation:
+    def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
+                 telemetry: prometheus_metrics.ActorMetrics):
+        """start_version: the version the actor's weights started at (its prompt stream depends on it)."""
+        self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
+        self.actor_id = f"actor-{index}"
+        self.prompts_per_call = cfg.actors.prompts_per_generate
+        # The prompt stream's position: an actor that (re)joins a run at version v > 0 draws a stream
+        # of its own rather than replaying the prompts its first life drew from the start.
+        self.rng = random.Random(cfg.seed * 1000 + index + 1 + 7919 * start_version)
+        # Multi-layer GRPO's phrases come from a stream of their own, so the prompt stream stays as it was.
+        self.phrase_rng = random.Random(f"phrases-{cfg.seed}-{index}-{start_version}")
+        self.options = rollout.RolloutOptions.from_config(cfg)
+        # Online difficulty filtering: prompts almost always or almost never solved stop being drawn.
+        self.tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
+        self.r_min_correct = cfg.advantage.r_min_correct
+        self.totals: dict = {"generate_s": 0.0}
+        self.filtered_in_a_row = 0
+
+    def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
+        """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
+        t0 = time.perf_counter()
+        tracker = self.tracker
+        prompts = rollout.sample_prompts(self.reward.task, self.rng, min(self.prompts_per_call, budget),
+                                         keep=tracker.keep if tracker else None)
+        if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
+            log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
+                        self.actor_id, tracker.excluded_by_reason)
+            time.sleep(1.0)
+            return []
+        observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
+        groups, done = rollout.make_groups(self.backend, self.tokenizer, self.reward, prompts, self.options, version,
+                                           self.actor_id, self.phrase_rng, observe=observe,
+                                           between_steps=between_steps)
+        if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
+            done.over_budget, groups = len(groups) - budget, groups[:budget]
+        self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
+        self.telemetry.observe_generate(groups, gen_s)
+        self.telemetry.observe_rollout(done)
+        for key in done.__struct_fields__:
+            self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
+        self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
+        if self.filtered_in_a_row and self.filtered_in_a_row % 100 < done.filtered_zero_variance:
+            log.warning("%s: the last %d groups all had equal rewards and were filtered "
+                        "(actors.filter_zero_variance); nothing reaches the learner until rewards vary",
+                        self.actor_id, self.filtered_in_a_row)
+        return groups
+
+    def report(self) -> dict:
+        """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""
+        return {**self.totals, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}

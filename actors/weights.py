@@ -1,0 +1,128 @@
+"""An actor's weight channel: the learner's newest weights into the backend.
+
+One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts, and
+requests to the learner's ROUTER), the collective group's end when `transport.weight_sync:
+collective` (an announced version that fails there is asked for over ZeroMQ instead, inside
+the subscriber), loading a version into the backend, noticing a restarted learner, and
+in-flight updates between decoding steps. The actor's loop calls `first`, `update`,
+`wait_newer` and `take_demand`, hands `in_flight` to the backend, and reads `version` and `life`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+import zmq
+
+from streamrl import exporter, prometheus_metrics, wire
+from streamrl.config import Config
+from streamrl.security import Curve
+from streamrl.transport import WeightSubscriber, endpoint
+
+log = logging.getLogger("streamrl.actor")
+
+
+class ActorWeights:
+    def __init__(self, cfg: Config, ctx: zmq.Context, host: str, index: int, curve: Curve | None, backend,
+                 model: torch.nn.Module, telemetry: prometheus_metrics.ActorMetrics, health: exporter.Health):
+        """model: the actor's own copy of the policy (the names, dtypes and shapes a collective must match)."""
+        t = cfg.transport
+        self.actor_id = f"actor-{index}"
+        self.backend, self.telemetry, self.health = backend, telemetry, health
+        self.timeout_s = cfg.actors.weights_timeout_s
+        self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
+                                           self.actor_id, t.max_message_bytes, curve)
+        self.sync = None
+        if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
+            from streamrl.weight_sync import ActorSync
+
+            # Subscribed first: the learner announces its first collective version as soon as the group forms.
+            self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,
+                                  t.weight_sync_rendezvous_s, model.state_dict())
+            self.subscriber.collective = self.sync.receive
+        self.version = 0
+        """The policy version the backend holds (0 before any weights)."""
+        self.life = 0
+        """Learner restarts behind the weights held: versions of different lives are not comparable."""
+        self.in_flight: Callable[[], int] | None = self._between_steps if cfg.actors.inflight_updates else None
+        """For Backend.generate: loads newer weights between decoding steps, returns the version held."""
+        self._held: tuple[int, dict] | None = None  # a restarted learner's weights seen mid-generation
+        self.applied = self.inflight_loads = 0
+        self.wait_s = 0.0
+
+    @property
+    def shutdown(self) -> wire.Shutdown | None:
+        """The learner's Shutdown notice, once it came."""
+        return self.subscriber.shutdown
+
+    def first(self, stop: Callable[[], bool]) -> bool:
+        """Wait for the learner's current weights (asking for them at once) and load them; False if
+        the run stopped first. Never generate before this."""
+        got = self._wait(0, stop, ask_first=True)
+        if got is not None:
+            self._apply(got)
+            log.info("%s: starting at policy version %d", self.actor_id, self.version)
+        return got is not None
+
+    def update(self) -> None:
+        """Load the newest weights that arrived, if newer than those held (or from a restarted learner)."""
+        newer, self._held = self._held or self.subscriber.poll(0), None
+        if newer is not None and (newer[0] > self.version or self.subscriber.learner_restarts != self.life):
+            self._apply(newer)
+
+    def wait_newer(self, stop: Callable[[], bool]) -> bool:
+        """Wait for a version newer than the one held and load it. False without one: the run stopped,
+        the learner shut down, or it asked for more groups at this version (see `take_demand`)."""
+        got = self._wait(self.version + 1, stop)
+        if got is not None:
+            self._apply(got)
+        return got is not None
+
+    def take_demand(self) -> wire.Demand | None:
+        """The learner's request for more groups at the version held, once."""
+        return self.subscriber.take_demand(self.version)
+
+    def watch(self) -> None:
+        """Take in notices (a shutdown) and keep newer weights, without loading them (while blocked sending)."""
+        self.subscriber.watch()
+
+    def _between_steps(self) -> int:
+        """In-flight updates: newer weights land between decoding steps (the KV cache stays)."""
+        newer = self.subscriber.poll(0)
+        if newer is not None and self.subscriber.learner_restarts != self.life:
+            self._held = newer  # a restarted learner: `update` resyncs to it between generate calls
+        elif newer is not None and newer[0] > self.version:
+            self._apply(newer)
+            self.inflight_loads += 1
+        return self.version
+
+    def _apply(self, got: tuple[int, dict]) -> None:
+        t0 = time.perf_counter()
+        self.backend.load_weights(got[1])
+        self.version, self.life = got[0], self.subscriber.learner_restarts
+        self.applied += 1
+        self.telemetry.observe_weights(self.version, time.perf_counter() - t0)
+        self.health.beat(policy_version=self.version)
+
+    def _wait(self, min_version: int, stop: Callable[[], bool], ask_first: bool = False) -> tuple[int, dict] | None:
+        t0 = time.perf_counter()
+        try:
+            return self.subscriber.wait_for(min_version, self.timeout_s, ask_first=ask_first, stop=stop)
+        finally:
+            self.wait_s += (waited := time.perf_counter() - t0)
+            self.telemetry.weights_wait.inc(waited)
+
+    def report(self) -> dict:
+        """For the actor's stats: versions loaded, time waiting, notices rejected, the collective's record."""
+        return {"versions_applied": self.applied, "weights_wait_s": self.wait_s,
+                **({"inflight_loads": self.inflight_loads} if self.inflight_loads else {}),
+                "rejected": dict(self.subscriber.rejected.counts),
+                **({"weight_sync": self.sync.report()} if self.sync else {})}
+
+    def close(self) -> None:
+        if self.sync:
+            self.sync.close()
+        self.subscriber.close()

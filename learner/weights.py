@@ -1,0 +1,85 @@
+"""Learner rank 0's weight channel: the engine's weights out to the actors.
+
+One object owns everything weights on the learner side: the ZeroMQ publisher (broadcasts, and the
+ROUTER that answers an actor asking for the newest version), the collective group's end when
+`transport.weight_sync: collective` (a version that fails there goes over ZeroMQ, and the
+collective is left for good), settling a background copy before the optimizer changes the
+parameters it reads, and the publish metrics. The learner's loop sees `publish`, `settle`,
+`shutdown`, `close` and `report`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from learner.engine import Engine
+from streamrl import prometheus_metrics
+from streamrl.config import Config
+from streamrl.security import Curve
+from streamrl.transport import WeightPublisher, endpoint
+
+
+class LearnerWeights:
+    def __init__(self, cfg: Config, ctx: zmq.Context, curve: Curve | None, engine: Engine,
+                 telemetry: prometheus_metrics.LearnerMetrics):
+        t = cfg.transport
+        self.engine, self.telemetry = engine, telemetry
+        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port),
+                                         endpoint(t.host, t.weights_request_port), t.max_message_bytes, curve)
+        """The ZeroMQ end; the intake serves weight requests and sends demands through it."""
+        self.sync = _collective(cfg)
+        # A publish copies and sends in the background during the next forward/backward: the
+        # optimizer step waits for that copy before it changes the parameters the copy reads.
+        engine.before_step = self.publisher.settle
+
+    def publish(self, version: int) -> None:
+        """Send the engine's weights as `version`: over the collective once its group has formed
+        (announced on the ZeroMQ channel first), else, or when that fails, over ZeroMQ. Returns
+        before the ZeroMQ copy and send are done (see `settle`); the collective branch reads the
+        weights here, synchronously."""
+        t0 = time.perf_counter()
+        state = self.engine.full_state_dict()
+        collective = self.sync is not None and self.sync.formed()
+        nbytes = self.publisher.publish(version, state, broadcast=not collective, wait=False)
+        if collective:
+            self.publisher.announce(self.sync.announcement(version, state, self.publisher.session))
+            if not self.sync.send(version, state):
+                self.publisher.publish(version, state, wait=False)
+        self.telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+
+    def settle(self) -> None:
+        """Wait until the last publish has copied the weights (before anything changes or saves them)."""
+        self.publisher.settle()
+
+    @property
+    def settle_s(self) -> float:
+        """Seconds the learner has spent waiting in `settle` (the optimizer step's included): publishing's cost."""
+        return self.publisher.settle_s
+
+    def shutdown(self) -> None:
+        """Tell every actor the run is over (a request from now on is answered with the notice)."""
+        self.publisher.shutdown()
+
+    def close(self) -> None:
+        if self.sync:
+            self.sync.close()
+        self.publisher.close()
+
+    def report(self) -> dict:
+        """For the run's summary: the collective's record (versions over it, their time, why it was left)."""
+        return {"weight_sync": self.sync.report()} if self.sync else {}
+
+
+def _collective(cfg: Config):
+    """The collective weight-sync group's learner end (forming in the background), or None for zmq."""
+    t = cfg.transport
+    if t.weight_sync != "collective":
+        return None
+    from streamrl.weight_sync import LearnerSync
+
+    # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
+    first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)
+    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
+                       t.weight_sync_bucket_bytes, first_wait_s)

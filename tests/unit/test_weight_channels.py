@@ -1,0 +1,135 @@
+"""The two ends of the weight channel (learner.weights.LearnerWeights, actors.weights.ActorWeights)
+over real ZeroMQ sockets on loopback, in one process: first weights, newest-only loads, a learner
+restart seen mid-generation, and the learner's optimizer hook."""
+
+from __future__ import annotations
+
+import socket
+import time
+import types
+
+import pytest
+import torch
+import zmq
+
+from actors.weights import ActorWeights
+from learner.weights import LearnerWeights
+from streamrl import exporter, prometheus_metrics
+from streamrl.config import load
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Recorder:
+    """A backend that keeps what it was asked to load (the channel's only call into a backend)."""
+
+    def __init__(self):
+        self.loads: list[dict] = []
+
+    def load_weights(self, state: dict) -> None:
+        self.loads.append({k: v.clone() for k, v in state.items()})
+
+
+def engine_at(value: float):
+    """What LearnerWeights reads from the DeepSpeed engine: full_state_dict(), and the before_step hook."""
+    state = {"w": torch.full((4, 3), value), "b": torch.zeros(3)}
+    return types.SimpleNamespace(full_state_dict=lambda: state, before_step=None, state=state)
+
+
+@pytest.fixture
+def setup():
+    weights_port, request_port = free_ports(2)
+    cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}",
+                      "actors.inflight_updates=true", "actors.weights_timeout_s=20"])
+    ctx = zmq.Context()
+    opened = []
+
+    def learner(value: float) -> LearnerWeights:
+        telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0, 1], 2)
+        opened.append(w := LearnerWeights(cfg, ctx, None, engine_at(value), telemetry))
+        return w
+
+    def actor(backend) -> ActorWeights:
+        telemetry = prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
+        opened.append(w := ActorWeights(cfg, ctx, "127.0.0.1", 0, None, backend, torch.nn.Linear(3, 4), telemetry,
+                                        exporter.Health("actor-0", 60)))
+        return w
+
+    yield learner, actor
+    for w in reversed(opened):
+        w.close()
+    ctx.term()
+
+
+def serving(learner: LearnerWeights):
+    """A `stop` callback that answers weight requests while the actor waits (the learner's intake does this)."""
+    return lambda: learner.publisher.serve_requests() < 0
+
+
+def until(cond, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_an_actor_loads_the_learners_first_weights_then_only_newer_versions_each_whole(setup):
+    new_learner, new_actor = setup
+    learner, backend = new_learner(1.0), Recorder()
+    actor = new_actor(backend)
+    learner.publish(0)
+    assert actor.first(serving(learner)) and actor.version == 0
+    assert torch.equal(backend.loads[0]["w"], torch.full((4, 3), 1.0))
+    for v in (1, 2, 3):
+        learner.settle()  # (what the optimizer step does before it changes the weights)
+        learner.engine.state["w"].fill_(10.0 + v)
+        learner.publish(v)
+    seen = [actor.version]
+    while actor.version < 3:  # broadcasts the actor was too slow for are asked for (the newest comes back)
+        assert actor.wait_newer(serving(learner))
+        seen.append(actor.version)
+    assert seen == sorted(set(seen)) and len(seen) <= 4  # only ever newer versions, each loaded once
+    assert [float(s["w"][0, 0]) for s in backend.loads] == [1.0] + [10.0 + v for v in seen[1:]]
+    assert actor.report()["versions_applied"] == len(seen)
+    actor.update()
+    assert len(backend.loads) == len(seen)  # nothing newer waiting: nothing loaded
+
+
+def test_a_restarted_learners_weights_seen_mid_generation_load_between_generate_calls(setup):
+    new_learner, new_actor = setup
+    first, backend = new_learner(1.0), Recorder()
+    actor = new_actor(backend)
+    first.publish(30)
+    assert actor.first(serving(first)) and actor.version == 30
+    first.shutdown()
+    first.close()
+    second = new_learner(2.0)  # resumed from a checkpoint at version 20, on the same ports
+
+    def broadcast_and_look() -> bool:  # (again until the actor's SUB has reconnected to the new learner)
+        second.publish(20)
+        second.settle()
+        assert actor.in_flight() == 30  # mid-generation: the samples in progress stay on the old life's weights
+        return actor._held is not None
+
+    until(broadcast_and_look, timeout_s=20)
+    assert (actor.version, actor.life, len(backend.loads)) == (30, 0, 1)
+    actor.update()  # between generate calls: resync to the restarted learner, at its own (lower) version
+    assert (actor.version, actor.life) == (20, 1)
+    assert torch.equal(backend.loads[-1]["w"], torch.full((4, 3), 2.0))
+
+
+def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setup):
+    new_learner, _ = setup
+    learner = new_learner(1.0)
+    assert learner.engine.before_step == learner.publisher.settle
+    assert learner.report() == {}  # zmq only: no collective to report
