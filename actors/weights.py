@@ -4,8 +4,8 @@ One object owns everything weights on the actor side: the ZeroMQ subscriber (bro
 requests to the learner's ROUTER), the collective group's end when `transport.weight_sync:
 collective` (an announced version that fails there is asked for over ZeroMQ instead, inside
 the subscriber), loading a version into the backend, noticing a restarted learner, and
-in-flight updates between decoding steps. The actor's loop sees `first`, `update`,
-`wait_newer`, `version` and `life`.
+in-flight updates between decoding steps. The actor's loop calls `first`, `update`,
+`wait_newer` and `take_demand`, hands `in_flight` to the backend, and reads `version` and `life`.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def run(cfg: Config) -> dict:
         nonlocal saved_at
         # The copy is done and the parameters stay the published version (a save changes nothing),
         # so weight requests are still answered from them (settle would stop that until the next publish).
-        weights.publisher.flush()
+        weights.flush()
         state = {"step": step, "version": learner_version, "accounting": intake.accounting()}
         checkpoints.save(runlog.checkpoints, f"step-{step}", engine.save, state, engine.full_state_dict())
         saved_at = step

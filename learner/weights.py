@@ -5,7 +5,7 @@ ROUTER that answers an actor asking for the newest version), the collective grou
 `transport.weight_sync: collective` (a version that fails there goes over ZeroMQ, and the
 collective is left for good), settling a background copy before the optimizer changes the
 parameters it reads, and the publish metrics. The learner's loop sees `publish`, `settle`,
-`shutdown`, `close` and `report`.
+`flush`, `shutdown`, `close` and `report`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class LearnerWeights:
     def settle(self) -> None:
         """Wait until the last publish has copied the weights (before anything changes or saves them)."""
         self.publisher.settle()
+
+    def flush(self) -> None:
+        """Wait until the last publish is copied and sent, leaving it the answer to weight requests
+        (before a checkpoint: saving changes no parameter, so there is no need to `settle`)."""
+        self.publisher.flush()
 
     @property
     def settle_s(self) -> float:

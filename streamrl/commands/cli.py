@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="tasks without a dataset: how many eval_set prompts (default: eval.prompts)")
     up = sub.add_parser("uplift", help="how training moved the likelihood of correct samples, by their initial rank")
     up.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
-    up.add_argument("--prompts", type=int, default=64, help="eval prompts to sample (default 64)")
+    up.add_argument("--prompts", type=int, default=64, help="training prompts to sample (default 64)")
     up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
     up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
     up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
