@@ -77,7 +77,10 @@ class Intake:
                 else:
                     self.dropped[verdict] += 1
             now = time.monotonic()
-            if min(now - last_arrival, now - last_demand) > self.demand_wait_s and len(batch) < n:
+            # No demand before the first group of the run: how long groups take is unknown until then (an engine's
+            # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
+            if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
+                    and len(batch) < n):
                 self.publisher.demand(version, n - len(batch))
                 self.demands_sent += 1
                 if self.first_demand_version is None:

@@ -149,3 +149,10 @@ def test_strict_mode_drops_a_stale_group_a_demand_explains_and_still_refuses_one
     assert sender.send(group(2), timeout_s=2)  # older than the demand: nothing explains it
     with pytest.raises(StrictModeViolation, match="generated at policy version 2"):
         it.collect(version=5, n=1, timeout_s=10)
+
+
+def test_no_demand_goes_out_before_the_first_group_of_the_run_arrives(intake):
+    it, _ = intake
+    with pytest.raises(TimeoutError, match="have 0/2"):
+        it.collect(version=0, n=2, timeout_s=1.0)  # > demand_after_s (0.3), yet nothing to measure slowness by
+    assert it.demands_sent == 0
