@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from actors import rollout
-from streamrl import difficulty, prometheus_metrics
+from streamrl import difficulty, mgrpo, prometheus_metrics
 from streamrl.config import Config
 from streamrl.wire import ScoredGroup
 
@@ -32,6 +32,7 @@ class Generation:
         # Online difficulty filtering: prompts almost always or almost never solved stop being drawn.
         self.tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
         self.r_min_correct = cfg.advantage.r_min_correct
+        self.layer2_share = cfg.mgrpo.layer2_share
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
 
@@ -50,8 +51,8 @@ class Generation:
         groups, done = rollout.make_groups(self.backend, self.tokenizer, self.reward, prompts, self.options, version,
                                            self.actor_id, self.phrase_rng, observe=observe,
                                            between_steps=between_steps)
-        if len(groups) > budget:  # layer-2 groups can outgrow the budget: beyond it they would go stale
-            done.over_budget, groups = len(groups) - budget, groups[:budget]
+        if len(groups) > budget:  # layer-2 groups can outgrow the budget: the layers share it (mgrpo.fill_budget)
+            done.over_budget, groups = len(groups) - budget, mgrpo.fill_budget(groups, budget, self.layer2_share)
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)

@@ -15,7 +15,7 @@ from typing import Callable
 import msgspec
 
 from actors.backends import Backend, Completion
-from streamrl import group_filters, mgrpo, prompting
+from streamrl import group_filters, learning_signal, mgrpo, prompting
 from streamrl.rewards import Reward
 from streamrl.sampling import capped
 from streamrl.tasks import Prompt
@@ -32,6 +32,12 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """Non-empty: multi-layer GRPO with this pool of guiding phrases."""
     augment: int = 0
     """H: further samples of each kept correction's query."""
+    query_limit: int = 0
+    """Most tokens of a layer-2 query (0: no cap); see mgrpo.query_limit."""
+    estimator: str = ""
+    """The run's advantage estimator: the census of layer-1 groups before and after filtering ('': not counted)."""
+    std_normalize: bool = False
+    """GRPO's std normalisation, as the learner applies it (the census needs the sign of A only, but exactly)."""
     chat_template: str = "off"
     """Prompt encoding: auto | on | off (model.chat_template)."""
     enable_thinking: bool | None = None
@@ -48,6 +54,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
                    phrases=tuple(m.phrases) if m.enabled else (),
                    augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
+                   query_limit=mgrpo.query_limit(cfg) if m.enabled else 0,
+                   estimator=cfg.advantage.estimator, std_normalize=cfg.advantage.std_normalize,
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
                    max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len)
 
@@ -77,6 +85,20 @@ class RolloutStats(msgspec.Struct):
     """Corrections the verifier found correct, each the seed of a layer-2 group."""
     over_budget: int = 0
     """Groups not sent because they exceeded the actor's staleness budget (the actor sets this)."""
+    queries_capped: int = 0
+    """Multi-layer GRPO: layer-2 queries cut to fit the model's context."""
+    query_tokens_cut: int = 0
+    """Tokens those cuts removed."""
+    # The paper's census (failed/passed × A > 0 / A ≤ 0) in layer-1 samples, before dynamic filtering and
+    # after it (the groups sent, which the learner's census counts), with the run's estimator.
+    census_before_failed_pos: int = 0
+    census_before_failed_nonpos: int = 0
+    census_before_passed_pos: int = 0
+    census_before_passed_nonpos: int = 0
+    census_after_failed_pos: int = 0
+    census_after_failed_nonpos: int = 0
+    census_after_passed_pos: int = 0
+    census_after_passed_nonpos: int = 0
     prompts_too_long: int = 0
     """Prompts (and layer-2 queries) skipped because they leave no room under model.max_seq_len."""
 
@@ -149,7 +171,7 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     layer2: list[ScoredGroup] = []
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
-                                      rng or random.Random(), stats, between_steps)
+                                      rng or random.Random(), stats, between_steps, prompt_ids=ids)
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
         if observe is not None:
@@ -159,6 +181,11 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
             continue
         groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
     stats.unparseable = reward.unparseable - unparseable_before
+    if opts.estimator:  # the paper's census before and after dynamic filtering
+        for stage, rows in (("before", [[r for _, _, r in c] for c in chosen]), ("after", [g.rewards for g in groups])):
+            for cell, n in learning_signal.census_counts(rows, opts.estimator, opts.r_min_correct,
+                                                         opts.std_normalize).items():
+                setattr(stats, f"census_{stage}_{cell}", n)
     return groups + layer2, stats
 
 
@@ -187,7 +214,7 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
 
 def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opts: RolloutOptions, version: int,
             actor_id: str, rng: random.Random, stats: RolloutStats,
-            between_steps=None) -> tuple[list[list[float]], list[ScoredGroup]]:
+            between_steps=None, prompt_ids=None) -> tuple[list[list[float]], list[ScoredGroup]]:
     """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
     query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups."""
     queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
@@ -197,6 +224,12 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
                                                                  mgrpo.pick_phrase(opts.phrases, rng))))
             owners.append(prompt)
     q_ids = [opts.encode(tokenizer, q.text) for q in queries]
+    if opts.query_limit:  # a query longer than the context would fail the engine: keep its ends, count the cut
+        heads = [len(i) for i in prompt_ids for _ in range(opts.group_size)] if prompt_ids else [0] * len(q_ids)
+        for j, head in enumerate(heads):
+            q_ids[j], cut = mgrpo.cap_query(q_ids[j], opts.query_limit, head)
+            stats.queries_capped += bool(cut)
+            stats.query_tokens_cut += cut
     caps = [opts.room(q) for q in q_ids]
     stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.

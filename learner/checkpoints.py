@@ -7,7 +7,9 @@ states, accounting) and, last, point `<dir>/latest` at the tag. Each file is wri
 name, fsynced and renamed, so a crash at any moment leaves `latest` naming a checkpoint whose every
 file is on disk. On resume a missing, empty or dangling `latest` falls back to the newest tag that
 has its streamrl.json (`streamrl.checkpoints.newest_complete`, the read side, shared with tools
-outside the learner).
+outside the learner). A save that fails (a full disk, a crash) removes its partial tag folder; a
+full disk raises `streamrl.storage.DiskFull` naming the checkpoint. Resume (`resume`) verifies a
+checkpoint's files before loading it and falls back past a damaged one, naming the bad file.
 """
 
 from __future__ import annotations
@@ -17,23 +19,30 @@ import json
 import logging
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from streamrl import storage
 from streamrl.checkpoints import LATEST, POLICY, STATE, newest_complete  # noqa: F401  (the read side, shared)
+from streamrl.checkpoints import complete_newest_first, problem_with
 
 log = logging.getLogger("streamrl.learner")
 
 
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -46,12 +55,29 @@ def save(directory: Path, tag: str, write_model: Callable[[str, str], None], sta
          policy: dict[str, torch.Tensor] | None = None) -> None:
     """write_model(directory, tag) writes DeepSpeed's files; state must be JSON-serialisable;
     `policy` (full weights, {name: tensor}) goes to <tag>/policy.safetensors before the checkpoint is complete."""
-    directory.mkdir(parents=True, exist_ok=True)
-    write_model(str(directory), tag)
-    if policy is not None:
-        write_policy(directory / tag / POLICY, policy)
-    write_atomic(directory / tag / STATE, json.dumps({**state, "tag": tag, "rng": rng_state()}))
-    write_atomic(directory / LATEST, tag)
+    folder = directory / tag
+    was_complete = (folder / STATE).is_file()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_model(str(directory), tag)
+        if policy is not None:
+            write_policy(folder / POLICY, policy)
+        write_atomic(folder / STATE, json.dumps({**state, "tag": tag, "rng": rng_state()}))
+    except BaseException as e:
+        full = storage.is_disk_full(e, directory)  # before removing the partial files frees space
+        if not was_complete:
+            shutil.rmtree(folder, ignore_errors=True)  # a partial checkpoint is never left behind
+        if full:
+            newest = newest_complete(directory)
+            raise storage.DiskFull(folder, "checkpoint", "removed the partial checkpoint; the newest complete one "
+                                   f"is {newest[0] if newest else 'none'}") from e
+        raise
+    try:
+        write_atomic(directory / LATEST, tag)
+    except OSError as e:  # the checkpoint is complete; resume finds it without `latest`
+        if storage.is_disk_full(e, directory):
+            raise storage.DiskFull(directory / LATEST, "the checkpoint pointer", f"checkpoint {tag} itself is complete") from e
+        raise
 
 
 def write_policy(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -62,9 +88,13 @@ def write_policy(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -93,3 +123,33 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(tensor(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+
+
+def resume(engine, directory: Path) -> tuple[str, dict] | None:
+    """Load the newest checkpoint under `directory` whose files check out, restoring its RNG states;
+    (tag, state), or None when there is no checkpoint at all.
+
+    A damaged checkpoint (a truncated policy.safetensors, a missing or unreadable DeepSpeed file, or
+    one DeepSpeed fails to load) is skipped with a warning that names the file. When checkpoints exist
+    but none is usable, this raises rather than start afresh over the run's results.
+    """
+    directory = Path(directory)
+    skipped = []
+    for tag, state in complete_newest_first(directory, warn=True):
+        problem = problem_with(directory / tag)
+        if problem is None:
+            try:
+                engine.load(str(directory), tag)
+            except Exception as e:  # corrupt inside: DeepSpeed's own reader says so, without the path
+                problem = f"{directory / tag}: DeepSpeed could not load it ({storage.reason(e)})"
+        if problem is None:
+            restore_rng(state["rng"])
+            if skipped:
+                log.warning("checkpoints: resumed from %s, the newest usable checkpoint", tag)
+            return tag, state
+        log.warning("checkpoints: skipping %s: %s", tag, problem)
+        skipped.append(problem)
+    if skipped:
+        raise RuntimeError(f"learner.resume=true: no usable checkpoint under {directory} ({'; '.join(skipped)}); "
+                           "remove the damaged ones, or start afresh under a new name")
+    return None

@@ -33,6 +33,10 @@ class Intake:
         self.demand_after_s = demand_after_s
         self.refused = refused  # peers the CURVE gatekeeper turned away
         self.demands_sent = 0
+        # Strict mode: the first version at which the learner asked for missing groups. Actors that covered for a
+        # slow one made more than their share from then on, so a stale group of that version or later is surplus
+        # the demand explains (dropped and counted); one from before it means an actor ran out of lockstep.
+        self.first_demand_version: int | None = None
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
         self.dropped: collections.Counter[str] = collections.Counter()
@@ -73,9 +77,14 @@ class Intake:
                 else:
                     self.dropped[verdict] += 1
             now = time.monotonic()
-            if min(now - last_arrival, now - last_demand) > self.demand_wait_s and len(batch) < n:
+            # No demand before the first group of the run: how long groups take is unknown until then (an engine's
+            # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
+            if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
+                    and len(batch) < n):
                 self.publisher.demand(version, n - len(batch))
                 self.demands_sent += 1
+                if self.first_demand_version is None:
+                    self.first_demand_version = version
                 last_demand = now
             if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
                 log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
@@ -120,12 +129,20 @@ class Intake:
                             group.actor_id, group.group_size, self.group_size)
             return "wrong_group_size"
         verdict = staleness.gate(version, group.policy_version, self.max_staleness)
-        if verdict == "stale" and self.strict:
+        if verdict == "stale" and self.strict and not self._surplus_after_demand(group):
             raise StrictModeViolation(
                 f"a group from {group.actor_id} generated at policy version {group.policy_version} arrived at learner "
                 f"version {version} (lag {staleness.lag(version, group.policy_version)}; strict needs 0): an actor "
                 "generated past its share of a version, or from weights older than the newest")
         return verdict
+
+    def _surplus_after_demand(self, group: ScoredGroup) -> bool:
+        surplus = self.first_demand_version is not None and group.policy_version >= self.first_demand_version
+        if surplus and not self.dropped["stale"]:
+            log.warning("strict: dropping a group of version %d from %s as surplus: actors have covered for missing "
+                        "ones since the demand at version %d (no consumed group is stale)", group.policy_version,
+                        group.actor_id, self.first_demand_version)
+        return surplus
 
     def reconciliation(self) -> dict:
         """Every group, from each actor session's own count to what became of it at the learner.

@@ -16,7 +16,7 @@ from learner.intake import Intake
 from learner.ranks import Ranks
 from learner.runlog import RunLog
 from learner.weights import LearnerWeights
-from streamrl import advantages, evaluation, exporter, prometheus_metrics, rewards, security
+from streamrl import advantages, evaluation, exporter, prometheus_metrics, rewards, security, storage
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
@@ -36,10 +36,7 @@ def run(cfg: Config) -> dict:
     engine = Engine(cfg, model)
     ranks = Ranks.current()
     ckpt_dir = cfg.run_path / "checkpoints"
-    resumed = checkpoints.newest_complete(ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
-    if resumed:
-        engine.load(str(ckpt_dir), resumed[0])
-        checkpoints.restore_rng(resumed[1]["rng"])
+    resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     step, learner_version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(ckpt_dir), step, learner_version)
@@ -74,6 +71,7 @@ def run(cfg: Config) -> dict:
     log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
              learner_version, step, engine.device, ranks.world, "s" if ranks.world > 1 else "", t.group_port)
     started = time.time()
+    error: BaseException | None = None  # what ended the run early, for summary.json and the exit status
     try:
         while step < cfg.steps and not stopping():
             # receive → gate
@@ -112,16 +110,28 @@ def run(cfg: Config) -> dict:
                 checkpoint()
             if L.slow_step_s:
                 time.sleep(L.slow_step_s)
+    except BaseException as e:
+        error = e
+        raise
     finally:
         weights.shutdown()
         intake.drain(L.shutdown_drain_s)
-        save = step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists()
+        # A full disk keeps the newest complete checkpoint as the last one: another save would only fail.
+        save = (step != saved_at or not (runlog.checkpoints / checkpoints.LATEST).exists()) and \
+            not storage.is_disk_full(error)
         ranks.stop(save)
+        final_error = None
         if save:
-            checkpoint()
+            try:
+                checkpoint()
+            except Exception as e:  # the summary still gets written, then the run fails with this
+                log.error("final checkpoint failed: %s", storage.reason(e))
+                final_error, error = e, error or e
         weights.close()
+        status = "failed" if error is not None else "finished" if step >= cfg.steps else "stopped"
         summary = runlog.summary(
-            {"learner_version": learner_version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
+            {"status": status, **({"error": storage.reason(error)} if error is not None else {}),
+             "learner_version": learner_version, "wall_s": time.time() - started, "stopped_early": step < cfg.steps,
              **intake.accounting(), "reconciliation": intake.reconciliation(), **_metrics_cost(runlog, server),
              **weights.report()},
             reward_range=(min(reward.levels), max(reward.levels)))
@@ -133,6 +143,8 @@ def run(cfg: Config) -> dict:
         engine.close()
         if server:
             server.close()
+    if final_error is not None:
+        raise final_error
     log.info("learner done: %s", summary)
     return summary
 

@@ -1,11 +1,20 @@
-"""The run directory: runs/<name>/{config.yaml, metrics.jsonl, summary.json, checkpoints/}."""
+"""The run directory: runs/<name>/{config.yaml, metrics.jsonl, summary.json, checkpoints/}.
+
+A full disk never loses what is there: a metrics line that cannot be written whole is cut back
+(metrics.jsonl stays one valid record per line) and raises `DiskFull` naming the file, and
+summary.json has its space reserved from the start (a "running" placeholder, padded), so the
+final summary (marked failed, with the reason) is written over it in place when nothing else fits.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 
 from streamrl import config as config_lib
-from streamrl import jsonfiles
+from streamrl import jsonfiles, storage
+
+SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
 
 
 class RunLog:
@@ -13,11 +22,18 @@ class RunLog:
         self.dir = cfg.run_path
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.dir / "checkpoints"
-        (self.dir / "config.yaml").write_text(config_lib.dump(cfg))
-        (self.dir / "summary.json").unlink(missing_ok=True)
+        self._write(self.dir / "config.yaml", config_lib.dump(cfg))
+        self._write(self.dir / "summary.json", json.dumps({"status": "running"}).ljust(SUMMARY_RESERVE_BYTES) + "\n")
         self.rewards: list[float] = []
         self.step_s = self.metrics_s = 0.0  # this process's steps: the base of the metrics overhead
         self._metrics = None
+        self._metrics_size = 0
+
+    def _write(self, path, text: str) -> None:
+        try:
+            path.write_text(text)
+        except OSError as e:
+            raise (storage.DiskFull(path) if storage.is_disk_full(e, path) else e) from e
 
     def open(self, resumed_step: int) -> None:
         """Start metrics.jsonl afresh, or keep the records of the steps a resumed checkpoint holds
@@ -27,15 +43,25 @@ class RunLog:
         if resumed_step and path.exists():
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] < resumed_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        self._write(path, "".join(line + "\n" for line in kept))
         self.rewards = [json.loads(line)["reward_mean"] for line in kept]
-        self._metrics = open(path, "a", buffering=1)
+        self._metrics = open(path, "ab", buffering=0)
+        self._metrics_size = path.stat().st_size
 
     def step(self, record: dict) -> None:
+        data = jsonfiles.line(record).encode()
+        try:
+            view = memoryview(data)
+            while view:  # a nearly full disk takes part of a write, then refuses the rest
+                view = view[os.write(self._metrics.fileno(), view):]
+        except OSError as e:  # a line cut short would leave metrics.jsonl unreadable: cut it back
+            os.ftruncate(self._metrics.fileno(), self._metrics_size)
+            path = self.dir / "metrics.jsonl"
+            raise (storage.DiskFull(path, "metrics", f"step {record['step']}'s record is not in it") if storage.is_disk_full(e, path) else e) from e
+        self._metrics_size += len(data)
         self.rewards.append(record["reward_mean"])
         self.step_s += record["step_s"]
         self.metrics_s += record.get("metrics_s", 0.0)
-        self._metrics.write(jsonfiles.line(record))
 
     def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:
         n = len(self.rewards)
@@ -51,8 +77,19 @@ class RunLog:
             "improvement_fraction_of_range": (last - first) / span if n else None,
             **extra,
         }
-        jsonfiles.write(self.dir / "summary.json", out)
+        path = self.dir / "summary.json"
+        try:
+            jsonfiles.write(path, out)
+        except OSError as e:
+            if not storage.is_disk_full(e, path):
+                raise
+            (path.with_name(path.name + ".tmp")).unlink(missing_ok=True)
+            text = json.dumps(jsonfiles.finite(out), indent=2) + "\n"
+            with open(path, "r+b") as f:  # over the reserved placeholder: its blocks are already allocated
+                f.write(text.encode())
+                f.truncate()
         return out
 
     def close(self) -> None:
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()

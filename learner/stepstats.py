@@ -94,13 +94,14 @@ def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
             "completion_mask": batch.completion_mask, "ratio": out.ratio.detach()}
 
 
-# When learner.strict_ratio_tol is unset: the square of the parameter dtype's precision (torch.finfo
-# eps), floored at 1e-7: bfloat16 6.1e-5, float16 9.5e-7, float32 1e-7 (float32 noise between
-# engines' kernels, ~1e-6 per token, gives ~1e-12). A token's log-prob recomputed in another kernel
-# order differs by rounding, a fraction of eps that grows with the logits as the model sharpens; the
-# KL estimate grows with the square of such differences, so rounding stays below eps², while a group
-# sampled from other weights or at another temperature, off by a few hundredths on most tokens,
-# lands far above. Measured on the tiny model (README, "Strict on-policy"): see there.
+# When learner.strict_ratio_tol is unset: 4 × the square of the parameter dtype's precision
+# (torch.finfo eps), floored at 1e-7: bfloat16 2.4e-4, float16 3.8e-6, float32 1e-7 (float32 noise
+# between engines' kernels, ~1e-6 per token, gives ~1e-12). A recomputed log-prob differs from the
+# actor's by rounding, a fraction of eps that grows with the logits as the model sharpens; the KL
+# estimate grows with the square of such differences, while a group sampled from other weights or at
+# another temperature, off by a few hundredths on most tokens, lands above. Measured on the tiny
+# model in bfloat16 (README, "Strict on-policy"): on-policy groups 2e-7 at the start, up to 6.4e-5
+# after 300 steps; one group one version back 1.3e-3, at temperature 0.8 instead of 1.0 5.1e-4.
 _RATIO_TOL_FLOOR = 1e-7
 
 
@@ -108,7 +109,7 @@ def ratio_tolerance(configured: float | None, dtype: str) -> float:
     """The strict check's bound on any group's KL(behaviour ‖ learner) estimate for a model of `dtype`."""
     if configured is not None:
         return configured
-    return max(_RATIO_TOL_FLOOR, torch.finfo(getattr(torch, dtype)).eps ** 2)
+    return max(_RATIO_TOL_FLOOR, 4 * torch.finfo(getattr(torch, dtype)).eps ** 2)
 
 
 def check_strict(rec: dict, ratio_tol: float) -> None:

@@ -30,21 +30,78 @@ def newest_complete(directory: Path) -> tuple[str, dict] | None:
     `latest` names it normally; a missing, empty or dangling `latest` falls back to the complete
     tag with the highest step (and says so).
     """
+    found = complete_newest_first(directory, warn=True)
+    return found[0] if found else None
+
+
+def complete_newest_first(directory: Path, warn: bool = False) -> list[tuple[str, dict]]:
+    """Every complete checkpoint under `directory` as (tag, state): the one `latest` names first
+    (when it names a complete one), then the others by step, newest first."""
     directory = Path(directory)
     try:
         tag = (directory / LATEST).read_text().strip()
     except OSError:
         tag = ""
-    state = _state(directory, tag) if tag else None
-    if state is not None:
-        return tag, state
-    complete = [(s["step"], t, s) for t in _tags(directory) if (s := _state(directory, t)) is not None]
-    if not complete:
-        return None
-    _, tag, state = max(complete)
-    log.warning("checkpoints: %s does not name a complete checkpoint; using %s, the newest complete one",
-                directory / LATEST, tag)
-    return tag, state
+    complete = sorted(((s["step"], t, s) for t in _tags(directory) if (s := _state(directory, t)) is not None),
+                      key=lambda c: (c[0], c[1]), reverse=True)
+    ordered = [(t, s) for _, t, s in complete]
+    named = next((c for c in ordered if c[0] == tag), None)
+    if named is not None:
+        return [named, *(c for c in ordered if c is not named)]
+    if ordered and warn:
+        log.warning("checkpoints: %s does not name a complete checkpoint; using %s, the newest complete one",
+                    directory / LATEST, ordered[0][0])
+    return ordered
+
+
+def problem_with(folder: Path) -> str | None:
+    """What is wrong with the files of a complete checkpoint folder (naming the file), or None.
+
+    Cheap checks that catch a truncated or missing file without loading it: policy.safetensors's
+    header and length, and every DeepSpeed `*.pt` file a readable zip archive (PyTorch's format).
+    """
+    folder = Path(folder)
+    if (folder / POLICY).exists() and (problem := policy_problem(folder / POLICY)):
+        return problem
+    if not list(folder.glob("*model_states.pt")):
+        return f"{folder}: DeepSpeed's model states (*model_states.pt) are missing"
+    for pt in sorted(folder.glob("*.pt")):
+        if problem := _zip_problem(pt):
+            return problem
+    return None
+
+
+def policy_problem(path: Path) -> str | None:
+    """Whether a safetensors file is whole: its header parses and its length is what the header says."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                return f"{path}: truncated ({size} bytes; not a whole safetensors file)"
+            header = json.loads(f.read(n))
+    except OSError as e:
+        return f"{path}: cannot be read ({e.strerror or e})"
+    except ValueError:
+        return f"{path}: not a safetensors file (its header is not JSON)"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        return f"{path}: truncated ({size} bytes where its header describes {8 + n + end})"
+    return None
+
+
+def _zip_problem(path: Path) -> str | None:
+    import zipfile
+
+    try:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as z:
+            if any(i.header_offset + i.compress_size > size for i in z.infolist()):
+                return f"{path}: truncated"
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"{path}: truncated or not a PyTorch file ({e})"
+    return None
 
 
 def _tags(directory: Path) -> list[str]:
@@ -91,10 +148,18 @@ def checkpoint_of(path: str | Path) -> Path:
 
 
 def load_weights(model, path: str | Path) -> None:
-    """Copy the tensors of a safetensors file into `model` (every parameter and buffer must match)."""
+    """Copy the tensors of a safetensors file into `model` (every parameter and buffer must match).
+    A damaged file is a ValueError that names it."""
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(str(path)), strict=True)
+    if problem := policy_problem(Path(path)):
+        raise ValueError(f"{problem}; the checkpoint is damaged: evaluate an earlier one "
+                         "(runs/<name>/checkpoints/<tag>/)")
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors' own error says what, not which file
+        raise ValueError(f"{path}: cannot be read as safetensors ({e})") from None
+    model.load_state_dict(tensors, strict=True)
 
 
 def load_policy(cfg: config_lib.Config | None, path: str | Path):

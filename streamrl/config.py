@@ -78,6 +78,8 @@ class TaskConfig(_Section):
     """Prompt template: code_verifier pairs use {question} {response_a} {response_b}, math {problem}; null: built-in."""
     single_template: str | None = None
     """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
+    reward_form: Literal["bce", "exp"] = "bce"
+    """code_verifier: trained reward of a level q: bce = -BCE = ln q (the paper's, <= 0) or exp = exp(-BCE) = q."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -96,13 +98,6 @@ class RewardConfig(_Section):
         from streamrl.rewards import check_shaping
 
         check_shaping(self.bucket_edges, self.bucket_values)
-
-    @property
-    def scale(self) -> tuple[float, float]:
-        """Lowest and highest shaped reward (every task scores on [0, 1] before shaping)."""
-        if self.bucket_values:
-            return self.bucket_values[0], self.bucket_values[-1]
-        return 0.0, 1.0
 
 
 class AdvantageConfig(_Section):
@@ -178,7 +173,7 @@ class LearnerConfig(_Section):
     shutdown_drain_s: NonNegFloat = 5.0
     """At shutdown, wait this long at most for actors' final reports (and count groups still arriving)."""
     strict_ratio_tol: PositiveFloat | None = None
-    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: dtype eps², ≥ 1e-7: bf16 6.1e-5)."""
+    """Strict mode: largest allowed KL(behaviour‖learner) estimate of a group (null: 4·eps² of the dtype, ≥ 1e-7: bf16 2.4e-4)."""
     ranks: PositiveInt = 1
     """Learner processes `streamrl run` starts under torchrun (data parallel; clusters use their own launcher)."""
     collective_timeout_s: PositiveFloat = 600.0
@@ -281,6 +276,10 @@ class MGRPOConfig(_Section):
     """Guiding phrases appended to a layer-1 response to make a layer-2 query (one drawn at random)."""
     augment: NonNegInt | None = None
     """H: further samples of a kept correction's query; null: group_size - 1, so every group holds G samples."""
+    layer2_share: Fraction = 0.5
+    """Share of an actor's budget for layer-2 groups when a generate call makes more groups than it (rest: layer 1)."""
+    max_query_tokens: PositiveInt | None = None
+    """Cap on a layer-2 query's tokens (cut and counted); null: model.path's context minus actors.max_new_tokens."""
 
     def __post_init__(self) -> None:
         if not self.phrases or not all(p.strip() for p in self.phrases):
@@ -290,8 +289,8 @@ class MGRPOConfig(_Section):
 class EvalConfig(_Section):
     every: NonNegInt = 0
     """Evaluate the policy on the fixed eval set every this many learner steps (0: never during training)."""
-    prompts: PositiveInt = 32
-    """Eval set size: prompts from the task's eval_set (fixed across evaluations)."""
+    prompts: PositiveInt | Literal["all"] = 32
+    """Eval set size: prompts from the task's eval_set (fixed across evaluations); all: every row of task.eval_data."""
     samples: PositiveInt = 8
     """Completions sampled per eval prompt (n of pass@k)."""
     ks: list[PositiveInt] = msgspec.field(default_factory=lambda: [1, 4, 8])
@@ -302,6 +301,11 @@ class EvalConfig(_Section):
     """Completion length cap for evaluation (null: actors.max_new_tokens)."""
     seed: int = 12345
     """Seed of the eval prompt set and of eval sampling (every evaluation sees the same prompts)."""
+
+    @property
+    def size(self) -> int | None:
+        """The eval set size a task's eval_set takes (None: every row)."""
+        return None if self.prompts == "all" else self.prompts
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -368,10 +372,7 @@ class Config(_Section):
     """Difficulty filtering: drop prompts that are almost always or almost never solved."""
 
     def __post_init__(self) -> None:
-        low, high = self.reward.scale
-        if not low < self.advantage.r_min_correct <= high:
-            raise ValueError(f"advantage.r_min_correct={self.advantage.r_min_correct}: must lie in ({low}, {high}], "
-                             "the shaped reward scale (reward.bucket_values, or [0, 1] without shaping)")
+        self._check_r_min_correct()
         if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
@@ -395,6 +396,20 @@ class Config(_Section):
                              "(actors must see every version)")
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
+
+    def _check_r_min_correct(self) -> None:
+        """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the
+        lowest. A value within float noise of a level is snapped to it (a YAML literal of ln(2/3) and the level
+        the task computes must compare equal)."""
+        from streamrl.rewards import levels_of
+
+        levels, r = levels_of(self), self.advantage.r_min_correct
+        match = [lv for lv in levels[1:] if abs(lv - r) <= 1e-9 * max(1.0, abs(lv))]
+        if not match:
+            allowed = ", ".join(repr(lv) for lv in levels[1:])
+            raise ValueError(f"advantage.r_min_correct={r!r}: not a level of the shaped reward scale above its lowest "
+                             f"({self.task.name}, reward.bucket_edges={self.reward.bucket_edges}); allowed: {allowed}")
+        self.advantage.r_min_correct = match[0]
 
     @property
     def strict(self) -> bool:
@@ -427,9 +442,11 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if p.resolve() in chain:
         raise ConfigError(f"{p}: 'extends' loops back to itself ({' -> '.join(map(str, chain))})")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(_yaml_error(p, e)) from None
+    if raw is None:  # an empty file would silently run the default job
+        raise ConfigError(f"{p}: the file is empty (no keys); give the settings to change, or `extends: tiny.yaml`")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(raw).__name__}")
     base = raw.pop("extends", None)
@@ -438,6 +455,15 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(f"{p}: extends={base!r}: must be a path to another YAML config")
     return _merge(_read(p.parent / base, (*chain, p.resolve())), raw)
+
+
+def _yaml_error(p: Path, e: yaml.YAMLError) -> str:
+    """'FILE:LINE:COLUMN: not valid YAML: PROBLEM (CONTEXT)', from PyYAML's marks (0-based)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

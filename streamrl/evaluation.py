@@ -1,14 +1,20 @@
-"""Evaluation on a fixed prompt set: unbiased pass@k and mean@k.
+"""Evaluation on a fixed prompt set: unbiased pass@k, mean@k, and the shaped reward.
 
 For each of the task's `eval.prompts` eval prompts (`task.eval_set(size, seed)`: the same every
-time) the policy samples n = `eval.samples` completions; each gets the run's shaped reward, and
-a completion is *correct* when its reward is at least `advantage.r_min_correct`.
+time; `all`: every row of the eval file) the policy samples n = `eval.samples` completions; each
+gets the run's shaped reward, and a completion is *correct* when its reward is at least
+`advantage.r_min_correct`.
 
 - pass@k (Chen et al. 2021, unbiased): per prompt with c correct of n, 1 - C(n-c, k) / C(n, k),
   the chance that k samples drawn without replacement from the n hold at least one correct one;
   averaged over prompts.
-- mean@k: per prompt the average reward of its first k samples, averaged over prompts (the
-  expected reward of a sample, estimated from k per prompt; mean@n is the plain mean reward).
+- mean@k: per prompt the share of its first k samples that are correct, averaged over prompts
+  (accuracy; comparable across reward scales, e.g. the paper's 10-step and 4-step runs).
+- reward@k: the same average over the shaped reward itself (depends on the scale and reward form).
+
+Tasks that sort their prompts into categories (`task.category(prompt)`: the code verifier's
+first_correct, second_correct, both_correct, both_incorrect, single) get every metric per
+category too, as `eval/<category>/<metric>`.
 
 Sampling is seeded by `eval.seed` inside a forked RNG, so the numbers depend only on the
 weights, and evaluating in the middle of training leaves the trainer's random streams untouched.
@@ -47,16 +53,28 @@ def mean_at_k(rewards: Sequence[Sequence[float]], k: int) -> float:
     return sum(sum(row[:k]) / k for row in rewards) / len(rewards)
 
 
-def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int]) -> dict:
-    """eval/pass@k and eval/mean@k for each k, eval/reward_mean, eval/prompts from a (prompts, n) reward table."""
+def _metrics(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int], prefix: str) -> dict:
+    correct = [[1.0 if r >= r_min_correct else 0.0 for r in row] for row in rewards]
     out: dict = {}
     for k in ks:
-        out[f"eval/pass@{k}"] = sum(pass_at_k(len(row), sum(r >= r_min_correct for r in row), k)
-                                    for row in rewards) / len(rewards)
+        out[f"{prefix}pass@{k}"] = sum(pass_at_k(len(row), int(sum(row)), k) for row in correct) / len(correct)
     for k in ks:
-        out[f"eval/mean@{k}"] = mean_at_k(rewards, k)
-    out["eval/reward_mean"] = sum(map(sum, rewards)) / sum(map(len, rewards))
-    out["eval/prompts"] = len(rewards)
+        out[f"{prefix}mean@{k}"] = mean_at_k(correct, k)
+    for k in ks:
+        out[f"{prefix}reward@{k}"] = mean_at_k(rewards, k)
+    out[f"{prefix}reward_mean"] = sum(map(sum, rewards)) / sum(map(len, rewards))
+    out[f"{prefix}prompts"] = len(rewards)
+    return out
+
+
+def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int],
+              categories: Sequence[str] | None = None) -> dict:
+    """eval/pass@k, eval/mean@k (correctness) and eval/reward@k (shaped) for each k, eval/reward_mean and
+    eval/prompts from a (prompts, n) reward table; with `categories` (one per prompt) the same per category."""
+    out = _metrics(rewards, r_min_correct, ks, "eval/")
+    for cat in dict.fromkeys(categories or ()):
+        rows = [row for row, c in zip(rewards, categories) if c == cat]
+        out.update(_metrics(rows, r_min_correct, ks, f"eval/{cat}/"))
     return out
 
 
@@ -130,7 +148,9 @@ class Evaluator:
         from streamrl.prompting import PromptEncoder
 
         self.encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
-        self.prompts = reward.task.eval_set(cfg.eval.prompts, cfg.eval.seed)
+        self.prompts = reward.task.eval_set(cfg.eval.size, cfg.eval.seed)
+        category = getattr(reward.task, "category", None)
+        self.categories = [category(p) for p in self.prompts] if category else None
 
     @torch.no_grad()
     def load(self, state: dict) -> None:
@@ -148,7 +168,7 @@ class Evaluator:
                                      temperature=e.temperature,
                                      max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
                                      encode=self.encode)
-        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks)
+        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks, self.categories)
         out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
         if self.cfg.mgrpo.enabled:
             out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, texts,

@@ -35,9 +35,13 @@ def learning_signal(
     loss = sample_loss.flatten().abs()
     pos, neg = a > 0, a < 0
     failed = r < r_min_correct
+    loss_pos, loss_neg = float(loss[pos].sum()), float(loss[neg].sum())
     return {
         "r_count": _ratio(float(pos.sum()), float(neg.sum())),
-        "r_loss": _ratio(float(loss[pos].sum()), float(loss[neg].sum())),
+        "r_loss": _ratio(loss_pos, loss_neg),
+        # r_loss over a window of steps is Σ loss_pos_sum / Σ loss_neg_sum, not a mean of per-step ratios.
+        "loss_pos_sum": loss_pos,
+        "loss_neg_sum": loss_neg,
         "adv_pos": int(pos.sum()),
         "adv_neg": int(neg.sum()),
         "adv_zero": int((a == 0).sum()),
@@ -63,6 +67,27 @@ def census(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float
         "census_passed_pos": int((~failed & pos).sum()) / n,
         "census_passed_nonpos": int((~failed & ~pos).sum()) / n,
     }
+
+
+CENSUS_KEYS = ("failed_pos", "failed_nonpos", "passed_pos", "passed_nonpos")
+
+
+def census_counts(groups: list[list[float]], estimator: str, r_min_correct: float,
+                  std_normalize: bool = False) -> dict[str, int]:
+    """Samples of these groups in each census cell, with the advantages the learner would give them (advantages
+    are per group, so an actor can count groups it never sends: the census before dynamic filtering).
+    groups: rewards, each of G samples."""
+    from streamrl import advantages
+
+    out = dict.fromkeys(CENSUS_KEYS, 0)
+    if not groups:
+        return out
+    rewards = torch.tensor(groups, dtype=torch.float32)
+    adv = advantages.compute(rewards, estimator, r_min_correct, std_normalize=std_normalize)
+    failed, pos = rewards < r_min_correct, adv > 0
+    for key, cell in zip(CENSUS_KEYS, (failed & pos, failed & ~pos, ~failed & pos, ~failed & ~pos)):
+        out[key] = int(cell.sum())
+    return out
 
 
 # Elements read at once: memory for the statistics stays at one chunk however large the model.

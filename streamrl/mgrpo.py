@@ -4,14 +4,19 @@ Layer 1 is the usual group. In layer 2 each layer-1 response becomes a new query
 query, the response, and a guiding phrase drawn from a pool. The actor samples one correction per
 query; a rule-based verifier (the task's own reward) keeps the corrections that end correct and
 discards the rest; each kept correction plus H further samples of its query form a layer-2 group
-with advantages of its own. This module holds the parts both sides need: the query, the phrase
-words (the tiny model's vocabulary) and the five accuracy metrics.
+with advantages of its own. This module holds the parts both sides need: the query (and its cap at
+the model's context), the phrase words (the tiny model's vocabulary), how the two layers share an
+actor's budget, and the five accuracy metrics.
 """
 
 from __future__ import annotations
 
+import json
 import random
-from typing import Sequence
+from pathlib import Path
+from typing import Sequence, TypeVar
+
+G = TypeVar("G")
 
 # The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`.
 DEFAULT_PHRASES = (
@@ -23,6 +28,56 @@ DEFAULT_PHRASES = (
 def layer2_query(query: str, response: str, phrase: str) -> str:
     """The text a correction is sampled from: original query, the layer-1 response, the phrase."""
     return f"{query} {response}\n{phrase}"
+
+
+def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int]:
+    """A layer-2 query's token ids cut to `limit` (0: no cap), and how many tokens were cut.
+
+    Keeps the first `head` tokens (the original query; at most half the limit) and the last
+    limit - head (the end of the response, where its answer is, and the guiding phrase).
+    """
+    if not limit or len(ids) <= limit:
+        return list(ids), 0
+    head = min(head, limit // 2)
+    return [*ids[:head], *ids[len(ids) - (limit - head):]], len(ids) - limit
+
+
+def query_limit(cfg) -> int:
+    """Most tokens a layer-2 query may hold so that it and a completion fit the model's context (0: no cap):
+    `mgrpo.max_query_tokens`, else model.max_seq_len (or the model folder's max_position_embeddings) minus
+    actors.max_new_tokens."""
+    if cfg.mgrpo.max_query_tokens:
+        return cfg.mgrpo.max_query_tokens
+    if getattr(cfg.model, "max_seq_len", None):
+        return max(1, cfg.model.max_seq_len - cfg.actors.max_new_tokens)
+    path = Path(cfg.model.path or "") / "config.json"
+    if not cfg.model.path or not path.is_file():
+        return 0  # the tiny model: its queries are short; set mgrpo.max_query_tokens to cap anyway
+    context = json.loads(path.read_text()).get("max_position_embeddings") or 0
+    return max(1, context - cfg.actors.max_new_tokens) if context else 0
+
+
+def fill_budget(groups: Sequence[G], budget: int, layer2_share: float) -> list[G]:
+    """The groups of one generate call an actor sends when they outnumber its budget.
+
+    Layer-2 groups (`.layer == 2`) get round(budget × layer2_share) slots, at least one when the
+    budget holds two or more and the share is above 0; layer-1 groups take the rest; slots one
+    layer cannot fill go to the other. Within a layer the order is kept. The mix is a property of
+    the config, not of the batch shape: a layer-1-first trim starved layer 2 whenever the prompts
+    of one call filled the budget (MGRPO's paper shape: 32 groups over 8 actors is 4 per actor).
+    """
+    if len(groups) <= budget:
+        return list(groups)
+    first = [g for g in groups if getattr(g, "layer", 1) == 1]
+    second = [g for g in groups if getattr(g, "layer", 1) != 1]
+    want = round(budget * layer2_share)
+    if layer2_share > 0 and budget >= 2:
+        want = max(1, want)
+    n2 = min(len(second), want)
+    n1 = min(len(first), budget - n2)
+    n2 = min(len(second), budget - n1)
+    keep = {id(g) for g in first[:n1]} | {id(g) for g in second[:n2]}
+    return [g for g in groups if id(g) in keep]
 
 
 def pick_phrase(phrases: Sequence[str], rng: random.Random) -> str:

@@ -1,14 +1,16 @@
 """Ordinal reward shaping: condense a task's fine reward scale onto a coarser one.
 
-The paper maps a 10-step scale onto 4 steps. A task reward r lands in bucket i = the number of
-edges ≤ r, and the shaped reward is that bucket's value. `advantage.r_min_correct` is expressed
-on the shaped scale, which is why a `Reward` knows its levels: config checks and metrics use them.
+The paper maps a 10-step scale onto 4 steps. A task's level r (its ordinal scale on [0, 1]) lands
+in bucket i = the number of edges ≤ r, and the shaped level is that bucket's value. A task may then
+map the level to the reward it trains on (`to_reward`, monotone: the code verifier's -BCE = ln q);
+tasks without one train on the level itself. `advantage.r_min_correct` is one of the resulting
+levels (the config check refuses anything else), which is why a `Reward` knows its levels.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def bucket(r: float, edges: Sequence[float], values: Sequence[float]) -> float:
@@ -31,21 +33,42 @@ def check_shaping(edges: Sequence[float], values: Sequence[float]) -> None:
         raise ValueError(f"bucket_values={list(values)}: must be strictly increasing (an ordinal scale)")
 
 
+def _identity(x: float) -> float:
+    return x
+
+
+def shaped_levels(task_levels: Sequence[float], edges: Sequence[float], values: Sequence[float],
+                  to_reward: Callable[[float], float] = _identity) -> list[float]:
+    """Every reward a task with these levels can give after bucketing and its reward map, ascending."""
+    values = list(values) or (even_values(len(edges) + 1) if edges else [])
+    shaped = {bucket(r, edges, values) for r in task_levels} if edges else set(task_levels)
+    return sorted({to_reward(r) for r in shaped})
+
+
+def levels_of(cfg) -> list[float]:
+    """The shaped reward levels of a run `Config`, from the config alone (no task is built, no data read)."""
+    from streamrl.tasks import TASKS
+
+    cls = TASKS.get(cfg.task.name)
+    to_reward = cls.reward_map(cfg.task) if hasattr(cls, "reward_map") else _identity
+    return shaped_levels(cls.levels(cfg.task), cfg.reward.bucket_edges, cfg.reward.bucket_values, to_reward)
+
+
 class Reward:
-    """task.score, then the configured bucketing. Counts unparseable completions (the task says which)."""
+    """task.score, then the configured bucketing, then the task's reward map (if any). Counts unparseable
+    completions (the task says which)."""
 
     def __init__(self, task, edges: Sequence[float] = (), values: Sequence[float] = ()):
         check_shaping(edges, values)
         self.task = task
         self.edges = list(edges)
         self.values = list(values) or (even_values(len(edges) + 1) if edges else [])
+        self.to_reward = getattr(task, "to_reward", _identity)
 
     @property
     def levels(self) -> list[float]:
         """Every reward this can return, ascending."""
-        if not self.edges:
-            return sorted(self.task.reward_levels)
-        return sorted({bucket(r, self.edges, self.values) for r in self.task.reward_levels})
+        return shaped_levels(self.task.reward_levels, self.edges, self.values, self.to_reward)
 
     @property
     def unparseable(self) -> int:
@@ -53,7 +76,7 @@ class Reward:
 
     def __call__(self, prompt, completion: str) -> float:
         r = self.task.score(prompt, completion)
-        return bucket(r, self.edges, self.values) if self.edges else r
+        return self.to_reward(bucket(r, self.edges, self.values) if self.edges else r)
 
 
 def build(cfg) -> Reward:

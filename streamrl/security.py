@@ -39,11 +39,26 @@ class Curve:
             sock.curve_serverkey = self.server_public
 
 
-def make_keys(directory: str | Path, actors: int) -> list[Path]:
-    """Certificates for the learner and `actors` actors, and authorized/ with the actors' public keys."""
+def make_keys(directory: str | Path, actors: int, force: bool = False) -> list[Path]:
+    """Certificates for the learner and `actors` actors, and authorized/ with the actors' public keys.
+
+    Keys already in `directory` are kept unless `force`: then every old key file and every old
+    authorized actor key is removed first, so no actor holding an old key is still admitted.
+    """
     from zmq.auth import create_certificates
 
+    if actors < 0:
+        raise ValueError(f"--actors {actors}: must be 0 or more (one key pair per actor)")
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"{d}: is a file; give a folder for the keys")
+    old = sorted([*d.glob("*.key"), *d.glob("*.key_secret"), *d.glob("authorized/*.key")]) if d.is_dir() else []
+    if old and not force:
+        names = ", ".join(str(p.relative_to(d)) for p in old[:4]) + (", ..." if len(old) > 4 else "")
+        raise ValueError(f"{d} already holds keys ({names}); pass --force to replace them all (the old keys stop "
+                         "working: every actor needs its new key), or give another folder")
+    for p in old:
+        p.unlink()
     (d / "authorized").mkdir(parents=True, exist_ok=True)
     made = []
     for name in ["learner", *(f"actor-{i}" for i in range(actors))]:

@@ -25,6 +25,7 @@ import time
 
 from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
+from streamrl.model import end_token_ids
 from streamrl.weight_sync import plan
 
 
@@ -40,11 +41,8 @@ class SGLangBackend:
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true"):
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
-        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
-
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.cfg = cfg.actors
-        self.eos_id = tokenizer.eos_token_id
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         self.update_s: list[float] = []
         self.engine = sglang.Engine(

@@ -29,6 +29,7 @@ import actors.backends.shm_weights as shm_weights
 from actors.backends.base import BACKENDS, Completion
 from actors.backends.export import hf_folder
 from actors.backends.vllm_worker import WORKER_EXTENSION
+from streamrl.model import end_token_ids
 from streamrl.weight_sync import plan
 
 log = logging.getLogger("streamrl.actor.vllm")
@@ -47,8 +48,6 @@ class VLLMBackend:
             raise RuntimeError("this vLLM has no logprobs_mode: it would report log-probs without the sampling "
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
-        from streamrl.model import end_token_ids  # here, not above: the import block is the engines' to change
-
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         cpu = current_platform.is_cpu()
         self.weights_dir = shm_weights.new_folder()

@@ -1,6 +1,6 @@
 """The `streamrl` command.
 
-  streamrl run [CONFIG] [key=value ...]        learner + actors on this machine, with progress
+  streamrl run [CONFIG] [key=value ...]        learner + actors on this machine, with progress (exit statuses below)
   streamrl learner CONFIG [key=value ...]      one learner (also under `deepspeed` or `torchrun`)
   streamrl actor CONFIG --learner HOST [...]   one actor
   streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
@@ -14,7 +14,8 @@
   streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
 
-Any config error is one line on stderr and exit status 2.
+Any config error, or a problem found before start (run_dir, ports, keys, a run name that already
+holds results), is one line on stderr and exit status 2 (`streamrl.preflight`).
 """
 
 from __future__ import annotations
@@ -26,17 +27,25 @@ import sys
 from pathlib import Path
 
 from streamrl import config as config_lib
+from streamrl import preflight
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamrl", description="Asynchronous RL with ordinal rewards and CoRPO.")
     sub = p.add_subparsers(dest="command", required=True)
     spec = "[CONFIG] [key=value ...]: a YAML file from configs/ (default: the tiny CPU job) and dotted overrides"
-    run = sub.add_parser("run", help="run the learner and the configured actors on this machine")
+    from streamrl.commands.launch import EXIT_STATUSES
+
+    run = sub.add_parser("run", help="run the learner and the configured actors on this machine",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="exit status:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_STATUSES))
     run.add_argument("args", nargs="*", help=spec)
+    overwrite = "if runs/<name>/ already holds a run, move it aside to runs/<name>.old-<time> (never deleted)"
+    run.add_argument("--overwrite", action="store_true", help=overwrite)
     learner = sub.add_parser("learner", help="run one learner process")
     learner.add_argument("args", nargs="*", help=spec)
     learner.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    learner.add_argument("--overwrite", action="store_true", help=overwrite)
     actor = sub.add_parser("actor", help="run one actor process")
     actor.add_argument("args", nargs="*", help=spec)
     actor.add_argument("--learner", default=None, help="learner host (default: transport.host)")
@@ -53,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     keys = sub.add_parser("keys", help="make CurveZMQ key pairs for the learner and N actors")
     keys.add_argument("directory", help="folder to write (learner.key*, actor-<i>.key*, authorized/)")
     keys.add_argument("--actors", type=int, default=2, help="how many actor key pairs (default 2)")
+    keys.add_argument("--force", action="store_true",
+                      help="replace keys already in DIR (every old key, and every old authorized actor, goes)")
     plot = sub.add_parser("plot", help="r_count/r_loss (paper Figure 2), rewards, census and uplift plots as PNG")
     plot.add_argument("runs", nargs="+", help="run directories (runs/<name>)")
     plot.add_argument("--out", default=None, help="folder for the PNGs (default: the first run directory)")
@@ -82,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="tasks without a dataset: how many eval_set prompts (default: eval.prompts)")
     up = sub.add_parser("uplift", help="how training moved the likelihood of correct samples, by their initial rank")
     up.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
-    up.add_argument("--prompts", type=int, default=64, help="eval prompts to sample (default 64)")
+    up.add_argument("--prompts", type=int, default=64, help="training prompts to sample (default 64)")
     up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
     up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
     up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
@@ -113,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         from streamrl import security
 
-        made = security.make_keys(args.directory, args.actors)
+        try:
+            made = security.make_keys(args.directory, args.actors, force=args.force)
+        except (ValueError, OSError) as e:
+            print(f"streamrl keys: error: {e}", file=sys.stderr)
+            return 2
         print(f"streamrl: wrote {len(made)} key files to {args.directory}/ (secret keys are *.key_secret, mode 600); "
               f"run learner and actors with transport.curve_keys={args.directory}")
         return 0
@@ -126,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         from streamrl.commands import plots
 
         try:
+            if args.window < 1:
+                raise ValueError(f"--window {args.window}: must be at least 1 (steps per smoothing window)")
             made = plots.plot(args.runs, args.out or args.runs[0], args.window)
         except (FileNotFoundError, ValueError) as e:
             print(f"streamrl plot: {e}", file=sys.stderr)
@@ -151,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from streamrl.lifecycle import setup_logging
 
+    name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
+    if args.command in preflight.ROLES and not before_start(cfg, args, name):
+        return 2
     if args.command == "check":
         print(config_lib.dump(cfg), end="")
         return 0
@@ -174,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         if warning := plan.run_warning(cfg):
             print(f"streamrl: warning: {warning}", file=sys.stderr)
 
-        return launch.run(cfg)
-    name = "learner" if args.command == "learner" else f"actor-{args.index}"
+        try:
+            return launch.run(cfg, overwrite=args.overwrite)
+        except KeyboardInterrupt:  # before the supervisor took over the signals: nothing started yet
+            print("\nstreamrl: interrupted", file=sys.stderr)
+            return 130
     setup_logging(name)
     try:
         if args.command == "learner":
@@ -189,10 +212,36 @@ def main(argv: list[str] | None = None) -> int:
 
             run_actor(cfg, index=args.index, learner_host=args.learner)
     except Exception as e:  # the traceback goes to the log; the last line says what went wrong
+        from streamrl import storage
+
         logging.getLogger(f"streamrl.{name}").exception("failed")
-        print(f"streamrl {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        try:  # on a full disk the log itself may not take it: the exit status still says so
+            print(f"streamrl {name}: error: {storage.reason(e)}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
         return 1
     return 0
+
+
+def before_start(cfg: config_lib.Config, args, name: str) -> bool:
+    """The checks of `streamrl.preflight` for this command: each problem one line on stderr; False stops it."""
+    errors, warnings = preflight.problems(cfg, args.command, getattr(args, "index", 0))
+    if args.command == "learner" and os.environ.get("RANK", "0") == "0" and (refusal := preflight.existing_run(cfg)):
+        if args.overwrite:
+            print(f"streamrl {name}: moved the earlier run aside to {preflight.move_aside(cfg.run_path)}",
+                  file=sys.stderr)
+        else:
+            errors.append(refusal)
+    if args.command == "check" and (refusal := preflight.existing_run(cfg)):
+        errors.append(refusal.replace("pass --overwrite", "pass `streamrl run --overwrite`"))
+    for w in warnings:
+        print(f"streamrl {name}: warning: {w}", file=sys.stderr)
+    for e in errors:
+        print(f"streamrl {name}: error: {e}", file=sys.stderr)
+    if not errors and cfg.transport.curve_keys and args.command == "check":
+        print(f"streamrl check: CurveZMQ encryption and authentication on (keys in {cfg.transport.curve_keys})",
+              file=sys.stderr)
+    return not errors
 
 
 def _tool(args) -> int:

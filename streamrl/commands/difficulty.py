@@ -25,7 +25,7 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     else:
         model, tokenizer = model_lib.build(cfg, task.vocabulary)
     rows = getattr(task, "train", None) if cfg.task.data else None
-    items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.prompts, cfg.eval.seed)
+    items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.size, cfg.eval.seed)
     a = cfg.actors
     table = evaluation.sample_rewards(model.eval(), tokenizer, reward, items, rollouts, temperature=a.temperature,
                                       max_new_tokens=a.max_new_tokens, seed=cfg.seed)

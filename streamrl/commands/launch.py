@@ -3,6 +3,9 @@
 Children run in their own sessions, so Ctrl-C reaches only this supervisor, which asks the
 learner to stop cleanly (it finishes the step, checkpoints, tells the actors to exit) and then
 makes sure no child is left behind. Progress is read from the learner's metrics.jsonl.
+
+The exit status says how the run ended (EXIT_STATUSES, shown by `streamrl run --help`); a failure
+is one line naming what failed and the log that holds its traceback.
 """
 
 from __future__ import annotations
@@ -20,8 +23,19 @@ from pathlib import Path
 import msgspec
 
 from streamrl import config as config_lib
+from streamrl import preflight
 from streamrl.config import Config
 from streamrl.placement import actor_gpus
+
+EXIT_STATUSES = [
+    (0, "the run finished all its steps"),
+    (1, "the learner failed or was killed (the line before says why, and which log has the traceback)"),
+    (2, "nothing started: a config error or a problem found before start (run_dir, ports, keys, existing run)"),
+    (3, "every actor failed, so the run was stopped"),
+    (4, "the learner stopped before its steps without failing (it was stopped from outside this command)"),
+    (130, "interrupted by Ctrl-C (SIGINT); a second Ctrl-C kills the processes and also exits 130"),
+    (143, "stopped by SIGTERM"),
+]
 
 
 def free_ports(n: int) -> list[int]:
@@ -163,14 +177,57 @@ def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def _tail_of(path: Path, n: int = 15) -> str:
+def _first_error_line(log: Path, who: str) -> str | None:
+    """The one line a failed `streamrl learner`/`actor` ends its log with (`streamrl NAME: error: ...`)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        lines = log.read_text(errors="replace").splitlines()
     except OSError:
-        return ""
+        return None
+    marker = f"streamrl {who}: error: "
+    return next((line.split(marker, 1)[1] for line in reversed(lines) if marker in line), None)
 
 
-def run(cfg: Config, out=sys.stdout) -> int:
+def _child_failure(who: str, returncode: int, log: Path) -> str:
+    """One line: why a child ended, and the log with its traceback."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{who} was killed by {name} (its log: {log})"
+    if (line := _first_error_line(log, who)) is not None:
+        return f"{who} failed: {line} (traceback in {log})"
+    return f"{who} exited with status {returncode} (see {log})"
+
+
+def outcome(learner_rc: int, summary: dict | None, signalled: int | None, failure: str | None,
+            learner_log: Path) -> tuple[int, str | None]:
+    """(exit status, one line or None) once the learner has exited; see EXIT_STATUSES."""
+    if summary is not None and summary.get("status") == "failed":
+        where = f" (traceback in {learner_log})"
+        return 1, f"learner failed: {summary.get('error', 'see the log')}{where}"
+    if learner_rc != 0:
+        if signalled is not None and learner_rc == -signal.SIGKILL:  # the second Ctrl-C killed it
+            return 128 + signalled, None
+        return 1, _child_failure("learner", learner_rc, learner_log)
+    if signalled is not None:
+        return 128 + signalled, None
+    if failure is not None:
+        return 3, None
+    if summary is None or summary.get("status") != "finished":
+        return 4, "the learner stopped before its steps (it was stopped from outside this command)"
+    return 0, None
+
+
+def _read_summary(path: Path) -> dict | None:
+    try:
+        s = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return s if isinstance(s, dict) and s.get("status") != "running" else None
+
+
+def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     try:
         learner_env, actor_envs = gpu_plan(cfg, visible_gpus())
     except config_lib.ConfigError as e:
@@ -178,12 +235,20 @@ def run(cfg: Config, out=sys.stdout) -> int:
         return 2
     cfg = with_free_ports(cfg)
     run_dir = cfg.run_path
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    if not cfg.learner.resume:
-        for stale in ("metrics.jsonl", "summary.json"):
-            (run_dir / stale).unlink(missing_ok=True)
-    cfg_file = run_dir / "config.yaml"
-    cfg_file.write_text(config_lib.dump(cfg))
+    if refusal := preflight.existing_run(cfg):
+        if not overwrite:
+            print(f"streamrl: {refusal}", file=sys.stderr, flush=True)
+            return 2
+        print(f"streamrl: moved the earlier run aside to {preflight.move_aside(run_dir)}", file=out, flush=True)
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        cfg_file = run_dir / "config.yaml"
+        cfg_file.write_text(config_lib.dump(cfg))
+    except OSError as e:
+        print(f"streamrl: cannot write the run directory {run_dir}: {e.strerror or e}", file=sys.stderr, flush=True)
+        return 2
+    # A resumed run's metrics.jsonl holds the earlier steps: they are not shown as new progress.
+    old_lines = _line_hashes(run_dir / "metrics.jsonl") if cfg.learner.resume else set()
     print(f"streamrl: run {cfg.name!r} -> {run_dir}/  ({cfg.on_policy}, estimator {cfg.advantage.estimator}, "
           f"{cfg.actors.num} actors, {cfg.steps} steps; logs in {run_dir}/logs/)", file=out, flush=True)
     if (m := cfg.monitoring).learner_port:
@@ -191,33 +256,46 @@ def run(cfg: Config, out=sys.stdout) -> int:
                        if m.actor_port and cfg.actors.num else "")
         print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
               "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
+    if cfg.transport.curve_keys:
+        print(f"streamrl: CurveZMQ encryption and authentication on (keys in {cfg.transport.curve_keys}; the "
+              f"learner admits only the actor keys in {cfg.transport.curve_keys}/authorized/)", file=out, flush=True)
 
     if learner_env or any(actor_envs):
         where = [f"learner {learner_env.get('CUDA_VISIBLE_DEVICES', 'unset')}"] + [
             f"actor-{i} {e.get('CUDA_VISIBLE_DEVICES', 'unset')}" for i, e in enumerate(actor_envs)]
         print(f"streamrl: GPUs (CUDA_VISIBLE_DEVICES): {'; '.join(where)}", file=out, flush=True)
 
-    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
-    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log",
-                    env_extra=actor_envs[i])
-              for i in range(cfg.actors.num)]
-    interrupts = {"n": 0}
+    procs: list[subprocess.Popen] = []
+    interrupts = {"n": 0, "signal": None}
 
     def on_interrupt(signum, frame):
         interrupts["n"] += 1
+        interrupts["signal"] = interrupts["signal"] or signum
         print("\nstreamrl: stopping (Ctrl-C again to kill)" if interrupts["n"] == 1 else "\nstreamrl: killing",
               file=out, flush=True)
         if interrupts["n"] == 1:
-            learner.send_signal(signal.SIGTERM)
+            if procs:
+                procs[0].send_signal(signal.SIGTERM)
         else:
-            for p in [learner, *actors]:
+            for p in procs:
                 p.kill()
 
+    # Before any child exists: a Ctrl-C during start-up stops the run like one later.
     old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
+    procs.append(learner)
+    if interrupts["n"]:
+        learner.send_signal(signal.SIGTERM)
+    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log",
+                    env_extra=actor_envs[i])
+              for i in range(cfg.actors.num)]
+    procs += actors
     tail, failure, reported = _Tail(run_dir / "metrics.jsonl"), None, set()
 
     def show_progress() -> None:
         for line in tail.lines():
+            if hash(line) in old_lines:
+                continue
             rec = json.loads(line)
             if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
                 print(progress_line(rec, cfg.steps, cfg.max_staleness), file=out, flush=True)
@@ -228,8 +306,9 @@ def run(cfg: Config, out=sys.stdout) -> int:
             for i, p in enumerate(actors):
                 if p.poll() not in (None, 0) and i not in reported:
                     reported.add(i)
-                    print(f"streamrl: actor-{i} exited with status {p.returncode}; actor-{i}.log ends:\n"
-                          f"{_tail_of(run_dir / 'logs' / f'actor-{i}.log')}", file=out, flush=True)
+                    if interrupts["n"] < 2:
+                        line = _child_failure(f"actor-{i}", p.returncode, run_dir / "logs" / f"actor-{i}.log")
+                        print(f"streamrl: {line}", file=out, flush=True)
             # An actor that exits 0 has had the learner's shutdown notice: only all of them failing is fatal.
             if actors and failure is None and len(reported) == len(actors):
                 failure = "every actor failed"
@@ -243,16 +322,34 @@ def run(cfg: Config, out=sys.stdout) -> int:
         for s, h in old.items():
             signal.signal(s, h)
 
-    if learner.returncode != 0:
-        print(f"streamrl: learner exited with status {learner.returncode}; learner.log ends:\n"
-              f"{_tail_of(run_dir / 'logs' / 'learner.log')}", file=out, flush=True)
-        return learner.returncode or 1
     summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        s = json.loads(summary_path.read_text())
-        print(f"streamrl: done in {s['wall_s']:.0f}s: {s['steps']} steps, "
+    s = _read_summary(summary_path)
+    code, line = outcome(learner.returncode, s, interrupts["signal"], failure, run_dir / "logs" / "learner.log")
+    if line is not None:
+        print(f"streamrl: {line}", file=out, flush=True)
+    if interrupts["n"] >= 2:
+        newest = _newest_checkpoint(run_dir)
+        print(f"streamrl: killed the learner and actors; the newest complete checkpoint is {newest or 'none'}",
+              file=out, flush=True)
+    elif s is not None and code != 1:
+        print(f"streamrl: {'done' if code == 0 else 'stopped'} in {s['wall_s']:.0f}s: {s['steps']} steps, "
               f"reward {_fmt(s['reward_first_10pct'], '.3f')} (first 10%) -> "
               f"{_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
               f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}",
               file=out, flush=True)
-    return 1 if failure else 0
+    return code
+
+
+def _line_hashes(path: Path) -> set[int]:
+    try:
+        with open(path) as f:
+            return {hash(line.rstrip("\n")) for line in f if line.strip()}
+    except OSError:
+        return set()
+
+
+def _newest_checkpoint(run_dir: Path) -> str | None:
+    from streamrl import checkpoints
+
+    found = checkpoints.newest_complete(run_dir / "checkpoints")
+    return str(run_dir / "checkpoints" / found[0]) if found else None

@@ -7,8 +7,8 @@
   probability ratio of correct solutions per initial-likelihood rank bucket.
 
 Ratios are aggregated over a window of steps as Σ#{A > 0} / Σ#{A < 0} (r_count) and
-Σ loss(A > 0) / Σ loss(A < 0) weighted the same way, so a step with no negative sample does not
-turn a curve into infinities.
+Σ|L(A > 0)| / Σ|L(A < 0)| (r_loss, from each step's `loss_pos_sum` and `loss_neg_sum`), so a step
+with no negative sample does not turn a curve into infinities.
 """
 
 from __future__ import annotations
@@ -67,10 +67,8 @@ def r_count(run: Run, window: int) -> list[float]:
 
 
 def r_loss(run: Run, window: int) -> list[float]:
-    """r_loss per step is a ratio; the window weighs each step's ratio by its negative-sample count."""
-    ratio, neg = run.series("r_loss"), run.series("adv_neg")
-    num = [r * n if math.isfinite(r) else 0.0 for r, n in zip(ratio, neg)]
-    return windowed_ratio(num, [n if math.isfinite(r) else 0.0 for r, n in zip(ratio, neg)], window)
+    """Σ|L+| / Σ|L−| over the trailing window (NaN for runs recorded before the sums were logged)."""
+    return windowed_ratio(run.series("loss_pos_sum"), run.series("loss_neg_sum"), window)
 
 
 def _finite_or_top(values: list[float], top: float) -> list[float]:

@@ -18,12 +18,22 @@ ESTIMATORS = ("grpo", "static", "corpo")
 EARLY, LATE = 0.2, 0.3  # share of the run read as "early" (first) and "late" (last)
 
 
-def window_r_count(run: plots.Run, start: float, end: float) -> float:
-    """Σ#{A > 0} / Σ#{A < 0} over the steps in [start, end) of the run (fractions of its length)."""
+def _window(run: plots.Run, start: float, end: float, num: str, den: str) -> float:
+    """Σ num / Σ den over the steps in [start, end) of the run (fractions of its length)."""
     n = len(run.records)
     recs = run.records[int(start * n):max(int(start * n) + 1, int(end * n))]
-    pos, neg = sum(r["adv_pos"] for r in recs), sum(r["adv_neg"] for r in recs)
-    return pos / neg if neg else float("inf")
+    top, bottom = sum(r[num] for r in recs), sum(r[den] for r in recs)
+    return top / bottom if bottom else float("inf") if top else float("nan")
+
+
+def window_r_count(run: plots.Run, start: float, end: float) -> float:
+    """Σ#{A > 0} / Σ#{A < 0} over the steps in [start, end) of the run."""
+    return _window(run, start, end, "adv_pos", "adv_neg")
+
+
+def window_r_loss(run: plots.Run, start: float, end: float) -> float:
+    """Σ|L+| / Σ|L−| over the steps in [start, end) of the run (not a mean of the steps' ratios)."""
+    return _window(run, start, end, "loss_pos_sum", "loss_neg_sum")
 
 
 def measure(run: plots.Run) -> dict:
@@ -38,6 +48,8 @@ def measure(run: plots.Run) -> dict:
         "failed_positive_max": max(failed_pos),
         "r_count_early": window_r_count(run, 0.0, EARLY),
         "r_count_late": window_r_count(run, 1 - LATE, 1.0),
+        "r_loss_early": window_r_loss(run, 0.0, EARLY),
+        "r_loss_late": window_r_loss(run, 1 - LATE, 1.0),
     }
 
 
@@ -64,12 +76,14 @@ def table(m: dict[str, dict]) -> str:
         return "-" if v is None else f"{v:.3f}" if abs(v) != float("inf") else "inf"
 
     lines = ["| estimator | reward, first 10% → last 10% | failed-positive fraction, mean (max) "
-             f"| r_count, first {EARLY:.0%} | r_count, last {LATE:.0%} |", "|---|---|---|---|---|"]
+             f"| r_count, first {EARLY:.0%} | r_count, last {LATE:.0%} | r_loss, first {EARLY:.0%} "
+             f"| r_loss, last {LATE:.0%} |", "|---|---|---|---|---|---|---|"]
     for e in ESTIMATORS:
         x = m[e]
         lines.append(f"| {e} | {f(x['reward_first_10pct'])} → {f(x['reward_last_10pct'])} "
                      f"| {f(x['failed_positive_mean'])} ({f(x['failed_positive_max'])}) "
-                     f"| {f(x['r_count_early'])} | {f(x['r_count_late'])} |")
+                     f"| {f(x['r_count_early'])} | {f(x['r_count_late'])} "
+                     f"| {f(x['r_loss_early'])} | {f(x['r_loss_late'])} |")
     lines += ["", "| the paper's observation | seen here | measured |", "|---|---|---|"]
     lines += [f"| {claim} | {'yes' if ok else '**no**'} | {why} |" for claim, ok, why in observations(m)]
     return "\n".join(lines) + "\n"

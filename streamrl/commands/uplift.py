@@ -1,14 +1,17 @@
 """Uplift analysis (the paper's Figure 3): which correct answers did training make more likely?
 
-Sample N completions per eval prompt from the *initial* policy, keep the correct ones (shaped
-reward ≥ `advantage.r_min_correct`), and score each with teacher forcing at temperature 1 under
-the initial (pre) and the trained (post: the newest checkpoint's policy.safetensors) policy:
-log p(completion | prompt), summed over its tokens. Rank them by pre log-prob (rank 0 = the most
-likely under the initial policy), split the ranks into B equal buckets, and report per bucket
-the mean log ratio log(post/pre), its exp (`geo_mean_ratio`, the geometric mean of the ratios)
-and the mean of the ratios themselves (`mean_ratio`, dominated by the largest). A policy that
-only sharpens what it already preferred lifts the first buckets; one that finds rarer correct
-answers lifts the last ones. Written to RUN_DIR/uplift.json.
+Sample N completions per *training* prompt (distinct prompts from the task's training stream,
+seeded by `eval.seed`) from the *initial* policy, keep each prompt's distinct correct ones (shaped
+reward ≥ `advantage.r_min_correct`; a completion sampled twice counts once), and score each with
+teacher forcing at temperature 1 under the initial (pre) and the trained (post: the newest
+checkpoint's policy.safetensors) policy: log p(completion | prompt), summed over its tokens. Rank
+each prompt's correct answers among themselves by pre log-prob (rank 0 = that prompt's most likely
+correct answer under the initial policy: log-probs of different prompts are not comparable), split
+the ranks 0..max into B ranges, and report per range, over every prompt's answers at those ranks,
+the mean log ratio log(post/pre), its exp (`geo_mean_ratio`, the geometric mean of the ratios) and
+the mean of the ratios themselves (`mean_ratio`, dominated by the largest). A policy that only
+sharpens what it already preferred lifts the first buckets; one that finds rarer correct answers
+lifts the last ones. Written to RUN_DIR/uplift.json.
 """
 
 from __future__ import annotations
@@ -19,29 +22,60 @@ from typing import Sequence
 
 from streamrl import jsonfiles
 
-RANKS = "rank 0 = highest log-prob under the initial policy; rank_lo..rank_hi inclusive"
+RANKS = ("rank within each prompt's distinct correct answers; rank 0 = its highest log-prob under the initial "
+         "policy; rank_lo..rank_hi inclusive")
 RATIOS = ("mean_log_ratio = mean of log(post/pre); geo_mean_ratio = exp(mean_log_ratio); "
           "mean_ratio = mean of post/pre (null if it overflows)")
 
 
-def buckets(pre: Sequence[float], post: Sequence[float], num_buckets: int) -> list[dict]:
-    """Rank samples by pre log-prob (highest first; ties keep input order) and split the n ranks into
-    min(num_buckets, n) buckets of sizes differing by at most one. pre, post: (n,) sequence log-probs."""
+def ranks_within(prompt_of: Sequence, pre: Sequence[float]) -> list[int]:
+    """Each sample's rank among the samples of its own prompt by pre log-prob (0 = highest; ties keep input
+    order). prompt_of, pre: (n,)."""
+    ranks, seen = [0] * len(pre), {}
+    for i in sorted(range(len(pre)), key=lambda i: -pre[i]):
+        ranks[i] = seen.get(prompt_of[i], 0)
+        seen[prompt_of[i]] = ranks[i] + 1
+    return ranks
+
+
+def distinct_correct(drawn: Sequence[Sequence[tuple[Sequence[int], bool]]]) -> tuple[list[int], list, int]:
+    """(prompt index of each, completion tokens, repeats dropped): every prompt's correct completions, each
+    distinct one once. drawn[i]: prompt i's samples as (tokens, correct)."""
+    owner, kept, repeats = [], [], 0
+    for i, samples in enumerate(drawn):
+        seen = set()
+        for tokens, ok in samples:
+            if not ok:
+                continue
+            if tuple(tokens) in seen:
+                repeats += 1
+                continue
+            seen.add(tuple(tokens))
+            owner.append(i)
+            kept.append(list(tokens))
+    return owner, kept, repeats
+
+
+def buckets(pre: Sequence[float], post: Sequence[float], num_buckets: int,
+            prompt_of: Sequence | None = None) -> list[dict]:
+    """Rank samples by pre log-prob (highest first; ties keep input order) within their prompt (`prompt_of`,
+    None: one prompt), split the ranks 0..max into min(num_buckets, max + 1) ranges of sizes differing by
+    at most one, and average over the samples at each range's ranks. pre, post: (n,) sequence log-probs."""
     if len(pre) != len(post):
         raise ValueError(f"uplift: {len(pre)} pre log-probs but {len(post)} post")
     if num_buckets < 1:
         raise ValueError(f"uplift: buckets={num_buckets} must be at least 1")
-    n = len(pre)
-    order = sorted(range(n), key=lambda i: -pre[i])
+    ranks = ranks_within(prompt_of if prompt_of is not None else [0] * len(pre), pre)
+    n = max(ranks) + 1 if ranks else 0
     count = min(num_buckets, n)
     out = []
     for b in range(count):
         lo, hi = b * n // count, (b + 1) * n // count
-        logs = [post[i] - pre[i] for i in order[lo:hi]]
+        logs = [post[i] - pre[i] for i in range(len(pre)) if lo <= ranks[i] < hi]
         mean_log = sum(logs) / len(logs)
         peak = max(logs)
         log_mean_ratio = peak + math.log(sum(math.exp(x - peak) for x in logs) / len(logs))  # log-sum-exp
-        out.append({"bucket": b, "rank_lo": lo, "rank_hi": hi - 1, "count": hi - lo, "mean_log_ratio": mean_log,
+        out.append({"bucket": b, "rank_lo": lo, "rank_hi": hi - 1, "count": len(logs), "mean_log_ratio": mean_log,
                     "geo_mean_ratio": _exp(mean_log), "mean_ratio": _exp(log_mean_ratio)})
     return out
 
@@ -57,6 +91,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
 
     from streamrl import model as model_lib
     from streamrl import checkpoints, rewards, sampling
+    from streamrl.tasks import distinct
 
     cfg = checkpoints.run_config(run_dir, overrides)
     reward = rewards.build(cfg)
@@ -64,10 +99,10 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     post_model, _ = checkpoints.load_policy(cfg, run_dir)
     weights = checkpoints.checkpoint_of(run_dir)
     pre_model.eval()
-    items = reward.task.eval_set(prompts, cfg.eval.seed)
+    items = distinct(reward.task.sample, prompts, cfg.eval.seed)   # training prompts, as the paper ranks
     ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in items]
     max_new = cfg.eval.max_new_tokens or cfg.actors.max_new_tokens
-    correct_prompts, correct = [], []
+    drawn: list[list[tuple[list[int], bool]]] = []   # per prompt: (completion tokens, correct?)
     per_call = max(1, 256 // samples)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
@@ -75,24 +110,26 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
             groups = sampling.generate(pre_model, ids[start:start + per_call], samples,
                                        temperature=cfg.eval.temperature, max_new_tokens=max_new,
                                        pad_id=tok.pad_token_id, eos_id=model_lib.end_token_ids(pre_model, tok))
-            for prompt, p_ids, group in zip(items[start:start + per_call], ids[start:start + per_call], groups):
-                for c in group:
-                    if reward(prompt, tok.decode(c.tokens, skip_special_tokens=True)) >= cfg.advantage.r_min_correct:
-                        correct_prompts.append(p_ids)
-                        correct.append(c.tokens)
+            for prompt, group in zip(items[start:start + per_call], groups):
+                drawn.append([(c.tokens, reward(prompt, tok.decode(c.tokens, skip_special_tokens=True))
+                               >= cfg.advantage.r_min_correct) for c in group])
+    owner, correct, duplicates = distinct_correct(drawn)
+    correct_prompts = [ids[i] for i in owner]
     pre = sampling.sequence_logprobs(pre_model, correct_prompts, correct, tok.pad_token_id, temperature=1.0)
     post = sampling.sequence_logprobs(post_model, correct_prompts, correct, tok.pad_token_id, temperature=1.0)
     result = {
         "pre": f"initial policy: {cfg.model.path or f'streamrl.model.build (tiny random init, seed {cfg.seed})'}",
         "post": str(weights),
         "samples_correct": len(correct),
+        "duplicates_dropped": duplicates,
         "samples_total": len(items) * samples,
         "prompts": len(items),
         "samples_per_prompt": samples,
         "temperature": cfg.eval.temperature,
         "ranks": RANKS,
         "ratios": RATIOS,
-        "buckets": buckets(pre, post, num_buckets) if correct else [],
+        "prompts_with_correct": len(set(owner)),
+        "buckets": buckets(pre, post, num_buckets, owner) if correct else [],
     }
     out = out or checkpoints.run_dir_of(run_dir) / "uplift.json"
     jsonfiles.write(out, result)
@@ -102,8 +139,10 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
 
 def report(result: dict) -> str:
     """A few lines for the terminal: one per bucket."""
-    lines = [f"streamrl uplift: {result['samples_correct']} correct of {result['samples_total']} samples from the "
-             f"initial policy; post = {result['post']} -> {result.get('out')}"]
+    lines = [f"streamrl uplift: {result['samples_correct']} distinct correct of {result['samples_total']} samples "
+             f"({result['duplicates_dropped']} repeats dropped) over {result['prompts_with_correct']} of "
+             f"{result['prompts']} training prompts, from the initial policy; ranks within each prompt; "
+             f"post = {result['post']} -> {result.get('out')}"]
     for b in result["buckets"]:
         lines.append(f"  bucket {b['bucket']}  ranks {b['rank_lo']:>5}-{b['rank_hi']:<5}  n {b['count']:>5}  "
                      f"mean log ratio {b['mean_log_ratio']:+.3f}  geo-mean ratio {_fmt(b['geo_mean_ratio'])}  "

@@ -99,9 +99,12 @@ class MathAnswer:
     def sample(self, rng: random.Random) -> Prompt:
         return self.prompt(rng.choice(self.train))
 
-    def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
+    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
+        """The first `size` rows of the eval file (None: every row), else `size` distinct training prompts."""
         if self.eval_rows is not None:
             return [self.prompt(r) for r in self.eval_rows[:size]]
+        if size is None:
+            raise ValueError("eval.prompts=all: needs task.eval_data; give a number of prompts")
         return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
@@ -110,6 +113,11 @@ class MathAnswer:
             self.unparseable += 1
             return 0.0
         return 1.0 if normalise(got) == normalise(prompt.target[0]) else 0.0
+
+    @staticmethod
+    def levels(cfg) -> list[float]:
+        """The reward levels, from the `TaskConfig` alone."""
+        return [0.0, 1.0]
 
     @property
     def reward_levels(self) -> list[float]:

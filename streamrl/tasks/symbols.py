@@ -33,12 +33,19 @@ class SymbolTask:
     def reward_levels(self) -> list[float]:
         return [i / self.length for i in range(self.length + 1)]
 
+    @staticmethod
+    def levels(cfg) -> list[float]:
+        """The reward levels from the `TaskConfig` alone: 0, 1/L, ..., 1."""
+        return [i / cfg.length for i in range(cfg.length + 1)]
+
     @classmethod
     def from_config(cls, cfg) -> "SymbolTask":
         return cls(num_symbols=cfg.num_symbols, length=cfg.length)
 
-    def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
+    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
         """`size` prompts drawn from a stream of their own (distinct ids where the space allows)."""
+        if size is None:
+            raise ValueError("eval.prompts=all: the symbol tasks have no eval file; give a number of prompts")
         return distinct(self.sample, size, seed)
 
     def sample(self, rng: random.Random) -> Prompt:

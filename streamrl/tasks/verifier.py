@@ -2,10 +2,20 @@
 
 A prompt holds a question and two candidate responses (or, for a few samples, one). The policy
 explains, then rates each response in [0, 10] ending with `A: <v_A> B: <v_B>` (single:
-`Rating: <v>`). The reward is the negated binary cross-entropy between the normalised rating
-difference p = (1 + (v_B - v_A) / 10) / 2 and the label y = 1[label_b > label_a]; it is reported
-on [0, 1] as exp(-BCE) (the probability the ratings give the true label, monotone in -BCE) and
-quantised to `scale_steps` steps. Unparseable output gets the lowest reward and is counted.
+`Rating: <v>`). The ratings imply a verdict; q is the probability they give the labels' verdict:
+
+- a pair whose labels differ: p = (1 + (v_B - v_A) / 10) / 2 is the implied chance that B is the
+  better one, y = 1[label_b > label_a], q = p if y else 1 - p (first correct / second correct);
+- a single response: p = v / 10, y = 1[label >= 0.5], q likewise;
+- a pair whose labels tie (both correct, both incorrect): the labels prefer neither response but
+  judge each, so each rating is a single judgement and q = sqrt(q_A q_B) (the pair's BCE is the
+  mean of the two).
+
+The BCE between the implied preference and the label is -ln q. q is computed exactly from the
+decimal ratings (fractions, no float noise) and rounded half up onto `scale_steps` steps: that is
+the task's ordinal scale on [0, 1], which `reward.bucket_edges` may condense further. The trained
+reward is then `task.reward_form`: `bce` = -BCE = ln q (the paper's form: <= 0, ln 1e-3 for q = 0)
+or `exp` = exp(-BCE) = q. Unparseable output gets the lowest level and is counted.
 
 Data: a JSONL file of `{question, response_a, response_b, label_a, label_b}` rows (`response_b`
 and `label_b` left out for a single-response sample), or, with no file, a synthetic arithmetic
@@ -17,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import msgspec
@@ -28,7 +39,9 @@ PAIR_TEMPLATE = ("Question: {question}\nResponse A: {response_a}\nResponse B: {r
 SINGLE_TEMPLATE = ("Question: {question}\nResponse: {response_a}\n"
                    "Explain whether the response is correct, then rate it from 0 to 10 as Rating: <rating>")
 MAX_RATING = 10.0
-_EPS = 1e-3  # p is clamped to [eps, 1 - eps] so a confident wrong rating costs a finite BCE
+EPS = 1e-3  # the bce form takes ln(max(q, EPS)): a confident wrong rating costs a finite BCE (ln 1e-3 = -6.9)
+FORMS = ("bce", "exp")
+CATEGORIES = ("first_correct", "second_correct", "both_correct", "both_incorrect", "single")
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _PAIR = re.compile(rf"A:\s*{_NUM}\s*,?\s*B:\s*{_NUM}")
 _SINGLE = re.compile(rf"Rating:\s*{_NUM}")
@@ -68,33 +81,61 @@ def read_jsonl(path: str | Path) -> list[Example]:
     return rows
 
 
-def bce_reward(ratings: tuple[float, ...], labels: tuple[float, ...]) -> float:
-    """exp(-BCE) in (0, 1): pair ratings (v_A, v_B) with labels (label_a, label_b), or a single (v,) with (label,).
-
-    Pair: p = (1 + (v_B - v_A) / 10) / 2, y = 1[label_b > label_a]. Single: p = v / 10, y = 1[label ≥ 0.5].
-    """
-    if len(ratings) == 2:
-        p = (1 + (ratings[1] - ratings[0]) / MAX_RATING) / 2
-        y = 1.0 if labels[1] > labels[0] else 0.0
-    else:
-        p, y = ratings[0] / MAX_RATING, 1.0 if labels[0] >= 0.5 else 0.0
-    p = min(max(p, _EPS), 1 - _EPS)
-    bce = -(y * math.log(p) + (1 - y) * math.log(1 - p))
-    return math.exp(-bce)
+def category(labels: tuple[float, ...]) -> str:
+    """The paper's table rows: first_correct, second_correct (labels differ), both_correct,
+    both_incorrect (labels tie, at or above / below 0.5), single (one response)."""
+    if len(labels) == 1:
+        return "single"
+    a, b = labels
+    if a != b:
+        return "first_correct" if a > b else "second_correct"
+    return "both_correct" if a >= 0.5 else "both_incorrect"
 
 
-def quantise(x: float, steps: int) -> float:
-    """x in [0, 1] rounded (half up) to the nearest of 0, 1/steps, ..., 1."""
-    return math.floor(x * steps + 0.5) / steps
+def _single_q(v: Fraction, label: float) -> Fraction:
+    p = v / 10
+    return p if label >= 0.5 else 1 - p
 
 
-def parse(text: str, pair: bool) -> tuple[float, ...] | None:
-    """The last rating statement in `text`, or None when there is none or a rating is outside [0, 10]."""
+def implied(ratings: tuple[Fraction, ...], labels: tuple[float, ...]) -> tuple[Fraction, bool]:
+    """(Q, root): q = Q, or q = sqrt(Q) when root (a tie judged response by response). Exact."""
+    if len(ratings) == 1:
+        return _single_q(ratings[0], labels[0]), False
+    if labels[0] == labels[1]:
+        return _single_q(ratings[0], labels[0]) * _single_q(ratings[1], labels[1]), True
+    p = (1 + (ratings[1] - ratings[0]) / 10) / 2
+    return (p if labels[1] > labels[0] else 1 - p), False
+
+
+def bce(ratings: tuple[float, ...], labels: tuple[float, ...]) -> float:
+    """The BCE between the implied preference and the label, -ln q, before quantisation (inf for q = 0)."""
+    q, root = implied(tuple(Fraction(str(v)) for v in ratings), labels)
+    if q == 0:
+        return math.inf
+    return -math.log(q) / (2 if root else 1)
+
+
+def quantise(q: Fraction, steps: int, root: bool = False) -> Fraction:
+    """q (or sqrt(q) when root) rounded half up to the nearest of 0, 1/steps, ..., 1, in integer arithmetic."""
+    if not root:
+        return Fraction(math.floor(q * steps + Fraction(1, 2)), steps)
+    # floor(sqrt(x) + 1/2) = (isqrt(floor(4x)) + 1) // 2 for x = q steps^2 >= 0
+    return Fraction((math.isqrt(math.floor(4 * q * steps * steps)) + 1) // 2, steps)
+
+
+def to_reward(level: float, form: str) -> float:
+    """The trained reward of a level q on [0, 1]: bce -> ln(max(q, EPS)) = -BCE; exp -> q = exp(-BCE)."""
+    return math.log(max(float(level), EPS)) if form == "bce" else float(level)
+
+
+def parse(text: str, pair: bool) -> tuple[Fraction, ...] | None:
+    """The last rating statement in `text` as exact fractions, or None when there is none or a rating is
+    outside [0, 10]."""
     found = (_PAIR if pair else _SINGLE).findall(text)
     if not found:
         return None
     last = found[-1] if pair else (found[-1],)
-    ratings = tuple(float(v) for v in last)
+    ratings = tuple(Fraction(v) for v in last)
     return ratings if all(0 <= v <= MAX_RATING for v in ratings) else None
 
 
@@ -113,21 +154,39 @@ def synthetic(rng: random.Random, single: bool) -> Example:
 
 @TASKS.register("code_verifier")
 class CodeVerifier:
-    """Pairwise (and a few single-response) judgements of code answers, scored by exp(-BCE) on an ordinal scale."""
+    """Pairwise (and a few single-response) judgements of code answers, rewarded by -BCE (or exp(-BCE)) on an
+    ordinal scale."""
 
     def __init__(self, data: str | None = None, eval_data: str | None = None, scale_steps: int = 10,
-                 single_fraction: float = 0.1, template: str = PAIR_TEMPLATE, single_template: str = SINGLE_TEMPLATE):
+                 single_fraction: float = 0.1, template: str = PAIR_TEMPLATE, single_template: str = SINGLE_TEMPLATE,
+                 reward_form: str = "bce"):
+        if reward_form not in FORMS:
+            raise ValueError(f"reward_form={reward_form!r}: must be one of {', '.join(FORMS)}")
         self.train = read_jsonl(data) if data else None
         self.eval_rows = read_jsonl(eval_data) if eval_data else None
         self.scale_steps = scale_steps
         self.single_fraction = single_fraction
         self.template, self.single_template = template, single_template
+        self.reward_form = reward_form
         self.unparseable = 0
 
     @classmethod
     def from_config(cls, cfg) -> "CodeVerifier":
         return cls(cfg.data, cfg.eval_data, cfg.scale_steps, cfg.single_fraction,
-                   cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE)
+                   cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE, cfg.reward_form)
+
+    @staticmethod
+    def levels(cfg) -> list[float]:
+        """The task's ordinal scale on [0, 1] from its `TaskConfig` alone (no data read): 0, 1/steps, ..., 1."""
+        return [i / cfg.scale_steps for i in range(cfg.scale_steps + 1)]
+
+    @staticmethod
+    def reward_map(cfg):
+        """The map from a (shaped) level q to the trained reward under `cfg.reward_form`."""
+        return lambda q: to_reward(q, cfg.reward_form)
+
+    def to_reward(self, q: float) -> float:
+        return to_reward(q, self.reward_form)
 
     def prompt(self, ex: Example) -> Prompt:
         pair = ex.response_b is not None
@@ -137,22 +196,32 @@ class CodeVerifier:
         key = f"{ex.question}|{ex.response_a}|{ex.response_b}"
         return Prompt(id=f"verify-{abs(hash_text(key)):016x}", text=text, labels=labels)
 
+    def category(self, prompt: Prompt) -> str:
+        """The paper's table row of a prompt (see `category`)."""
+        return category(prompt.labels)
+
     def sample(self, rng: random.Random) -> Prompt:
         if self.train is not None:
             return self.prompt(rng.choice(self.train))
         return self.prompt(synthetic(rng, single=rng.random() < self.single_fraction))
 
-    def eval_set(self, size: int, seed: int = 12345) -> list[Prompt]:
+    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
+        """The first `size` rows of the eval file (None: every row), or `size` distinct synthetic prompts."""
         if self.eval_rows is not None:
             return [self.prompt(ex) for ex in self.eval_rows[:size]]
+        if size is None:
+            raise ValueError("eval.prompts=all: needs task.eval_data (the synthetic set has no fixed size); "
+                             "give a number of prompts")
         return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
+        """The level q on [0, 1] (the ordinal scale shaping works on; the Reward then applies `to_reward`)."""
         ratings = parse(completion, pair=len(prompt.labels) == 2)
         if ratings is None:
             self.unparseable += 1
             return 0.0
-        return quantise(bce_reward(ratings, prompt.labels), self.scale_steps)
+        q, root = implied(ratings, prompt.labels)
+        return float(quantise(q, self.scale_steps, root))
 
     @property
     def reward_levels(self) -> list[float]:

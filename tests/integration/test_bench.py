@@ -16,6 +16,7 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     weights = [line for line in out if line.startswith("bench=weights")]
     assert len(weights) == 2 and all("ratio_vs_raw_zmq=" in line and "publisher_blocked_fraction=" in line
                                      for line in weights)
+    assert all(int(line.split("chunks=")[1].split()[0]) > 1 for line in weights)  # versions crossed as chunks
     overlap = [line for line in out if line.startswith("bench=overlap")]
     assert len(overlap) == 1 and "ratio_vs_ideal=" in overlap[0] and "actor_idle_fraction=" in overlap[0]
     for line in transport + adv + batching:

@@ -15,11 +15,11 @@ BIG = ["model.hidden_size=512", "model.num_layers=3", "model.num_heads=8", "mode
 def test_a_40_mb_model_under_a_4_mib_message_cap_trains_to_the_end_over_zeromq(run_job):
     run = run_job(*BIG, "transport.max_message_bytes=4194304", "steps=4", "actors.num=1", "learner.batch_groups=4",
                   "actors.weights_timeout_s=600",  # a loaded machine can take minutes to start the learner
-                  "on_policy=strict", name="chunked", timeout=600)
-    recs = metrics(run)
-    assert [r["step"] for r in recs] == [0, 1, 2, 3]
-    for r in recs:  # strict: every step trained on groups the actor made from exactly the previous version
-        assert r["lag_max"] == 0 and r["is_ratio_max_abs_dev"] < 1e-3
+                  name="chunked", timeout=600)
+    assert [r["step"] for r in metrics(run)] == [0, 1, 2, 3]
     s = summary(run)
-    assert s["policy_version"] == 4 and not s["stopped_early"]
+    assert s["learner_version"] == 4 and not s["stopped_early"]
     assert s["weight_requests_rejected"] == {}
+    actor_log = (run / "logs" / "actor-0.log").read_text()
+    applied = int(actor_log.split("'versions_applied': ")[1].split(",")[0])
+    assert applied >= 2, "the actor must load new versions, each one crossing as 14 chunks"

@@ -64,7 +64,7 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
         assert seen == {"sent": a["groups_sent"], "received": a["groups_sent"], "reported": True}
 
 
-def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tmp_path):
+def test_resume_skips_half_written_and_damaged_checkpoints_and_restores_step_and_version(tmp_path):
     args = _args(tmp_path, "resume", steps=6)
     run = tmp_path / "runs" / "resume"
     learner = spawn(["learner", *args, "learner.checkpoint_every=3"], tmp_path / "learner.log")
@@ -78,13 +78,17 @@ def test_resume_skips_a_half_written_checkpoint_and_restores_step_and_version(tm
     shutil.copytree(ckpt / "step-6", ckpt / "step-9")
     (ckpt / "step-9" / "streamrl.json").unlink()
     (ckpt / "latest").write_text("")
+    # And the newest complete one is damaged: its policy weights were cut short (a full disk, a bad copy).
+    policy = ckpt / "step-6" / "policy.safetensors"
+    policy.write_bytes(policy.read_bytes()[:1000])
     args2 = _args(tmp_path, "resume", steps=8) + ["learner.resume=true"]
     learner = spawn(["learner", *args2], tmp_path / "learner2.log")
     actors = [spawn(["actor", *args2, "--index", str(i)], tmp_path / f"actor2-{i}.log") for i in range(2)]
     with reaped(learner, actors):
         assert learner.wait(timeout=240) == 0
     log = (tmp_path / "learner2.log").read_text()
-    assert "using step-6, the newest complete one" in log and re.search(r"resumed from .*step-6", log)
+    assert "using step-6, the newest complete one" in log and f"skipping step-6: {policy}: truncated" in log
+    assert re.search(r"resumed from .*step-3", log)  # the previous complete checkpoint, checked and loaded
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(8)) and recs[-1]["learner_version"] == 8
     s = summary(run)

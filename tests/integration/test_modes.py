@@ -27,7 +27,7 @@ def test_strict_mode_runs_in_bfloat16_with_the_dtypes_own_tolerance(run_job):
     assert [r["step"] for r in recs] == list(range(8))
     # bf16 rounding shows in the worst token, not in the batch's KL estimate the check bounds.
     assert max(r["is_ratio_max_abs_dev"] for r in recs) > 1e-4
-    assert all(r["group_kl_behaviour_learner_max"] < 6.1e-5 for r in recs)
+    assert all(r["group_kl_behaviour_learner_max"] < 2.4e-4 for r in recs)
 
 
 def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):

@@ -4,6 +4,7 @@ the census and weight statistics in metrics.jsonl, and the laptop reproduction c
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -24,11 +25,14 @@ def _actor_stats(run_dir) -> list[dict]:
 
 
 def test_verifier_task_with_a_four_step_scale_trains_and_counts_unparseable_output(run_job):
-    run = run_job("task.name=code_verifier", "reward.bucket_edges=[0.3,0.6,0.9]", "advantage.r_min_correct=0.6",
-                  "actors.max_new_tokens=6", "learner.weight_stats_every=1", "steps=6", name="verifier")
+    # The paper's reward form, -BCE = ln q, with R_min_correct at the 4-step scale's 2/3 level.
+    run = run_job("task.name=code_verifier", "reward.bucket_edges=[0.3,0.6,0.9]",
+                  f"advantage.r_min_correct={math.log(2 / 3)!r}", "actors.max_new_tokens=6",
+                  "learner.weight_stats_every=1", "steps=6", name="verifier")
     recs = metrics(run)
     assert len(recs) == 6
-    assert summary(run)["reward_range"] == [0.0, 1.0]
+    assert summary(run)["reward_range"] == pytest.approx([math.log(1e-3), 0.0])
+    assert all(r["reward_mean"] <= 0 for r in recs)
     for r in recs:
         assert sum(r[k] for k in ("census_failed_pos", "census_failed_nonpos", "census_passed_pos",
                                   "census_passed_nonpos")) == pytest.approx(1.0)

@@ -133,13 +133,14 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     steps = 6
     common = [str(REPO / "configs" / "tiny.yaml"), f"run_dir={tmp_path}", "name=vllm", f"steps={steps}",
               "on_policy=strict", "learner.batch_groups=4", "actors.num=1", f"actors.temperature={TEMPERATURE}",
+              "actors.weights_timeout_s=600",  # a learner starting on a loaded 2-core machine can take minutes
               *VLLM_MODEL, f"transport.group_port={g}", f"transport.weights_port={w}",
               f"transport.weights_request_port={r}"]
     t0 = time.perf_counter()
     learner = spawn(["learner", *common], tmp_path / "learner.log")
     actor = spawn(["actor", *common, "--index", "0", "--learner", "127.0.0.1"], tmp_path / "actor.log")
     with reaped(learner, actor):
-        _wait_for(tmp_path / "learner.log", "learner ready", 240, learner)
+        _wait_for(tmp_path / "learner.log", "learner ready", 480, learner)
         assert learner.wait(timeout=400) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         assert actor.wait(timeout=60) == 0, (tmp_path / "actor.log").read_text()[-3000:]
     recs, s = metrics(tmp_path / "vllm"), summary(tmp_path / "vllm")

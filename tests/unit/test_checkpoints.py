@@ -122,3 +122,90 @@ def test_load_policy_rebuilds_the_trained_model_from_a_run_directory(tmp_path):
     assert len(tokenizer) == model_lib.vocab_size(model)
     got, want = model.state_dict(), trained.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _torch_model_states(directory: str, tag: str) -> None:
+    """Stands in for DeepSpeed's save_checkpoint with a real PyTorch file (a zip archive), as DeepSpeed writes."""
+    d = Path(directory) / tag
+    d.mkdir(parents=True, exist_ok=True)
+    torch.save({"module": {"w": torch.zeros(64)}}, d / "mp_rank_00_model_states.pt")
+
+
+class _Engine:
+    """Records which tags were loaded; DeepSpeed's own load is what test_fault_tolerance exercises."""
+
+    def __init__(self, fail_on=()):
+        self.loaded, self.fail_on = [], set(fail_on)
+
+    def load(self, directory: str, tag: str) -> None:
+        if tag in self.fail_on:
+            raise RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory")
+        self.loaded.append(tag)
+
+
+def _two_checkpoints(tmp_path):
+    for step in (3, 6):
+        checkpoints.save(tmp_path, f"step-{step}", _torch_model_states, {"step": step, "version": step},
+                         {"w": torch.full((256,), float(step))})
+
+
+@pytest.mark.parametrize("damage", ["truncated_policy", "truncated_model_states", "missing_model_states",
+                                    "deepspeed_cannot_load"])
+def test_resume_skips_a_damaged_checkpoint_names_the_file_and_falls_back(tmp_path, damage, caplog):
+    _two_checkpoints(tmp_path)
+    bad = tmp_path / "step-6"
+    if damage == "truncated_policy":
+        data = (bad / checkpoints.POLICY).read_bytes()
+        (bad / checkpoints.POLICY).write_bytes(data[: len(data) // 2])
+        named = bad / checkpoints.POLICY
+    elif damage == "truncated_model_states":
+        data = (bad / "mp_rank_00_model_states.pt").read_bytes()
+        (bad / "mp_rank_00_model_states.pt").write_bytes(data[:100])
+        named = bad / "mp_rank_00_model_states.pt"
+    elif damage == "missing_model_states":
+        (bad / "mp_rank_00_model_states.pt").unlink()
+        named = bad
+    else:
+        named = bad
+    engine = _Engine(fail_on={"step-6"} if damage == "deepspeed_cannot_load" else ())
+    with caplog.at_level("WARNING"):
+        tag, state = checkpoints.resume(engine, tmp_path)
+    assert (tag, state["step"], engine.loaded) == ("step-3", 3, ["step-3"])
+    assert f"skipping step-6: {named}" in caplog.text
+
+
+def test_resume_refuses_to_start_afresh_when_no_checkpoint_is_usable(tmp_path):
+    _two_checkpoints(tmp_path)
+    for tag in ("step-3", "step-6"):
+        (tmp_path / tag / "mp_rank_00_model_states.pt").write_bytes(b"not a zip")
+    with pytest.raises(RuntimeError, match="no usable checkpoint.*step-6.*step-3"):
+        checkpoints.resume(_Engine(), tmp_path)
+    assert checkpoints.resume(_Engine(), tmp_path / "none") is None  # no checkpoint at all: a fresh start
+
+
+def test_a_full_disk_during_a_save_removes_the_partial_checkpoint_and_says_so(tmp_path):
+    from streamrl import storage
+
+    checkpoints.save(tmp_path, "step-1", _torch_model_states, {"step": 1, "version": 1}, {"w": torch.zeros(2)})
+
+    def disk_fills(directory: str, tag: str) -> None:  # what torch.save says when the disk fills mid-file
+        _torch_model_states(directory, tag)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1024 vs 896") from \
+            OSError(28, "No space left on device")
+
+    with pytest.raises(storage.DiskFull) as e:
+        checkpoints.save(tmp_path, "step-2", disk_fills, {"step": 2, "version": 2}, {"w": torch.ones(2)})
+    message = str(e.value)
+    assert message.startswith("disk full (No space left on device) writing checkpoint")
+    assert str(tmp_path / "step-2") in message and "newest complete one is step-1" in message
+    assert not (tmp_path / "step-2").exists() and checkpoints.newest_complete(tmp_path)[0] == "step-1"
+
+
+def test_a_truncated_policy_file_is_a_one_line_error_that_names_it(tmp_path):
+    from streamrl import checkpoints as reader
+
+    checkpoints.save(tmp_path, "step-1", write_model, {"step": 1, "version": 1}, {"w": torch.zeros(64)})
+    policy = tmp_path / "step-1" / checkpoints.POLICY
+    policy.write_bytes(policy.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=f"{policy}: truncated"):
+        reader.load_weights(torch.nn.Linear(1, 1), policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from pathlib import Path
 
 import msgspec
@@ -199,7 +200,8 @@ def test_every_config_field_has_a_one_line_docstring():
 @pytest.mark.parametrize("overrides", [
     [],
     ["advantage.estimator=grpo", "advantage.std_normalize=true", "on_policy=strict", "seed=-3"],
-    ["optim.betas=[0.5, 0.6]", "optim.lr=1e-10", "advantage.r_min_correct=0.30000000000000004"],
+    ["optim.betas=[0.5, 0.6]", "optim.lr=1e-10", "reward.bucket_edges=[0.5]",
+     "reward.bucket_values=[0, 0.30000000000000004]", "advantage.r_min_correct=0.30000000000000004"],
     ["model.path=/some/where", "model.dtype=bfloat16", "actors.backend=hf", "actors.throttle=false"],
 ])
 def test_overrides_for_rebuilds_an_equal_config(overrides):
@@ -246,10 +248,29 @@ def test_paper_configs_follow_the_paper():
         assert (cfg.actors.group_size, cfg.learner.batch_groups * cfg.actors.group_size) == (8, 512)
         assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.weight_decay) == (1e-6, 10, 0.1)
         assert (cfg.loss.kl_coef, cfg.loss.entropy_coef, cfg.actors.temperature, cfg.actors.top_p) == (0, 0, 1, 1)
-        assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10
+        assert cfg.actors.filter_zero_variance and cfg.task.scale_steps == 10 and cfg.task.reward_form == "bce"
+        assert cfg.advantage.r_min_correct == math.log(0.6)
         assert cfg.model.max_seq_len == 16384  # the paper's cap is on the whole sequence
-        assert config.load(REPO / "configs" / "paper" / f"{estimator}-wd0.yaml").optim.weight_decay == 0
-        assert len(config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml").reward.bucket_edges) == 3
+        assert (cfg.eval.prompts, cfg.eval.samples, cfg.eval.ks) == ("all", 16, [1, 16])
+        four = config.load(REPO / "configs" / "paper" / f"{estimator}-4step.yaml")
+        assert len(four.reward.bucket_edges) == 3 and four.advantage.r_min_correct == math.log(2 / 3)
+        assert four.optim.weight_decay == 0.1
+        assert config.load(REPO / "configs" / "paper" / f"{estimator}-4step-wd0.yaml").optim.weight_decay == 0
+        filtered = config.load(REPO / "configs" / "paper" / f"{estimator}-4step-filtered.yaml")
+        rollouts = config.load(REPO / "configs" / "paper" / f"{estimator}-4step-filtered-rollouts.yaml")
+        assert filtered.task.data == rollouts.task.data != cfg.task.data
+        assert (filtered.actors.rollout_factor, rollouts.actors.rollout_factor) == (1, 5)
+        assert filtered.reward == rollouts.reward == four.reward
+
+
+def test_every_paper_config_names_its_table_row_and_column():
+    paper = sorted((REPO / "configs" / "paper").glob("*.yaml"))
+    assert len(paper) == 3 + 6 + 6   # Table 1: 3 cells; Tables 2 and 3: 2 rows x 3 estimators each
+    for path in paper:
+        first = path.read_text().splitlines()[0]
+        assert re.match(r'# Table [123], row "[^"]+", column "(GRPO|static|CoRPO)"', first), path.name
+        est = {"GRPO": "grpo", "static": "static", "CoRPO": "corpo"}[re.search(r'column "(\w+)"', first)[1]]
+        assert config.load(path).advantage.estimator == est and path.name.startswith(est)
 
 
 def test_lr_schedule_warms_up_then_decays_by_cosine_to_zero():
@@ -267,7 +288,7 @@ def test_mgrpo_paper_config_follows_the_paper():
     assert cfg.mgrpo.enabled and cfg.model.path.endswith("Qwen2.5-Math-7B") and cfg.task.name == "math"
     assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.warmup_ratio, cfg.loss.kl_coef) == (5e-7, "cosine", 0.03, 0.001)
     assert (cfg.actors.max_new_tokens, cfg.actors.group_size, cfg.learner.batch_groups) == (8196, 8, 32)
-    assert cfg.actors.temperature == 0.7
+    assert cfg.actors.temperature == cfg.eval.temperature == 0.7
 
 
 def test_eval_ks_above_the_sample_count_are_refused_with_the_key_and_the_limit():
@@ -292,3 +313,17 @@ def test_difficulty_band_needs_low_below_high():
 def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
     assert "wired for actors.backend=hf only" in _error("actors.backend=sglang", "transport.weight_sync=collective")
     assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"
+
+
+def test_an_empty_yaml_file_is_refused_rather_than_running_the_default_job(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here yet\n")
+    with pytest.raises(config.ConfigError, match="empty.yaml: the file is empty"):
+        config.load(empty)
+
+
+def test_a_yaml_error_names_its_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\n  name: x\n")
+    with pytest.raises(config.ConfigError, match=r"bad.yaml:2:7: not valid YAML: mapping values are not allowed"):
+        config.load(bad)

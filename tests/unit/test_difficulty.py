@@ -54,7 +54,8 @@ def test_offline_filtering_of_a_dataset_writes_the_kept_rows_verbatim(tmp_path, 
     rows = [{"question": f"sum {i} 1", "response_a": str(i + 1), "label_a": 1.0, "response_b": str(i), "label_b": 0.0,
              "extra": i} for i in range(3)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = config.load(None, ["task.name=code_verifier", f"task.data={data}", "actors.max_new_tokens=2"])
+    cfg = config.load(None, ["task.name=code_verifier", f"task.data={data}", "actors.max_new_tokens=2",
+                             "task.reward_form=exp", "advantage.r_min_correct=1"])
 
     def fake(model, tok, reward, prompts, n, **kw):  # row 0 always right, row 1 never, row 2 half the time
         return [[1.0] * n, [0.0] * n, [1.0, 0.0] * (n // 2)][:len(prompts)]

@@ -1,8 +1,10 @@
-"""streamrl.evaluation: pass@k is the unbiased estimator, mean@k the mean of the first k rewards."""
+"""streamrl.evaluation: pass@k is the unbiased estimator, mean@k the share correct among the first k samples,
+reward@k the mean of their shaped rewards; per category where the task has categories."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -60,8 +62,46 @@ def test_summarize_counts_rewards_at_the_threshold_as_correct():
     table = [[0.75, 0.5], [0.0, 0.25]]
     out = evaluation.summarize(table, r_min_correct=0.75, ks=[1, 2])
     assert out["eval/pass@1"] == pytest.approx(0.25) and out["eval/pass@2"] == pytest.approx(0.5)
-    assert out["eval/mean@2"] == out["eval/reward_mean"] == pytest.approx(1.5 / 4)
+    assert out["eval/reward@2"] == out["eval/reward_mean"] == pytest.approx(1.5 / 4)
     assert out["eval/prompts"] == 2
+
+
+def test_mean_at_k_is_accuracy_so_two_reward_scales_compare():
+    # The same outcomes on a 10-step -BCE scale and on a 4-step one: mean@k agrees, the shaped mean does not.
+    ten = [[math.log(0.6), math.log(0.1)], [0.0, math.log(0.9)]]
+    four = [[math.log(2 / 3), math.log(1e-3)], [0.0, 0.0]]
+    a = evaluation.summarize(ten, math.log(0.6), [1, 2])
+    b = evaluation.summarize(four, math.log(2 / 3), [1, 2])
+    assert a["eval/mean@2"] == b["eval/mean@2"] == pytest.approx(0.75)
+    assert a["eval/mean@1"] == b["eval/mean@1"] == 1.0
+    assert a["eval/reward@2"] != pytest.approx(b["eval/reward@2"])
+
+
+def test_each_category_gets_its_own_metrics():
+    table = [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
+    out = evaluation.summarize(table, 1.0, [1, 2], ["first_correct", "single", "first_correct"])
+    assert out["eval/first_correct/prompts"] == 2 and out["eval/single/prompts"] == 1
+    assert out["eval/first_correct/mean@2"] == pytest.approx(0.75) and out["eval/single/pass@2"] == 0.0
+    assert out["eval/mean@2"] == pytest.approx(0.5)
+
+
+def test_all_evaluates_every_row_of_the_eval_file_with_its_categories(tmp_path):
+    rows = [{"question": f"q{i}", "response_a": "a", "label_a": i % 2, "response_b": "b", "label_b": 1 - i % 2}
+            for i in range(40)] + [{"question": "s", "response_a": "a", "label_a": 1}]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config.load(None, ["task.name=code_verifier", f"task.eval_data={path}", "advantage.r_min_correct=0",
+                             "eval.prompts=all", "eval.samples=2", "eval.ks=[1,2]", "actors.max_new_tokens=2"])
+    out = evaluation.Evaluator(cfg, rewards.build(cfg)).run()
+    assert out["eval/prompts"] == 41   # not cut at the default 32
+    counts = [out[f"eval/{c}/prompts"] for c in ("first_correct", "second_correct", "single")]
+    assert counts == [20, 20, 1]
+
+
+def test_all_without_an_eval_file_is_one_clear_error():
+    cfg = config.load(None, ["eval.prompts=all"])
+    with pytest.raises(ValueError, match="eval.prompts=all: .*give a number"):
+        evaluation.Evaluator(cfg, rewards.build(cfg))
 
 
 def test_an_evaluation_is_reproducible_and_leaves_the_callers_rng_alone():
@@ -77,6 +117,7 @@ def test_an_evaluation_is_reproducible_and_leaves_the_callers_rng_alone():
     assert torch.equal(torch.rand(1), after)
     first.pop("eval_s"), second.pop("eval_s")
     assert first == second
-    assert set(first) == {"eval/pass@1", "eval/pass@4", "eval/mean@1", "eval/mean@4", "eval/reward_mean",
+    assert set(first) == {"eval/pass@1", "eval/pass@4", "eval/mean@1", "eval/mean@4", "eval/reward@1",
+                          "eval/reward@4", "eval/reward_mean",
                           "eval/prompts", "eval/samples", "eval/unparseable"}
     assert 0 <= first["eval/pass@1"] <= first["eval/pass@4"] <= 1 and first["eval/prompts"] == 4

@@ -107,6 +107,25 @@ def test_zero_variance_groups_are_filtered_and_counted():
     assert [g.prompt_id for g in groups] == ["1"] and stats.filtered_zero_variance == 2
 
 
+@pytest.mark.parametrize("estimator, want_before, want_after", [   # R_min_correct = 1: A = 0 for a correct sample
+    ("static", [0, 3, 0, 3], [0, 1, 0, 1]),                         # under static and CoRPO (baseline 1)
+    ("corpo", [0, 3, 0, 3], [0, 1, 0, 1]),
+    ("grpo", [0, 3, 1, 2], [0, 1, 1, 0]),
+])
+def test_the_census_is_counted_before_and_after_dynamic_filtering(estimator, want_before, want_after):
+    task = symbols.Copy(num_symbols=4, length=1)
+    prompts = [tasks.Prompt(id=str(i), text="x", target=("a",)) for i in range(3)]
+    backend = ScriptedBackend([[1, 1], [0, 1], [0, 0]])   # rewards [0, 0] (filtered), [1, 0], [1, 1] (filtered)
+    _, stats = rollout.make_groups(backend, WordTokenizer(["a", "b"]), rewards.Reward(task), prompts,
+                                   _opts(2, filter_zero_variance=True, estimator=estimator), 0, "a")
+    before = [stats.census_before_failed_pos, stats.census_before_failed_nonpos, stats.census_before_passed_pos,
+              stats.census_before_passed_nonpos]
+    after = [stats.census_after_failed_pos, stats.census_after_failed_nonpos, stats.census_after_passed_pos,
+             stats.census_after_passed_nonpos]
+    assert before == want_before   # every sample generated: 6
+    assert after == want_after     # the one group sent, [1, 0]
+
+
 def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_filtered_groups():
     from streamrl.difficulty import SuccessTracker
 

@@ -134,3 +134,25 @@ def test_strict_mode_refuses_a_stale_group_loudly_instead_of_dropping_it(intake)
     with pytest.raises(StrictModeViolation, match="generated at policy version 4 arrived at learner version 5 "
                                                   r"\(lag 1; strict needs 0\)"):
         it.collect(version=5, n=2, timeout_s=10)
+
+
+def test_strict_mode_drops_a_stale_group_a_demand_explains_and_still_refuses_one_from_before_it(intake):
+    from learner.stepstats import StrictModeViolation
+
+    it, sender = intake
+    it.strict, it.max_staleness = True, 0
+    it.first_demand_version = 3  # actors were asked to cover at version 3: they made more than their share since
+    for g in (group(5), group(3), group(5)):
+        assert sender.send(g, timeout_s=2)
+    batch, _ = it.collect(version=5, n=2, timeout_s=10)
+    assert [g.policy_version for g in batch] == [5, 5] and it.dropped["stale"] == 1
+    assert sender.send(group(2), timeout_s=2)  # older than the demand: nothing explains it
+    with pytest.raises(StrictModeViolation, match="generated at policy version 2"):
+        it.collect(version=5, n=1, timeout_s=10)
+
+
+def test_no_demand_goes_out_before_the_first_group_of_the_run_arrives(intake):
+    it, _ = intake
+    with pytest.raises(TimeoutError, match="have 0/2"):
+        it.collect(version=0, n=2, timeout_s=1.0)  # > demand_after_s (0.3), yet nothing to measure slowness by
+    assert it.demands_sent == 0

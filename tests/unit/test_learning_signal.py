@@ -28,6 +28,7 @@ def test_learning_signal_matches_hand_computed_values():
     assert s["r_count"] == pytest.approx(5 / 3)
     # |loss| of A > 0 samples: 1 + 2 + 1 + 0.5 + 0.5 = 5; of A < 0 samples: 3 + 0.5 + 0.5 = 4.
     assert s["r_loss"] == pytest.approx(5 / 4)
+    assert s["loss_pos_sum"] / s["loss_neg_sum"] == pytest.approx(s["r_loss"])   # the sums a window adds up
     # R < 0.75 and A > 0: group 1 samples 1 and 2 -> 2 of 8.
     assert s["failed_positive_fraction"] == pytest.approx(0.25)
     # one group of two has its mean below the threshold.
@@ -84,6 +85,19 @@ def test_weight_stats_over_all_parameters():
     assert stats["weights_l1"] == 15.0 and stats["weights_l2"] == pytest.approx(55 ** 0.5)
     assert (stats["weights_min"], stats["weights_max"], stats["weights_mean"]) == (-4.0, 5.0, 0.6)
     assert stats["weights_median"] == 1.0
+
+
+@pytest.mark.parametrize("estimator, expected", [
+    # groups: [1, 1] (zero variance, passed), [0, 0] (zero variance, failed), [1, 0]; r_min 0.5
+    ("grpo", {"failed_pos": 0, "failed_nonpos": 3, "passed_pos": 1, "passed_nonpos": 2}),
+    ("static", {"failed_pos": 0, "failed_nonpos": 3, "passed_pos": 3, "passed_nonpos": 0}),
+    ("corpo", {"failed_pos": 0, "failed_nonpos": 3, "passed_pos": 1, "passed_nonpos": 2}),
+])
+def test_census_counts_follow_the_estimator_for_groups_never_sent(estimator, expected):
+    from streamrl.learning_signal import census_counts
+
+    assert census_counts([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], estimator, 0.5) == expected
+    assert census_counts([], estimator, 0.5) == dict.fromkeys(expected, 0)
 
 
 def test_weight_stats_streamed_in_small_chunks_match_a_float64_copy_of_everything():

@@ -136,3 +136,89 @@ def test_eval_reports_the_five_metrics_under_mgrpo():
     assert {"eval/acc_t1", "eval/acc_t2", "eval/delta_t1_t2", "eval/delta_i2c", "eval/delta_c2i"} <= set(out)
     assert out["eval/delta_t1_t2"] == pytest.approx(out["eval/delta_i2c"] - out["eval/delta_c2i"])
     assert out["eval/acc_t1"] == pytest.approx(out["eval/pass@1"])  # the same samples, counted the same way
+
+
+# --- how the two layers share an actor's budget (issue 17, item 1) ---------------------------------
+
+class _G:
+    def __init__(self, layer, name):
+        self.layer, self.name = layer, name
+
+
+def _call(prompts: int, kept_per_prompt: int) -> list:
+    """One generate call's groups as rollout.make_groups returns them: layer 1 first, then layer 2."""
+    return ([_G(1, f"p{i}") for i in range(prompts)]
+            + [_G(2, f"p{i}/t2/{j}") for i in range(prompts) for j in range(kept_per_prompt)])
+
+
+def test_layer2_trains_at_the_mgrpo_papers_batch_shape():
+    from pathlib import Path
+
+    from streamrl import config, staleness
+
+    cfg = config.load(Path(__file__).resolve().parents[2] / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml")
+    assert cfg.strict and (cfg.learner.batch_groups, cfg.actors.num, cfg.actors.prompts_per_generate) == (32, 8, 8)
+    step = []
+    for index in range(cfg.actors.num):   # strict: each actor makes exactly its share of one batch per version
+        budget = staleness.planned_share(cfg.learner.batch_groups, cfg.actors.num, index)
+        groups = _call(min(cfg.actors.prompts_per_generate, budget), kept_per_prompt=3)
+        sent = mgrpo.fill_budget(groups, budget, cfg.mgrpo.layer2_share)
+        assert len(sent) == budget == 4
+        step += sent
+    layer2 = sum(g.layer == 2 for g in step)
+    assert len(step) == 32 and layer2 == 16   # a layer-1-first trim sent 0 here: every budget held 4 layer-1 groups
+    # one correction kept in the whole call still trains
+    assert [g.layer for g in mgrpo.fill_budget(_call(4, 0) + [_G(2, "x")], 4, 0.5)] == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize("budget, prompts, kept, share, layers", [
+    (4, 4, 3, 0.5, [1, 1, 2, 2]),
+    (4, 4, 3, 0.25, [1, 1, 1, 2]),
+    (4, 4, 3, 0.0, [1, 1, 1, 1]),
+    (4, 4, 3, 1.0, [2, 2, 2, 2]),
+    (4, 1, 3, 0.5, [1, 2, 2, 2]),    # layer 1 cannot fill its two slots: layer 2 takes the spare one
+    (1, 1, 3, 0.5, [1]),             # a budget of one cannot be split: layer 1
+    (8, 2, 1, 0.5, [1, 1, 2, 2]),    # everything fits: nothing is cut
+])
+def test_fill_budget_shares_slots_by_the_configured_share(budget, prompts, kept, share, layers):
+    sent = mgrpo.fill_budget(_call(prompts, kept), budget, share)
+    assert [g.layer for g in sent] == layers
+    names = [g.name for g in sent]
+    assert names == sorted(names, key=[g.name for g in _call(prompts, kept)].index)   # order kept
+
+
+# --- a layer-2 query longer than the model's context (issue 17, item 6) ----------------------------
+
+def test_cap_query_keeps_the_query_and_the_end_and_counts_the_cut():
+    ids = list(range(20))
+    assert mgrpo.cap_query(ids, 0, 5) == (ids, 0) and mgrpo.cap_query(ids, 20, 5) == (ids, 0)
+    capped, cut = mgrpo.cap_query(ids, 12, 5)
+    assert capped == [0, 1, 2, 3, 4, *range(13, 20)] and cut == 8
+    assert mgrpo.cap_query(ids, 6, 5) == ([0, 1, 2, 17, 18, 19], 14)   # the query keeps at most half
+
+
+def test_layer2_queries_over_the_limit_are_capped_in_the_rollout_and_counted():
+    tok = Words()
+    prompt = tasks.Prompt(id="p0", text="copy : a b =", target=("a", "b"))
+    opts = rollout.RolloutOptions(group_size=4, r_min_correct=1.0, phrases=("Wait, check.",), augment=3,
+                                  query_limit=7)
+    backend = Scripted(tok, [LAYER1, *CORRECTIONS, ["a b"] * 3, ["a b"] * 3, ["a b"] * 3])
+    groups, stats = rollout.make_groups(backend, tok, rewards.Reward(symbols.Copy(4, 2)), [prompt], opts, 7,
+                                        "actor-0", random.Random(0))
+    # each query is "copy : a b = <2 words>\nWait, check." = 9 words: 2 cut from the middle of each of 4
+    assert (stats.queries_capped, stats.query_tokens_cut) == (4, 8)
+    for g in groups:
+        if g.layer == 2:
+            assert len(g.prompt_tokens) == 7 and tok.decode(g.prompt_tokens[:3].tolist()) == "copy : a"
+
+
+def test_query_limit_comes_from_the_model_folder_or_the_config(tmp_path):
+    import json
+
+    from streamrl import config
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=1000"])
+    assert mgrpo.query_limit(cfg) == 3096
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true"])) == 0   # the tiny model: no cap

@@ -18,6 +18,7 @@ def _run_dir(tmp_path, estimator, steps, pos, neg, failed_pos=0.0):
     for s in range(steps):
         p, n = pos(s), neg(s)
         recs.append({"step": s, "adv_pos": p, "adv_neg": n, "r_loss": (p / n) if n else None,
+                     "loss_pos_sum": 0.5 * p, "loss_neg_sum": 0.5 * n,
                      "failed_positive_fraction": failed_pos, "reward_mean": s / steps, "success_rate": s / steps,
                      "census_failed_pos": failed_pos, "census_failed_nonpos": 1 - failed_pos - s / steps,
                      "census_passed_pos": s / steps, "census_passed_nonpos": 0.0})
@@ -29,6 +30,18 @@ def _run_dir(tmp_path, estimator, steps, pos, neg, failed_pos=0.0):
 def test_windowed_r_count_sums_counts_so_an_all_positive_step_is_not_infinite():
     assert plots.windowed_ratio([2, 3, 0, 1], [1, 0, 0, 1], window=2) == [2.0, 5.0, math.inf, 1.0]
     assert plots.windowed_ratio([1], [0], 1) == [math.inf] and math.isnan(plots.windowed_ratio([0], [0], 1)[0])
+
+
+def test_r_loss_over_a_window_is_the_ratio_of_summed_losses_not_a_mean_of_ratios(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    # step 0: |L+| 9, |L-| 1 (ratio 9, one negative sample); step 1: |L+| 1, |L-| 9 (ratio 1/9, one negative)
+    recs = [{"step": 0, "adv_pos": 1, "adv_neg": 1, "r_loss": 9.0, "loss_pos_sum": 9.0, "loss_neg_sum": 1.0},
+            {"step": 1, "adv_pos": 1, "adv_neg": 1, "r_loss": 1 / 9, "loss_pos_sum": 1.0, "loss_neg_sum": 9.0}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    run = plots.Run(d)
+    assert plots.r_loss(run, 2)[1] == pytest.approx(1.0)                    # (9 + 1) / (1 + 9)
+    assert reproduce.window_r_loss(run, 0.0, 1.0) == pytest.approx(1.0)     # a weighted mean of ratios gave 4.56
 
 
 def test_plot_writes_every_figure_for_several_runs(tmp_path):

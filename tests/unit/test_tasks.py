@@ -85,7 +85,8 @@ def test_prompts_are_deterministic_for_a_seeded_random():
 
 
 def test_build_follows_the_task_config():
-    task = tasks.build(config.load(None, ["task.name=repeat_first", "task.num_symbols=3", "task.length=6"]).task)
+    task = tasks.build(config.load(None, ["task.name=repeat_first", "task.num_symbols=3", "task.length=6",
+                                          "advantage.r_min_correct=0.5"]).task)
     assert isinstance(task, symbols.RepeatFirst)
     assert task.symbols == ["a", "b", "c"] and task.length == 6
 

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from streamrl import rewards
 from streamrl.tasks import verifier
 from streamrl.tasks import Prompt
 
@@ -30,10 +31,55 @@ def test_reward_on_hand_made_outputs(text, prompt, reward):
     assert task().score(prompt, text) == pytest.approx(reward)
 
 
-def test_reward_is_the_negated_bce_before_quantisation():
-    # p = (1 + (7 - 3)/10) / 2 = 0.7 for y = 1: BCE = -ln 0.7, exp(-BCE) = 0.7
-    assert verifier.bce_reward((3, 7), (0, 1)) == pytest.approx(0.7)
-    assert math.log(verifier.bce_reward((4, 5), (1, 0))) == pytest.approx(math.log(1 - 0.55))
+def test_bce_is_minus_ln_of_the_probability_the_ratings_give_the_label():
+    # p = (1 + (7 - 3)/10) / 2 = 0.7 for y = 1: BCE = -ln 0.7
+    assert verifier.bce((3, 7), (0, 1)) == pytest.approx(-math.log(0.7))
+    assert verifier.bce((4, 5), (1, 0)) == pytest.approx(-math.log(1 - 0.55))
+    assert verifier.bce((8, 8), (1, 1)) == pytest.approx(-math.log(0.8))   # a tie: the mean of two single BCEs
+
+
+def test_the_paper_configs_reward_is_minus_bce_and_goes_negative():
+    # The paper's section 2.3: a failed trajectory has R(y_f) < 0. Under the bce form every reward is ln q <= 0.
+    reward = rewards.Reward(verifier.CodeVerifier(reward_form="bce"))
+    assert reward(PAIR_B_RIGHT, "A: 3 B: 7") == pytest.approx(math.log(0.7))
+    assert reward(PAIR_B_RIGHT, "A: 0 B: 10") == 0.0
+    assert reward(PAIR_B_RIGHT, "A: 10 B: 0") == pytest.approx(math.log(verifier.EPS))   # finite, the lowest
+    assert reward.levels[0] == pytest.approx(math.log(1e-3)) and reward.levels[-1] == 0.0
+    exp = rewards.Reward(verifier.CodeVerifier(reward_form="exp"))
+    assert exp(PAIR_B_RIGHT, "A: 3 B: 7") == pytest.approx(0.7)   # exp(-BCE), the option
+    four = rewards.Reward(verifier.CodeVerifier(reward_form="bce"), [0.3, 0.6, 0.9])
+    assert four.levels == pytest.approx([math.log(1e-3), math.log(1 / 3), math.log(2 / 3), 0.0])
+
+
+@pytest.mark.parametrize("a, b, level", [
+    (7.5, 2.5, 0.3),   # d = -5: q = 0.25, half up -> 0.3
+    (7, 3, 0.3),       # d = -4: q = 0.30
+    (6.5, 3.5, 0.4),   # d = -3: q = 0.35, half up -> 0.4 (float noise used to put it on 0.3)
+    (6, 4, 0.4),
+    (5.5, 4.5, 0.5),   # q = 0.45 -> 0.5
+])
+def test_ratings_are_quantised_exactly(a, b, level):
+    assert task().score(PAIR_B_RIGHT, f"A: {a} B: {b}") == level
+
+
+@pytest.mark.parametrize("labels, text, level", [
+    ((1.0, 1.0), "A: 10 B: 10", 1.0),   # both correct, rated so: right
+    ((1.0, 1.0), "A: 8 B: 8", 0.8),
+    ((1.0, 1.0), "A: 10 B: 0", 0.0),    # one of two correct answers rated 0
+    ((0.0, 0.0), "A: 0 B: 0", 1.0),     # both incorrect, rated so
+    ((0.0, 0.0), "A: 10 B: 10", 0.0),   # both incorrect but rated perfect: equal ratings alone are not right
+    ((0.0, 0.0), "A: 1 B: 3", 0.8),     # sqrt(0.9 * 0.7) = 0.794 -> 0.8
+])
+def test_a_tie_is_judged_response_by_response_as_its_labels_say(labels, text, level):
+    assert task().score(Prompt(id="t", text="", labels=labels), text) == level
+
+
+@pytest.mark.parametrize("labels, category", [
+    ((1.0, 0.0), "first_correct"), ((0.0, 1.0), "second_correct"), ((1.0, 1.0), "both_correct"),
+    ((0.0, 0.0), "both_incorrect"), ((1.0,), "single"), ((0.0,), "single"),
+])
+def test_each_prompt_falls_in_one_of_the_papers_categories(labels, category):
+    assert verifier.category(labels) == category
 
 
 @pytest.mark.parametrize("text", ["", "I think B", "A: 11 B: 0", "A: -1 B: 3", "B: 3 A: 4", "Rating: 5"])
