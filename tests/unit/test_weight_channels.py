@@ -113,7 +113,12 @@ def test_a_restarted_learners_weights_seen_mid_generation_load_between_generate_
     assert actor.first(serving(first)) and actor.version == 30
     first.shutdown()
     first.close()
-    second = new_learner(2.0)  # resumed from a checkpoint at version 20, on the same ports
+    for _ in range(50):  # resumed from a checkpoint at version 20, on the same ports (once the old ones are free)
+        try:
+            second = new_learner(2.0)
+            break
+        except RuntimeError:
+            time.sleep(0.1)
 
     def broadcast_and_look() -> bool:  # (again until the actor's SUB has reconnected to the new learner)
         second.publish(20)
