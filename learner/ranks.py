@@ -15,14 +15,9 @@ import torch
 
 from learner.batch import Batch
 from streamrl.losses import LossOutput
+from streamrl.weight_sync import collective_device  # one rule for every collective: nccl takes CUDA tensors, gloo CPU
 
 STOP, STEP, STOP_AND_SAVE = 0, 1, 2
-
-
-def collective_device(backend: str) -> torch.device:
-    """Where a collective's tensors must live for `backend`: NCCL takes CUDA tensors only (the
-    current device, which DeepSpeed set to the local rank), gloo CPU ones."""
-    return torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
 
 class Command(msgspec.Struct, frozen=True):
