@@ -23,13 +23,16 @@ from streamrl import exporter, prometheus_metrics, rewards, security, staleness
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
+from streamrl.startup import Phases
 from streamrl.transport import GroupSender, endpoint
 
 log = logging.getLogger("streamrl.actor")
 
 
-def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
+def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Phases | None = None) -> dict:
+    """phases: the start-up marks (`streamrl actor` passes its own; they start at the spawn)."""
     actor_id = f"actor-{index}"
+    phases = phases or Phases(actor_id)
     stop = stop_on_signals()
     if cfg.actors.threads:
         torch.set_num_threads(cfg.actors.threads)
@@ -37,6 +40,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
 
     reward = rewards.build(cfg)
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
+    phases.mark("model")
     backend = backends.build(cfg.actors.backend, cfg, model, tokenizer, index)  # the engine seeds with seed + index
     telemetry, health, server = _monitoring(cfg, index, actor_id)
 
@@ -53,11 +57,13 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
     throttle = staleness.Throttle(cfg.learner.batch_groups, cfg.actors.num, index, cfg.max_staleness,
                                   enabled=cfg.actors.throttle or cfg.strict)
     telemetry.share.set(throttle.share)
+    phases.mark("ready")
     generate = None
     stats: dict = {"actor_id": actor_id, "groups_sent": 0}
     started = time.perf_counter()
     try:
         weights.first(stopping)                                        # never generate before holding weights
+        phases.mark("first_weights")
         throttle.weights(weights.version, weights.life)
         generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry)
         while not stopping() and weights.shutdown is None:
@@ -75,6 +81,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None) -> dict:
             throttle.made(len(groups))
             stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)             # → PUSH to the learner
+            if sent and not phases.written:
+                phases.mark("first_group")
+                phases.done(cfg.run_path, log)
     finally:
         stats.update(wall_s=time.perf_counter() - started, send_blocked_s=round(sender.blocked_s, 3),
                      session=sender.session, **(generate.report() if generate else {}))

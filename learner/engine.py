@@ -36,9 +36,27 @@ def _init_distributed(timeout_s: float) -> None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    _no_shm_comm_op()
     # A timeout on every collective: a rank that died turns into an error, not a silent hang.
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _no_shm_comm_op() -> None:
+    """Keep DeepSpeed from building (or, when cached, loading) its shared-memory comm op at init.
+
+    DeepSpeed's torch backend compiles `deepspeed_shm_comm` with a C++ toolchain on first use
+    (tens of seconds on a fresh machine, and its compatibility probe runs compiler subprocesses for
+    every op even when cached) whenever the accelerator is the CPU. The op serves only
+    `inference_all_reduce`, which training never calls: our collectives go through
+    torch.distributed. Marking it incompatible before init skips the probe and the build."""
+    import deepspeed.ops
+
+    compatible = vars(deepspeed.ops).get("__compatible_ops__")  # newer DeepSpeed probes on first access
+    if compatible is None:
+        deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    else:
+        compatible["deepspeed_shm_comm"] = False
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:

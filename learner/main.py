@@ -20,12 +20,15 @@ from streamrl import advantages, evaluation, exporter, prometheus_metrics, rewar
 from streamrl import model as model_lib
 from streamrl.config import Config
 from streamrl.lifecycle import stop_on_signals
+from streamrl.startup import Phases
 from streamrl.transport import GroupReceiver, endpoint
 
 log = logging.getLogger("streamrl.learner")
 
 
-def run(cfg: Config) -> dict:
+def run(cfg: Config, phases: Phases | None = None) -> dict:
+    """phases: the start-up marks (`streamrl learner` passes its own; they start at the spawn)."""
+    phases = phases or Phases("learner")
     stop = stop_on_signals()
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
@@ -33,7 +36,9 @@ def run(cfg: Config) -> dict:
     reward = rewards.build(cfg)
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
+    phases.mark("model")
     engine = Engine(cfg, model)
+    phases.mark("engine")
     ranks = Ranks.current()
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
@@ -67,6 +72,7 @@ def run(cfg: Config) -> dict:
         return stop()
 
     weights.publish(learner_version)
+    phases.mark("ready")
     health.beat(step=step, learner_version=learner_version)
     log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
              learner_version, step, engine.device, ranks.world, "s" if ranks.world > 1 else "", t.group_port)
@@ -78,6 +84,7 @@ def run(cfg: Config) -> dict:
             groups, wait_s = intake.collect(learner_version, L.batch_groups, L.data_timeout_s, stopping)
             if len(groups) < L.batch_groups:
                 break
+            phases.mark("first_group")
             due = schedule.due(step, learner_version, cfg)  # the other ranks follow the same schedule
             t0 = time.perf_counter()
             batch = collate(groups, tokenizer.pad_token_id)                                      # batch
@@ -104,6 +111,9 @@ def run(cfg: Config) -> dict:
             learner_version, step = learner_version + 1, step + 1
             health.beat(step=step, learner_version=learner_version)
             runlog.step({**rec, **accounting, "elapsed_s": time.time() - started})
+            if not phases.written:
+                phases.mark("first_step")
+                phases.done(cfg.run_path, log)
             if cfg.strict:
                 stepstats.check_strict(rec, stepstats.ratio_tolerance(L.strict_ratio_tol, cfg.model.dtype))
             if due.checkpoint:

@@ -10,13 +10,16 @@ threshold, and then failed samples are reinforced.
 from __future__ import annotations
 
 import math
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from streamrl.registry import Registry
 
-Estimator = Callable[..., torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a tensor is made, not here: validating a config looks the estimator up in
+# ESTIMATORS, and `streamrl run` must not spend torch's 2-3 s of import doing that.
+Estimator = Callable[..., "torch.Tensor"]
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 # Below this group std the std-normalised GRPO advantage is 0 rather than a division blow-up.
@@ -29,6 +32,8 @@ def grpo(rewards: torch.Tensor, r_min_correct: float, std_normalize: bool = Fals
     adv = rewards - rewards.mean(dim=1, keepdim=True)
     if std_normalize:
         std = rewards.std(dim=1, keepdim=True, unbiased=False)
+        import torch
+
         adv = torch.where(std > _STD_EPS, adv / std.clamp_min(_STD_EPS), torch.zeros_like(adv))
     return adv
 
@@ -54,6 +59,8 @@ def compute(
     `std_normalize` applies to `grpo` only (static and CoRPO baselines are absolute thresholds,
     and dividing by the std would change which side of the threshold a sample lands on).
     """
+    import torch
+
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be (num_groups, group_size), got shape {tuple(rewards.shape)}")
     if not math.isfinite(float(rewards.sum(dtype=torch.float64))):  # non-finite iff some reward is

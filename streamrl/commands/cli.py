@@ -200,17 +200,22 @@ def main(argv: list[str] | None = None) -> int:
             print("\nstreamrl: interrupted", file=sys.stderr)
             return 130
     setup_logging(name)
+    from streamrl.startup import Phases
+
+    phases = Phases(name)
     try:
         if args.command == "learner":
             if args.local_rank is not None:
                 os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
             from learner.main import run as run_learner
 
-            run_learner(cfg)
+            phases.mark("imports")
+            run_learner(cfg, phases)
         else:
             from actors.main import run as run_actor
 
-            run_actor(cfg, index=args.index, learner_host=args.learner)
+            phases.mark("imports")
+            run_actor(cfg, index=args.index, learner_host=args.learner, phases=phases)
     except Exception as e:  # the traceback goes to the log; the last line says what went wrong
         from streamrl import storage
 

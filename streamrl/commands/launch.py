@@ -26,6 +26,7 @@ from streamrl import config as config_lib
 from streamrl import preflight
 from streamrl.config import Config
 from streamrl.placement import actor_gpus
+from streamrl.startup import SPAWNED_AT, Phases
 
 EXIT_STATUSES = [
     (0, "the run finished all its steps"),
@@ -100,9 +101,24 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
             f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
 
 
+def gpu_devices_present(dev: str = "/dev") -> bool:
+    """Whether this machine could have a GPU torch sees: an NVIDIA (/dev/nvidia0, ...) or ROCm
+    (/dev/kfd) device node, and CUDA_VISIBLE_DEVICES not -1. False means torch.cuda would count 0,
+    so the launcher need not import torch to ask."""
+    try:
+        nodes = os.listdir(dev)
+    except OSError:
+        return True  # cannot tell: ask torch
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() in ("-1",):
+        return False
+    return "kfd" in nodes or any(n.startswith("nvidia") and n[6:].isdigit() for n in nodes)
+
+
 def visible_gpus() -> list[str]:
     """This machine's usable GPUs as CUDA_VISIBLE_DEVICES entries (the launcher's own list, if it
     has one, so a supervisor confined to GPUs 4-7 hands out only those)."""
+    if not gpu_devices_present():
+        return []  # torch is not imported for nothing: 2-3 s of CPU before any child could start
     try:
         import torch
 
@@ -142,7 +158,7 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
 def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank.
     `env_extra` adds to (or overrides) the inherited environment, e.g. the process's GPUs."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", SPAWNED_AT: repr(time.time()), **(env_extra or {})}
     launcher = [sys.executable, "-m", "streamrl"]
     if ranks > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -228,6 +244,7 @@ def _read_summary(path: Path) -> dict | None:
 
 
 def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
+    phases = Phases("run")  # from this process's start (or STREAMRL_SPAWNED_AT: a bench timing the command)
     try:
         learner_env, actor_envs = gpu_plan(cfg, visible_gpus())
     except config_lib.ConfigError as e:
@@ -282,6 +299,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
 
     # Before any child exists: a Ctrl-C during start-up stops the run like one later.
     old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    phases.mark("configured")
     learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
     procs.append(learner)
     if interrupts["n"]:
@@ -290,6 +308,8 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
                     env_extra=actor_envs[i])
               for i in range(cfg.actors.num)]
     procs += actors
+    phases.mark("spawned")
+    phases.done(run_dir)
     tail, failure, reported = _Tail(run_dir / "metrics.jsonl"), None, set()
 
     def show_progress() -> None:
