@@ -8,6 +8,8 @@ the same run (never a bare time).
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
+- startup: `streamrl run` to the first learner step, by phase, against fresh-interpreter children
+  and bare imports (`bench_startup`).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
 
@@ -446,6 +448,12 @@ def overlap(short: bool = False) -> list[dict]:
              "actor_idle_fraction": idle}]
 
 
+def startup(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_startup
+
+    return bench_startup.startup(short=short)
+
+
 def trl(short: bool = False) -> list[dict]:
     from streamrl.commands import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
 
@@ -453,7 +461,7 @@ def trl(short: bool = False) -> list[dict]:
 
 
 BENCHES = {"transport": transport, "weights": weights, "overlap": overlap, "advantages": advantages_bench,
-           "batching": batching}
+           "batching": batching, "startup": startup}
 OPTIONAL = {"trl": trl}
 
 

@@ -24,6 +24,7 @@ import msgspec
 
 from streamrl import config as config_lib
 from streamrl import preflight
+from streamrl.commands import forked
 from streamrl.config import Config
 from streamrl.placement import actor_gpus
 from streamrl.startup import SPAWNED_AT, Phases
@@ -155,10 +156,14 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
                      for i in range(cfg.actors.num)]
 
 
-def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, str] | None = None,
+          fork: bool = False) -> subprocess.Popen | forked.Forked:
     """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank.
-    `env_extra` adds to (or overrides) the inherited environment, e.g. the process's GPUs."""
+    `env_extra` adds to (or overrides) the inherited environment, e.g. the process's GPUs.
+    fork: forked from this process (after `forked.preload`) instead of a fresh interpreter."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", SPAWNED_AT: repr(time.time()), **(env_extra or {})}
+    if fork and ranks == 1:
+        return forked.spawn(args, log_path, env, _die_with_parent)
     launcher = [sys.executable, "-m", "streamrl"]
     if ranks > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -300,12 +305,19 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     # Before any child exists: a Ctrl-C during start-up stops the run like one later.
     old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     phases.mark("configured")
-    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env)
+    # On CPU the children are forked from this process once it has imported what they all need:
+    # those imports are most of their start-up, and 2 cores would otherwise do them three times.
+    fork = forked.enabled() and cfg.actors.backend == "hf" and not learner_env and not any(actor_envs)
+    if fork:
+        forked.preload(cfg)
+        phases.mark("imports")
+    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env,
+                    fork=fork)
     procs.append(learner)
     if interrupts["n"]:
         learner.send_signal(signal.SIGTERM)
     actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log",
-                    env_extra=actor_envs[i])
+                    env_extra=actor_envs[i], fork=fork)
               for i in range(cfg.actors.num)]
     procs += actors
     phases.mark("spawned")

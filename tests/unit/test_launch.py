@@ -120,7 +120,7 @@ def test_streamrl_run_starts_each_process_with_its_gpus(monkeypatch, tmp_path):
     started = []
     cfg = _cfg(**{"run_dir": str(tmp_path), "actors.num": 2})
 
-    def spawn(args, log, ranks=1, env_extra=None):
+    def spawn(args, log, ranks=1, env_extra=None, fork=False):
         started.append((args[0], env_extra))
         if args[0] == "learner":  # exit 0 means a finished run: the learner's summary says so
             (cfg.run_path / "summary.json").write_text(json.dumps(

@@ -1,0 +1,103 @@
+"""`streamrl bench startup`: from typing `streamrl run` to the first learner step of the default job.
+
+Each run is the real command (`python -m streamrl run`, 2 steps, free ports), timed from the moment
+this bench starts it (STREAMRL_SPAWNED_AT: the launcher's clock starts there, interpreter start-up
+included). The phases come from the start-up records every run writes (RUN_DIR/logs/startup-*.json,
+`streamrl.startup`), so the figure is what users get:
+
+  launch       interpreter start, config loaded and checked (the launcher)
+  preload      torch + transformers imported once in the launcher, children forked from it (CPU runs)
+  imports      the learner's own imports after it started
+  model        the learner's model and tokenizer
+  engine       DeepSpeed: import, process group, optimizer
+  ready        sockets bound and version 0 published
+  first_group  until the learner holds its first batch of groups (actors: weights, generate, send)
+  first_step   the first optimizer step
+  total        launch start -> first step done
+
+Reported as the median over the runs with min and max, against two references measured in the same
+sitting, interleaved: the same command with every child a fresh interpreter (STREAMRL_FORK=0, as
+before the launcher forked) and a bare `python -c "import torch; from transformers import
+LlamaForCausalLM"` (what any process that trains this model pays before its first line of work).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ["launch", "preload", "imports", "model", "engine", "ready", "first_group", "first_step"]
+BARE_IMPORTS = "import torch; from transformers import LlamaForCausalLM"
+
+
+def phases(records: dict[str, dict]) -> dict[str, float]:
+    """The critical path to the first step from one run's start-up records (streamrl.startup.read)."""
+    run, learner = records["run"]["marks"], records["learner"]["marks"]
+    out = {"launch": run["configured"] - run["start"],
+           "preload": run.get("imports", run["configured"]) - run["configured"],
+           # from the launcher's last mark to the learner's first: forking (or exec'ing) the children
+           "imports": learner["imports"] - run.get("imports", run["configured"])}
+    prev = "imports"
+    for name in ("model", "engine", "ready", "first_group", "first_step"):
+        out[name] = learner[name] - learner[prev]
+        prev = name
+    out["total"] = learner["first_step"] - run["start"]
+    return out
+
+
+def _one(workdir: Path, name: str, fork: bool) -> dict[str, float]:
+    from streamrl import startup
+    from streamrl.commands import forked, launch
+
+    g, w, r = launch.free_ports(3)
+    env = {**os.environ, forked.ENV: "1" if fork else "0", startup.SPAWNED_AT: repr(time.time())}
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl", "run", "steps=2", f"name={name}", f"run_dir={workdir}",
+         f"transport.group_port={g}", f"transport.weights_port={w}", f"transport.weights_request_port={r}",
+         "monitoring.learner_port=0", "monitoring.actor_port=0", "learner.checkpoint_every=0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"streamrl run failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+    return phases(startup.read(workdir / name))
+
+
+def _bare_imports() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BARE_IMPORTS], check=True, timeout=600)
+    return time.perf_counter() - t0
+
+
+def _spread(xs: list[float]) -> tuple[float, float, float]:
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def startup(short: bool = False) -> list[dict]:
+    runs = 1 if short else 5
+    load = os.getloadavg()[0]
+    got: dict[str, list[dict]] = {"fork": [], "exec": []}
+    bare: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):  # interleaved, so a change in the machine's load falls on all three alike
+            got["fork"].append(_one(Path(tmp), f"fork-{i}", fork=True))
+            if not short:
+                got["exec"].append(_one(Path(tmp), f"exec-{i}", fork=False))
+            bare.append(_bare_imports())
+    rows = []
+    bare_s = statistics.median(bare)
+    for mode, results in got.items():
+        if not results:
+            continue
+        total, lo, hi = _spread([r["total"] for r in results])
+        row = {"bench": "startup", "mode": mode, "runs": len(results), "load_avg_1m": load,
+               **{f"{p}_s": statistics.median(r[p] for r in results) for p in PHASES},
+               "total_s": total, "total_min_s": lo, "total_max_s": hi, "bare_imports_s": bare_s,
+               "ratio_vs_bare_imports": total / bare_s}
+        if mode == "fork" and got["exec"]:
+            row["ratio_vs_exec"] = total / statistics.median(r["total"] for r in got["exec"])
+        rows.append(row)
+    return rows

@@ -1,0 +1,159 @@
+"""`streamrl run` on CPU: the learner and actors forked from a launcher that imported their common
+modules once.
+
+Each of the three processes of the tiny job otherwise spends 3-5 s of CPU importing torch and
+transformers' model classes (transformers pulls in torch._dynamo and torch.distributed.tensor),
+three times over on 2 cores, before any of them can build a model. Forked from a launcher that
+has imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
+process exactly as an exec'd one would: its own session, log, signals and exit status, and the
+launcher's death still takes it down. Each child then imports only its own role's modules (the
+learner DeepSpeed; an actor never does).
+
+Only where forking is safe: nothing in the launcher has touched CUDA (GPU runs, and learners
+under torchrun, are started as fresh processes) and the launcher runs no threads of its own.
+`STREAMRL_FORK=0` starts every child as a fresh process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ENV = "STREAMRL_FORK"
+
+
+def enabled() -> bool:
+    return hasattr(os, "fork") and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def preload(cfg) -> None:
+    """Import, once, the modules both the learner and the actors need (never DeepSpeed, never a
+    backend's engine): torch, zmq, msgspec, transformers' model and tokenizer classes."""
+    import torch  # noqa: F401
+    import zmq  # noqa: F401
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
+
+    if cfg.model.path is None:
+        from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401  (the tiny default)
+    from streamrl import model, sampling, transport, wire  # noqa: F401
+
+
+class Forked:
+    """The subprocess.Popen surface the launcher uses (pid, poll, wait, send_signal, kill,
+    returncode: negative for a signal) over a forked child."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["streamrl"], timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(args: list[str], log_path: Path, env: dict[str, str], die_with_parent) -> Forked:
+    """`streamrl ARGS` in a forked child, output to `log_path`, with `env` as its environment."""
+    for stream in (sys.stdout, sys.stderr):  # what the launcher printed must not be printed again
+        stream.flush()
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        os.environ.clear()
+        os.environ.update(env)
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the exec'd children have
+        _reseed()
+        set_cmdline(["streamrl", *args])
+        from streamrl.commands.cli import main
+
+        code = main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)  # never back into the launcher's stack
+
+
+def _reseed() -> None:
+    """A fork copies the launcher's random states; each child draws its own, as a fresh process does."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def set_cmdline(argv: list[str]) -> bool:
+    """Show `argv` as this process's command line (/proc/PID/cmdline, ps), so a forked learner or
+    actor reads like the one it would have been; cut to the space the original command line had.
+    Linux only; False where it could not."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if size <= 1:
+        return False
+    data = b"\0".join(a.encode() for a in argv)[:size - 1]
+    ctypes.memmove(start, data.ljust(size, b"\0"), size)  # ends in NUL: the kernel reads no further
+    return True
