@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -113,9 +114,9 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str], die_with_parent)
                 stream.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the exec'd children have
         _reseed()
         set_cmdline(["streamrl", *args])
-        from streamrl.commands.cli import main
-
-        code = main(args)
+        sys.argv = ["streamrl", *args]
+        runpy.run_module("streamrl", run_name="__main__")  # `python -m streamrl ARGS`: ends in SystemExit
+        code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if isinstance(e.code, str):

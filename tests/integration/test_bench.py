@@ -19,6 +19,9 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     assert all(int(line.split("chunks=")[1].split()[0]) > 1 for line in weights)  # versions crossed as chunks
     overlap = [line for line in out if line.startswith("bench=overlap")]
     assert len(overlap) == 1 and "ratio_vs_ideal=" in overlap[0] and "actor_idle_fraction=" in overlap[0]
+    startup = [line for line in out if line.startswith("bench=startup")]  # one run, with the forked children
+    assert len(startup) == 1 and "mode=fork" in startup[0] and "ratio_vs_bare_imports=" in startup[0]
+    assert all(f" {phase}_s=" in startup[0] for phase in ("launch", "preload", "model", "engine", "first_step"))
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
