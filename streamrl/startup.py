@@ -60,12 +60,17 @@ class Phases:
             except ValueError:
                 started_at = None
         self.marks: dict[str, float] = {"start": started_at or process_started_at() or time.time()}
+        self.cpu: dict[str, float] = {"start": 0.0}
+        """CPU seconds this process had used at each mark (user + system; a forked child starts at 0):
+        what the phases cost apart from waiting for the cores, which a loaded machine inflates."""
         self.written = False
 
     def mark(self, name: str) -> None:
         """The time `name` was reached; the first mark of a name counts."""
         assert name in PHASES, name
-        self.marks.setdefault(name, time.time())
+        if name not in self.marks:
+            self.marks[name] = time.time()
+            self.cpu[name] = time.process_time()
 
     def durations(self) -> dict[str, float]:
         """Seconds of each phase (from the mark before it) and `total` (start to the last mark)."""
@@ -87,7 +92,7 @@ class Phases:
         try:
             path = Path(run_dir) / "logs" / f"startup-{self.who}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"who": self.who, "marks": self.marks, "durations": d}) + "\n")
+            path.write_text(json.dumps({"who": self.who, "marks": self.marks, "cpu": self.cpu, "durations": d}) + "\n")
         except OSError as e:
             (log or logging.getLogger("streamrl")).warning("could not write the start-up record: %s", e)
 

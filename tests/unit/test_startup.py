@@ -47,6 +47,11 @@ def test_the_bench_phases_partition_the_time_to_the_first_step():
     got = bench_startup.phases(records)
     assert got["preload"] == pytest.approx(2.7) and got["engine"] == pytest.approx(0.6)
     assert sum(got[p] for p in bench_startup.PHASES) == pytest.approx(got["total"]) == 4.7
+    records["run"]["cpu"] = {"start": 0.0, "configured": 0.2, "imports": 2.5, "spawned": 2.6}
+    records["learner"]["cpu"] = {"start": 0.0, "first_step": 1.0}
+    records["actor-0"] = {"marks": {}, "cpu": {"start": 0.0, "first_group": 0.5}}
+    got = bench_startup.phases(records)
+    assert got["critical_cpu"] == pytest.approx(3.5) and got["all_cpu"] == pytest.approx(4.1)
 
 
 def test_the_launcher_imports_neither_torch_nor_transformers_on_a_machine_without_gpus(tmp_path):
