@@ -128,6 +128,8 @@ class LossConfig(_Section):
     """Weight of the k3 KL penalty against the initial (reference) policy."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
+    aggregation: Literal["token", "sequence"] = "token"
+    """How token losses add up: token (mean over the batch's tokens, DAPO) or sequence (mean per sequence, then over sequences: GRPO, MGRPO)."""
 
     def __post_init__(self) -> None:
         from streamrl.losses import LOSSES
