@@ -11,7 +11,8 @@ from typing import Callable
 from actors import rollout
 from streamrl import difficulty, mgrpo, prometheus_metrics
 from streamrl.config import Config
-from streamrl.wire import ScoredGroup
+from streamrl.learning_signal import CENSUS_KEYS
+from streamrl.wire import FilteredCensus, ScoredGroup
 
 log = logging.getLogger("streamrl.actor")
 
@@ -35,6 +36,7 @@ class Generation:
         self.layer2_share = cfg.mgrpo.layer2_share
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
+        self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
@@ -56,6 +58,7 @@ class Generation:
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)
+        self._carry_filtered(groups, done)
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
@@ -64,6 +67,16 @@ class Generation:
                         "(actors.filter_zero_variance); nothing reaches the learner until rewards vary",
                         self.actor_id, self.filtered_in_a_row)
         return groups
+
+    def _carry_filtered(self, groups: list[ScoredGroup], done: rollout.RolloutStats) -> None:
+        """The groups dynamic filtering dropped in this call (and earlier ones that sent nothing) ride on the
+        first group sent, so the learner's step that trains it logs the census before filtering."""
+        if done.filtered_zero_variance:
+            cells = [getattr(done, f"census_before_{c}") - getattr(done, f"census_after_{c}") for c in CENSUS_KEYS]
+            now = FilteredCensus(done.filtered_zero_variance, *cells)
+            self.unsent_filtered = now if self.unsent_filtered is None else self.unsent_filtered + now
+        if groups and self.unsent_filtered is not None:
+            groups[0].filtered, self.unsent_filtered = self.unsent_filtered, None
 
     def report(self) -> dict:
         """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""

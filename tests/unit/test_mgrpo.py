@@ -221,4 +221,5 @@ def test_query_limit_comes_from_the_model_folder_or_the_config(tmp_path):
     cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=1000"])
     assert mgrpo.query_limit(cfg) == 3096
     assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true"])) == 0   # the tiny model: no cap
+    # the tiny model: its context (256) minus the completion cap
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "actors.max_new_tokens=6"])) == 250
