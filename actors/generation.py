@@ -58,7 +58,7 @@ class Generation:
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)
-        self._carry_filtered(groups, done)
+        self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
@@ -68,16 +68,21 @@ class Generation:
                         self.actor_id, self.filtered_in_a_row)
         return groups
 
-    def _carry_filtered(self, groups: list[ScoredGroup], done: rollout.RolloutStats) -> None:
-        """The groups dynamic filtering dropped in this call (and earlier ones that sent nothing) ride on the
-        first group sent, so the learner's step that trains it logs the census before filtering."""
-        if done.filtered_zero_variance:
-            cells = [getattr(done, f"census_before_{c}") - getattr(done, f"census_after_{c}") for c in CENSUS_KEYS]
-            now = FilteredCensus(done.filtered_zero_variance, *cells)
-            self.unsent_filtered = now if self.unsent_filtered is None else self.unsent_filtered + now
-        if groups and self.unsent_filtered is not None:
-            groups[0].filtered, self.unsent_filtered = self.unsent_filtered, None
-
     def report(self) -> dict:
         """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""
         return {**self.totals, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+
+
+def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
+                   unsent: FilteredCensus | None) -> FilteredCensus | None:
+    """The groups dynamic filtering dropped in this call (`done`), with those of earlier calls that sent
+    nothing (`unsent`), ride on the first group sent (its `filtered`), so the learner's step that trains it
+    logs the census before filtering. Returns what is still unsent."""
+    if done.filtered_zero_variance:
+        cells = [getattr(done, f"census_before_{c}") - getattr(done, f"census_after_{c}") for c in CENSUS_KEYS]
+        now = FilteredCensus(done.filtered_zero_variance, *cells)
+        unsent = now if unsent is None else unsent + now
+    if groups and unsent is not None:
+        groups[0].filtered = unsent
+        return None
+    return unsent
