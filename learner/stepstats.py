@@ -94,13 +94,14 @@ def version_spans(batch: Batch) -> dict:
 
 def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
     """Multi-layer GRPO's Acc@t1, Acc@t2 and deltas over the batch's layer-1 samples that carry a
-    correction, and the layer-2 groups' count and mean reward; {} for a batch without corrections."""
+    correction, and the layer-2 groups' count and mean reward; {} for a batch of neither."""
     has = ~torch.isnan(batch.corrections)
-    if not bool(has.any()):
+    layer2 = batch.layers == 2
+    if not bool(has.any()) and not bool(layer2.any()):
         return {}
     t1 = (batch.rewards[has] >= r_min_correct).tolist()
     t2 = (batch.corrections[has] >= r_min_correct).tolist()
-    layer2 = batch.layers == 2
+    # a batch of layer-2 groups alone (mgrpo.layer2_share=1) has no pairs: its accuracies are 0 of 0, left out
     return {**mgrpo.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 

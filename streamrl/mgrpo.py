@@ -115,3 +115,17 @@ def accuracy(t1_correct: Sequence[bool], t2_correct: Sequence[bool]) -> dict[str
         "delta_i2c": sum(1 for a, b in zip(t1_correct, t2_correct) if not a and b) / n,
         "delta_c2i": sum(1 for a, b in zip(t1_correct, t2_correct) if a and not b) / n,
     }
+
+
+def layer2_coverage(steps: Sequence[tuple[int, int, float]]) -> dict:
+    """How often layer 2 trained once corrections exist. steps: per learner step, (step, layer2_groups, acc_t2)
+    of its batch. From the first step whose batch holds a verified correction (a layer-2 group, or a layer-1
+    sample whose correction verified) on: the steps, those that trained layer-2 groups, their share, the groups."""
+    first = next((i for i, (_, n2, acc2) in enumerate(steps) if n2 or acc2), None)
+    if first is None:
+        return {"first_correction_step": None, "steps_since": 0, "steps_with_layer2": 0, "share": None,
+                "layer2_groups": 0}
+    since = steps[first:]
+    with_layer2 = sum(1 for _, n2, _ in since if n2)
+    return {"first_correction_step": steps[first][0], "steps_since": len(since), "steps_with_layer2": with_layer2,
+            "share": with_layer2 / len(since), "layer2_groups": sum(n2 for _, n2, _ in since)}
