@@ -51,6 +51,8 @@ class ModelConfig(_Section):
     """Tiny model: attention heads (hidden_size must divide by it)."""
     intermediate_size: PositiveInt = 128
     """Tiny model: MLP width."""
+    context: PositiveInt = 256
+    """Tiny model: context length in tokens, prompt + completion (its max_position_embeddings)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype on learner and actors."""
 

@@ -45,16 +45,14 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
 def query_limit(cfg) -> int:
     """Most tokens a layer-2 query may hold so that it and a completion fit the model's context:
     `mgrpo.max_query_tokens`, else model.max_seq_len (or the model's context: the folder's
-    max_position_embeddings, the tiny model's TINY_CONTEXT) minus actors.max_new_tokens (0: no cap,
+    max_position_embeddings, the tiny model's model.context) minus actors.max_new_tokens (0: no cap,
     a folder that names no context)."""
-    from streamrl.model import TINY_CONTEXT
-
     if cfg.mgrpo.max_query_tokens:
         return cfg.mgrpo.max_query_tokens
     if getattr(cfg.model, "max_seq_len", None):
         return max(1, cfg.model.max_seq_len - cfg.actors.max_new_tokens)
     if not cfg.model.path:
-        return max(1, TINY_CONTEXT - cfg.actors.max_new_tokens)
+        return max(1, cfg.model.context - cfg.actors.max_new_tokens)
     path = Path(cfg.model.path) / "config.json"
     if not path.is_file():
         return 0  # a hub id: its context is read by the engine; set mgrpo.max_query_tokens to cap here

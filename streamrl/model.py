@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
-TINY_CONTEXT = 256  # the tiny model's max_position_embeddings (prompt + completion tokens)
 
 
 def build_tokenizer(words: list[str]):
@@ -65,7 +64,7 @@ def build(cfg, task_words: list[str] | None = None):
             num_hidden_layers=m.num_layers,
             num_attention_heads=m.num_heads,
             num_key_value_heads=m.num_heads,
-            max_position_embeddings=TINY_CONTEXT,
+            max_position_embeddings=m.context,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,

@@ -228,7 +228,7 @@ def test_micro_batches_with_the_whole_batch_counts_add_up_to_the_whole_batch_los
     # without the whole batch's counts each part would be its own mean: not the same loss
     alone = sum(token_pg(logprobs[r], behaviour[r], adv[r], mask[r], ref_logprobs=ref[r], entropy=ent[r], **kw).loss
                 for r in parts)
-    assert abs(float(alone) - float(whole.loss)) > 1e-3
+    assert abs(float(alone.detach()) - float(whole.loss.detach())) > 1e-3
 
 
 def test_an_unknown_aggregation_is_refused_with_the_allowed_ones():
