@@ -30,7 +30,7 @@ def test_layer2_trains_on_most_steps_once_corrections_exist_at_the_papers_batch_
     here 8 over 2), 8 prompts per call, G 8. Once a correction verifies, most steps train layer-2 groups, and a
     step whose layer-1 samples show a verified correction always does (nothing between verifier and learner
     drops them: in strict mode a step is each actor's one call)."""
-    streamrl("run", str(REPO / "configs" / "mgrpo" / "tiny-paper-shape.yaml"), "name=shape", "steps=60",
+    proc = streamrl("run", str(REPO / "configs" / "mgrpo" / "tiny-paper-shape.yaml"), "name=shape", "steps=60",
              f"run_dir={tmp_path / 'runs'}", "monitoring.learner_port=0", "monitoring.actor_port=0", *FREE_PORTS,
              cwd=tmp_path, timeout=300)
     run = tmp_path / "runs" / "shape"
@@ -43,3 +43,5 @@ def test_layer2_trains_on_most_steps_once_corrections_exist_at_the_papers_batch_
     assert cover["steps_since"] >= 30 and cover["share"] > 0.5, cover
     assert [r["step"] for r in recs if r["acc_t2"] > 0 and not r["layer2_groups"]] == []
     assert max(r["layer2_groups"] for r in recs) <= 4   # at most half of each actor's 4 slots (mgrpo.layer2_share)
+    assert (f"layer 2 trained on {cover['steps_with_layer2']} of the {cover['steps_since']} steps from the first "
+            f"verified correction (step {cover['first_correction_step']}) on") in proc.stdout
