@@ -80,8 +80,9 @@ def _reference_step(model, optimizer, cfg, batch, adv: torch.Tensor, lean: bool)
         if lean:
             h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (b, l-1, H)
             where = mask.bool()
-            logits = model.lm_head(h[where]).float() / T  # (n, V)
-            picked = logits.gather(-1, ids[:, 1:][where][:, None]).squeeze(-1) - logits.logsumexp(-1)
+            logits = model.lm_head(h[where]).float()  # (n, V)
+            logits = logits / T if T != 1.0 else logits
+            picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
             logp = torch.zeros(mask.shape, dtype=torch.float32).index_put((where.nonzero(as_tuple=True)), picked)
         else:
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / T  # (b, l-1, V)
