@@ -102,8 +102,8 @@ def learner(short: bool = False) -> list[dict]:
     from learner.engine import Engine
     from streamrl import config
 
-    groups, group_size, micro, rounds = (2, 4, 128, 2) if short else (4, 8, 512, 5)
-    prompt, completion = ((8, 16), (4, 12)) if short else ((24, 48), (8, 64))
+    groups, group_size, micro, rounds = (2, 4, 128, 2) if short else (2, 8, 256, 5)
+    prompt, completion = ((8, 16), (4, 12)) if short else ((16, 32), (8, 48))
     cfg = config.load(None, [f"learner.batch_groups={groups}", f"actors.group_size={group_size}",
                              f"learner.micro_batch_tokens={micro}"])
     torch.set_num_threads(cfg.learner.threads or torch.get_num_threads())  # as the learner runs
