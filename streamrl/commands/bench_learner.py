@@ -12,6 +12,10 @@ initial weights, interleaved round by round in one process:
 - lean: the same, but the output layer applied only at the completion positions (no chunks, no
   recomputation, no DeepSpeed): the least work the step can do, a bound rather than a peer.
 
+A second row times the log-prob kernel alone on one chunk of the output layer, forward and
+backward, as the learner computes it (`learner.logprobs._chunk`: fused log-softmax, then gather)
+against the formulation it replaced (gather minus logsumexp, after dividing by the temperature).
+
 Reported: the learner's completion tokens/s and its ratio to each reference (time of the
 reference / time of the learner), the median of the rounds, and the loss each path computed on
 the first batch (the same weights and batch: they must agree).
@@ -97,6 +101,36 @@ def _reference_step(model, optimizer, cfg, batch, adv: torch.Tensor, lean: bool)
     return total
 
 
+def _logsumexp_chunk(lm_head, h, targets, temperature: float, softcap, with_entropy: bool):
+    """The log-prob kernel learner.logprobs used before (the reference of the chunk row)."""
+    logits = lm_head(h).float() / temperature
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1), None
+
+
+def chunk_row(short: bool) -> dict:
+    """Forward + backward of one chunk of tokens through the release-shaped output layer: the learner's
+    kernel against the one it replaced, alternated, median of the rounds."""
+    from learner.logprobs import _chunk
+    from streamrl.release_model import SHAPE, VOCAB_SIZE
+
+    n, rounds = (64, 3) if short else (256, 9)
+    g = torch.Generator().manual_seed(0)
+    lm_head = torch.nn.Linear(SHAPE["hidden_size"], VOCAB_SIZE, bias=False)
+    h = torch.randn(n, SHAPE["hidden_size"], generator=g, requires_grad=True)
+    targets = torch.randint(0, VOCAB_SIZE, (n,), generator=g)
+    times: dict[str, list[float]] = {"new": [], "old": []}
+    for r in range(rounds + 1):
+        for name, fn in (("new", _chunk), ("old", _logsumexp_chunk)):
+            t0 = time.perf_counter()
+            fn(lm_head, h, targets, 1.0, None, False)[0].sum().backward()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+            h.grad = lm_head.weight.grad = None
+    new, old = statistics.median(times["new"]), statistics.median(times["old"])
+    return {"bench": "learner_logprob_chunk", "tokens": n, "vocab": VOCAB_SIZE, "rounds": rounds,
+            "ms": 1e3 * new, "replaced_ms": 1e3 * old, "speedup": old / new}
+
+
 def learner(short: bool = False) -> list[dict]:
     """The learner's step against plain and lean torch steps, interleaved (see the module docstring)."""
     from learner.engine import Engine
@@ -143,4 +177,4 @@ def learner(short: bool = False) -> list[dict]:
              "ratio_vs_plain": med["plain"] / med["learner"], "ratio_vs_lean": med["lean"] / med["learner"],
              "ratio_vs_plain_min": min(p / l for p, l in zip(times["plain"], times["learner"])),
              "loss_diff_plain": abs(first_loss["learner"] - first_loss["plain"]),
-             "loss_diff_lean": abs(first_loss["learner"] - first_loss["lean"])}]
+             "loss_diff_lean": abs(first_loss["learner"] - first_loss["lean"])}, chunk_row(short)]
