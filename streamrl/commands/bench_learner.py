@@ -92,7 +92,8 @@ def _reference_step(model, optimizer, cfg, batch, adv: torch.Tensor, lean: bool)
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / T  # (b, l-1, V)
             logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         out = losses.compute(lc.name, logp, batch.behaviour_logprobs[rows, :length - 1], flat_adv[rows], mask,
-                             clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, token_count=n_tokens)
+                             clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, token_count=n_tokens,
+                             aggregation=lc.aggregation, sequence_count=float(batch.input_ids.shape[0]))
         out.loss.backward()
         total += float(out.loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
