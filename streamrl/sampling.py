@@ -150,8 +150,8 @@ def _warpers(temperature: float, top_p: float) -> Callable[[torch.Tensor], torch
 
 @torch.no_grad()
 def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int, pad_id: int,
-             eos_id: int | Sequence[int], top_p: float = 1.0, device: torch.device | str = "cpu",
-             between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
+                eos_id: int | Sequence[int], top_p: float = 1.0, device: torch.device | str = "cpu",
+                between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
     """`generate` through transformers' `model.generate`: the reference the lean loop is checked and
     benchmarked against, and the path for models whose cache is not a DynamicCache."""
     from transformers import StoppingCriteriaList
