@@ -10,6 +10,8 @@ the same run (never a bare time).
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
 - startup: `streamrl run` to the first learner step, by phase, against fresh-interpreter children
   and bare imports (`bench_startup`).
+- generate: the hf actor's lean sampling loop against transformers' `generate` (bench_generate.py).
+- learner: the learner's step at release shape (151,936 vocabulary) against plain torch (bench_learner.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
 
@@ -454,6 +456,18 @@ def startup(short: bool = False) -> list[dict]:
     return bench_startup.startup(short=short)
 
 
+def generate(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_generate
+
+    return bench_generate.generate(short=short)
+
+
+def learner(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_learner
+
+    return bench_learner.learner(short=short)
+
+
 def trl(short: bool = False) -> list[dict]:
     from streamrl.commands import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
 
@@ -461,7 +475,8 @@ def trl(short: bool = False) -> list[dict]:
 
 
 BENCHES = {"transport": transport, "weights": weights, "overlap": overlap, "advantages": advantages_bench,
-           "batching": batching, "startup": startup}
+           "batching": batching, "learner": learner,
+           "generate": generate, "startup": startup}
 OPTIONAL = {"trl": trl}
 
 

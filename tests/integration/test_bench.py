@@ -22,6 +22,12 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     startup = [line for line in out if line.startswith("bench=startup")]  # one run, with the forked children
     assert len(startup) == 1 and "mode=fork" in startup[0] and "ratio_vs_bare_imports=" in startup[0]
     assert all(f" {phase}_s=" in startup[0] for phase in ("launch", "preload", "model", "engine", "first_step"))
+    generate = [line for line in out if line.startswith("bench=generate")]
+    assert len(generate) == 1 and "speedup=" in generate[0] and "same_samples=True" in generate[0]
+    learner = [line for line in out if line.startswith("bench=learner ")]
+    assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
+    assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]
+    assert float(learner[0].split("loss_diff_plain=")[1].split()[0]) < 1e-4  # the same step from the same weights
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
