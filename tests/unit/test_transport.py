@@ -539,7 +539,7 @@ def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(chunks, "copy_chunk", broken)
-    pub.publish(0, {"w": torch.ones(2)}, wait=False)
+    pub.publish(0, {"w": torch.ones(2, 2).t()}, wait=False)  # not contiguous: copied into the pool
     with pytest.raises(RuntimeError, match="device lost"):
         pub.settle()
     pub.settle()  # raised once, then the publisher is usable again
@@ -548,17 +548,24 @@ def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
     assert pub.version == 1 and pub.latest is not None
 
 
-def test_a_version_larger_than_the_message_cap_arrives_whole_through_a_bounded_chunk_pool(zmq_ctx):
+def test_a_version_larger_than_the_message_cap_arrives_whole_in_place_or_through_a_bounded_chunk_pool(zmq_ctx):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2))
     sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
     g = torch.Generator().manual_seed(0)
     live = {"a": torch.randn(300, 1024, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
-            "c": torch.randn(500, 1000, generator=g)}  # ~3.2 MB over a 1 MiB cap
+            "c": torch.randn(500, 1000, generator=g)}  # ~3.2 MB over a 1 MiB cap, sent from their own memory
     pub.publish(0, live)
     got = sub.wait_for(0, timeout_s=10.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub))
     assert all(torch.equal(got[1][k], t) for k, t in live.items())
     assert pub.chunk_bytes < MAX_BYTES and -(-sum(t.nbytes for t in live.values()) // pub.chunk_bytes) >= 4
+    assert pub.pool.buffers == [] and pub.copy_s == 0  # nothing copied on the learner
+    # A tensor inside one frame arrives as a view of it; only those cut by a chunk boundary are copied.
+    assert got[1]["b"].data_ptr() != 0 and not got[1]["b"].untyped_storage().resizable()
+    transposed = {k: t.t() if t.dim() == 2 else t for k, t in live.items()}  # not contiguous: through the pool
+    pub.publish(1, transposed)
+    got = sub.wait_for(1, timeout_s=10.0, ask_every_s=0.5, stop=_serving(pub))
+    assert all(torch.equal(got[1][k], t) for k, t in transposed.items())
     assert len(pub.pool.buffers) == 2 and all(b.numel() <= pub.chunk_bytes for b in pub.pool.buffers)
     assert sub.rejected.total == 0
 
