@@ -193,10 +193,14 @@ def encode_weights(version: int, state: dict, learner: str = "", chunk_bytes: in
 
 
 class Assembly:
-    """One version being put together from its chunks (any order), keeping the received frames as they are."""
+    """One version being put together from its chunks (any order). A tensor that lies inside one
+    received frame becomes a view of it (no copy); one cut by a chunk boundary is copied together
+    piece by piece as its chunks arrive (overlapping the receipt of the next ones)."""
 
     def __init__(self, header: WeightsChunk, max_bytes: int):
         """Checks the version's layout once; raises WireError."""
+        import torch
+
         if header.total > max_bytes:
             raise WireError("too_large", f"weights version {header.version} is {header.total} bytes, more than the "
                             f"{max_bytes} this subscriber accepts")
@@ -205,8 +209,10 @@ class Assembly:
         self.version, self.learner, self.count = header.version, header.learner, header.count
         self.have = bytearray(self.count)
         self.missing = self.count
-        self.parts: list[tuple[int, memoryview]] = []
-        """(byte of the flat buffer it starts at, bytes) of every non-empty frame received."""
+        self._offsets = [e[3] for e in self.entries]
+        self._out = {name: torch.empty(shape, dtype=dtype)  # no bytes: no chunk brings them
+                     for name, dtype, numel, _, shape in self.entries if not numel * dtype.itemsize}
+        self._cut: dict[int, np.ndarray] = {}  # tensor index -> its bytes, being put together
         self.started = time.monotonic()
 
     def add(self, header: WeightsChunk, payload: list[memoryview]) -> None:
@@ -222,44 +228,43 @@ class Assembly:
         at = header.index * header.chunk_bytes
         for buf in payload:
             if len(buf):
-                self.parts.append((at, buf))
+                self._take(at, buf)
             at += len(buf)
         self.have[header.index] = 1
         self.missing -= 1
+
+    def _take(self, at: int, buf: memoryview) -> None:
+        """Bytes [at, at + len(buf)) of the flat buffer: a view of each tensor inside them, a copy of the
+        pieces of the others."""
+        end = at + len(buf)
+        k = max(0, bisect.bisect_right(self._offsets, at) - 1)
+        while k < len(self.entries) and self._offsets[k] < end:
+            name, dtype, numel, offset, shape = self.entries[k]
+            nbytes = numel * dtype.itemsize
+            a, b = max(at, offset), min(end, offset + nbytes)
+            if a < b:
+                if (a, b) == (offset, offset + nbytes) and _address(buf, a - at) % dtype.itemsize == 0:
+                    self._out[name] = wire._view(buf, dtype, numel, a - at).view(shape)
+                else:
+                    whole = self._cut.get(k)
+                    if whole is None:
+                        whole = self._cut[k] = np.empty(nbytes, dtype=np.uint8)
+                    whole[a - offset:b - offset] = np.frombuffer(buf, dtype=np.uint8, count=b - a, offset=a - at)
+            k += 1
 
     @property
     def complete(self) -> bool:
         return self.missing == 0
 
     def tensors(self) -> dict:
-        """{name: tensor} of the complete version: a view of its frame where a tensor lies inside one
-        (and is aligned there), else a copy of its pieces (a tensor cut by a chunk boundary)."""
+        """{name: tensor} of the complete version, in the learner's order."""
         import torch
 
         assert self.complete
-        parts = sorted(self.parts, key=lambda p: p[0])  # every chunk is in: they tile the flat buffer
-        starts = [p[0] for p in parts]
-        out = {}
-        for name, dtype, numel, offset, shape in self.entries:
-            nbytes = numel * dtype.itemsize
-            if not nbytes:
-                out[name] = torch.empty(shape, dtype=dtype)
-                continue
-            k = bisect.bisect_right(starts, offset) - 1
-            at, buf = parts[k]
-            if offset + nbytes <= at + len(buf) and _address(buf, offset - at) % dtype.itemsize == 0:
-                out[name] = wire._view(buf, dtype, numel, offset - at).view(shape)
-                continue
-            whole = np.empty(nbytes, dtype=np.uint8)
-            pos = offset
-            while pos < offset + nbytes:
-                at, buf = parts[k]
-                n = min(at + len(buf), offset + nbytes) - pos
-                whole[pos - offset:pos - offset + n] = np.frombuffer(buf, dtype=np.uint8, count=n, offset=pos - at)
-                pos += n
-                k += 1
-            out[name] = torch.from_numpy(whole).view(dtype).view(shape)
-        return out
+        for k, whole in self._cut.items():
+            name, dtype, _, _, shape = self.entries[k]
+            self._out[name] = torch.from_numpy(whole).view(dtype).view(shape)
+        return {name: self._out[name] for name, *_ in self.entries}
 
 
 def _address(buf: memoryview, offset: int) -> int:
