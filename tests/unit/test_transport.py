@@ -609,3 +609,26 @@ def test_duplicate_and_mismatched_chunks_are_counted_and_the_version_still_arriv
     for m in v1:  # the same version again (sent for another subscriber): skipped, not counted
         _answer(router, sub, m)
     assert sub.poll(timeout_ms=300) is None and sub.rejected.total == 2
+
+
+def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_parameters_change_mid_send(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2, stall_s=0.5))
+    stuck = track(ctx.socket(zmq.SUB))  # connected, subscribed, never reads: its queues fill and stay full
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    pub.pub.setsockopt(zmq.SNDBUF, 4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(bound(pub.pub))
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
+    live = {"w": torch.full((2 << 20,), 1.0)}  # 8 MB, sent from its own memory in 11 chunks
+    time.sleep(0.3)  # both subscriptions in place
+    t0 = time.monotonic()
+    pub.publish(1, live)  # returns only once no frame still reads `live`
+    print("publish", time.monotonic() - t0, pub.reopened, pub.send_wait_s)
+    assert time.monotonic() - t0 < 30 and pub.reopened >= 1  # the stalled chunks were dropped, not waited for
+    pub.settle()
+    live["w"].fill_(-1.0)  # what the optimizer step does: no subscriber may ever see a -1 in version 1
+    pub.publish(2, live)
+    got = sub.wait_for(1, timeout_s=20.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub))
+    assert (got[0], got[1]["w"].unique().tolist()) in ((1, [1.0]), (2, [-1.0]))
