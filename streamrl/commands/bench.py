@@ -92,7 +92,8 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     kind "raw": `payload` is bytes, sent n times bare."""
     import zmq
 
-    from streamrl.transport import _ZERO_COPY_MIN, GroupSender
+    from streamrl.chunks import ZERO_COPY_MIN
+    from streamrl.transport import GroupSender
 
     port = _free_port()
     mpc = mp.get_context("spawn")
@@ -114,7 +115,7 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
         sock.setsockopt(zmq.SNDHWM, 64)
         sock.connect(addr)
         for _ in range(n):
-            sock.send(payload, copy=len(payload) < _ZERO_COPY_MIN)
+            sock.send(payload, copy=len(payload) < ZERO_COPY_MIN)
     counted, elapsed = result.get(timeout=300)
     proc.join(30)
     sock.close(linger=0)
