@@ -11,7 +11,8 @@ from typing import Callable
 from actors import rollout
 from streamrl import difficulty, mgrpo, prometheus_metrics
 from streamrl.config import Config
-from streamrl.wire import ScoredGroup
+from streamrl.learning_signal import CENSUS_KEYS
+from streamrl.wire import FilteredCensus, ScoredGroup
 
 log = logging.getLogger("streamrl.actor")
 
@@ -35,6 +36,7 @@ class Generation:
         self.layer2_share = cfg.mgrpo.layer2_share
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
+        self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
@@ -56,6 +58,7 @@ class Generation:
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)
+        self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
@@ -68,3 +71,18 @@ class Generation:
     def report(self) -> dict:
         """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""
         return {**self.totals, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+
+
+def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
+                   unsent: FilteredCensus | None) -> FilteredCensus | None:
+    """The groups dynamic filtering dropped in this call (`done`), with those of earlier calls that sent
+    nothing (`unsent`), ride on the first group sent (its `filtered`), so the learner's step that trains it
+    logs the census before filtering. Returns what is still unsent."""
+    if done.filtered_zero_variance:
+        cells = [getattr(done, f"census_before_{c}") - getattr(done, f"census_after_{c}") for c in CENSUS_KEYS]
+        now = FilteredCensus(done.filtered_zero_variance, *cells)
+        unsent = now if unsent is None else unsent + now
+    if groups and unsent is not None:
+        groups[0].filtered = unsent
+        return None
+    return unsent
