@@ -17,6 +17,21 @@ from streamrl.wire import FilteredCensus, ScoredGroup
 log = logging.getLogger("streamrl.actor")
 
 
+class _Timed:
+    """The backend as rollout sees it, adding up the seconds its generate calls take (sampling alone,
+    without decoding and scoring), so the actor's stats split generate_s into sampling and the rest."""
+
+    def __init__(self, backend):
+        self.backend, self.seconds = backend, 0.0
+
+    def generate(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.backend.generate(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
                  telemetry: prometheus_metrics.ActorMetrics):
@@ -34,6 +49,7 @@ class Generation:
         self.tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
         self.r_min_correct = cfg.advantage.r_min_correct
         self.layer2_share = cfg.mgrpo.layer2_share
+        self.timed = _Timed(backend)
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
         self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
@@ -50,7 +66,7 @@ class Generation:
             time.sleep(1.0)
             return []
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
-        groups, done = rollout.make_groups(self.backend, self.tokenizer, self.reward, prompts, self.options, version,
+        groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
                                            self.actor_id, self.phrase_rng, observe=observe,
                                            between_steps=between_steps)
         if len(groups) > budget:  # layer-2 groups can outgrow the budget: the layers share it (mgrpo.fill_budget)
@@ -69,8 +85,11 @@ class Generation:
         return groups
 
     def report(self) -> dict:
-        """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""
-        return {**self.totals, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+        """For the actor's stats: generate time (sample_s of it in the backend's sampling, score_s decoding,
+        scoring and grouping the samples), the rollout counts summed, prompts excluded by difficulty."""
+        split = {"sample_s": round(self.timed.seconds, 3),
+                 "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
+        return {**self.totals, **split, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
 
 
 def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,

@@ -104,6 +104,7 @@ class Engine:
         self.device = self.engine.device
         self.rank = self.engine.global_rank
         self._state_vars: dict | None = None
+        self._backward_s = 0.0  # seconds in backward during the current train_step
         self.before_step: Callable[[], None] | None = None
         """Called right before the optimizer changes the parameters in place: the learner sets it to
         WeightPublisher.settle, so a background copy of the previous weights finishes first."""
@@ -142,6 +143,7 @@ class Engine:
         lengths = batch.attention_mask.sum(-1)  # rows are right-padded
         parts = micro_batches(lengths.tolist(), self.cfg.learner.micro_batch_tokens)
         outs = []
+        self._backward_s = 0.0
         for i, rows in enumerate(parts):
             # Gradients reduce across ranks and the optimizer steps only after the last micro-batch.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
@@ -166,6 +168,9 @@ class Engine:
             "optimizer_steps": self.optimizer_steps - steps_before,
             "micro_batches": len(parts),
             "fwd_bwd_s": t1 - t0,
+            # of which backward (DeepSpeed's backward: autograd, and gradient reduction across ranks);
+            # the rest is forward, log-probs and loss
+            "backward_s": self._backward_s,
             "optimizer_s": t2 - t1 - settle_s,
         }
 
@@ -187,7 +192,9 @@ class Engine:
             clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, kl_coef=lc.kl_coef,
             entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy, token_count=n_tokens,
             aggregation=lc.aggregation, sequence_count=n_seqs)
+        t0 = time.perf_counter()
         self.engine.backward(out.loss)
+        self._backward_s += time.perf_counter() - t0
         return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=out.ratio,
                                  clipped=out.clipped)
 
