@@ -63,6 +63,20 @@ def reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
                 p.kill()
 
 
+def children_of_run(run_dir: Path) -> list[int]:
+    """Processes started for the run in run_dir (their command line names its config.yaml)."""
+    marker = str(run_dir / "config.yaml")
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process, in MB."""
     return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) / 1024

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from procs import FREE_PORTS, REPO, metrics, reaped, streamrl
+from procs import FREE_PORTS, REPO, metrics, streamrl
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -75,19 +71,10 @@ def test_difficulty_keeps_only_prompts_inside_the_band(finished_run, tmp_path):
     assert all(0.2 <= k["success_rate"] <= 0.8 and k["id"] for k in kept)
 
 
-def test_live_eval_follows_a_running_learners_weights(tmp_path):
-    run = tmp_path / "runs" / "live"
-    proc = subprocess.Popen([sys.executable, "-m", "streamrl", "run", TINY, "name=live", f"run_dir={tmp_path / 'runs'}",
-                             "steps=3000", "learner.slow_step_s=0.05", *FREE_PORTS, *QUIET],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with reaped(proc):
-        deadline = time.monotonic() + 180
-        while not (run / "metrics.jsonl").exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "run never got going"
-            time.sleep(0.2)
-        ev = streamrl("eval", "--live", str(run), "--watch", "2", "--timeout", "60", "eval.prompts=8", cwd=tmp_path)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+def test_live_eval_follows_a_running_learners_weights(interrupted_run):
+    # A run that `streamrl eval --live` followed while it trained (conftest.py; test_loop's Ctrl-C ends it).
+    run, ev = interrupted_run.run, interrupted_run.live_eval
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
     lines = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and lines[0]["policy_version"] < lines[1]["policy_version"]
     assert json.loads((run / "eval.json").read_text()) == lines[1]

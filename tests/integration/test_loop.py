@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary
+from procs import FREE_PORTS, REPO, children_of_run, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -66,19 +66,6 @@ def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_
         assert "versions_applied" in log and "'groups_sent': 0" not in log
 
 
-def _children_of_run(run_dir: Path) -> list[int]:
-    marker = str(run_dir / "config.yaml")
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
-
 def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen, Path]:
     """`streamrl run` in the background, returned once its learner has logged 5 steps."""
     run = tmp_path / "runs" / name
@@ -94,17 +81,14 @@ def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen,
     return proc, run
 
 
-def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(tmp_path):
-    proc, run = _start_run(tmp_path, "interrupted", steps=100000)
-    with reaped(proc):
-        assert len(_children_of_run(run)) == 3  # learner + 2 actors
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out  # a script can tell an interrupted run from a finished one (0)
-    assert "stopping" in out
-    s = summary(run)
-    assert s["stopped_early"] is True and s["steps"] == len(metrics(run))
-    assert _children_of_run(run) == []
+def test_ctrl_c_stops_the_run_cleanly_and_leaves_no_process_behind(interrupted_run):
+    r = interrupted_run  # a run stopped by one Ctrl-C (conftest.py; test_eval's live evaluation follows it too)
+    assert len(r.children_before) == 3  # learner + 2 actors
+    assert r.returncode == 130, r.out  # a script can tell an interrupted run from a finished one (0)
+    assert "stopping" in r.out
+    s = summary(r.run)
+    assert s["stopped_early"] is True and s["steps"] == len(metrics(r.run))
+    assert r.children_after == []
 
 
 def test_a_bad_override_fails_at_once_with_one_clear_line(tmp_path):
@@ -135,7 +119,7 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
 def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     proc, run = _start_run(tmp_path, "one-down", steps=60)
     with reaped(proc):
-        victim = next(pid for pid in _children_of_run(run)
+        victim = next(pid for pid in children_of_run(run)
                       if b"--index\x001" in (Path("/proc") / str(pid) / "cmdline").read_bytes())
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
@@ -144,7 +128,7 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     s = summary(run)
     assert s["steps"] == 60 and not s["stopped_early"]
     assert s["demands_sent"] >= 1  # the survivor was asked for the dead actor's share
-    assert _children_of_run(run) == []
+    assert children_of_run(run) == []
     r = s["reconciliation"]  # every group accounted for, the killed actor's included
     assert r["balanced"] and r["lost_in_transit"] == 0
     assert [u.split("/")[0] for u in r["unreported_sessions"]] == ["actor-1"]
@@ -154,11 +138,11 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
 def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):
     proc, run = _start_run(tmp_path, "all-down", steps=100000)
     with reaped(proc):
-        for pid in _children_of_run(run):
+        for pid in children_of_run(run):
             if b"\x00actor\x00" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 3, out  # the launcher's status for "every actor failed" (streamrl run --help)
     assert "every actor failed; stopping the learner" in out
     assert summary(run)["stopped_early"] is True
-    assert _children_of_run(run) == []
+    assert children_of_run(run) == []

@@ -73,23 +73,35 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tu
     engine.close()
 
 
-def _launch(world: int, zero: int, out_dir, budgets: tuple[tuple[int, str], ...] = ((0, "token"),)) -> None:
+def _launch(world: int, zero: int, out_dir, budgets: tuple[tuple[int, str], ...] = ((0, "token"),)
+            ) -> list[mp.Process]:
+    """Start the `world` ranks of a process group of their own (its own port); _join waits for them."""
     port = free_ports(1)[0]
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, world, port, zero, str(out_dir), budgets)) for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(240)
-        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    return procs
+
+
+def _join(procs: list[mp.Process]) -> None:
+    try:
+        for p in procs:
+            p.join(240)
+            assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
 
 
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory):
-    """One step on the test batch, on 1 and on 2 ranks, for every micro-batch budget (ZeRO-0)."""
+    """One step on the test batch, on 1 and on 2 ranks, for every micro-batch budget (ZeRO-0). The two
+    groups are independent and every rank trains on one thread, so they run side by side."""
     out = tmp_path_factory.mktemp("steps")
-    _launch(1, 0, out, BUDGETS)
-    _launch(2, 0, out, BUDGETS)
+    one, two = _launch(1, 0, out, BUDGETS), _launch(2, 0, out, BUDGETS)
+    _join(one + two)
     return out
 
 

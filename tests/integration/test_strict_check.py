@@ -72,13 +72,28 @@ def _cases(dtype: str, out_path: str) -> None:
         json.dump({"tolerance": tol, **results}, f)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_strict_check_fires_on_a_stale_or_mistempered_group_and_not_on_an_on_policy_batch(tmp_path, dtype):
-    out = tmp_path / "cases.json"
-    p = mp.get_context("spawn").Process(target=_cases, args=(dtype, str(out)))
-    p.start()
-    p.join(300)
-    assert p.exitcode == 0
+DTYPES = ("float32", "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict:
+    """Both dtypes' cases, run at once: each process trains on one thread, so on two cores they take the time
+    of one. Maps dtype -> (exit code, the cases' JSON path)."""
+    tmp = tmp_path_factory.mktemp("strict-check")
+    procs = {d: mp.get_context("spawn").Process(target=_cases, args=(d, str(tmp / f"{d}.json"))) for d in DTYPES}
+    for p in procs.values():
+        p.start()
+    for p in procs.values():
+        p.join(300)
+        if p.exitcode is None:
+            p.kill()
+    return {d: (p.exitcode, tmp / f"{d}.json") for d, p in procs.items()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_strict_check_fires_on_a_stale_or_mistempered_group_and_not_on_an_on_policy_batch(cases, dtype):
+    exitcode, out = cases[dtype]
+    assert exitcode == 0
     r = json.loads(out.read_text())
     print(dtype, json.dumps(r, indent=1))  # the measured statistics, for the record
     assert r["on_policy"]["fired"] is None and r["on_policy_later"]["fired"] is None
