@@ -117,8 +117,12 @@ def _trl(overrides: list[str], steps: int, stop_at: float, workdir: Path) -> dic
     """TRL's GRPOTrainer in a fresh child process (this module's `main`), timed from its launch."""
     out = workdir / "trl-steps.jsonl"
     begun = time.time()
+    # torch's OpenMP threads spin while they wait for each other: on a shared machine one descheduled thread
+    # stalls every parallel region (measured: fwd+bwd 3.7-5.3 s at load 14-20 against 0.18-0.21 s passive).
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     proc = subprocess.run([sys.executable, "-m", "streamrl.commands.bench_trl", json.dumps(overrides), str(steps),
-                           str(stop_at), str(workdir)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120)
+                           str(stop_at), str(workdir)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120,
+                          env=env)
     if proc.returncode != 0:
         if "pip install trl" in proc.stderr:
             raise SystemExit(proc.stderr.strip().splitlines()[-1])
@@ -200,9 +204,9 @@ def _spread(xs: list[float | None]) -> str:
     return f"{min(got):.1f} / {statistics.median(got):.1f} / {max(got):.1f}"
 
 
-def trl(short: bool = False, runs: int = 3) -> list[dict]:
+def trl(short: bool = False, runs: int = 3, tasks: list[str] | None = None) -> list[dict]:
     """Per (task, target, system): time to the target over `runs` interleaved runs; prints the table."""
-    plan = {"copy 8x6": (TASKS["copy 8x6"][0], 12)} if short else TASKS
+    plan = {"copy 8x6": (TASKS["copy 8x6"][0], 12)} if short else {k: TASKS[k] for k in tasks or TASKS}
     runs = 1 if short else runs
     rows = []
     for name, (task_ov, cap) in plan.items():
@@ -217,7 +221,10 @@ def trl(short: bool = False, runs: int = 3) -> list[dict]:
                          else _trl(overrides, cap, max(TARGETS), Path(tmp)))
                 r["load"] = load
                 results[system].append(r)
-                print(f"  {name} run {run} {system}: {len(r['rewards'])} steps, "
+                hits = "  ".join(f"{t}: {_step_reaching(r['rewards'], t)} steps, train "
+                                 f"{_first_reaching(r['rewards'], r['train_s'], t)} s, end-to-end "
+                                 f"{_first_reaching(r['rewards'], r['e2e_s'], t)} s" for t in TARGETS)
+                print(f"  {name} run {run} {system}: {hits}; {len(r['rewards'])} steps, "
                       f"{1e3 * r['train_s'][-1] / max(1, len(r['train_s'])):.0f} ms/step, "
                       f"end-to-end {r['e2e_s'][-1] if r['e2e_s'] else float('nan'):.1f} s, load {load:.1f}",
                       file=sys.stderr, flush=True)
