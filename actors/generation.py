@@ -11,9 +11,25 @@ from typing import Callable
 from actors import rollout
 from streamrl import difficulty, mgrpo, prometheus_metrics
 from streamrl.config import Config
-from streamrl.wire import ScoredGroup
+from streamrl.learning_signal import CENSUS_KEYS
+from streamrl.wire import FilteredCensus, ScoredGroup
 
 log = logging.getLogger("streamrl.actor")
+
+
+class _Timed:
+    """The backend as rollout sees it, adding up the seconds its generate calls take (sampling alone,
+    without decoding and scoring), so the actor's stats split generate_s into sampling and the rest."""
+
+    def __init__(self, backend):
+        self.backend, self.seconds = backend, 0.0
+
+    def generate(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.backend.generate(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 class Generation:
@@ -33,8 +49,10 @@ class Generation:
         self.tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
         self.r_min_correct = cfg.advantage.r_min_correct
         self.layer2_share = cfg.mgrpo.layer2_share
+        self.timed = _Timed(backend)
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
+        self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
@@ -48,7 +66,7 @@ class Generation:
             time.sleep(1.0)
             return []
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
-        groups, done = rollout.make_groups(self.backend, self.tokenizer, self.reward, prompts, self.options, version,
+        groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
                                            self.actor_id, self.phrase_rng, observe=observe,
                                            between_steps=between_steps)
         if len(groups) > budget:  # layer-2 groups can outgrow the budget: the layers share it (mgrpo.fill_budget)
@@ -56,6 +74,7 @@ class Generation:
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)
+        self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
@@ -66,5 +85,23 @@ class Generation:
         return groups
 
     def report(self) -> dict:
-        """For the actor's stats: generate time, the rollout counts summed, prompts excluded by difficulty."""
-        return {**self.totals, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+        """For the actor's stats: generate time (sample_s of it in the backend's sampling, score_s decoding,
+        scoring and grouping the samples), the rollout counts summed, prompts excluded by difficulty."""
+        split = {"sample_s": round(self.timed.seconds, 3),
+                 "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
+        return {**self.totals, **split, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+
+
+def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
+                   unsent: FilteredCensus | None) -> FilteredCensus | None:
+    """The groups dynamic filtering dropped in this call (`done`), with those of earlier calls that sent
+    nothing (`unsent`), ride on the first group sent (its `filtered`), so the learner's step that trains it
+    logs the census before filtering. Returns what is still unsent."""
+    if done.filtered_zero_variance:
+        cells = [getattr(done, f"census_before_{c}") - getattr(done, f"census_after_{c}") for c in CENSUS_KEYS]
+        now = FilteredCensus(done.filtered_zero_variance, *cells)
+        unsent = now if unsent is None else unsent + now
+    if groups and unsent is not None:
+        groups[0].filtered = unsent
+        return None
+    return unsent

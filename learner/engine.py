@@ -104,6 +104,7 @@ class Engine:
         self.device = self.engine.device
         self.rank = self.engine.global_rank
         self._state_vars: dict | None = None
+        self._backward_s = 0.0  # seconds in backward during the current train_step
         self.before_step: Callable[[], None] | None = None
         """Called right before the optimizer changes the parameters in place: the learner sets it to
         WeightPublisher.settle, so a background copy of the previous weights finishes first."""
@@ -123,26 +124,30 @@ class Engine:
             chunk_tokens=self.cfg.learner.logprob_chunk_tokens,
             softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
 
-    def train_step(self, batch: Batch, advantages: torch.Tensor,
-                   token_count: float | None = None) -> tuple[losses.LossOutput, dict]:
+    def train_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
+                   sequence_count: float | None = None) -> tuple[losses.LossOutput, dict]:
         """One optimizer step on `batch` (this rank's share of it under data parallelism;
-        token_count: the whole batch's completion tokens over the world size). advantages: (num_groups, G).
+        token_count, sequence_count: the whole batch's completion tokens and samples over the world
+        size). advantages: (num_groups, G).
 
         The rows go through forward/backward in micro-batches of at most learner.micro_batch_tokens
         padded tokens, accumulating gradients; every micro-batch's loss is normalised by the whole
-        batch's token count, so the update does not depend on how the rows were split.
+        batch's token count (loss.aggregation=token) or sample count (sequence), so the update does
+        not depend on how the rows were split.
         """
         t0 = time.perf_counter()
         self.engine.train()
         adv = advantages.flatten()  # (B,)
         n_tokens = float(batch.num_tokens if token_count is None else token_count)
+        n_seqs = float(batch.input_ids.shape[0] if sequence_count is None else sequence_count)
         lengths = batch.attention_mask.sum(-1)  # rows are right-padded
         parts = micro_batches(lengths.tolist(), self.cfg.learner.micro_batch_tokens)
         outs = []
+        self._backward_s = 0.0
         for i, rows in enumerate(parts):
             # Gradients reduce across ranks and the optimizer steps only after the last micro-batch.
             self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-            outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens))
+            outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens, n_seqs))
         out = _concat(outs, batch.completion_mask.shape[1])
         t1 = time.perf_counter()
         steps_before = self.optimizer_steps
@@ -163,11 +168,14 @@ class Engine:
             "optimizer_steps": self.optimizer_steps - steps_before,
             "micro_batches": len(parts),
             "fwd_bwd_s": t1 - t0,
+            # of which backward (DeepSpeed's backward: autograd, and gradient reduction across ranks);
+            # the rest is forward, log-probs and loss
+            "backward_s": self._backward_s,
             "optimizer_s": t2 - t1 - settle_s,
         }
 
     def _micro_step(self, batch: Batch, rows: slice, length: int, adv: torch.Tensor,
-                    n_tokens: float) -> losses.LossOutput:
+                    n_tokens: float, n_seqs: float) -> losses.LossOutput:
         """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`)."""
         lc, dev = self.cfg.loss, self.device
         ids = batch.input_ids[rows, :length].to(dev)
@@ -182,8 +190,11 @@ class Engine:
         out = losses.compute(
             lc.name, logp, batch.behaviour_logprobs[rows, :length - 1].to(dev), adv.to(dev), mask,
             clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, kl_coef=lc.kl_coef,
-            entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy, token_count=n_tokens)
+            entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy, token_count=n_tokens,
+            aggregation=lc.aggregation, sequence_count=n_seqs)
+        t0 = time.perf_counter()
         self.engine.backward(out.loss)
+        self._backward_s += time.perf_counter() - t0
         return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=out.ratio,
                                  clipped=out.clipped)
 

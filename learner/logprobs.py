@@ -56,16 +56,24 @@ def hidden_states(call, model: torch.nn.Module, input_ids: torch.Tensor, attenti
 
 def _chunk(lm_head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
            softcap: float | None, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """h (n, H), targets (n,) → log-prob of each target (n,) and entropy (n,) (zeros without)."""
+    """h (n, H), targets (n,) → log-prob of each target (n,) and entropy (n,) (zeros without).
+
+    A fused log-softmax over the vocabulary, then a gather: its backward is one fused kernel
+    (softmax minus the one-hot), where gather-minus-logsumexp takes several (n, V) passes forward and
+    back (max, subtract, exp, sum; then exp, multiply, scatter). Forward and backward of a 256-token
+    chunk at the release shape's 151,936 vocabulary, fp32 on CPU: 1.5× faster than gather minus
+    logsumexp after dividing by the temperature (`streamrl bench learner`, row learner_logprob_chunk).
+    """
     logits = lm_head(h).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
-    lse = logits.logsumexp(-1)
-    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if temperature != 1.0:  # dividing by 1 is exact: skip its (n, V) pass forward and back
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, -1)  # (n, V)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
         return logp, torch.zeros_like(logp)
-    return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
 def token_logprobs(lm_head: torch.nn.Module, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, *,

@@ -92,7 +92,8 @@ def run(cfg: Config) -> dict:
             t3 = time.perf_counter()
             timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1 - settle_s,
                        "publish_s": t3 - t2 + settle_s}
-            rec = stepstats.record(step, learner_version, batch, adv, out, train, a.r_min_correct, timings)
+            rec = stepstats.record(step, learner_version, batch, adv, out, train, a.r_min_correct, timings,
+                                   filtered=[g.filtered for g in groups])
             if due.weight_stats:
                 rec.update(engine.weight_stats())
             t4 = time.perf_counter()

@@ -82,7 +82,8 @@ class Ranks:
     def _local_step(self, engine, batch: Batch, adv: torch.Tensor):
         k = batch.rewards.shape[0] // self.world
         g0 = self.rank * k
-        return engine.train_step(batch.groups(g0, g0 + k), adv[g0:g0 + k], token_count=batch.num_tokens / self.world)
+        return engine.train_step(batch.groups(g0, g0 + k), adv[g0:g0 + k], token_count=batch.num_tokens / self.world,
+                                 sequence_count=batch.input_ids.shape[0] / self.world)
 
     def _gather(self, out: LossOutput) -> LossOutput:
         """Every rank's (B/world, T) outputs, concatenated in rank order (= batch order)."""

@@ -12,7 +12,7 @@ import json
 import os
 
 from streamrl import config as config_lib
-from streamrl import jsonfiles, storage
+from streamrl import jsonfiles, mgrpo, storage
 
 SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
 
@@ -25,6 +25,8 @@ class RunLog:
         self._write(self.dir / "config.yaml", config_lib.dump(cfg))
         self._write(self.dir / "summary.json", json.dumps({"status": "running"}).ljust(SUMMARY_RESERVE_BYTES) + "\n")
         self.rewards: list[float] = []
+        self.mgrpo = cfg.mgrpo.enabled
+        self.layer2: list[tuple[int, int, float]] = []  # multi-layer GRPO: (step, layer2_groups, acc_t2) per step
         self.step_s = self.metrics_s = 0.0  # this process's steps: the base of the metrics overhead
         self._metrics = None
         self._metrics_size = 0
@@ -45,6 +47,8 @@ class RunLog:
                     if line.strip() and json.loads(line)["step"] < resumed_step]
         self._write(path, "".join(line + "\n" for line in kept))
         self.rewards = [json.loads(line)["reward_mean"] for line in kept]
+        for line in kept:
+            self._layer2(json.loads(line))
         self._metrics = open(path, "ab", buffering=0)
         self._metrics_size = path.stat().st_size
 
@@ -60,8 +64,13 @@ class RunLog:
             raise (storage.DiskFull(path, "metrics", f"step {record['step']}'s record is not in it") if storage.is_disk_full(e, path) else e) from e
         self._metrics_size += len(data)
         self.rewards.append(record["reward_mean"])
+        self._layer2(record)
         self.step_s += record["step_s"]
         self.metrics_s += record.get("metrics_s", 0.0)
+
+    def _layer2(self, record: dict) -> None:
+        if self.mgrpo:
+            self.layer2.append((record["step"], record.get("layer2_groups", 0), record.get("acc_t2") or 0.0))
 
     def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:
         n = len(self.rewards)
@@ -75,6 +84,8 @@ class RunLog:
             "reward_last_10pct": last,
             "reward_range": list(reward_range),
             "improvement_fraction_of_range": (last - first) / span if n else None,
+            # multi-layer GRPO: how many steps trained layer-2 groups once a correction had verified
+            **({"mgrpo_layer2": mgrpo.layer2_coverage(self.layer2)} if self.layer2 else {}),
             **extra,
         }
         path = self.dir / "summary.json"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+from typing import Sequence
 
 import torch
 
 from learner.batch import Batch
 from streamrl import learning_signal, mgrpo, staleness
 from streamrl.losses import LossOutput
+from streamrl.wire import FilteredCensus
 
 
 class StrictModeViolation(RuntimeError):
@@ -16,8 +18,9 @@ class StrictModeViolation(RuntimeError):
 
 
 def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
-           r_min_correct: float, timings: dict) -> dict:
-    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1)."""
+           r_min_correct: float, timings: dict, filtered: Sequence[FilteredCensus | None] = ()) -> dict:
+    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1).
+    filtered: what the batch's groups carry of the groups actors filtered out (ScoredGroup.filtered)."""
     num_groups, G = batch.rewards.shape
     sample_loss = out.token_loss.sum(-1).view(num_groups, G)
     m = batch.completion_mask.bool()
@@ -29,6 +32,7 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
         "step": step,
         "learner_version": learner_version + 1,
         **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
+        **before_filtering(batch.rewards, adv, r_min_correct, filtered),
         **mgrpo_metrics(batch, r_min_correct),
         "reward_std": float(batch.rewards.std()),
         "advantage_mean": float(adv.mean()),
@@ -51,6 +55,20 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
     }
+
+
+def before_filtering(rewards: torch.Tensor, adv: torch.Tensor, r_min_correct: float,
+                     filtered: Sequence[FilteredCensus | None]) -> dict:
+    """`groups_filtered`: groups the actors' dynamic filter dropped on the way to this batch, and
+    `census_before_*`: the census over the batch's samples plus theirs (`census_*` is after filtering:
+    the trained samples alone). rewards, adv: (num_groups, G)."""
+    carried = [f for f in filtered if f is not None]
+    counts = dict.fromkeys(("groups", *learning_signal.CENSUS_KEYS), 0)
+    for f in carried:
+        for k in counts:
+            counts[k] += getattr(f, k)
+    return {"groups_filtered": counts.pop("groups"),
+            **learning_signal.census_before(rewards, adv, r_min_correct, counts)}
 
 
 def log_ratio_stats(ratio: torch.Tensor, completion_mask: torch.Tensor, group_size: int) -> dict:
@@ -76,13 +94,14 @@ def version_spans(batch: Batch) -> dict:
 
 def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
     """Multi-layer GRPO's Acc@t1, Acc@t2 and deltas over the batch's layer-1 samples that carry a
-    correction, and the layer-2 groups' count and mean reward; {} for a batch without corrections."""
+    correction, and the layer-2 groups' count and mean reward; {} for a batch of neither."""
     has = ~torch.isnan(batch.corrections)
-    if not bool(has.any()):
+    layer2 = batch.layers == 2
+    if not bool(has.any()) and not bool(layer2.any()):
         return {}
     t1 = (batch.rewards[has] >= r_min_correct).tolist()
     t2 = (batch.corrections[has] >= r_min_correct).tolist()
-    layer2 = batch.layers == 2
+    # a batch of layer-2 groups alone (mgrpo.layer2_share=1) has no pairs: its accuracies are 0 of 0, left out
     return {**mgrpo.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 

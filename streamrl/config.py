@@ -51,6 +51,8 @@ class ModelConfig(_Section):
     """Tiny model: attention heads (hidden_size must divide by it)."""
     intermediate_size: PositiveInt = 128
     """Tiny model: MLP width."""
+    context: PositiveInt = 256
+    """Tiny model: context length in tokens, prompt + completion (its max_position_embeddings)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype on learner and actors."""
 
@@ -128,6 +130,8 @@ class LossConfig(_Section):
     """Weight of the k3 KL penalty against the initial (reference) policy."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
+    aggregation: Literal["token", "sequence"] = "token"
+    """How token losses add up: token (mean over the batch's tokens, DAPO) or sequence (mean per sequence, then over sequences: GRPO, MGRPO)."""
 
     def __post_init__(self) -> None:
         from streamrl.losses import LOSSES

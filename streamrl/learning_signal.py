@@ -60,13 +60,25 @@ def census(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float
     rewards, advantages: same shape (any). GRPO puts mass in failed_pos; static and CoRPO never do.
     """
     n = max(1, rewards.numel())
+    return {f"census_{k}": v / n for k, v in census_cells(rewards, advantages, r_min_correct).items()}
+
+
+def census_cells(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float) -> dict[str, int]:
+    """Samples in each census cell (keys CENSUS_KEYS). rewards, advantages: same shape (any)."""
     failed, pos = rewards < r_min_correct, advantages > 0
-    return {
-        "census_failed_pos": int((failed & pos).sum()) / n,
-        "census_failed_nonpos": int((failed & ~pos).sum()) / n,
-        "census_passed_pos": int((~failed & pos).sum()) / n,
-        "census_passed_nonpos": int((~failed & ~pos).sum()) / n,
-    }
+    cells = (failed & pos, failed & ~pos, ~failed & pos, ~failed & ~pos)
+    return {key: int(cell.sum()) for key, cell in zip(CENSUS_KEYS, cells)}
+
+
+def census_before(rewards: torch.Tensor, advantages: torch.Tensor, r_min_correct: float,
+                  filtered: dict[str, int]) -> dict[str, float]:
+    """The census before dynamic filtering: shares over the trained samples (rewards, advantages: same
+    shape) plus the samples of the groups filtered out, given as counts per cell (`filtered`, keys
+    CENSUS_KEYS). With nothing filtered it equals `census`."""
+    cells = census_cells(rewards, advantages, r_min_correct)
+    both = {k: cells[k] + filtered.get(k, 0) for k in CENSUS_KEYS}
+    n = max(1, sum(both.values()))
+    return {f"census_before_{k}": v / n for k, v in both.items()}
 
 
 CENSUS_KEYS = ("failed_pos", "failed_nonpos", "passed_pos", "passed_nonpos")
@@ -84,10 +96,7 @@ def census_counts(groups: list[list[float]], estimator: str, r_min_correct: floa
         return out
     rewards = torch.tensor(groups, dtype=torch.float32)
     adv = advantages.compute(rewards, estimator, r_min_correct, std_normalize=std_normalize)
-    failed, pos = rewards < r_min_correct, adv > 0
-    for key, cell in zip(CENSUS_KEYS, (failed & pos, failed & ~pos, ~failed & pos, ~failed & ~pos)):
-        out[key] = int(cell.sum())
-    return out
+    return census_cells(rewards, adv, r_min_correct)
 
 
 # Elements read at once: memory for the statistics stays at one chunk however large the model.

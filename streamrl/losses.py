@@ -2,6 +2,11 @@
 
 All tensors are per token, shape (B, T) for B samples padded to T completion tokens, with `mask`
 (B, T) = 1 on real completion tokens. `advantages` is (B,), one value per sample.
+
+How a batch's token losses add up to one number is `aggregation` (`loss.aggregation`): "token"
+divides by the batch's token count, so every token weighs the same (DAPO); "sequence" takes the
+mean over each sequence's tokens, then the mean over sequences (GRPO's and MGRPO's
+1/G Σ_i 1/|o_i| Σ_t), so a short completion weighs as much as a long one.
 """
 
 from __future__ import annotations
@@ -21,11 +26,35 @@ class LossOutput(msgspec.Struct):
     loss: torch.Tensor
     """Scalar to backpropagate."""
     token_loss: torch.Tensor
-    """(B, T) policy-gradient loss per token (0 on padding), already divided by the token count."""
+    """(B, T) policy-gradient loss per token (0 on padding), already weighted (token_weights)."""
     ratio: torch.Tensor
     """(B, T) importance ratio pi_theta / pi_behaviour (detached)."""
     clipped: torch.Tensor
     """(B, T) bool: token whose gradient the PPO clip or the truncation cap removed."""
+
+
+AGGREGATIONS = ("token", "sequence")
+
+
+def token_weights(mask: torch.Tensor, aggregation: str = "token", token_count: float | None = None,
+                  sequence_count: float | None = None) -> torch.Tensor:
+    """(B, T) weight of each token's loss, 0 on padding; the weights of a whole batch sum to 1
+    (or less, where some sequences have no token).
+
+    "token": mask / N, N the batch's real tokens. "sequence": mask / (|o_i| · S), |o_i| sequence i's
+    real tokens and S the batch's sequences (an empty one counts in S and weighs nothing).
+    token_count / sequence_count: N and S of the whole batch when `mask` holds only part of it
+    (a micro-batch; a data-parallel rank passes the whole batch's over the world size), so the
+    parts' losses add up to the whole's; default: `mask`'s own.
+    """
+    mask = mask.to(torch.get_default_dtype()) if not mask.is_floating_point() else mask
+    if aggregation == "token":
+        n = mask.sum().clamp_min(1.0) if token_count is None else torch.tensor(float(token_count), dtype=mask.dtype)
+        return mask / n
+    if aggregation == "sequence":
+        s = float(mask.shape[0] if sequence_count is None else sequence_count)
+        return mask / (mask.sum(-1, keepdim=True).clamp_min(1.0) * max(s, 1.0))
+    raise ValueError(f"aggregation={aggregation!r}: allowed {', '.join(AGGREGATIONS)}")
 
 
 LossFn = Callable[..., LossOutput]
@@ -47,31 +76,34 @@ def token_pg(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     token_count: float | None = None,
+    aggregation: str = "token",
+    sequence_count: float | None = None,
 ) -> LossOutput:
     """Token-level clipped policy gradient with the importance ratio against the behaviour policy.
 
     ratio = pi_theta / pi_behaviour. PPO's min(ratio·A, clip(ratio)·A) bounds the ratio for A > 0;
     for A < 0 it does not, so the objective is floored at is_cap·A (truncated importance sampling,
-    "dual clip"). Losses are summed over tokens and divided by the number of real tokens in the
-    batch, so long and short completions weigh per token, as in DAPO.
+    "dual clip"). Token losses are weighted by `token_weights` (aggregation "token": per token over
+    the batch, as in DAPO; "sequence": per sequence, then over sequences, as in GRPO and MGRPO); the
+    KL and entropy terms are weighted the same way.
     """
     mask = mask.to(logprobs.dtype)
-    # Data-parallel ranks pass the batch's token count over the world size, so the gradients
-    # DeepSpeed averages across ranks equal those of one rank holding the whole batch.
-    n_tokens = mask.sum().clamp_min(1.0) if token_count is None else torch.tensor(float(token_count))
+    # Data-parallel ranks pass the batch's counts over the world size, so the gradients DeepSpeed
+    # averages across ranks equal those of one rank holding the whole batch.
+    w = token_weights(mask, aggregation, token_count, sequence_count).to(logprobs.dtype)
     adv = advantages[:, None].to(logprobs.dtype)
     log_ratio = (logprobs - behaviour_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     surrogate = torch.where(adv < 0, torch.maximum(surrogate, is_cap * adv), surrogate)
-    token_loss = -surrogate * mask / n_tokens
+    token_loss = -surrogate * w
     loss = token_loss.sum()
     if kl_coef and ref_logprobs is not None:
         # k3 estimator of KL(pi_theta || pi_ref): unbiased and always >= 0.
         d = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        loss = loss + kl_coef * ((torch.exp(d) - d - 1) * mask).sum() / n_tokens
+        loss = loss + kl_coef * ((torch.exp(d) - d - 1) * w).sum()
     if entropy_coef and entropy is not None:
-        loss = loss - entropy_coef * (entropy * mask).sum() / n_tokens
+        loss = loss - entropy_coef * (entropy * w).sum()
     with torch.no_grad():
         unclipped = ratio * adv
         clipped = (surrogate.detach() != unclipped) & mask.bool()

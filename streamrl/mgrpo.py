@@ -43,16 +43,19 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
 
 
 def query_limit(cfg) -> int:
-    """Most tokens a layer-2 query may hold so that it and a completion fit the model's context (0: no cap):
-    `mgrpo.max_query_tokens`, else model.max_seq_len (or the model folder's max_position_embeddings) minus
-    actors.max_new_tokens."""
+    """Most tokens a layer-2 query may hold so that it and a completion fit the model's context:
+    `mgrpo.max_query_tokens`, else model.max_seq_len (or the model's context: the folder's
+    max_position_embeddings, the tiny model's model.context) minus actors.max_new_tokens (0: no cap,
+    a folder that names no context)."""
     if cfg.mgrpo.max_query_tokens:
         return cfg.mgrpo.max_query_tokens
     if getattr(cfg.model, "max_seq_len", None):
         return max(1, cfg.model.max_seq_len - cfg.actors.max_new_tokens)
-    path = Path(cfg.model.path or "") / "config.json"
-    if not cfg.model.path or not path.is_file():
-        return 0  # the tiny model: its queries are short; set mgrpo.max_query_tokens to cap anyway
+    if not cfg.model.path:
+        return max(1, cfg.model.context - cfg.actors.max_new_tokens)
+    path = Path(cfg.model.path) / "config.json"
+    if not path.is_file():
+        return 0  # a hub id: its context is read by the engine; set mgrpo.max_query_tokens to cap here
     context = json.loads(path.read_text()).get("max_position_embeddings") or 0
     return max(1, context - cfg.actors.max_new_tokens) if context else 0
 
@@ -110,3 +113,17 @@ def accuracy(t1_correct: Sequence[bool], t2_correct: Sequence[bool]) -> dict[str
         "delta_i2c": sum(1 for a, b in zip(t1_correct, t2_correct) if not a and b) / n,
         "delta_c2i": sum(1 for a, b in zip(t1_correct, t2_correct) if a and not b) / n,
     }
+
+
+def layer2_coverage(steps: Sequence[tuple[int, int, float]]) -> dict:
+    """How often layer 2 trained once corrections exist. steps: per learner step, (step, layer2_groups, acc_t2)
+    of its batch. From the first step whose batch holds a verified correction (a layer-2 group, or a layer-1
+    sample whose correction verified) on: the steps, those that trained layer-2 groups, their share, the groups."""
+    first = next((i for i, (_, n2, acc2) in enumerate(steps) if n2 or acc2), None)
+    if first is None:
+        return {"first_correction_step": None, "steps_since": 0, "steps_with_layer2": 0, "share": None,
+                "layer2_groups": 0}
+    since = steps[first:]
+    with_layer2 = sum(1 for _, n2, _ in since if n2)
+    return {"first_correction_step": steps[first][0], "steps_since": len(since), "steps_with_layer2": with_layer2,
+            "share": with_layer2 / len(since), "layer2_groups": sum(n2 for _, n2, _ in since)}

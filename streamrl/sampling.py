@@ -1,6 +1,7 @@
 """Sampling from a transformers causal LM: what the hf actor backend and evaluation both call.
 
-`generate` makes n completions per prompt with left-padded batched `model.generate` and keeps the
+`generate` makes n completions per prompt, left-padded and batched, in a lean decoding loop that
+draws exactly what transformers' `model.generate` would (`generate_hf`), and keeps the
 behaviour log-prob of every sampled token (at the sampling temperature, from the untruncated
 tempered distribution); a completion ends after its first end token (any of `eos_id`: a release's
 generation config may list several, as Qwen3 does). With `between_steps`, new weights
@@ -11,9 +12,12 @@ PipelineRL does), and each completion records the span of policy versions its to
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Sequence
 
 import msgspec
+import numpy as np
 import torch
 
 
@@ -44,13 +48,15 @@ class _BetweenSteps:
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (B, W) with W the longest row; rows are right-aligned."""
     width = max(len(r) for r in rows)
-    # Left padding keeps every prompt's last token at the same column for batched decoding.
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
+    # Left padding keeps every prompt's last token at the same column for batched decoding. Filled in
+    # numpy and handed to torch once: a torch.tensor per row cost more than a tiny model's decoding step.
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids, mask
+        if r:
+            ids[i, width - len(r):] = r
+            mask[i, width - len(r):] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 @torch.no_grad()
@@ -62,7 +68,92 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     between_steps() is called before the first and after every decoding step; it may load new
     weights into `model` in place, and returns the policy version the model holds afterwards.
     eos_id: the end token, or every end token (generation stops at whichever comes first).
+
+    A lean decoding loop over the model's forward with a KV cache: the same forward calls, logits
+    warpers, random draws and stopping rule as transformers' `generate(do_sample=True, top_k=0)`,
+    so a seed gives the same tokens and log-probs (`generate_hf`, kept as the reference, and a test
+    pin that), without `generate`'s per-call set-up (generation config validation and copies,
+    processor and stopping-criteria lists, output bookkeeping), which for a tiny model and a few
+    tokens cost as much as the forwards themselves (`streamrl bench generate`).
     """
+    from transformers.cache_utils import DynamicCache
+
+    if not type(model)._supports_default_dynamic_cache():  # a model with a cache of its own: transformers' loop
+        return generate_hf(model, prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, pad_id=pad_id,
+                           eos_id=eos_id, top_p=top_p, device=device, between_steps=between_steps)
+    eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+    rows = [p for p in prompts for _ in range(n)]
+    ids, mask = left_pad(rows, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    B = ids.shape[0]
+    warp = _warpers(temperature, top_p)
+    ends = torch.tensor(eos_ids, device=ids.device)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W) as generate derives them
+    # generate drops an all-ones mask (no padding) so attention takes its causal fast path; so do we.
+    attention = None if bool(mask.all()) else mask
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    versions = [between_steps()] if between_steps is not None else None
+    keep = _keep_one_logit(type(model))
+    # The forwards and draws run under inference_mode (no autograd bookkeeping on any op: ~10% of a tiny
+    # model's decoding step against no_grad); between_steps runs outside it, so whatever the weights'
+    # code builds there (assembly buffers it fills in place later) stays an ordinary tensor.
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                    use_cache=True, **keep)
+    unfinished = torch.ones(B, dtype=torch.long, device=ids.device)
+    tokens, logps = [], []
+    for t in range(max_new_tokens):
+        with torch.inference_mode():
+            logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+            probs = torch.softmax(warp(logits), dim=-1)
+            token = torch.multinomial(probs, num_samples=1).squeeze(1)  # (B,)
+            token = token * unfinished + pad_id * (1 - unfinished)  # finished rows take padding, as in generate
+            tokens.append(token)
+            logps.append(_token_logprob(logits, token.cpu(), temperature))
+            unfinished = unfinished & ~torch.isin(token, ends)
+        if versions is not None:
+            versions.append(between_steps())
+        if t == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        with torch.inference_mode():
+            if attention is not None:
+                attention = torch.cat([attention, attention.new_ones((B, 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=positions,
+                        past_key_values=cache, use_cache=True, **keep)
+    seq, logp = torch.stack(tokens, 1).cpu(), torch.stack(logps, 1)  # (B, T) each
+    completions = _cut_all(seq, logp, eos_ids, versions)
+    return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
+
+
+@functools.lru_cache(maxsize=None)
+def _keep_one_logit(model_type: type) -> dict:
+    """{"logits_to_keep": 1} where the model's forward takes it (generate passes it then), else {}."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model_type.forward).parameters else {}
+
+
+def _warpers(temperature: float, top_p: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """transformers' logits warpers that `generate(do_sample=True, temperature, top_p, top_k=0)` applies,
+    in its order (temperature only when not 1, top-p only below 1): (B, V) logits → (B, V) scores."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    steps = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+            ([TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1)] if top_p < 1.0 else [])
+
+    def warp(scores: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            scores = step(None, scores)
+        return scores
+
+    return warp
+
+
+@torch.no_grad()
+def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int, pad_id: int,
+                eos_id: int | Sequence[int], top_p: float = 1.0, device: torch.device | str = "cpu",
+                between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
+    """`generate` through transformers' `model.generate`: the reference the lean loop is checked and
+    benchmarked against, and the path for models whose cache is not a DynamicCache."""
     from transformers import StoppingCriteriaList
 
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
@@ -96,6 +187,17 @@ def _token_logprob(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """logits (B, V) of one decoding step, tokens (B,) sampled there → (B,) log-prob at `temperature`."""
     scaled = logits.float().cpu() / temperature
     return scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+
+
+def _cut_all(seq: torch.Tensor, logp: torch.Tensor, eos_ids: list[int], versions: list[int] | None) -> list[Completion]:
+    """`_cut` of every row of seq, logp (B, T) at once: one pass over the batch, not B small tensor calls."""
+    hits = torch.isin(seq, torch.tensor(eos_ids, dtype=seq.dtype))  # (B, T)
+    stopped = hits.any(-1).tolist()
+    ends = torch.where(hits.any(-1), hits.int().argmax(-1) + 1, seq.shape[1]).tolist()  # first end token, inclusive
+    toks, lps = seq.tolist(), logp.tolist()
+    return [Completion(toks[i][:end], lps[i][:end], "stop" if stop else "length",
+                       (versions[0], versions[end - 1]) if versions and end else None)
+            for i, (end, stop) in enumerate(zip(ends, stopped))]
 
 
 def _cut(tokens: torch.Tensor, logp: torch.Tensor, eos_id: int | Sequence[int],

@@ -50,6 +50,22 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
 
 
+class FilteredCensus(Struct, array_like=True, frozen=True):
+    """Layer-1 groups an actor's dynamic filter dropped (actors.filter_zero_variance) since it last sent a
+    group, and their samples in each census cell (failed/passed × A > 0 / A ≤ 0, the run's estimator).
+    The next group the actor sends carries them, so the step that trains it logs the census before
+    filtering as well as after (`census_before_*` in metrics.jsonl)."""
+
+    groups: int
+    failed_pos: int
+    failed_nonpos: int
+    passed_pos: int
+    passed_nonpos: int
+
+    def __add__(self, other: "FilteredCensus") -> "FilteredCensus":
+        return FilteredCensus(*(a + b for a, b in zip(msgspec.structs.astuple(self), msgspec.structs.astuple(other))))
+
+
 class GroupEntry(Struct, array_like=True, frozen=True):
     """One group inside a GroupBatchHeader: its fields, the arrays aside."""
 
@@ -61,6 +77,8 @@ class GroupEntry(Struct, array_like=True, frozen=True):
     seq: int = -1
     layer: int = 1
     """1: a prompt's group; 2: a multi-layer GRPO correction group (its prompt is the layer-2 query)."""
+    filtered: FilteredCensus | None = None
+    """Groups the actor filtered out before this one (dynamic filtering), for the census before filtering."""
 
 
 class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
@@ -202,6 +220,8 @@ class ScoredGroup(Struct, kw_only=True):
     """0, 1, 2, … per session, in send order (-1: not sent through a GroupSender)."""
     layer: int = 1
     """1: a prompt's group; 2: a multi-layer GRPO correction group."""
+    filtered: FilteredCensus | None = None
+    """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
 
     @property
     def group_size(self) -> int:
@@ -283,7 +303,7 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
         session=first.session,
         sent_at=time.time(),
         groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
-                           g.layer) for g in groups],
+                           g.layer, g.filtered) for g in groups],
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
@@ -354,6 +374,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
             session=session,
             seq=e.seq,
             layer=e.layer,
+            filtered=e.filtered,
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]
@@ -373,6 +394,9 @@ def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
     if not all(g.layer in (1, 2) for g in groups):
         first(lambda g: g.layer not in (1, 2),
               lambda g: f"layer {g.layer}: must be 1 (prompt group) or 2 (correction group)", "bad_layer")
+    if any(g.filtered is not None and min(msgspec.structs.astuple(g.filtered)) < 0 for g in groups):
+        first(lambda g: g.filtered is not None and min(msgspec.structs.astuple(g.filtered)) < 0,
+              lambda g: f"filtered {msgspec.structs.astuple(g.filtered)}: counts must be >= 0", "bad_filtered")
     if min(g.num_prompt_tokens for g in groups) < 1:
         first(lambda g: g.num_prompt_tokens < 1,
               lambda g: f"num_prompt_tokens is {g.num_prompt_tokens}; a prompt needs ≥ 1 token", "empty_prompt")

@@ -8,6 +8,8 @@ the same run (never a bare time).
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
+- generate: the hf actor's lean sampling loop against transformers' `generate` (bench_generate.py).
+- learner: the learner's step at release shape (151,936 vocabulary) against plain torch (bench_learner.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
 
@@ -446,6 +448,18 @@ def overlap(short: bool = False) -> list[dict]:
              "actor_idle_fraction": idle}]
 
 
+def generate(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_generate
+
+    return bench_generate.generate(short=short)
+
+
+def learner(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_learner
+
+    return bench_learner.learner(short=short)
+
+
 def trl(short: bool = False) -> list[dict]:
     from streamrl.commands import bench_trl  # needs TRL installed; never part of a plain `streamrl bench`
 
@@ -453,7 +467,8 @@ def trl(short: bool = False) -> list[dict]:
 
 
 BENCHES = {"transport": transport, "weights": weights, "overlap": overlap, "advantages": advantages_bench,
-           "batching": batching}
+           "batching": batching, "learner": learner,
+           "generate": generate}
 OPTIONAL = {"trl": trl}
 
 

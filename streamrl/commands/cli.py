@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--out", default="runs/reproduce", help="folder for the three runs, figures and table")
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     bench.add_argument("names", nargs="*",
-                       choices=["transport", "weights", "overlap", "advantages", "batching", "trl", []],
+                       choices=["transport", "weights", "overlap", "advantages", "batching", "learner", "generate", "trl", []],
                        help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     ev = sub.add_parser("eval", help="pass@k and mean@k of a saved policy, or (--live) of a running learner's")

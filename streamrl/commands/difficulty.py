@@ -15,7 +15,7 @@ from streamrl.difficulty import in_band
 def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,
                    prompts: int | None = None) -> dict:
     """Sample `rollouts` per prompt, write the kept ones to `out`; returns the counts."""
-    from streamrl import checkpoints, evaluation, rewards
+    from streamrl import checkpoints, evaluation, prompting, rewards
     from streamrl import model as model_lib
 
     reward = rewards.build(cfg)
@@ -27,8 +27,10 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     rows = getattr(task, "train", None) if cfg.task.data else None
     items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.size, cfg.eval.seed)
     a = cfg.actors
+    # prompts as the actors encode them (the chat template where the model has one): the success rate is theirs
+    encode = prompting.PromptEncoder.from_config(cfg, tokenizer)
     table = evaluation.sample_rewards(model.eval(), tokenizer, reward, items, rollouts, temperature=a.temperature,
-                                      max_new_tokens=a.max_new_tokens, seed=cfg.seed)
+                                      max_new_tokens=a.max_new_tokens, seed=cfg.seed, encode=encode)
     r_min, d = cfg.advantage.r_min_correct, cfg.difficulty
     rates = [sum(r >= r_min for r in row) / len(row) for row in table]
     kept = [i for i, rate in enumerate(rates) if in_band(rate, d.low, d.high)]

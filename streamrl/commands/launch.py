@@ -337,6 +337,10 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
               f"{_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
               f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}",
               file=out, flush=True)
+        if (m := s.get("mgrpo_layer2")) and m["first_correction_step"] is not None:
+            print(f"streamrl: layer 2 trained on {m['steps_with_layer2']} of the {m['steps_since']} steps from the "
+                  f"first verified correction (step {m['first_correction_step']}) on, {m['layer2_groups']} groups",
+                  file=out, flush=True)
     return code
 
 

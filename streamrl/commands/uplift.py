@@ -84,6 +84,15 @@ def _exp(x: float) -> float | None:
     return math.exp(x) if x < 700 else None  # JSON has no inf
 
 
+def prompt_ids(cfg, tokenizer, prompts) -> list[list[int]]:
+    """Each prompt's token ids as the run's actors encoded them (streamrl.prompting: the chat template where
+    the model has one), so the log-probs ranked are those of the sequences training saw."""
+    from streamrl.prompting import PromptEncoder
+
+    encode = PromptEncoder.from_config(cfg, tokenizer)
+    return [encode(p.text) for p in prompts]
+
+
 def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: int, num_buckets: int,
             out: Path | None = None) -> dict:
     """Sample from the run's initial policy, score under initial and final, bucket; write and return the result."""
@@ -100,7 +109,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     weights = checkpoints.checkpoint_of(run_dir)
     pre_model.eval()
     items = distinct(reward.task.sample, prompts, cfg.eval.seed)   # training prompts, as the paper ranks
-    ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in items]
+    ids = prompt_ids(cfg, tok, items)
     max_new = cfg.eval.max_new_tokens or cfg.actors.max_new_tokens
     drawn: list[list[tuple[list[int], bool]]] = []   # per prompt: (completion tokens, correct?)
     per_call = max(1, 256 // samples)

@@ -19,6 +19,12 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     assert all(int(line.split("chunks=")[1].split()[0]) > 1 for line in weights)  # versions crossed as chunks
     overlap = [line for line in out if line.startswith("bench=overlap")]
     assert len(overlap) == 1 and "ratio_vs_ideal=" in overlap[0] and "actor_idle_fraction=" in overlap[0]
+    generate = [line for line in out if line.startswith("bench=generate")]
+    assert len(generate) == 1 and "speedup=" in generate[0] and "same_samples=True" in generate[0]
+    learner = [line for line in out if line.startswith("bench=learner ")]
+    assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
+    assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]
+    assert float(learner[0].split("loss_diff_plain=")[1].split()[0]) < 1e-4  # the same step from the same weights
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100

@@ -44,7 +44,13 @@ def test_dynamic_rollouts_and_filtering_run_in_the_actor_and_are_counted(run_job
     run = run_job("actors.rollout_factor=3", "actors.filter_zero_variance=true", "steps=6", name="dynamic")
     stats = _actor_stats(run)
     assert sum(s["extra_samples"] for s in stats) > 0  # early on most groups hold no correct sample
-    assert len(metrics(run)) == 6
+    recs = metrics(run)
+    assert len(recs) == 6
+    for r in recs:   # the census before filtering, beside the one after, on every step
+        assert sum(r[f"census_before_{c}"] for c in ("failed_pos", "failed_nonpos", "passed_pos",
+                                                     "passed_nonpos")) == pytest.approx(1.0)
+    # filtered groups reach the learner on the groups sent after them (those the learner drops take theirs along)
+    assert sum(r["groups_filtered"] for r in recs) <= sum(s.get("filtered_zero_variance", 0) for s in stats)
     assert summary(run)["reconciliation"]["balanced"]
 
 

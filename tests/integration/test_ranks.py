@@ -30,11 +30,12 @@ def _groups():
 
 
 # The test batch's rows are 4-7 tokens long: a budget of 1 puts every row alone, 21 = 3 × 7 at most
-# three rows together, 0 (the default) a rank's whole share at once.
-BUDGETS = (0, 1, 21)
+# three rows together, 0 (the default) a rank's whole share at once. Each with the loss aggregated
+# per token (the default) and, for 0 and 1, per sequence (loss.aggregation=sequence).
+BUDGETS = ((0, "token"), (1, "token"), (21, "token"), (0, "sequence"), (1, "sequence"))
 
 
-def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tuple[int, ...]) -> None:
+def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tuple[tuple[int, str], ...]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -45,8 +46,8 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tu
     from learner.ranks import Ranks
     from streamrl import advantages, config, model
 
-    for budget in budgets:  # one engine after another in the same process group
-        cfg = config.load(None, ["learner.batch_groups=4", f"learner.zero_stage={zero}",
+    for budget, aggregation in budgets:  # one engine after another in the same process group
+        cfg = config.load(None, ["learner.batch_groups=4", f"learner.zero_stage={zero}", f"loss.aggregation={aggregation}",
                                  f"learner.micro_batch_tokens={budget}", "learner.logprob_chunk_tokens=5"])
         m, tok = model.build(cfg)
         engine = Engine(cfg, m)
@@ -55,7 +56,7 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tu
             engine.before_step = lambda: grads.update(
                 {f"grad.{n}": p.grad.detach().clone() for n, p in engine.engine.module.named_parameters()})
         ranks = Ranks.current()
-        tag = f"{world}-{budget}"
+        tag = f"{world}-{budget}" + ("" if aggregation == "token" else f"-{aggregation}")
         if ranks.leader:
             batch = collate(_groups(), tok.pad_token_id)
             out, train = ranks.train_step(engine, batch, advantages.compute(batch.rewards, "grpo", 0.75))
@@ -72,7 +73,7 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tu
     engine.close()
 
 
-def _launch(world: int, zero: int, out_dir, budgets: tuple[int, ...] = (0,)) -> None:
+def _launch(world: int, zero: int, out_dir, budgets: tuple[tuple[int, str], ...] = ((0, "token"),)) -> None:
     port = free_ports(1)[0]
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, world, port, zero, str(out_dir), budgets)) for r in range(world)]
@@ -111,11 +112,16 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("world,budget", [(1, 1), (1, 21), (2, 0), (2, 1), (2, 21)])
-def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch_on_one(one_step, world, budget):
+@pytest.mark.parametrize("world,budget,aggregation", [(1, 1, "token"), (1, 21, "token"), (2, 0, "token"),
+                                                     (2, 1, "token"), (2, 21, "token"), (1, 1, "sequence"),
+                                                     (2, 0, "sequence"), (2, 1, "sequence")])
+def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch_on_one(one_step, world, budget,
+                                                                                        aggregation):
     from safetensors.torch import load_file
 
-    whole, micro = load_file(one_step / "out-1-0.safetensors"), load_file(one_step / f"out-{world}-{budget}.safetensors")
+    suffix = "" if aggregation == "token" else f"-{aggregation}"
+    whole = load_file(one_step / f"out-1-0{suffix}.safetensors")
+    micro = load_file(one_step / f"out-{world}-{budget}{suffix}.safetensors")
     rows = 32 // world  # rank 0's share of the 32 samples
     assert int(whole["micro_batches"]) == 1
     n = int(micro["micro_batches"])
@@ -126,12 +132,20 @@ def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch
     torch.testing.assert_close(micro["loss"], whole["loss"], atol=0, rtol=1e-6)
     # The applied step too, looser: AdamW's first step is g / (|g| + eps), so gradient elements near
     # eps (1e-8) turn float rounding of the sum into update differences of up to ~1e-4 relative.
-    w1 = load_file(one_step / "weights-1-0.safetensors")
-    w2 = load_file(one_step / f"weights-{world}-{budget}.safetensors")
+    w1 = load_file(one_step / f"weights-1-0{suffix}.safetensors")
+    w2 = load_file(one_step / f"weights-{world}-{budget}{suffix}.safetensors")
     from streamrl import config, model
 
     initial = model.build(config.load(None))[0].state_dict()
     assert max(_relative(w2[k] - initial[k], w1[k] - initial[k]) for k in w1) < 1e-3
+
+
+def test_the_per_sequence_loss_is_another_step_than_the_per_token_one(one_step):
+    from safetensors.torch import load_file
+
+    token, sequence = load_file(one_step / "out-1-0.safetensors"), load_file(one_step / "out-1-0-sequence.safetensors")
+    # the test batch's completions are 1-4 tokens long: weighing sequences, not tokens, moves the gradient
+    assert max(_relative(sequence[k], token[k]) for k in token if k.startswith("grad.")) > 1e-2
 
 
 def _zero3_rank(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -139,3 +139,41 @@ def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_fil
     assert groups == [] and stats.filtered_zero_variance == 1 and not tracker.keep("copy-a")
     drawn = rollout.sample_prompts(task, random.Random(0), 5, keep=tracker.keep)
     assert len(drawn) == 5 and {p.id for p in drawn} == {"copy-b"}
+
+
+@pytest.mark.parametrize("estimator", ["static", "corpo", "grpo"])
+def test_the_learner_logs_the_census_before_filtering_that_the_actor_counted(estimator):
+    """Filtered groups ride on the next group sent (a call that sends nothing passes them on), and the learner's
+    census_before_* over the step's groups equals the actor's count over every sample it generated."""
+    from actors.generation import carry_filtered
+    from learner import stepstats
+    from learner.batch import collate
+    from streamrl import advantages
+
+    task = symbols.Copy(num_symbols=4, length=1)
+    tok, reward, opts = WordTokenizer(["a", "b"]), rewards.Reward(task), _opts(2, filter_zero_variance=True,
+                                                                               estimator=estimator)
+    prompts = [tasks.Prompt(id=str(i), text="x", target=("a",)) for i in range(3)]
+    # call 1 filters both groups and sends nothing; call 2 filters one of three and sends two
+    sent, unsent, before = [], None, [0, 0, 0, 0]
+    for script, ps in (([[0, 0], [1, 1]], prompts[:2]), ([[1, 1], [0, 1], [1, 0]], prompts)):
+        groups, stats = rollout.make_groups(ScriptedBackend(script), tok, reward, ps, opts, 0, "a")
+        unsent = carry_filtered(groups, stats, unsent)
+        sent += groups
+        before = [b + getattr(stats, f"census_before_{c}") for b, c in zip(before, ("failed_pos", "failed_nonpos",
+                                                                                    "passed_pos", "passed_nonpos"))]
+    assert unsent is None and len(sent) == 2 and sent[0].filtered.groups == 3 and sent[1].filtered is None
+    batch = collate(sent, pad_id=0)
+    adv = advantages.compute(batch.rewards, estimator, 1.0)
+    got = stepstats.before_filtering(batch.rewards, adv, 1.0, [g.filtered for g in sent])
+    assert got["groups_filtered"] == 3
+    n = sum(before)
+    assert n == 10   # every sample generated: 5 groups of 2
+    assert [got[f"census_before_{c}"] for c in ("failed_pos", "failed_nonpos", "passed_pos", "passed_nonpos")] == \
+        pytest.approx([b / n for b in before])
+    # nothing filtered: the census before equals the one after
+    plain = stepstats.before_filtering(batch.rewards, adv, 1.0, [None, None])
+    from streamrl import learning_signal
+    after = learning_signal.census(batch.rewards, adv, 1.0)
+    assert plain["groups_filtered"] == 0
+    assert {k.replace("census_before_", "census_"): v for k, v in plain.items() if k != "groups_filtered"} == after

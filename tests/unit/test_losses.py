@@ -186,3 +186,51 @@ def test_compute_dispatches_by_name_and_lists_valid_names_on_a_bad_one():
     assert torch.equal(a.loss, b.loss)
     with pytest.raises(KeyError, match="valid: token_pg"):
         losses.compute("nope", behaviour, behaviour, adv, MASK)
+
+
+def test_sequence_aggregation_averages_each_sequence_then_the_sequences():
+    # on-policy, ratio 1: per-token objective A. Sample 0: 3 tokens of 0.5 -> mean 0.5; sample 1: 2 tokens
+    # of -0.25 -> mean -0.25. loss = -(0.5 - 0.25) / 2 = -0.125 (the token mean would be -0.2).
+    out, grad = _run(0.0, [0.5, -0.25], aggregation="sequence")
+    assert_close(out.loss, torch.tensor(-0.125), rtol=0, atol=1e-7)
+    # d loss / d logprob = -A / (|o_i| · 2): -0.5/6 on sample 0's tokens, 0.25/4 on sample 1's, 0 on pads.
+    want = torch.tensor([[-0.5 / 6] * 3 + [0.0], [0.0625, 0.0625, 0.0, 0.0]])
+    assert_close(grad, want, rtol=0, atol=1e-7)
+
+
+def test_sequence_aggregation_weighs_a_short_sequence_like_a_long_one():
+    w = losses.token_weights(MASK, "sequence")
+    assert_close(w.sum(-1), torch.tensor([0.5, 0.5]), rtol=0, atol=1e-7)
+    assert_close(losses.token_weights(MASK, "token").sum(-1), torch.tensor([0.6, 0.4]), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_micro_batches_with_the_whole_batch_counts_add_up_to_the_whole_batch_loss_and_gradient(aggregation):
+    # 5 samples of 1..4 real tokens, split 2 + 1 + 2 as the learner's micro-batches split rows
+    g = torch.Generator().manual_seed(3)
+    lengths = [3, 1, 4, 2, 4]
+    mask = (torch.arange(4)[None, :] < torch.tensor(lengths)[:, None]).float()
+    behaviour = -torch.rand(5, 4, generator=g)
+    logprobs = (behaviour + 0.3 * torch.randn(5, 4, generator=g)).requires_grad_(True)
+    adv = torch.randn(5, generator=g)
+    ref, ent = behaviour - 0.2, torch.rand(5, 4, generator=g)
+    kw = dict(aggregation=aggregation, kl_coef=0.1, entropy_coef=0.01)
+    whole = token_pg(logprobs, behaviour, adv, mask, ref_logprobs=ref, entropy=ent, **kw)
+    (g_whole,) = torch.autograd.grad(whole.loss, logprobs)
+    parts = [slice(0, 2), slice(2, 3), slice(3, 5)]
+    counts = dict(token_count=float(mask.sum()), sequence_count=5.0)
+    outs = [token_pg(logprobs[r], behaviour[r], adv[r], mask[r], ref_logprobs=ref[r], entropy=ent[r], **kw, **counts)
+            for r in parts]
+    (g_parts,) = torch.autograd.grad(sum(o.loss for o in outs), logprobs)
+    assert_close(sum(o.loss for o in outs).detach(), whole.loss.detach(), rtol=0, atol=1e-6)
+    assert_close(g_parts, g_whole, rtol=0, atol=1e-7)
+    assert_close(torch.cat([o.token_loss for o in outs]), whole.token_loss, rtol=0, atol=1e-7)
+    # without the whole batch's counts each part would be its own mean: not the same loss
+    alone = sum(token_pg(logprobs[r], behaviour[r], adv[r], mask[r], ref_logprobs=ref[r], entropy=ent[r], **kw).loss
+                for r in parts)
+    assert abs(float(alone.detach()) - float(whole.loss.detach())) > 1e-3
+
+
+def test_an_unknown_aggregation_is_refused_with_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed token, sequence"):
+        losses.token_weights(MASK, "group")

@@ -221,4 +221,28 @@ def test_query_limit_comes_from_the_model_folder_or_the_config(tmp_path):
     cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=1000"])
     assert mgrpo.query_limit(cfg) == 3096
     assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true"])) == 0   # the tiny model: no cap
+    # the tiny model: its context (256) minus the completion cap
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "actors.max_new_tokens=6"])) == 250
+
+
+def test_layer2_coverage_counts_steps_from_the_first_verified_correction_on():
+    steps = [(0, 0, 0.0), (1, 0, 0.0), (2, 0, 0.125), (3, 2, 0.0), (4, 0, 0.0), (5, 4, 0.25)]
+    # step 2: a layer-1 sample's correction verified (its layer-2 group went to another step); 2 of 4 trained layer 2
+    assert mgrpo.layer2_coverage(steps) == {"first_correction_step": 2, "steps_since": 4, "steps_with_layer2": 2,
+                                            "share": 0.5, "layer2_groups": 6}
+    assert mgrpo.layer2_coverage(steps[:2])["first_correction_step"] is None
+
+
+def test_the_summary_says_how_many_steps_trained_layer2_once_corrections_existed(tmp_path):
+    from learner.runlog import RunLog
+    from streamrl import config
+
+    cfg = config.load(None, ["mgrpo.enabled=true", f"run_dir={tmp_path}"])
+    log = RunLog(cfg)
+    log.open(resumed_step=0)
+    for step, n2, acc2 in [(0, 0, 0.0), (1, 1, 0.0), (2, 0, 0.0), (3, 3, 0.1)]:
+        log.step({"step": step, "reward_mean": 0.0, "step_s": 0.1, "layer2_groups": n2, "acc_t2": acc2})
+    summary = log.summary({}, (0.0, 1.0))
+    log.close()
+    assert summary["mgrpo_layer2"] == {"first_correction_step": 1, "steps_since": 3, "steps_with_layer2": 2,
+                                       "share": 2 / 3, "layer2_groups": 4}

@@ -142,3 +142,20 @@ def test_a_release_folder_passes_check(release_model, capsys):
 
     assert cli.main(["check", f"model.path={release_model}"]) == 0
     assert f"path: {release_model}" in capsys.readouterr().out
+
+
+def test_offline_difficulty_and_uplift_encode_prompts_as_the_actors_do(actor, monkeypatch, tmp_path):
+    from streamrl import sampling
+    from streamrl.commands import uplift
+    from streamrl.commands.difficulty import filter_offline
+
+    cfg, _, tok, _, reward = actor
+    items = reward.task.eval_set(2, cfg.eval.seed)
+    want = [rollout.RolloutOptions.from_config(cfg).encode(tok, p.text) for p in items]
+    assert tok.decode(want[0]).startswith("<|im_start|>user\n")   # the release folder has a chat template
+    assert uplift.prompt_ids(cfg, tok, items) == want
+    seen = []
+    real = sampling.generate
+    monkeypatch.setattr(sampling, "generate", lambda model, ids, n, **kw: seen.extend(ids) or real(model, ids, n, **kw))
+    filter_offline(cfg, rollouts=1, out=tmp_path / "kept.jsonl", prompts=2)
+    assert [list(i) for i in seen] == want

@@ -100,6 +100,15 @@ def test_scored_group_round_trips_with_identical_arrays_and_fields():
         assert np.array_equal(back.sample_logprobs(i), g.sample_logprobs(i))
 
 
+def test_the_census_of_filtered_groups_a_group_carries_round_trips_and_is_absent_by_default():
+    carried = wire.FilteredCensus(groups=2, failed_pos=0, failed_nonpos=8, passed_pos=0, passed_nonpos=8)
+    g, plain = make_group(), make_group()
+    g.filtered = carried
+    back = wire.decode_groups(to_bytes(wire.encode_groups([g, plain])), vocab_size=VOCAB)
+    assert back[0].filtered == carried and back[1].filtered is None
+    assert carried + carried == wire.FilteredCensus(4, 0, 16, 0, 16)
+
+
 def test_a_sample_span_newer_than_its_group_travels_and_an_older_or_equal_one_is_left_out():
     g = make_group(last_versions=[5, 3, None, 2])  # 3 (the group's own) and 2 (older) say nothing new
     back = decode_group(to_bytes(encode_group(g)), vocab_size=VOCAB)
@@ -209,7 +218,7 @@ def batch_frames(groups=None, **entry_changes) -> list[bytes]:
     frames = to_bytes(wire.encode_groups(groups or three_groups()))
     if entry_changes:
         header = msgspec.msgpack.decode(frames[0])
-        fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq"]
+        fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq", "layer", "filtered"]
         for k, v in entry_changes.items():
             header["groups"][1][fields.index(k)] = v
         frames[0] = msgspec.msgpack.encode(header)
@@ -258,6 +267,8 @@ def test_a_single_group_is_a_batch_of_one_whose_frames_are_its_own_arrays():
     ({"samples": [[4, -math.inf, "length"]]}, "non_finite_reward"),
     ({"samples": [[4, 0.5, "exploded"]]}, "bad_header"),
     ({"samples": [[4, 0.5, "length", None, 2]], "policy_version": 3}, "bad_version_span"),
+    ({"filtered": [1, 0, -8, 0, 0]}, "bad_filtered"),
+    ({"filtered": [1, 0, 8]}, "bad_header"),
 ])
 def test_one_bad_group_header_rejects_the_whole_batch_with_the_reason_it_gets_alone(changes, expected):
     assert reason(wire.decode_groups, batch_frames(**changes), vocab_size=VOCAB) == expected
