@@ -30,8 +30,6 @@ from streamrl import chunks
 
 log = logging.getLogger(__name__)
 
-_ZERO_COPY_MIN = 64 * 1024
-
 
 def endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
@@ -122,7 +120,7 @@ class GroupSender:
             group.session, group.seq = self.session, self.sent + i
         frames = wire.encode_groups(groups)
         # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
-        copy = sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_MIN
+        copy = sum(memoryview(f).nbytes for f in frames) < chunks.ZERO_COPY_MIN
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)  # the usual case: room in the queue
         except zmq.Again:
@@ -228,13 +226,15 @@ class GroupReceiver:
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests.
 
-    A version travels as chunks under the message cap (streamrl.chunks), copied from the live
-    parameters into a small pool of reused buffers as they are sent, so a publish holds the pool,
-    not a copy of the model. `publish(..., wait=False)` copies and sends on a background thread so
-    the learner goes on with its next forward/backward meanwhile; `settle()` must come before
-    anything changes the parameters (the optimizer step, loading a checkpoint): it waits for the
-    copy of the last chunk. Until then the parameters still are the published version, and a
-    request is answered by sending it again from them; after it, requests wait for the next publish.
+    A version travels as chunks under the message cap (streamrl.chunks), sent zero-copy from the
+    live parameters' own memory (or, for tensors ZeroMQ cannot read in place, copied into a small
+    pool of reused buffers), so a publish holds at most the pool, never a copy of the model.
+    `publish(..., wait=False)` sends on a background thread so the learner goes on with its next
+    forward/backward meanwhile; `settle()` must come before anything changes the parameters (the
+    optimizer step, loading a checkpoint): it waits until nothing sent still reads them (every
+    in-place frame out, every pool copy made). Until then the parameters still are the published
+    version, and a request is answered by sending it again from them; after it, requests wait for
+    the next publish.
 
     An answer to a request is a re-broadcast on the PUB socket (the one thread that sends weights
     owns it; ZeroMQ sockets are not thread-safe, and the ROUTER belongs to the caller's thread):
@@ -248,15 +248,15 @@ class WeightPublisher:
         """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4)."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
-        self.pub = _socket(ctx, zmq.PUB, curve=curve)
-        # Sends wait for pool buffers, so at most pool_chunks chunks are ever queued: a live subscriber
-        # never loses one to the high-water mark; a dead one fills its queue and then misses versions.
-        self.pub.setsockopt(zmq.SNDHWM, pool_chunks + 4)
+        self._ctx, self._curve = ctx, curve
+        self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks)
+        self.stall_s = stall_s
+        """How long a chunk may wait for a subscriber before the PUB socket is reopened (see _wait_sent)."""
+        self.pub = self._new_pub()
         _bind(self.pub, pub_addr, "weight broadcast")
         self.router = _socket(ctx, zmq.ROUTER, max_bytes=64 * 1024, curve=curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(self.router, router_addr, "weights request server")
-        self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks, stall_s)
         self._layout: chunks.Layout | None = None
         self._live: tuple[int, dict] | None = None
         """(version, state) while `state` still holds that version (from publish to settle): requests are
@@ -274,6 +274,10 @@ class WeightPublisher:
         """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
         self.copy_s = 0.0
         """Seconds the copies into chunk buffers took (on the publishing thread when wait=False)."""
+        self.send_wait_s = 0.0
+        """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
+        self.reopened = 0
+        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
@@ -313,29 +317,95 @@ class WeightPublisher:
         self.bytes_sent += self._layout.total
 
     def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
-        """On the publishing thread: each chunk copied into a pool buffer, then sent zero-copy from it."""
+        """On the publishing thread: each chunk sent zero-copy from the tensors' own memory (or, for
+        tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
+        once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
+        At most pool.size chunks are in flight, so the PUB socket's high-water mark never drops one."""
         try:
             tensors = list(state.values())
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
+            in_flight: collections.deque[list] = collections.deque()  # trackers of the chunks on their way
+            live: list = []  # trackers of frames that are views of `state`
             for h in heads:
                 start = h.index * self.chunk_bytes
-                i, buf = self.pool.take(min(self.chunk_bytes, layout.total - start))
-                t0 = time.perf_counter()
-                chunks.copy_chunk(layout, tensors, start, buf)
-                self.copy_s += time.perf_counter() - t0
-                if h.index == len(heads) - 1:
-                    copied.set()  # the parameters may change now: the rest is in the pool
-                self.pub.send(wire.encode_chunk_header(h), zmq.SNDMORE)
-                frame = buf.numpy()
-                if frame.nbytes < _ZERO_COPY_MIN:  # a tracked frame costs ~25 µs; a small copy far less
-                    self.pub.send(frame)
+                end = min(start + self.chunk_bytes, layout.total)
+                while len(in_flight) >= self.pool.size:
+                    self._wait_sent(in_flight.popleft())
+                frames, pooled = chunks.pieces_of(layout, tensors, start, end), None
+                if frames is None:
+                    pooled, buf, reading = self.pool.take(end - start)
+                    self._wait_sent(reading)
+                    t0 = time.perf_counter()
+                    chunks.copy_chunk(layout, tensors, start, buf)
+                    self.copy_s += time.perf_counter() - t0
+                    frames = [buf.numpy()]
+                trackers = self._send_chunk(wire.encode_chunk_header(h), frames)
+                if pooled is not None:
+                    for tracker in trackers:
+                        self.pool.track(pooled, tracker)
                 else:
-                    self.pool.track(i, self.pub.send(frame, copy=False, track=True))
+                    live += trackers
+                in_flight.append(trackers)
+            self._wait_sent(live)  # the parameters may change now
         except BaseException as e:
             self._error = e  # raised by the caller's next settle
             raise
         finally:
             copied.set()
+
+    def _send_chunk(self, header: bytes, frames: list) -> list:
+        """Send one chunk message; returns the trackers of the frames sent zero-copy."""
+        self.pub.send(header, zmq.SNDMORE)
+        trackers = []
+        for k, frame in enumerate(frames):
+            flags = zmq.SNDMORE if k < len(frames) - 1 else 0
+            if memoryview(frame).nbytes < chunks.ZERO_COPY_MIN:
+                self.pub.send(frame, flags)
+            else:
+                trackers.append(self.pub.send(frame, flags, copy=False, track=True))
+        return trackers
+
+    def _wait_sent(self, trackers: list) -> None:
+        """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
+        reading (a stopped process) would keep them forever, and a frame that is a view of the live
+        parameters must never go out after the optimizer changed them: after `stall_s` the PUB socket is
+        closed (ZeroMQ drops what it still queues, so the frames are released) and bound again;
+        subscribers reconnect and this version's partial chunks are dropped as `chunk_lost`."""
+        t0 = time.perf_counter()
+        deadline = t0 + self.stall_s
+        try:
+            for tracker in trackers:
+                tracker.wait(max(0.0, deadline - time.perf_counter()))
+        except zmq.NotDone:
+            self._reopen_pub()
+            for tracker in trackers:
+                tracker.wait(self.stall_s)  # released by the close; NotDone here is a real failure
+        finally:
+            self.send_wait_s += time.perf_counter() - t0
+
+    def _reopen_pub(self) -> None:
+        addr = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.warning("weights: a chunk was not sent within %.0fs (a subscriber that stopped reading?); the "
+                    "broadcast socket is reopened on %s so the parameters it sends from can change",
+                    self.stall_s, addr)
+        self.pub.close(linger=0)
+        self.pub = self._new_pub()
+        for attempt in range(50):  # the closed socket's port is freed by ZeroMQ's I/O thread, soon
+            try:
+                self.pub.bind(addr)
+                break
+            except zmq.ZMQError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+        self.reopened += 1
+
+    def _new_pub(self) -> zmq.Socket:
+        pub = _socket(self._ctx, zmq.PUB, curve=self._curve)
+        # Chunks in flight are bounded by the pool's size: a live subscriber never loses one to the
+        # high-water mark; a dead one fills its queue and then misses versions.
+        pub.setsockopt(zmq.SNDHWM, self.pool.size + 4)
+        return pub
 
     def _wait_copied(self) -> None:
         copied = self._copied
@@ -601,7 +671,7 @@ class WeightSubscriber:
                     "chunk_lost", f"weights version {a.version}: {a.missing} of {a.count} chunks never came "
                     f"(version {header.version} began); the version is dropped"))
             a = self._assembly = chunks.Assembly(header, self.max_version_bytes)
-        a.add(header, payload, frames[1])
+        a.add(header, payload)
         if not a.complete:
             return None
         self._assembly = None

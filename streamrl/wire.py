@@ -110,7 +110,8 @@ class TensorInfo(Struct, array_like=True, frozen=True):
 
 
 class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
-    """Frame 0 of one chunk of a weight version; frame 1 holds its bytes.
+    """Frame 0 of one chunk of a weight version; frames 1.. hold its bytes, in order (split where the
+    sender sends pieces of tensors in place).
 
     A version is one flat buffer of `total` bytes, tensor i at byte `offsets[i]` (increasing,
     non-overlapping, aligned to its dtype, at most 64 bytes of padding between tensors), cut into
@@ -459,11 +460,14 @@ def encode_chunk_header(header: WeightsChunk) -> bytes:
     return _encoder.encode(header)
 
 
-def chunk_payload(frames: Sequence, header: WeightsChunk) -> memoryview:
-    """The bytes of one weights chunk, checked against its header's own fields (index, sizes, version);
-    the layout is checked once per version (`layout`). Raises WireError."""
-    if len(frames) != 2:
-        raise WireError("frame_count", f"weights chunk needs 2 frames, got {len(frames)}")
+def chunk_payload(frames: Sequence, header: WeightsChunk) -> list[memoryview]:
+    """The bytes of one weights chunk (frames 1.., which together hold them in order), checked against
+    its header's own fields (index, sizes, version); the layout is checked once per version (`layout`).
+    Raises WireError."""
+    # A chunk's frames are pieces of its tensors and the bytes between them: at most two per tensor, plus one.
+    if not 2 <= len(frames) <= 2 * len(header.tensors) + 2:
+        raise WireError("frame_count", f"weights chunk needs 2 to {2 * len(header.tensors) + 2} frames for its "
+                        f"{len(header.tensors)} tensors, got {len(frames)}")
     if header.version < 0:
         raise WireError("bad_version", f"weights version {header.version} < 0")
     if header.chunk_bytes < 1 or header.total < 0:
@@ -471,13 +475,14 @@ def chunk_payload(frames: Sequence, header: WeightsChunk) -> memoryview:
                         f"total {header.total} (need chunk_bytes ≥ 1, total ≥ 0)")
     if not 0 <= header.index < header.count:
         raise WireError("bad_chunk", f"weights version {header.version}: chunk {header.index} of {header.count}")
-    buf = _buffer(frames[1])
+    bufs = [_buffer(f) for f in frames[1:]]
     start = header.index * header.chunk_bytes
     expected = min(header.chunk_bytes, header.total - start)
-    if len(buf) != expected:
-        raise WireError("length_mismatch", f"weights version {header.version} chunk {header.index}: {len(buf)} bytes, "
+    got = sum(len(b) for b in bufs)
+    if got != expected:
+        raise WireError("length_mismatch", f"weights version {header.version} chunk {header.index}: {got} bytes, "
                         f"its place in the {header.total}-byte version holds {expected}")
-    return buf
+    return bufs
 
 
 # Padding the flat layout may put after a tensor (the learner aligns tensors to 64 bytes); more is rejected,

@@ -94,7 +94,8 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     kind "raw": `payload` is bytes, sent n times bare."""
     import zmq
 
-    from streamrl.transport import _ZERO_COPY_MIN, GroupSender
+    from streamrl.chunks import ZERO_COPY_MIN
+    from streamrl.transport import GroupSender
 
     port = _free_port()
     mpc = mp.get_context("spawn")
@@ -116,7 +117,7 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
         sock.setsockopt(zmq.SNDHWM, 64)
         sock.connect(addr)
         for _ in range(n):
-            sock.send(payload, copy=len(payload) < _ZERO_COPY_MIN)
+            sock.send(payload, copy=len(payload) < ZERO_COPY_MIN)
     counted, elapsed = result.get(timeout=300)
     proc.join(30)
     sock.close(linger=0)
@@ -247,138 +248,159 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     ctx.term()
 
 
-def _broadcast(kind: str, nbytes: int, subscribers: int, n: int, max_message: int, step_s: float = 0.0) -> dict:
-    """Move n versions of an nbytes state dict to `subscribers` processes; per version: seconds until every
-    subscriber has it, and (streamrl) seconds the learner's thread was blocked.
+class _Broadcast:
+    """One publisher and `subscribers` subscriber processes of one kind, moving versions of `state` on demand.
 
-    streamrl publishes as the learner does: publish(wait=False) (chunks copied from the live tensor into a
-    small pool and sent on a background thread), then the learner's forward/backward, modelled as `step_s`
-    (the same run's raw transfer time: the step lasts as long as the network needs), then settle() before
-    the optimizer step; blocked = time in publish + time settle waited. raw: PUB/SUB of the same bytes in the
-    same chunk sizes, zero-copy from the live tensor (no copy, no header, no checks), nothing held back."""
-    import torch
-    import zmq
+    streamrl publishes as the learner does: publish(wait=False) (chunks sent zero-copy from the live
+    tensors on a background thread), then the learner's forward/backward, modelled as `step_s`, then
+    settle() before the optimizer step (it waits until nothing sent still reads the tensors); blocked =
+    time in publish + time settle waited. raw: PUB/SUB of the same bytes in the same chunk sizes,
+    zero-copy from the live tensor (no header but the version, no checks, no tensors built, nothing
+    held back, no in-flight bound)."""
 
-    from streamrl.config import LearnerConfig
-    from streamrl.transport import WeightPublisher
+    def __init__(self, kind: str, subscribers: int, n: int, max_message: int):
+        import zmq
 
-    torch.set_num_threads(LearnerConfig().threads or torch.get_num_threads())  # as the learner publishes
-    pub_port, router_port, ack_port = (_free_port() for _ in range(3))
-    ctx = zmq.Context()
-    acks = ctx.socket(zmq.PULL)
-    acks.bind(f"tcp://127.0.0.1:{ack_port}")
-    state = {"w": torch.ones(nbytes // 4, dtype=torch.float32)}
-    warm = {"w": torch.ones(16)}
-    if kind == "streamrl":
-        publisher = WeightPublisher(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}",
-                                    max_message)
-        chunk = publisher.chunk_bytes
+        from streamrl.transport import WeightPublisher
 
-        def publish(v: int, tensors: dict) -> None:
-            publisher.publish(v, tensors, wait=False)
+        self.kind, self.subscribers = kind, subscribers
+        pub_port, router_port, ack_port = (_free_port() for _ in range(3))
+        self.ctx = zmq.Context()
+        self.acks = self.ctx.socket(zmq.PULL)
+        self.acks.bind(f"tcp://127.0.0.1:{ack_port}")
+        if kind == "streamrl":
+            self.publisher = WeightPublisher(self.ctx, f"tcp://127.0.0.1:{pub_port}",
+                                             f"tcp://127.0.0.1:{router_port}", max_message)
+            self.chunk = self.publisher.chunk_bytes
+        else:
+            self.chunk = _chunk_bytes(max_message)
+            self.pub = self.ctx.socket(zmq.PUB)
+            self.pub.setsockopt(zmq.SNDHWM, 0)  # no limit: raw ZeroMQ never drops or waits here
+            self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
+        mpc = mp.get_context("spawn")
+        self.procs = []
+        for i in range(subscribers):
+            ready = mpc.Event()
+            proc = mpc.Process(target=_weights_subscriber,
+                               args=(kind, pub_port, router_port, ack_port, n, f"s{i}", max_message, ready))
+            proc.start()
+            self.procs.append((proc, ready))
 
-        def settle() -> None:
-            publisher.settle()
-    else:
-        from streamrl.chunks import chunk_bytes_for
+    def publish(self, v: int, tensors: dict) -> None:
+        if self.kind == "streamrl":
+            self.publisher.publish(v, tensors, wait=False)
+            return
+        payload = tensors["w"].numpy().view(np.uint8)
+        head = np.array([v, payload.nbytes], dtype=np.int64).tobytes()
+        for start in range(0, payload.nbytes, self.chunk):
+            self.pub.send_multipart([head, payload[start:start + self.chunk]], copy=False)
 
-        chunk = chunk_bytes_for(max_message)
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.SNDHWM, 0)  # no limit: raw ZeroMQ never drops or waits here
-        pub.bind(f"tcp://127.0.0.1:{pub_port}")
+    def settle(self) -> None:
+        if self.kind == "streamrl":
+            self.publisher.settle()
 
-        def publish(v: int, tensors: dict) -> None:
-            payload = tensors["w"].numpy().view(np.uint8)
-            head = np.array([v, payload.nbytes], dtype=np.int64).tobytes()
-            for start in range(0, payload.nbytes, chunk):
-                pub.send_multipart([head, payload[start:start + chunk]], copy=False)
+    def warm_up(self, warm: dict) -> None:
+        """PUB/SUB joins late: repeat the tiny version 0 until every subscriber has it."""
+        for _, ready in self.procs:
+            ready.wait(120)
+        warmed: set[bytes] = set()
+        while len(warmed) < self.subscribers:
+            self.publish(0, warm)
+            self.settle()
+            if self.acks.poll(200):
+                while self.acks.poll(0):
+                    who, _ = self.acks.recv_multipart()
+                    warmed.add(who)
+        time.sleep(0.5)
+        while self.acks.poll(0):  # repeated warm-ups acked late
+            self.acks.recv_multipart()
 
-        def settle() -> None:
-            pass
-    mpc = mp.get_context("spawn")
-    procs = []
-    for i in range(subscribers):
-        ready = mpc.Event()
-        proc = mpc.Process(target=_weights_subscriber,
-                           args=(kind, pub_port, router_port, ack_port, n, f"s{i}", max_message, ready))
-        proc.start()
-        procs.append((proc, ready))
-    for _, ready in procs:
-        ready.wait(60)
-    warmed: set[bytes] = set()
-    while len(warmed) < subscribers:  # PUB/SUB joins late: repeat the tiny version 0 until everyone has it
-        publish(0, warm)
-        if acks.poll(200):
-            while acks.poll(0):
-                who, _ = acks.recv_multipart()
-                warmed.add(who)
-    settle()
-    arrivals: queue.Queue = queue.Queue()
+    def version(self, v: int, state: dict, step_s: float) -> tuple[float, float]:
+        """(seconds until every subscriber acked version v, seconds the publishing thread was blocked)."""
+        arrivals: queue.Queue = queue.Queue()
+        done = threading.Event()
 
-    done = threading.Event()
+        def collect() -> None:  # acks timed as they arrive, whatever the learner's thread is doing
+            got: set[bytes] = set()
+            while len(got) < self.subscribers and not done.is_set():
+                if self.acks.poll(100):
+                    who, version = self.acks.recv_multipart()
+                    if int.from_bytes(version, "little") == v:
+                        got.add(who)
+                        arrivals.put(time.perf_counter())
 
-    def collect() -> None:  # acks timed as they arrive, whatever the learner's thread is doing
-        while not done.is_set():
-            if not acks.poll(100):
-                continue
-            who, version = acks.recv_multipart()
-            arrivals.put((who, int.from_bytes(version, "little"), time.perf_counter()))
-
-    collector = threading.Thread(target=collect, daemon=True)
-    collector.start()
-    delivery, blocked = [], []
-    for v in range(1, n + 1):
+        collector = threading.Thread(target=collect, daemon=True)
+        collector.start()
         t0 = time.perf_counter()
-        publish(v, state)
-        b = time.perf_counter() - t0
+        self.publish(v, state)
+        blocked = time.perf_counter() - t0
         if step_s:
             time.sleep(step_s)  # the learner's forward/backward
         b0 = time.perf_counter()
-        settle()  # the optimizer step comes next
-        b += time.perf_counter() - b0
-        got: dict[bytes, float] = {}
-        while len(got) < subscribers:
-            try:
-                who, version, at = arrivals.get(timeout=300)
-            except queue.Empty:
-                raise RuntimeError(f"bench weights: version {v} never reached every subscriber ({kind})") from None
-            if version == v:
-                got[who] = at
-        delivery.append(max(got.values()) - t0)
-        blocked.append(b)
-    done.set()
-    collector.join(5)
-    copy_s = publisher.copy_s if kind == "streamrl" else 0.0
-    for proc, _ in procs:
-        proc.join(60)
-    acks.close(0)
-    if kind == "streamrl":
-        publisher.close()
-    else:
-        pub.close(0)
-    ctx.term()
-    return {"delivery_s": sorted(delivery)[len(delivery) // 2], "blocked_s": sorted(blocked)[len(blocked) // 2],
-            "chunk_bytes": chunk, "copy_s": copy_s / n}
+        self.settle()  # the optimizer step comes next
+        blocked += time.perf_counter() - b0
+        collector.join(600)
+        done.set()
+        if arrivals.qsize() < self.subscribers:
+            raise RuntimeError(f"bench weights: version {v} never reached every subscriber ({self.kind})")
+        return max(arrivals.get() for _ in range(self.subscribers)) - t0, blocked
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            proc.join(60)
+        self.acks.close(0)
+        if self.kind == "streamrl":
+            self.publisher.close()
+        else:
+            self.pub.close(0)
+        self.ctx.term()
+
+
+def _chunk_bytes(max_message: int) -> int:
+    from streamrl.chunks import chunk_bytes_for
+
+    return chunk_bytes_for(max_message)
 
 
 def weights(short: bool = False) -> list[dict]:
     """A state dict published by a WeightPublisher in chunks under the message cap, to 2 WeightSubscriber
-    processes (each version assembled and decoded into tensors), against raw PUB/SUB of the same bytes in
-    the same chunks; each version timed until every subscriber has it (median of the versions)."""
+    processes (each version checked and decoded into tensors), against raw PUB/SUB of the same bytes in
+    the same chunks to as many processes; both set up at once and their versions interleaved (raw, then
+    streamrl, ...), so a change in the machine's load hits both alike. Each version is timed until every
+    subscriber has it (median of the versions); the learner's step lasts as long as the raw transfer
+    just before it (the step is as long as the network needs)."""
+    import torch
+
+    from streamrl.config import LearnerConfig
+
+    torch.set_num_threads(LearnerConfig().threads or torch.get_num_threads())  # as the learner publishes
     rows = []
     # (state bytes, subscribers, message cap, versions): the full run moves 2 GB under the default 256 MiB cap.
     cases = [(4 << 20, 1, 1 << 20, 3), (32 << 20, 2, 4 << 20, 3)] if short else \
         [(64 << 20, 2, 256 << 20, 5), (2 << 30, 2, 256 << 20, 3)]
     for nbytes, subscribers, cap, n in cases:
-        raw = _broadcast("raw", nbytes, subscribers, n, cap)
-        ours = _broadcast("streamrl", nbytes, subscribers, n, cap, step_s=raw["delivery_s"])
+        state = {"w": torch.ones(nbytes // 4, dtype=torch.float32)}  # one tensor: every chunk boundary cuts it
+        warm = {"w": torch.ones(16)}
+        raw, ours = _Broadcast("raw", subscribers, n, cap), _Broadcast("streamrl", subscribers, n, cap)
+        raw.warm_up(warm)
+        ours.warm_up(warm)
+        raw_s, ours_s, blocked = [], [], []
+        for v in range(1, n + 1):
+            raw_s.append(raw.version(v, state, 0.0)[0])
+            d, b = ours.version(v, state, step_s=raw_s[-1])
+            ours_s.append(d)
+            blocked.append(b / d)
+        copy_s = ours.publisher.copy_s / n
+        raw.close()
+        ours.close()
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         rows.append({"bench": "weights", "MB": nbytes >> 20, "subscribers": subscribers,
-                     "chunk_MB": ours["chunk_bytes"] / (1 << 20), "chunks": -(-nbytes // ours["chunk_bytes"]),
-                     "s_per_version": ours["delivery_s"], "raw_s_per_version": raw["delivery_s"],
-                     "GB_per_s_delivered": nbytes * subscribers / ours["delivery_s"] / 1e9,
-                     "ratio_vs_raw_zmq": raw["delivery_s"] / ours["delivery_s"],
-                     "publisher_blocked_fraction": ours["blocked_s"] / ours["delivery_s"],
-                     "copy_fraction": ours["copy_s"] / ours["delivery_s"]})
+                     "chunk_MB": ours.chunk / (1 << 20), "chunks": -(-nbytes // ours.chunk),
+                     "s_per_version": med(ours_s), "raw_s_per_version": med(raw_s),
+                     "GB_per_s_delivered": nbytes * subscribers / med(ours_s) / 1e9,
+                     "ratio_vs_raw_zmq": med([r / o for r, o in zip(raw_s, ours_s)]),
+                     "publisher_blocked_fraction": med(blocked),
+                     "copy_fraction": copy_s / med(ours_s)})
     return rows
 
 

@@ -539,7 +539,7 @@ def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(chunks, "copy_chunk", broken)
-    pub.publish(0, {"w": torch.ones(2)}, wait=False)
+    pub.publish(0, {"w": torch.ones(2, 2).t()}, wait=False)  # not contiguous: copied into the pool
     with pytest.raises(RuntimeError, match="device lost"):
         pub.settle()
     pub.settle()  # raised once, then the publisher is usable again
@@ -548,17 +548,24 @@ def test_a_failed_background_copy_is_raised_by_settle(zmq_ctx, monkeypatch):
     assert pub.version == 1 and pub.latest is not None
 
 
-def test_a_version_larger_than_the_message_cap_arrives_whole_through_a_bounded_chunk_pool(zmq_ctx):
+def test_a_version_larger_than_the_message_cap_arrives_whole_in_place_or_through_a_bounded_chunk_pool(zmq_ctx):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2))
     sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
     g = torch.Generator().manual_seed(0)
     live = {"a": torch.randn(300, 1024, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
-            "c": torch.randn(500, 1000, generator=g)}  # ~3.2 MB over a 1 MiB cap
+            "c": torch.randn(500, 1000, generator=g)}  # ~3.2 MB over a 1 MiB cap, sent from their own memory
     pub.publish(0, live)
     got = sub.wait_for(0, timeout_s=10.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub))
     assert all(torch.equal(got[1][k], t) for k, t in live.items())
     assert pub.chunk_bytes < MAX_BYTES and -(-sum(t.nbytes for t in live.values()) // pub.chunk_bytes) >= 4
+    assert pub.pool.buffers == [] and pub.copy_s == 0  # nothing copied on the learner
+    # A tensor inside one frame arrives as a view of it; only those cut by a chunk boundary are copied.
+    assert got[1]["b"].data_ptr() != 0 and not got[1]["b"].untyped_storage().resizable()
+    transposed = {k: t.t() if t.dim() == 2 else t for k, t in live.items()}  # not contiguous: through the pool
+    pub.publish(1, transposed)
+    got = sub.wait_for(1, timeout_s=10.0, ask_every_s=0.5, stop=_serving(pub))
+    assert all(torch.equal(got[1][k], t) for k, t in transposed.items())
     assert len(pub.pool.buffers) == 2 and all(b.numel() <= pub.chunk_bytes for b in pub.pool.buffers)
     assert sub.rejected.total == 0
 
@@ -602,3 +609,26 @@ def test_duplicate_and_mismatched_chunks_are_counted_and_the_version_still_arriv
     for m in v1:  # the same version again (sent for another subscriber): skipped, not counted
         _answer(router, sub, m)
     assert sub.poll(timeout_ms=300) is None and sub.rejected.total == 2
+
+
+def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_parameters_change_mid_send(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2, stall_s=0.5))
+    stuck = track(ctx.socket(zmq.SUB))  # connected, subscribed, never reads: its queues fill and stay full
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    pub.pub.setsockopt(zmq.SNDBUF, 4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(bound(pub.pub))
+    sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
+    live = {"w": torch.full((2 << 20,), 1.0)}  # 8 MB, sent from its own memory in 11 chunks
+    time.sleep(0.3)  # both subscriptions in place
+    t0 = time.monotonic()
+    pub.publish(1, live)  # returns only once no frame still reads `live`
+    print("publish", time.monotonic() - t0, pub.reopened, pub.send_wait_s)
+    assert time.monotonic() - t0 < 30 and pub.reopened >= 1  # the stalled chunks were dropped, not waited for
+    pub.settle()
+    live["w"].fill_(-1.0)  # what the optimizer step does: no subscriber may ever see a -1 in version 1
+    pub.publish(2, live)
+    got = sub.wait_for(1, timeout_s=20.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub))
+    assert (got[0], got[1]["w"].unique().tolist()) in ((1, [1.0]), (2, [-1.0]))

@@ -165,9 +165,10 @@ def test_from_samples_flattens_completions_with_offsets():
     ids=["float32", "bfloat16", "empty", "zero_dim", "mixed"],
 )
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 64, 8], ids=["one_chunk", "chunks", "tiny_chunks"])
-def test_weights_round_trip_in_one_chunk_or_many(state, chunk_bytes):
-    messages = [to_bytes(m) for m in chunks.encode_weights(7, state, chunk_bytes=chunk_bytes)]
-    assert all(len(m[1]) <= chunk_bytes for m in messages)
+@pytest.mark.parametrize("in_pieces", [False, True], ids=["copied", "in_pieces"])
+def test_weights_round_trip_in_one_chunk_or_many(state, chunk_bytes, in_pieces):
+    messages = [to_bytes(m) for m in chunks.encode_weights(7, state, chunk_bytes=chunk_bytes, in_pieces=in_pieces)]
+    assert all(sum(len(f) for f in m[1:]) <= chunk_bytes for m in messages)
     version, back = chunks.decode_weights(messages[::-1])  # any order
     assert version == 7
     assert list(back) == list(state)
@@ -331,7 +332,7 @@ def test_extra_frames_are_frame_count():
     frames = to_bytes(encode_group(make_group()))
     assert reason(decode_group, [*frames, b"x"]) == "frame_count"
     wframes = to_bytes(chunks.encode_weights(0, {"w": torch.ones(2)})[0])
-    assert reason(decode_weights, [*wframes, b"x"]) == "frame_count"
+    assert reason(decode_weights, [*wframes, b"", b"", b""]) == "frame_count"  # one tensor: 4 frames at most
     assert reason(decode_weights, wframes[:1]) == "frame_count"
 
 
@@ -434,10 +435,12 @@ def test_weights_with_bytes_no_tensor_accounts_for_are_length_mismatch():
     decode_weights(_chunk([0, 16], 64))  # up to one cache line of alignment padding is fine
 
 
-def test_a_weights_chunk_needs_exactly_two_frames():
-    frames = _chunk()
-    assert reason(decode_weights, [*frames, b"x"]) == "frame_count"
+def test_a_weights_chunk_needs_its_bytes_in_two_to_two_per_tensor_plus_two_frames():
+    frames = _chunk()  # two tensors
+    assert reason(decode_weights, [*frames, *[b""] * 5]) == "frame_count"
     assert reason(decode_weights, frames[:1]) == "frame_count"
+    assert reason(decode_weights, [*frames, b"x"]) == "length_mismatch"  # one byte more than its place holds
+    decode_weights([frames[0], frames[1][:10], b"", frames[1][10:]])  # the same bytes in pieces are fine
 
 
 def test_weights_of_an_unknown_dtype_are_bad_dtype():
@@ -488,6 +491,23 @@ def test_chunks_of_two_versions_never_mix():
     assert reason(chunks.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_lost"
 
 
+def test_tensors_sent_in_place_arrive_as_views_of_their_frames_and_only_cut_ones_are_copied():
+    g = torch.Generator().manual_seed(1)
+    state = {"mid": torch.randn(40_000, generator=g), "norm": torch.randn(16, generator=g).to(torch.bfloat16),
+             "big": torch.randn(100_000, generator=g), "ids": torch.arange(30_000, dtype=torch.int64)}
+    messages = [to_bytes(m) for m in chunks.encode_weights(2, state, chunk_bytes=256 << 10, in_pieces=True)]
+    assert any(len(m) > 2 for m in messages)  # pieces of several tensors in one chunk
+    version, back = chunks.decode_weights(messages)
+    assert version == 2 and all(torch.equal(back[k], t) for k, t in state.items())
+    frames = [(np.frombuffer(f, dtype=np.uint8).ctypes.data, len(f)) for m in messages for f in m[1:] if len(f)]
+
+    def in_a_frame(t):
+        return any(a <= t.data_ptr() and t.data_ptr() + t.nbytes <= a + n for a, n in frames)
+
+    assert in_a_frame(back["mid"]) and in_a_frame(back["norm"])  # inside one chunk: no copy
+    assert not in_a_frame(back["big"])  # 400 KB over 256 KB chunks: put together from its pieces
+
+
 def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
     state = {"w": torch.arange(64.0)}
     messages = _messages(state)
@@ -497,9 +517,9 @@ def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
     assembly = chunks.Assembly(header, 1 << 20)
     for m in [messages[1], messages[0], messages[3], messages[2]]:
         h = wire.decode_header(m)
-        assembly.add(h, wire.chunk_payload(m, h), m[1])
+        assembly.add(h, wire.chunk_payload(m, h))
     with pytest.raises(WireError, match="came twice"):
-        assembly.add(header, wire.chunk_payload(messages[1], header), messages[1][1])
+        assembly.add(header, wire.chunk_payload(messages[1], header))
     assert torch.equal(assembly.tensors()["w"], state["w"])
 
 
