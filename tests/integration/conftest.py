@@ -25,15 +25,6 @@ def run_job(tmp_path):
     return go
 
 
-@pytest.fixture(scope="session", autouse=True)
-def deepspeed_ops_built():
-    """DeepSpeed compiles its CPU shared-memory comm op the first time a learner initialises (30 s to minutes on
-    2 busy cores, cached afterwards). Built once here, before any test starts processes, so no test's start-up
-    deadline includes a compile (and actors do not give up on a learner that is still compiling)."""
-    subprocess.run([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
-                   capture_output=True, timeout=900, check=True)
-
-
 @pytest.fixture(scope="session")
 def interrupted_run(tmp_path_factory) -> types.SimpleNamespace:
     """One `streamrl run` of the tiny default (slowed to ~20 steps/s) that `streamrl eval --live` follows for
