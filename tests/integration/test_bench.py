@@ -14,7 +14,7 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     batching = [line for line in out if line.startswith("bench=batching")]
     assert len(batching) == 2 and all("ratio_vs_copying_the_bytes=" in line for line in batching)
     weights = [line for line in out if line.startswith("bench=weights")]
-    assert len(weights) == 2 and all("ratio_vs_raw_zmq=" in line and "publisher_blocked_fraction=" in line
+    assert len(weights) == 3 and "layout=qwen3" in weights[-1] and all("ratio_vs_raw_zmq=" in line and "publisher_blocked_fraction=" in line
                                      for line in weights)
     assert all(int(line.split("chunks=")[1].split()[0]) > 1 for line in weights)  # versions crossed as chunks
     overlap = [line for line in out if line.startswith("bench=overlap")]
