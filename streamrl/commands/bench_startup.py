@@ -64,7 +64,11 @@ def _one(workdir: Path, name: str, fork: bool) -> dict[str, float]:
     from streamrl.commands import forked, launch
 
     g, w, r = launch.free_ports(3)
-    env = {**os.environ, forked.ENV: "1" if fork else "0", startup.SPAWNED_AT: repr(time.time())}
+    # `streamrl bench` may have run the learner bench in this process first, which set MASTER_PORT and still
+    # holds that port: a child learner inheriting it could not bind its rendezvous (EADDRINUSE).
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}
+    env.update({forked.ENV: "1" if fork else "0", startup.SPAWNED_AT: repr(time.time())})
     proc = subprocess.run(
         [sys.executable, "-m", "streamrl", "run", "steps=2", f"name={name}", f"run_dir={workdir}",
          f"transport.group_port={g}", f"transport.weights_port={w}", f"transport.weights_request_port={r}",
