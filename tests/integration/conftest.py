@@ -5,12 +5,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 import pytest
-from procs import FREE_PORTS, REPO, children_of_run, metrics, reaped, streamrl
+from procs import FREE_PORTS, REPO, children_of_run, reaped, streamrl, wait_for_steps
 
 
 @pytest.fixture
@@ -40,12 +39,7 @@ def interrupted_run(tmp_path_factory) -> types.SimpleNamespace:
                              *FREE_PORTS, "monitoring.learner_port=0", "monitoring.actor_port=0"],
                             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with reaped(proc):
-        deadline = time.monotonic() + 180
-        while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(f"run never got going:\n{proc.communicate()[0][-3000:]}")
-            time.sleep(0.1)
+        wait_for_steps(proc, run)
         children_before = children_of_run(run)
         live_eval = streamrl("eval", "--live", str(run), "--watch", "2", "--timeout", "60", "eval.prompts=8",
                              cwd=tmp, check=False)

@@ -63,6 +63,16 @@ def reaped(*procs: subprocess.Popen | list[subprocess.Popen]):
                 p.kill()
 
 
+def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int = 5, timeout: float = 180) -> None:
+    """Return once the background run `proc` has logged `steps` learner steps; kill it and fail if it never does."""
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= steps):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"run never got going:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.1)
+
+
 def children_of_run(run_dir: Path) -> list[int]:
     """Processes started for the run in run_dir (their command line names its config.yaml)."""
     marker = str(run_dir / "config.yaml")

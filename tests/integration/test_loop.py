@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import zmq
-from procs import FREE_PORTS, REPO, children_of_run, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary
+from procs import (FREE_PORTS, REPO, children_of_run, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary,
+                   wait_for_steps)
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -72,12 +73,7 @@ def _start_run(tmp_path: Path, name: str, steps: int) -> tuple[subprocess.Popen,
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamrl", "run", TINY, f"steps={steps}", f"name={name}",
          f"run_dir={tmp_path / 'runs'}", *FREE_PORTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 5):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            raise AssertionError(f"run never got going:\n{proc.communicate()[0][-3000:]}")
-        time.sleep(0.1)
+    wait_for_steps(proc, run)
     return proc, run
 
 
