@@ -21,9 +21,7 @@ import multiprocessing as mp
 import queue
 import socket
 import threading
-import time
-
-import numpy as np
+import time  # numpy is imported inside the benches: the CLI reads BENCHES for its choices without it
 
 
 def _free_port() -> int:
@@ -42,6 +40,8 @@ def _per_call(fn, reps: int) -> float:
 
 
 def _group(completion_tokens: int, group_size: int = 8):
+    import numpy as np
+
     from streamrl.wire import ScoredGroup
 
     per = max(1, completion_tokens // group_size)
@@ -136,6 +136,8 @@ def transport(short: bool = False) -> list[dict]:
     transport.batch_max_bytes), then 1 MB and 16 MB groups (always one per message). References:
     raw ZeroMQ moving the same messages' bytes (one frame each), raw ZeroMQ moving each group's
     bytes as its own message, and copying a group's bytes in memory."""
+    import numpy as np
+
     from streamrl import wire
     from streamrl.config import TransportConfig
     from streamrl.transport import batches
@@ -190,6 +192,8 @@ def advantages_bench(short: bool = False) -> list[dict]:
 
 def batching(short: bool = False) -> list[dict]:
     """learner.batch.collate (groups → padded tensors) against copying the same bytes once."""
+    import numpy as np
+
     from learner.batch import collate  # the benchmark drives the learner's real batcher
 
     rows = []
@@ -209,6 +213,7 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     """Take weight versions 0..n (0 is a tiny warm-up, possibly repeated) and ack each one to the publisher:
     streamrl through a WeightSubscriber (chunks checked and assembled into tensors); raw by counting the bytes
     of each version's messages."""
+    import numpy as np
     import zmq
 
     from streamrl.transport import WeightSubscriber
@@ -289,6 +294,7 @@ class _Broadcast:
             self.procs.append((proc, ready))
 
     def publish(self, v: int, tensors: dict) -> None:
+        import numpy as np
         if self.kind == "streamrl":
             self.publisher.publish(v, tensors, wait=False)
             return

@@ -30,6 +30,13 @@ from streamrl import config as config_lib
 from streamrl import preflight
 
 
+def bench_names() -> list[str]:
+    """The benchmarks `streamrl bench` runs, as its registry lists them (the module imports nothing heavy)."""
+    from streamrl.commands import bench
+
+    return [*bench.BENCHES, *bench.OPTIONAL]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamrl", description="Asynchronous RL with ordinal rewards and CoRPO.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,8 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--out", default="runs/reproduce", help="folder for the three runs, figures and table")
     bench = sub.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     bench.add_argument("names", nargs="*",
-                       choices=["transport", "weights", "overlap", "advantages", "batching", "learner", "generate",
-                                "startup", "trl", []],
+                       choices=[*bench_names(), []],
                        help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
     bench.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     ev = sub.add_parser("eval", help="pass@k and mean@k of a saved policy, or (--live) of a running learner's")
