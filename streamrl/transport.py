@@ -320,17 +320,16 @@ class WeightPublisher:
         """On the publishing thread: each chunk sent zero-copy from the tensors' own memory (or, for
         tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
         once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
-        At most pool.size chunks are in flight, so the PUB socket's high-water mark never drops one."""
+        At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
         try:
             tensors = list(state.values())
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
-            in_flight: collections.deque[list] = collections.deque()  # trackers of the chunks on their way
-            live: list = []  # trackers of frames that are views of `state`
+            in_flight: collections.deque[tuple[list, bool]] = collections.deque()  # (trackers, reads `state`)
             for h in heads:
                 start = h.index * self.chunk_bytes
                 end = min(start + self.chunk_bytes, layout.total)
                 while len(in_flight) >= self.pool.size:
-                    self._wait_sent(in_flight.popleft())
+                    self._wait_sent(in_flight.popleft()[0])
                 frames, pooled = chunks.pieces_of(layout, tensors, start, end), None
                 if frames is None:
                     pooled, buf, reading = self.pool.take(end - start)
@@ -340,13 +339,12 @@ class WeightPublisher:
                     self.copy_s += time.perf_counter() - t0
                     frames = [buf.numpy()]
                 trackers = self._send_chunk(wire.encode_chunk_header(h), frames)
-                if pooled is not None:
-                    for tracker in trackers:
-                        self.pool.track(pooled, tracker)
-                else:
-                    live += trackers
-                in_flight.append(trackers)
-            self._wait_sent(live)  # the parameters may change now
+                for tracker in trackers if pooled is not None else ():
+                    self.pool.track(pooled, tracker)
+                in_flight.append((trackers, pooled is None))
+            for trackers, reads_state in in_flight:  # the parameters may change once no frame reads them
+                if reads_state:
+                    self._wait_sent(trackers)  # chunk by chunk: `stall_s` is for one chunk, not the whole tail
         except BaseException as e:
             self._error = e  # raised by the caller's next settle
             raise
@@ -402,9 +400,11 @@ class WeightPublisher:
 
     def _new_pub(self) -> zmq.Socket:
         pub = _socket(self._ctx, zmq.PUB, curve=self._curve)
-        # Chunks in flight are bounded by the pool's size: a live subscriber never loses one to the
-        # high-water mark; a dead one fills its queue and then misses versions.
-        pub.setsockopt(zmq.SNDHWM, self.pool.size + 4)
+        # No high-water mark: chunks in flight are bounded by their trackers (`_copy_and_send`), and a PUB
+        # socket at its mark drops messages. The mark cannot stand in for that bound: the socket learns
+        # that queued messages left only every (mark + 1) / 2 of them, so it drops at about half its mark
+        # (a pool of 8 chunks under a mark of 12 lost chunks, and the version never completed).
+        pub.setsockopt(zmq.SNDHWM, 0)
         return pub
 
     def _wait_copied(self) -> None:

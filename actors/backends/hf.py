@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from actors.backends.base import BACKENDS, Completion
-from streamrl import sampling
+from streamrl import chunks, sampling
 from streamrl.model import end_token_ids
 
 
@@ -33,4 +33,7 @@ class HFBackend:
 
     @torch.no_grad()
     def load_weights(self, state: dict) -> None:
-        self.model.load_state_dict(state, strict=True)
+        if isinstance(state, chunks.Received):  # every piece straight from the frames it came in: one copy
+            state.copy_into(self.model.state_dict())
+        else:
+            self.model.load_state_dict(state, strict=True)

@@ -611,6 +611,29 @@ def test_duplicate_and_mismatched_chunks_are_counted_and_the_version_still_arriv
     assert sub.poll(timeout_ms=300) is None and sub.rejected.total == 2
 
 
+def test_a_subscriber_that_reads_late_gets_every_chunk_however_many_are_in_flight(zmq_ctx):
+    ctx, track = zmq_ctx
+    pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=32))
+    pub.pub.setsockopt(zmq.SNDBUF, 4096)  # (for connections made from here on)
+    late = track(ctx.socket(zmq.SUB))  # takes nothing for a while: the chunks wait in the publisher's queue
+    late.setsockopt(zmq.RCVHWM, 1)
+    late.setsockopt(zmq.RCVBUF, 4096)
+    late.setsockopt(zmq.SUBSCRIBE, b"")
+    late.connect(bound(pub.pub))
+    time.sleep(0.3)  # subscribed
+    live = {"w": torch.arange(12 << 20, dtype=torch.float32)}  # 48 MB: 64 chunks, 32 of them in flight at a time
+    pub.publish(1, live, wait=False)
+    time.sleep(1.0)
+    messages = []
+    while late.poll(5000):
+        messages.append(late.recv_multipart())
+        if len(messages) == 64:
+            break
+    version, back = chunks.decode_weights(messages)  # chunk_lost if the socket dropped one
+    assert version == 1 and torch.equal(back["w"], live["w"])
+    pub.settle()
+
+
 def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_parameters_change_mid_send(zmq_ctx):
     ctx, track = zmq_ctx
     pub = track(WeightPublisher(ctx, ANY, ANY, max_bytes=MAX_BYTES, pool_chunks=2, stall_s=0.5))

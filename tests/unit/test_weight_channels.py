@@ -138,3 +138,24 @@ def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setu
     learner = new_learner(1.0)
     assert learner.engine.before_step == learner.publisher.settle
     assert learner.report() == {}  # zmq only: no collective to report
+
+
+def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
+    from actors.backends.hf import HFBackend
+    from streamrl import chunks
+
+    g = torch.Generator().manual_seed(0)
+    learner = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    actor = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))
+    embedding = actor[0].weight
+    state = learner.state_dict()
+    messages = chunks.encode_weights(4, state, chunk_bytes=16 << 10, in_pieces=True)  # the embedding cut 8 times
+    _, received = chunks.decode_weights([[bytes(memoryview(f).cast("B")) for f in m] for m in messages])
+    HFBackend.load_weights(types.SimpleNamespace(model=actor), received)
+    assert all(torch.equal(actor.state_dict()[k], t) for k, t in state.items())
+    assert actor[0].weight is embedding  # in place: the engine's parameters are the same tensors
+    HFBackend.load_weights(types.SimpleNamespace(model=actor), {k: t * 2 for k, t in state.items()})  # a plain dict
+    assert torch.equal(actor[1].bias, state["1.bias"] * 2)

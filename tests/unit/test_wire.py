@@ -508,6 +508,35 @@ def test_tensors_sent_in_place_arrive_as_views_of_their_frames_and_only_cut_ones
     assert not in_a_frame(back["big"])  # 400 KB over 256 KB chunks: put together from its pieces
 
 
+def test_a_version_is_copied_into_a_models_tensors_piece_by_piece_without_a_version_sized_buffer():
+    import tracemalloc
+
+    g = torch.Generator().manual_seed(3)
+    state = {"big": torch.randn(300_000, generator=g), "norm": torch.randn(16, generator=g).to(torch.bfloat16),
+             "t": torch.randn(40, 30, generator=g).t()}  # big: 1.2 MB over 256 KB chunks, cut four times
+    messages = [to_bytes(m) for m in chunks.encode_weights(5, state, chunk_bytes=256 << 10, in_pieces=True)]
+    _, back = chunks.decode_weights(messages)
+    model = {"big": torch.zeros(300_000), "norm": torch.zeros(16, dtype=torch.bfloat16),
+             "t": torch.zeros(40, 30).t()}  # a destination that is not contiguous is filled too
+    tracemalloc.start()
+    back.copy_into(model)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert all(torch.equal(model[k], t) for k, t in state.items())
+    assert peak < state["big"].nbytes // 4  # the cut tensor went straight from its frames, never whole first
+
+
+@pytest.mark.parametrize("model", [{"v": torch.zeros(4)}, {"w": torch.zeros(4), "x": torch.zeros(1)},
+                                   {"w": torch.zeros(2, 2)}, {"w": torch.zeros(4, dtype=torch.float64)}],
+                         ids=["renamed", "one_more", "reshaped", "retyped"])
+def test_a_version_is_not_copied_into_tensors_of_other_names_shapes_or_dtypes(model):
+    _, back = chunks.decode_weights(_messages({"w": torch.ones(4)}))
+    before = {k: t.clone() for k, t in model.items()}
+    with pytest.raises(ValueError, match="weights:"):
+        back.copy_into(model)
+    assert all(torch.equal(model[k], t) for k, t in before.items())  # refused before anything was copied
+
+
 def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
     state = {"w": torch.arange(64.0)}
     messages = _messages(state)
