@@ -211,8 +211,8 @@ def batching(short: bool = False) -> list[dict]:
 def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: int, n: int, name: str,
                         max_message: int, ready) -> None:
     """Take weight versions 0..n (0 is a tiny warm-up, possibly repeated) and ack each one to the publisher:
-    streamrl through a WeightSubscriber (chunks checked and assembled into tensors); raw by counting the bytes
-    of each version's messages."""
+    streamrl through a WeightSubscriber (every chunk checked, the version complete and ready to load: what
+    an actor hands its backend); raw by counting the bytes of each version's messages."""
     import numpy as np
     import zmq
 
@@ -395,13 +395,20 @@ def qwen3_shaped_state(layers: int = 28, hidden: int = 1024, intermediate: int =
     return state
 
 
+WARM_VERSIONS = 2  # full versions each side moves before the timed ones (see `weights`)
+
+
 def weights(short: bool = False) -> list[dict]:
     """A state dict published by a WeightPublisher in chunks under the message cap, to 2 WeightSubscriber
-    processes (each version checked and decoded into tensors), against raw PUB/SUB of the same bytes in
+    processes (each version checked and made ready to load), against raw PUB/SUB of the same bytes in
     the same chunks to as many processes; both set up at once and their versions interleaved (raw, then
     streamrl, ...), so a change in the machine's load hits both alike. Each version is timed until every
     subscriber has it (median of the versions); the learner's step lasts as long as the raw transfer
-    just before it (the step is as long as the network needs)."""
+    just before it (the step is as long as the network needs). The first WARM_VERSIONS full versions
+    are not counted (their ratio is reported as first_version_ratio): until the receivers' allocator
+    has seen a version freed, every version is page-faulted in anew (glibc raises its mmap threshold
+    after the first frees), and a streamrl subscriber, which holds a whole version, pays that in full
+    where a raw one recycles each message's buffer at once."""
     import torch
 
     from streamrl.config import LearnerConfig
@@ -423,16 +430,18 @@ def weights(short: bool = False) -> list[dict]:
             state = {"w": torch.ones(nbytes // 4, dtype=torch.float32)}
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         warm = {"w": torch.ones(16)}
-        raw, ours = _Broadcast("raw", subscribers, n, cap), _Broadcast("streamrl", subscribers, n, cap)
+        raw, ours = (_Broadcast(kind, subscribers, WARM_VERSIONS + n, cap) for kind in ("raw", "streamrl"))
         raw.warm_up(warm)
         ours.warm_up(warm)
         raw_s, ours_s, blocked = [], [], []
-        for v in range(1, n + 1):
+        for v in range(1, WARM_VERSIONS + n + 1):
             raw_s.append(raw.version(v, state, 0.0)[0])
             d, b = ours.version(v, state, step_s=raw_s[-1])
             ours_s.append(d)
             blocked.append(b / d)
-        copy_s = ours.publisher.copy_s / n
+        first = raw_s[0] / ours_s[0]
+        raw_s, ours_s, blocked = raw_s[WARM_VERSIONS:], ours_s[WARM_VERSIONS:], blocked[WARM_VERSIONS:]
+        copy_s = ours.publisher.copy_s / (WARM_VERSIONS + n)
         raw.close()
         ours.close()
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -441,6 +450,7 @@ def weights(short: bool = False) -> list[dict]:
                      "s_per_version": med(ours_s), "raw_s_per_version": med(raw_s),
                      "GB_per_s_delivered": nbytes * subscribers / med(ours_s) / 1e9,
                      "ratio_vs_raw_zmq": med([r / o for r, o in zip(raw_s, ours_s)]),
+                     "first_version_ratio": first,
                      "publisher_blocked_fraction": med(blocked),
                      "copy_fraction": copy_s / med(ours_s)})
     return rows
