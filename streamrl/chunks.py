@@ -334,7 +334,7 @@ def _address(buf: memoryview) -> int:
     return np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
 
 
-def decode_weights(messages: list, max_bytes: int = 1 << 40) -> tuple[int, dict]:
+def decode_weights(messages: list, max_bytes: int = 1 << 40) -> tuple[int, Received]:
     """(version, {name: tensor}) from every message of one version ([header, chunk] frames each), checked
     as a WeightSubscriber checks them: for tests and tools. Raises WireError."""
     assembly = None
