@@ -1,4 +1,5 @@
-"""Sampling from a transformers causal LM: what the hf actor backend and evaluation both call.
+"""Sampling from a causal LM (transformers', or streamrl's tiny Llama): what the hf actor backend and
+evaluation both call.
 
 `generate` makes n completions per prompt, left-padded and batched, in a lean decoding loop that
 draws exactly what transformers' `model.generate` would (`generate_hf`), and keeps the
@@ -76,9 +77,8 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     processor and stopping-criteria lists, output bookkeeping), which for a tiny model and a few
     tokens cost as much as the forwards themselves (`streamrl bench generate`).
     """
-    from transformers.cache_utils import DynamicCache
-
-    if not type(model)._supports_default_dynamic_cache():  # a model with a cache of its own: transformers' loop
+    new_cache = getattr(model, "new_cache", None)  # streamrl's tiny Llama brings its own (transformers-free)
+    if new_cache is None and not type(model)._supports_default_dynamic_cache():  # a cache of its own: transformers' loop
         return generate_hf(model, prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, pad_id=pad_id,
                            eos_id=eos_id, top_p=top_p, device=device, between_steps=between_steps)
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
@@ -91,7 +91,12 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W) as generate derives them
     # generate drops an all-ones mask (no padding) so attention takes its causal fast path; so do we.
     attention = None if bool(mask.all()) else mask
-    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    if new_cache is not None:
+        cache = new_cache()
+    else:
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     versions = [between_steps()] if between_steps is not None else None
     keep = _keep_one_logit(type(model))
     # The forwards and draws run under inference_mode (no autograd bookkeeping on any op: ~10% of a tiny
@@ -153,8 +158,13 @@ def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, 
                 eos_id: int | Sequence[int], top_p: float = 1.0, device: torch.device | str = "cpu",
                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
     """`generate` through transformers' `model.generate`: the reference the lean loop is checked and
-    benchmarked against, and the path for models whose cache is not a DynamicCache."""
+    benchmarked against, and the path for models whose cache is not a DynamicCache. `model` must be a
+    transformers model: for streamrl's tiny Llama pass `streamrl.tiny_llama.to_transformers(model)`."""
     from transformers import StoppingCriteriaList
+
+    if not hasattr(model, "generate"):
+        raise TypeError(f"generate_hf: {type(model).__name__} has no transformers `generate`; pass "
+                        "streamrl.tiny_llama.to_transformers(model), the same weights in transformers' LlamaForCausalLM")
 
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
     rows = [p for p in prompts for _ in range(n)]

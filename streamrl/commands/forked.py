@@ -1,9 +1,9 @@
 """`streamrl run` on CPU: the learner and actors forked from a launcher that imported their common
 modules once.
 
-Each of the three processes of the tiny job otherwise spends 3-5 s of CPU importing torch and
-transformers' model classes (transformers pulls in torch._dynamo and torch.distributed.tensor),
-three times over on 2 cores, before any of them can build a model. Forked from a launcher that
+Each of the three processes of the tiny job otherwise spends seconds of CPU importing torch and
+the tokenizer (and, for a release model, transformers' model classes, which pull in torch._dynamo and
+torch.distributed.tensor), three times over on 2 cores, before any of them can build a model. Forked from a launcher that
 has imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
 process exactly as an exec'd one would: its own session, log, signals and exit status, and the
 launcher's death still takes it down. Each child then imports only its own role's modules (the
@@ -35,13 +35,17 @@ def enabled() -> bool:
 
 def preload(cfg) -> None:
     """Import, once, the modules both the learner and the actors need (never DeepSpeed, never a
-    backend's engine): torch, zmq, msgspec, transformers' model and tokenizer classes."""
+    backend's engine): torch, zmq, msgspec, the tokenizer class, and the model's classes: for the tiny
+    default streamrl's plain-torch Llama (transformers' modeling code, 3.4 s, is never imported), for a
+    release model transformers' PreTrainedModel (its own class comes with AutoModelForCausalLM)."""
     import torch  # noqa: F401
     import zmq  # noqa: F401
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
+    from transformers import PreTrainedTokenizerFast  # noqa: F401
 
     if cfg.model.path is None:
-        from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401  (the tiny default)
+        from streamrl import tiny_llama  # noqa: F401
+    else:
+        from transformers import PreTrainedModel  # noqa: F401
     from streamrl import model, sampling, transport, wire  # noqa: F401
 
 
