@@ -10,6 +10,9 @@ wrapped functions themselves (`__wrapped__`, set by functools.wraps), with gradi
 `step` as the wrapper sets them: the same arithmetic, the same state and state dict (a test steps it
 against torch.optim.AdamW bit for bit and checks that torch._dynamo stays unimported). Where a torch
 release has no wrapper there, the method itself is called, as torch.optim.AdamW would.
+
+The engine uses it at ZeRO stage 0 (the default): DeepSpeed's ZeRO optimizers accept only torch's
+exact classes, so stages 1-3 keep torch.optim.AdamW.
 """
 
 from __future__ import annotations
