@@ -2,8 +2,8 @@
 
 With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config
 (`streamrl.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed, without
-importing transformers' modeling code) and a word-level tokenizer made offline from the task's vocabulary,
-so nothing is downloaded. Actors replace the random weights with the learner's before they generate anything.
+importing transformers' modeling code) and a word-level tokenizer made offline from the task's vocabulary
+(`streamrl.word_tokenizer`), so nothing is downloaded and transformers is not imported. Actors replace the random weights with the learner's before they generate anything.
 
 `model.path` is a local Hugging Face folder, or a hub id (`Qwen/Qwen3-8B`) where the machine may
 download; `path_problem` says in one line why a path cannot work, before any process starts.
@@ -17,21 +17,15 @@ import os
 import re
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+from streamrl.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, first in its vocabulary)
 
 
 def build_tokenizer(words: list[str]):
-    """A PreTrainedTokenizerFast with one token per word (whitespace-split), made offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """The tiny job's tokenizer: one token per word (whitespace-split), made offline
+    (`streamrl.word_tokenizer`: PreTrainedTokenizerFast's ids and text without importing transformers)."""
+    from streamrl.word_tokenizer import WordTokenizer
 
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys([*SPECIAL_TOKENS, *words]))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
-    )
+    return WordTokenizer(words)
 
 
 def build(cfg, task_words: list[str] | None = None):

@@ -138,16 +138,20 @@ def _keep_one_logit(model_type: type) -> dict:
 
 
 def _warpers(temperature: float, top_p: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """transformers' logits warpers that `generate(do_sample=True, temperature, top_p, top_k=0)` applies,
-    in its order (temperature only when not 1, top-p only below 1): (B, V) logits → (B, V) scores."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-
-    steps = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
-            ([TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1)] if top_p < 1.0 else [])
-
+    """The logits warpers that transformers' `generate(do_sample=True, temperature, top_p, top_k=0)`
+    applies, in its order (temperature only when not 1, top-p only below 1), computed as its
+    TemperatureLogitsWarper and TopPLogitsWarper (min_tokens_to_keep=1) compute them: (B, V) logits →
+    (B, V) scores. Written out rather than imported: importing them imports transformers (0.8 s), which
+    the tiny job's actors otherwise never need; the lean loop's test against `generate` pins them."""
     def warp(scores: torch.Tensor) -> torch.Tensor:
-        for step in steps:
-            scores = step(None, scores)
+        if temperature != 1.0:
+            scores = scores / temperature
+        if top_p < 1.0:
+            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            remove = cumulative <= (1 - top_p)  # the smallest tokens whose mass stays within 1 - top_p
+            remove[..., -1:] = 0  # the most likely token always stays
+            scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
         return scores
 
     return warp

@@ -6,8 +6,8 @@ included). The phases come from the start-up records every run writes (RUN_DIR/l
 `streamrl.startup`), so the figure is what users get:
 
   launch       interpreter start, config loaded and checked (the launcher)
-  preload      torch, the tokenizer and the model's module imported once in the launcher, children forked
-               from it (CPU runs)
+  preload      torch, the tokenizer's and the model's modules imported once in the launcher, children
+               forked from it (CPU runs)
   imports      the learner's own imports after it started
   model        the learner's model and tokenizer
   engine       DeepSpeed: import, process group, optimizer
@@ -21,9 +21,9 @@ included). The phases come from the start-up records every run writes (RUN_DIR/l
 
 Reported as the median over the runs with min and max, against references measured in the same
 sitting, interleaved: the same command with every child a fresh interpreter (STREAMRL_FORK=0, as
-before the launcher forked); a bare `python -c "import torch, deepspeed; from transformers import
-PreTrainedTokenizerFast"` (the learner's own imports: what the process that takes the first step pays
-before its first line of work, whatever the launcher does); and a bare `python -c "import torch; from
+before the launcher forked); a bare `python -c "import torch, deepspeed, tokenizers"` (the learner's
+own imports for the tiny job: what the process that takes the first step pays before its first line of
+work, whatever the launcher does); and a bare `python -c "import torch; from
 transformers import LlamaForCausalLM"` (what a process training transformers' Llama pays, e.g. TRL, or
 streamrl before its tiny model stopped importing transformers' modeling code).
 """
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 PHASES = ["launch", "preload", "imports", "model", "engine", "ready", "first_group", "first_step"]
-BARE_IMPORTS = "import torch, deepspeed; from transformers import PreTrainedTokenizerFast"
+BARE_IMPORTS = "import torch, deepspeed, tokenizers"
 TRANSFORMERS_IMPORTS = "import torch; from transformers import LlamaForCausalLM"
 
 

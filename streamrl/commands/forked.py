@@ -35,17 +35,17 @@ def enabled() -> bool:
 
 def preload(cfg) -> None:
     """Import, once, the modules both the learner and the actors need (never DeepSpeed, never a
-    backend's engine): torch, zmq, msgspec, the tokenizer class, and the model's classes: for the tiny
-    default streamrl's plain-torch Llama (transformers' modeling code, 3.4 s, is never imported), for a
-    release model transformers' PreTrainedModel (its own class comes with AutoModelForCausalLM)."""
+    backend's engine): torch, zmq, msgspec, the tokenizer's and the model's classes: for the tiny default
+    streamrl's word tokenizer and plain-torch Llama (transformers is never imported: its modeling code
+    alone is 3.4 s), for a release model transformers' PreTrainedTokenizerFast and PreTrainedModel (its
+    own class comes with AutoModelForCausalLM)."""
     import torch  # noqa: F401
     import zmq  # noqa: F401
-    from transformers import PreTrainedTokenizerFast  # noqa: F401
 
     if cfg.model.path is None:
-        from streamrl import tiny_llama  # noqa: F401
+        from streamrl import tiny_llama, word_tokenizer  # noqa: F401
     else:
-        from transformers import PreTrainedModel  # noqa: F401
+        from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
     from streamrl import model, sampling, transport, wire  # noqa: F401
 
 
