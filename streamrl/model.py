@@ -1,9 +1,10 @@
 """Builds the policy model and tokenizer the same way on the learner and on every actor.
 
 With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config
-(`streamrl.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed, without
-importing transformers' modeling code) and a word-level tokenizer made offline from the task's vocabulary
-(`streamrl.word_tokenizer`), so nothing is downloaded and transformers is not imported. Actors replace the random weights with the learner's before they generate anything.
+(`streamrl.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed) and
+a word-level tokenizer made offline from the task's vocabulary (`streamrl.word_tokenizer`), so nothing
+is downloaded and transformers is not even imported. Actors replace the random weights with the
+learner's before they generate anything.
 
 `model.path` is a local Hugging Face folder, or a hub id (`Qwen/Qwen3-8B`) where the machine may
 download; `path_problem` says in one line why a path cannot work, before any process starts.
@@ -17,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from streamrl.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, first in its vocabulary)
+from streamrl.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, ids 0-3)
 
 
 def build_tokenizer(words: list[str]):

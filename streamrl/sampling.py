@@ -78,7 +78,7 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     tokens cost as much as the forwards themselves (`streamrl bench generate`).
     """
     new_cache = getattr(model, "new_cache", None)  # streamrl's tiny Llama brings its own (transformers-free)
-    if new_cache is None and not type(model)._supports_default_dynamic_cache():  # a cache of its own: transformers' loop
+    if new_cache is None and not type(model)._supports_default_dynamic_cache():  # its own cache: transformers' loop
         return generate_hf(model, prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, pad_id=pad_id,
                            eos_id=eos_id, top_p=top_p, device=device, between_steps=between_steps)
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
@@ -168,7 +168,7 @@ def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, 
 
     if not hasattr(model, "generate"):
         raise TypeError(f"generate_hf: {type(model).__name__} has no transformers `generate`; pass "
-                        "streamrl.tiny_llama.to_transformers(model), the same weights in transformers' LlamaForCausalLM")
+                        "streamrl.tiny_llama.to_transformers(model): the same weights in transformers' Llama")
 
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
     rows = [p for p in prompts for _ in range(n)]

@@ -1,10 +1,10 @@
 """`streamrl run` on CPU: the learner and actors forked from a launcher that imported their common
 modules once.
 
-Each of the three processes of the tiny job otherwise spends seconds of CPU importing torch and
-the tokenizer (and, for a release model, transformers' model classes, which pull in torch._dynamo and
-torch.distributed.tensor), three times over on 2 cores, before any of them can build a model. Forked from a launcher that
-has imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
+Each of the three processes of the tiny job otherwise spends seconds of CPU importing torch (and, for a
+release model, transformers' model classes, which pull in torch._dynamo and torch.distributed.tensor),
+three times over on 2 cores, before any of them can build a model. Forked from a launcher that has
+imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
 process exactly as an exec'd one would: its own session, log, signals and exit status, and the
 launcher's death still takes it down. Each child then imports only its own role's modules (the
 learner DeepSpeed; an actor never does).

@@ -26,14 +26,16 @@ def test_ids_of_prompts_and_of_any_text_equal_transformers(pair):
     mine, theirs, task, words = pair
     rng = random.Random(0)
     texts = [task.sample(rng).text for _ in range(50)]
-    texts += [" ".join(rng.choice([*words, *SPECIAL_TOKENS, "never-seen", "a<eos>b"]) for _ in range(rng.randint(0, 12)))
-              for _ in range(200)]
+    pool = [*words, *SPECIAL_TOKENS, "never-seen", "a<eos>b"]
+    texts += [" ".join(rng.choice(pool) for _ in range(rng.randint(0, 12))) for _ in range(200)]
     texts += ["", "  spaced\tout \n words ", "<eos><pad>", words[-1] + "<eos>"]
     for text in texts:
         for add in (True, False):
-            assert mine(text, add_special_tokens=add)["input_ids"] == theirs(text, add_special_tokens=add)["input_ids"], text
+            got, want = mine(text, add_special_tokens=add), theirs(text, add_special_tokens=add)
+            assert got["input_ids"] == want["input_ids"], text
     assert len(mine) == len(theirs)
-    assert mine.convert_tokens_to_ids([words[0], "never-seen"]) == theirs.convert_tokens_to_ids([words[0], "never-seen"])
+    tokens = [words[0], "never-seen"]
+    assert mine.convert_tokens_to_ids(tokens) == theirs.convert_tokens_to_ids(tokens)
 
 
 def test_text_of_any_ids_equals_transformers_with_and_without_special_tokens(pair):
