@@ -1,8 +1,10 @@
 """Builds the policy model and tokenizer the same way on the learner and on every actor.
 
-With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config and
-a word-level tokenizer made offline from the task's vocabulary, so nothing is downloaded.
-Actors replace the random weights with the learner's before they generate anything.
+With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config
+(`streamrl.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed) and
+a word-level tokenizer made offline from the task's vocabulary (`streamrl.word_tokenizer`), so nothing
+is downloaded and transformers is not even imported. Actors replace the random weights with the
+learner's before they generate anything.
 
 `model.path` is a local Hugging Face folder, or a hub id (`Qwen/Qwen3-8B`) where the machine may
 download; `path_problem` says in one line why a path cannot work, before any process starts.
@@ -16,30 +18,25 @@ import os
 import re
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+from streamrl.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, ids 0-3)
 
 
 def build_tokenizer(words: list[str]):
-    """A PreTrainedTokenizerFast with one token per word (whitespace-split), made offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """The tiny job's tokenizer: one token per word (whitespace-split), made offline
+    (`streamrl.word_tokenizer`: PreTrainedTokenizerFast's ids and text without importing transformers)."""
+    from streamrl.word_tokenizer import WordTokenizer
 
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys([*SPECIAL_TOKENS, *words]))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
-    )
+    return WordTokenizer(words)
 
 
 def build(cfg, task_words: list[str] | None = None):
     """(model, tokenizer) for `cfg` (a streamrl Config). Model weights are seeded by cfg.seed."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     dtype = getattr(torch, cfg.model.dtype)
     if cfg.model.path:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         path = cfg.model.path
         # A folder is read as it is; a hub id may download, unless HF_HUB_OFFLINE says otherwise.
         local = Path(path).expanduser().is_dir()
@@ -47,6 +44,8 @@ def build(cfg, task_words: list[str] | None = None):
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype)
     else:
+        from streamrl.tiny_llama import TinyLlamaConfig, TinyLlamaForCausalLM
+
         if task_words is None:
             from streamrl import tasks
 
@@ -57,7 +56,7 @@ def build(cfg, task_words: list[str] | None = None):
             task_words = [*task_words, *phrase_words(cfg.mgrpo.phrases)]
         tokenizer = build_tokenizer(task_words)
         m = cfg.model
-        config = LlamaConfig(
+        config = TinyLlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size,
@@ -68,11 +67,10 @@ def build(cfg, task_words: list[str] | None = None):
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
-            tie_word_embeddings=False,
         )
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
-            model = LlamaForCausalLM(config).to(dtype)
+            model = TinyLlamaForCausalLM(config).to(dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -1,4 +1,5 @@
-"""Sampling from a transformers causal LM: what the hf actor backend and evaluation both call.
+"""Sampling from a causal LM (transformers', or streamrl's tiny Llama): what the hf actor backend and
+evaluation both call.
 
 `generate` makes n completions per prompt, left-padded and batched, in a lean decoding loop that
 draws exactly what transformers' `model.generate` would (`generate_hf`), and keeps the
@@ -76,9 +77,8 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     processor and stopping-criteria lists, output bookkeeping), which for a tiny model and a few
     tokens cost as much as the forwards themselves (`streamrl bench generate`).
     """
-    from transformers.cache_utils import DynamicCache
-
-    if not type(model)._supports_default_dynamic_cache():  # a model with a cache of its own: transformers' loop
+    new_cache = getattr(model, "new_cache", None)  # streamrl's tiny Llama brings its own (transformers-free)
+    if new_cache is None and not type(model)._supports_default_dynamic_cache():  # its own cache: transformers' loop
         return generate_hf(model, prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, pad_id=pad_id,
                            eos_id=eos_id, top_p=top_p, device=device, between_steps=between_steps)
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
@@ -91,7 +91,12 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W) as generate derives them
     # generate drops an all-ones mask (no padding) so attention takes its causal fast path; so do we.
     attention = None if bool(mask.all()) else mask
-    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    if new_cache is not None:
+        cache = new_cache()
+    else:
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     versions = [between_steps()] if between_steps is not None else None
     keep = _keep_one_logit(type(model))
     # The forwards and draws run under inference_mode (no autograd bookkeeping on any op: ~10% of a tiny
@@ -133,16 +138,20 @@ def _keep_one_logit(model_type: type) -> dict:
 
 
 def _warpers(temperature: float, top_p: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """transformers' logits warpers that `generate(do_sample=True, temperature, top_p, top_k=0)` applies,
-    in its order (temperature only when not 1, top-p only below 1): (B, V) logits → (B, V) scores."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-
-    steps = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
-            ([TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1)] if top_p < 1.0 else [])
-
+    """The logits warpers that transformers' `generate(do_sample=True, temperature, top_p, top_k=0)`
+    applies, in its order (temperature only when not 1, top-p only below 1), computed as its
+    TemperatureLogitsWarper and TopPLogitsWarper (min_tokens_to_keep=1) compute them: (B, V) logits →
+    (B, V) scores. Written out rather than imported: importing them imports transformers (0.8 s), which
+    the tiny job's actors otherwise never need; the lean loop's test against `generate` pins them."""
     def warp(scores: torch.Tensor) -> torch.Tensor:
-        for step in steps:
-            scores = step(None, scores)
+        if temperature != 1.0:
+            scores = scores / temperature
+        if top_p < 1.0:
+            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            remove = cumulative <= (1 - top_p)  # the smallest tokens whose mass stays within 1 - top_p
+            remove[..., -1:] = 0  # the most likely token always stays
+            scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
         return scores
 
     return warp
@@ -153,8 +162,13 @@ def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, 
                 eos_id: int | Sequence[int], top_p: float = 1.0, device: torch.device | str = "cpu",
                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
     """`generate` through transformers' `model.generate`: the reference the lean loop is checked and
-    benchmarked against, and the path for models whose cache is not a DynamicCache."""
+    benchmarked against, and the path for models whose cache is not a DynamicCache. `model` must be a
+    transformers model: for streamrl's tiny Llama pass `streamrl.tiny_llama.to_transformers(model)`."""
     from transformers import StoppingCriteriaList
+
+    if not hasattr(model, "generate"):
+        raise TypeError(f"generate_hf: {type(model).__name__} has no transformers `generate`; pass "
+                        "streamrl.tiny_llama.to_transformers(model): the same weights in transformers' Llama")
 
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
     rows = [p for p in prompts for _ in range(n)]

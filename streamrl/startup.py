@@ -23,7 +23,7 @@ SPAWNED_AT = "STREAMRL_SPAWNED_AT"
 PHASES = {
     # mark: what the time up to it (from the previous mark) was spent on
     "imports": "interpreter start and module imports (torch, zmq, msgspec)",
-    "model": "model and tokenizer built (transformers imported)",
+    "model": "model and tokenizer built",
     "engine": "DeepSpeed engine built (deepspeed imported, process group, optimizer)",
     "ready": "sockets bound and version 0 published (learner) / backend and sockets up (actor)",
     "first_weights": "version 0 received and loaded (actor)",

@@ -1,5 +1,5 @@
-"""transformers `generate` backend (CPU here, any torch device elsewhere); the sampling itself is
-`streamrl.sampling.generate`, shared with evaluation."""
+"""The `hf` backend (CPU here, any torch device elsewhere): a transformers causal LM, or the tiny default's
+plain-torch Llama (`streamrl.tiny_llama`), sampled by `streamrl.sampling.generate`, shared with evaluation."""
 
 from __future__ import annotations
 

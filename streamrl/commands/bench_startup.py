@@ -6,7 +6,8 @@ included). The phases come from the start-up records every run writes (RUN_DIR/l
 `streamrl.startup`), so the figure is what users get:
 
   launch       interpreter start, config loaded and checked (the launcher)
-  preload      torch + transformers imported once in the launcher, children forked from it (CPU runs)
+  preload      torch, the tokenizer's and the model's modules imported once in the launcher, children
+               forked from it (CPU runs)
   imports      the learner's own imports after it started
   model        the learner's model and tokenizer
   engine       DeepSpeed: import, process group, optimizer
@@ -18,10 +19,13 @@ included). The phases come from the start-up records every run writes (RUN_DIR/l
                takes when each process has a core, which a loaded machine's total hides
   all_cpu      CPU seconds of all processes until their start-up was done
 
-Reported as the median over the runs with min and max, against two references measured in the same
+Reported as the median over the runs with min and max, against references measured in the same
 sitting, interleaved: the same command with every child a fresh interpreter (STREAMRL_FORK=0, as
-before the launcher forked) and a bare `python -c "import torch; from transformers import
-LlamaForCausalLM"` (what any process that trains this model pays before its first line of work).
+before the launcher forked); a bare `python -c "import torch, deepspeed, tokenizers"` (the learner's
+own imports for the tiny job: what the process that takes the first step pays before its first line of
+work, whatever the launcher does); and a bare `python -c "import torch; from
+transformers import LlamaForCausalLM"` (what a process training transformers' Llama pays, e.g. TRL, or
+streamrl before its tiny model stopped importing transformers' modeling code).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import time
 from pathlib import Path
 
 PHASES = ["launch", "preload", "imports", "model", "engine", "ready", "first_group", "first_step"]
-BARE_IMPORTS = "import torch; from transformers import LlamaForCausalLM"
+BARE_IMPORTS = "import torch, deepspeed, tokenizers"
+TRANSFORMERS_IMPORTS = "import torch; from transformers import LlamaForCausalLM"
 
 
 def phases(records: dict[str, dict]) -> dict[str, float]:
@@ -79,9 +84,10 @@ def _one(workdir: Path, name: str, fork: bool) -> dict[str, float]:
     return phases(startup.read(workdir / name))
 
 
-def _bare_imports() -> float:
+def _bare_imports(code: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", BARE_IMPORTS], check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)  # DeepSpeed's import prints an accelerator warning
     return time.perf_counter() - t0
 
 
@@ -94,14 +100,16 @@ def startup(short: bool = False) -> list[dict]:
     load = os.getloadavg()[0]
     got: dict[str, list[dict]] = {"fork": [], "exec": []}
     bare: list[float] = []
+    hf: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):  # interleaved, so a change in the machine's load falls on all three alike
+        for i in range(runs):  # interleaved, so a change in the machine's load falls on all alike
             got["fork"].append(_one(Path(tmp), f"fork-{i}", fork=True))
             if not short:
                 got["exec"].append(_one(Path(tmp), f"exec-{i}", fork=False))
-            bare.append(_bare_imports())
+            bare.append(_bare_imports(BARE_IMPORTS))
+            hf.append(_bare_imports(TRANSFORMERS_IMPORTS))
     rows = []
-    bare_s = statistics.median(bare)
+    bare_s, hf_s = statistics.median(bare), statistics.median(hf)
     for mode, results in got.items():
         if not results:
             continue
@@ -112,7 +120,9 @@ def startup(short: bool = False) -> list[dict]:
                **{f"{k}_s": statistics.median(r[k] for r in results) for k in ("critical_cpu", "all_cpu")
                   if all(k in r for r in results)},
                "bare_imports_s": bare_s,
-               "ratio_vs_bare_imports": total / bare_s}
+               "ratio_vs_bare_imports": total / bare_s,
+               "transformers_imports_s": hf_s,
+               "ratio_vs_transformers_imports": total / hf_s}
         if mode == "fork" and got["exec"]:
             row["ratio_vs_exec"] = total / statistics.median(r["total"] for r in got["exec"])
         rows.append(row)

@@ -149,6 +149,10 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
 
     cfg = config.load(None, overrides)
     policy, tokenizer = model.build(cfg)
+    if cfg.model.path is None:  # TRL trains a transformers model: the same weights and tokenizer, transformers' own
+        from streamrl.tiny_llama import to_transformers
+
+        policy, tokenizer = to_transformers(policy), tokenizer.to_transformers()
     task = tasks.build(cfg.task)
     rng = random.Random(cfg.seed)
     per_step = cfg.learner.batch_groups

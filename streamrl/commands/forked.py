@@ -1,10 +1,10 @@
 """`streamrl run` on CPU: the learner and actors forked from a launcher that imported their common
 modules once.
 
-Each of the three processes of the tiny job otherwise spends 3-5 s of CPU importing torch and
-transformers' model classes (transformers pulls in torch._dynamo and torch.distributed.tensor),
-three times over on 2 cores, before any of them can build a model. Forked from a launcher that
-has imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
+Each of the three processes of the tiny job otherwise spends seconds of CPU importing torch (and, for a
+release model, transformers' model classes, which pull in torch._dynamo and torch.distributed.tensor),
+three times over on 2 cores, before any of them can build a model. Forked from a launcher that has
+imported them, a child starts with them loaded and runs `streamrl learner|actor` as its own
 process exactly as an exec'd one would: its own session, log, signals and exit status, and the
 launcher's death still takes it down. Each child then imports only its own role's modules (the
 learner DeepSpeed; an actor never does).
@@ -35,13 +35,17 @@ def enabled() -> bool:
 
 def preload(cfg) -> None:
     """Import, once, the modules both the learner and the actors need (never DeepSpeed, never a
-    backend's engine): torch, zmq, msgspec, transformers' model and tokenizer classes."""
+    backend's engine): torch, zmq, msgspec, the tokenizer's and the model's classes: for the tiny default
+    streamrl's word tokenizer and plain-torch Llama (transformers is never imported: its modeling code
+    alone is 3.4 s), for a release model transformers' PreTrainedTokenizerFast and PreTrainedModel (its
+    own class comes with AutoModelForCausalLM)."""
     import torch  # noqa: F401
     import zmq  # noqa: F401
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
 
     if cfg.model.path is None:
-        from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401  (the tiny default)
+        from streamrl import tiny_llama, word_tokenizer  # noqa: F401
+    else:
+        from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
     from streamrl import model, sampling, transport, wire  # noqa: F401
 
 

@@ -96,7 +96,9 @@ def shape(cfg, model_config: str | Path | None = None) -> Shape:
     if path is None:  # the tiny model: its config is made in code, from the task's tokenizer
         from streamrl import model as model_lib
 
-        hf = model_lib.build(cfg)[0].config
+        from streamrl.tiny_llama import transformers_config
+
+        hf = transformers_config(model_lib.build(cfg)[0].config)
         source = "streamrl.model.build (tiny Llama)"
     else:
         raw = json.loads(path.read_text())

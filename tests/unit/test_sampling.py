@@ -15,6 +15,14 @@ def policy():
     return model.eval(), tok
 
 
+@pytest.fixture(scope="module")
+def reference(policy):
+    """transformers' LlamaForCausalLM with the policy's weights: what `generate_hf` (model.generate) samples."""
+    from streamrl.tiny_llama import to_transformers
+
+    return to_transformers(policy[0]).eval()
+
+
 def test_teacher_forced_logprobs_equal_the_behaviour_logprobs_of_left_padded_samples(policy):
     model, tok = policy
     prompts = [tok("copy : a b c d =", add_special_tokens=False)["input_ids"],
@@ -78,27 +86,27 @@ def test_without_between_steps_completions_carry_no_version_span(policy):
 
 
 @pytest.mark.parametrize("temperature,top_p,max_new_tokens", [(1.0, 1.0, 4), (0.7, 0.9, 12), (1.3, 1.0, 20)])
-def test_the_lean_loop_draws_the_same_tokens_and_logprobs_as_transformers_generate(policy, temperature, top_p,
-                                                                                    max_new_tokens):
+def test_the_lean_loop_draws_the_same_tokens_and_logprobs_as_transformers_generate(policy, reference, temperature,
+                                                                                    top_p, max_new_tokens):
     model, tok = policy
     prompts = [tok("copy : a b c d =", add_special_tokens=False)["input_ids"],
                tok("reverse : a =", add_special_tokens=False)["input_ids"]]  # padding, and rows ending early
     drawn = []
-    for fn in (sampling.generate_hf, sampling.generate):
+    for fn, m in ((sampling.generate_hf, reference), (sampling.generate, model)):
         torch.manual_seed(3)
         versions = iter(range(100))
-        drawn.append(fn(model, prompts, 8, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+        drawn.append(fn(m, prompts, 8, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                         pad_id=tok.pad_token_id, eos_id=[tok.eos_token_id, 5], between_steps=lambda: next(versions)))
     assert drawn[1] == drawn[0]  # tokens, log-probs (bit for bit), finish reasons and version spans
     assert len({len(c.tokens) for g in drawn[1] for c in g}) > 1  # rows finished at different steps
 
 
-def test_equal_length_prompts_without_padding_draw_as_generate_does(policy):
+def test_equal_length_prompts_without_padding_draw_as_generate_does(policy, reference):
     model, tok = policy
     prompts = [tok("copy : a b =", add_special_tokens=False)["input_ids"]] * 2
     drawn = []
-    for fn in (sampling.generate_hf, sampling.generate):
+    for fn, m in ((sampling.generate_hf, reference), (sampling.generate, model)):
         torch.manual_seed(5)
-        drawn.append(fn(model, prompts, 4, temperature=1.0, max_new_tokens=6, pad_id=tok.pad_token_id,
+        drawn.append(fn(m, prompts, 4, temperature=1.0, max_new_tokens=6, pad_id=tok.pad_token_id,
                         eos_id=tok.eos_token_id))
     assert drawn[1] == drawn[0]

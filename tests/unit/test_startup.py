@@ -69,8 +69,9 @@ print(json.dumps({{"code": code, "gpus": gpus, "heavy": [m for m in ("torch", "t
         assert got["heavy"] == []
 
 
-def test_an_actor_never_imports_deepspeed(tmp_path):
-    """An actor's whole start-up (entry, model, backend, sockets) and the launcher's preload leave it out."""
+def test_an_actor_never_imports_deepspeed_nor_transformers_modeling_code(tmp_path):
+    """An actor's whole start-up (entry, model, backend, a generate call) and the launcher's preload leave out
+    DeepSpeed, and for the tiny default transformers altogether and torch._dynamo."""
     got = _python(f"""
 import json, sys
 import actors.main
@@ -81,28 +82,43 @@ cfg = config.load({TINY!r}, [])
 forked.preload(cfg)
 reward = rewards.build(cfg)
 m, tok = model.build(cfg, reward.task.vocabulary)
-backends.build("hf", cfg, m, tok, 0)
-print(json.dumps({{"deepspeed": "deepspeed" in sys.modules, "torch": "torch" in sys.modules}}))
+b = backends.build("hf", cfg, m, tok, 0)
+b.generate([[3, 4]], 2)
+print(json.dumps({{m: m in sys.modules for m in ("deepspeed", "torch", "transformers", "torch._dynamo")}}))
 """, tmp_path)
-    assert got == {"deepspeed": False, "torch": True}
+    assert got == {"deepspeed": False, "torch": True, "transformers": False, "torch._dynamo": False}
 
 
-def test_the_learner_engine_builds_without_compiling_or_probing_anything(tmp_path):
-    """DeepSpeed would build (or load) its shm comm op and probe every op's compiler at init."""
+def test_the_learner_engine_builds_and_steps_without_compiling_probing_or_heavy_imports(tmp_path):
+    """DeepSpeed would build (or load) its shm comm op and probe every op's compiler at init; torch's
+    optimizer would import torch._dynamo (1.8 s), transformers' Llama its modeling code (3.4 s), and
+    transformers' tokenizer transformers itself (0.8 s)."""
     ext = tmp_path / "torch_extensions"
     got = _python(f"""
-import json
+import json, sys
 import deepspeed.ops
-from streamrl import config, model
+import torch
+from streamrl import advantages, config, model
+from streamrl.wire import ScoredGroup
+from learner.batch import collate
 from learner.engine import Engine
 cfg = config.load({TINY!r}, [])
-m, _ = model.build(cfg)
+m, tok = model.build(cfg)
 e = Engine(cfg, m)
-print(json.dumps({{"compatible_ops": vars(deepspeed.ops)["__compatible_ops__"]}}))
+g = ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="a", prompt_tokens=[3, 4, 5],
+                             completions=[[6, 1], [7, 8, 1]], logprobs=[[-1.0, -1.0], [-1.0, -1.0, -1.0]],
+                             rewards=[0.0, 1.0], finish_reasons=["stop", "stop"])
+batch = collate([g], tok.pad_token_id)
+before = {{k: v.clone() for k, v in e.full_state_dict().items()}}
+e.train_step(batch, advantages.compute(batch.rewards, "grpo", 0.75))
+moved = any(not torch.equal(before[k], v) for k, v in e.full_state_dict().items())
+print(json.dumps({{"compatible_ops": vars(deepspeed.ops)["__compatible_ops__"], "moved": moved,
+                  "heavy": [m for m in ("torch._dynamo", "transformers", "sympy") if m in sys.modules]}}))
 e.close()
 """, tmp_path, TORCH_EXTENSIONS_DIR=str(ext))
     assert got["compatible_ops"] == {"deepspeed_shm_comm": False}  # never probed
     assert not ext.exists() or not any(ext.rglob("*.so"))
+    assert got["moved"] and got["heavy"] == []
 
 
 def test_a_forked_child_runs_its_command_in_its_own_session_with_its_own_log_and_status(tmp_path):
