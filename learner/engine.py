@@ -87,6 +87,16 @@ def _grad_norm(module: torch.nn.Module) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
+def recompute_layers_in_backward(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer. transformers 5.x calls it
+    `activation_checkpointing_enable` (the old `gradient_checkpointing_enable` warns that it goes in
+    v6), as does the tiny Llama; older transformers have only the old name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Engine:
     def __init__(self, cfg: Config, model: torch.nn.Module):
         import deepspeed
@@ -96,7 +106,7 @@ class Engine:
         self.cfg = cfg
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         if cfg.learner.activation_checkpointing:  # recompute each layer's activations in backward
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            recompute_layers_in_backward(model)
         o = cfg.optim
         # torch's AdamW, less the torch._dynamo import its first calls would make (1.8 s of start-up); under
         # ZeRO torch's own class, the exact type DeepSpeed's ZeRO optimizers accept

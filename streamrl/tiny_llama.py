@@ -306,9 +306,9 @@ class TinyLlamaForCausalLM(nn.Module):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each layer in backward (torch.utils.checkpoint, non-reentrant; the only kind built)."""
-        if (gradient_checkpointing_kwargs or {}).get("use_reentrant", False):
+        if (activation_checkpointing_kwargs or {}).get("use_reentrant", False):
             raise ValueError("tiny Llama: only non-reentrant checkpointing (use_reentrant=False) is built")
         self.model.gradient_checkpointing = True
 

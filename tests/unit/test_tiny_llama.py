@@ -9,6 +9,7 @@ import torch
 
 from streamrl import config, sampling
 from streamrl import model as model_lib
+from learner.engine import recompute_layers_in_backward
 from streamrl.tiny_llama import KVCache, TinyLlamaConfig, to_transformers
 
 
@@ -97,7 +98,7 @@ def test_the_learners_hidden_states_log_probs_and_gradients_equal_transformers(r
     got = []
     for m in (native, hf):
         if recompute:
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            recompute_layers_in_backward(m)
         m.train()
         h = logprobs.hidden_states(m, m, ids, mask)  # through the decoder's forward hook, as the engine calls it
         logp, _ = logprobs.token_logprobs(m.get_output_embeddings(), h, ids, mask[:, 1:].bool(), temperature=0.7,
@@ -148,3 +149,30 @@ def test_a_config_the_native_model_does_not_build_is_refused_in_one_line():
     with pytest.raises(ValueError, match="num_key_value_heads=2 must equal num_attention_heads=4"):
         TinyLlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_the_engines_layer_recompute_switch_reaches_transformers_without_its_deprecation_warning():
+    """The learner turns recompute on through one function for both model kinds; on a transformers model it
+    must use the current name (the old one warns that it is removed in v6) and still recompute."""
+    import warnings
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    ids = torch.randint(0, 64, (2, 6))
+    weights = Qwen3ForCausalLM(cfg).state_dict()
+    grads = []
+    for recompute in (False, True):
+        m = Qwen3ForCausalLM(cfg)
+        m.load_state_dict(weights)
+        if recompute:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                recompute_layers_in_backward(m)
+            assert m.is_activation_checkpointing
+        m.train()
+        m(input_ids=ids, use_cache=False).logits.sum().backward()
+        grads.append(m.model.layers[0].mlp.up_proj.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1])
