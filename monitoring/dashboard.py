@@ -21,6 +21,8 @@ RI = "$__rate_interval"
 
 POS = '{run=~"$run", sign="positive"}'
 NEG = '{run=~"$run", sign="negative"}'
+AFTER_FILTER = '{run=~"$run", stage="after_filter"}'
+BEFORE_FILTER = '{run=~"$run", stage="before_filter"}'
 
 
 class Layout:
@@ -102,6 +104,14 @@ def build() -> dict:
         "phase: share of groups whose CoRPO baseline is clamped to R_min_correct.",
         [(f"streamrl_failed_positive_fraction{L}", "failed+ {{run}} ({{estimator}})"),
          (f"streamrl_corpo_phase_fraction{L}", "CoRPO phase {{run}}")], unit="percentunit"), w=12)
+    p.add(timeseries(
+        "Sample census, before and after dynamic filtering (paper Fig. 1)",
+        "Share of the last batch's samples in {failed, passed} x {A > 0, A <= 0}: after the actors' dynamic "
+        "filtering (the trained samples, solid) and before it (with the samples of the groups filtered out). "
+        "failed A > 0 is 0 under corpo and static; filtering removes all-equal groups, mostly failed ones.",
+        [(f"streamrl_sample_census_fraction{AFTER_FILTER}", "{{cell}} after"),
+         (f"streamrl_sample_census_fraction{BEFORE_FILTER}", "{{cell}} before")],
+        unit="percentunit"), w=24)
     p.add(heatmap("Reward distribution", "Rewards of trained samples per interval (bucket = reward level).",
                   f"sum by (le) (increase(streamrl_reward_bucket{L}[{RI}]))"))
     p.add(timeseries(

@@ -212,6 +212,7 @@ class LearnerMetrics:
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(values, value)  # a bound of 0 (strict) is a value, not an absence
             yield g
+        yield _census(last, names, values)
         for name, doc, label, keys in STEP_COUNTERS:
             c = CounterMetricFamily(name, doc, labels=names + ([label] if label else []))
             for value in keys:
@@ -305,6 +306,27 @@ class ActorMetrics:
         self.apply_seconds.observe(apply_seconds)
         self.policy_version.set(version)
         self.last_progress.set(time.time())
+
+
+CENSUS_STAGES = (("after_filter", "census_"), ("before_filter", "census_before_"))
+"""(stage label, record key prefix): the census of the trained samples, and with the filtered groups' samples."""
+
+
+def _census(last: dict, names: list[str], values: list[str]) -> GaugeMetricFamily:
+    """streamrl_sample_census_fraction{cell, stage} from the last step record: its census_* and
+    census_before_* keys (the cells are whatever the record carries, so they are named in one place:
+    learning_signal.CENSUS_KEYS)."""
+    g = GaugeMetricFamily(
+        "streamrl_sample_census_fraction",
+        "Share of the last batch's samples in each census cell ({failed, passed} x {A > 0, A <= 0}), "
+        "after the actors' dynamic filtering (the trained samples) and before it (with the filtered groups' samples)",
+        labels=names + ["cell", "stage"])
+    for stage, prefix in CENSUS_STAGES:
+        for key, value in last.items():
+            cell = key[len(prefix):]
+            if key.startswith(prefix) and not cell.startswith("before_"):
+                g.add_metric(values + [cell, stage], _num(value))
+    return g
 
 
 def _num(x) -> float:

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from learner import stepstats
 from learner.batch import collate
-from streamrl import advantages, losses, prometheus_metrics
+from streamrl import advantages, learning_signal, losses, prometheus_metrics
 from streamrl.exporter import Exporter, Health, WeightedHistogram, serve
-from streamrl.wire import ScoredGroup
+from streamrl.wire import FilteredCensus, ScoredGroup
 
 R_MIN = 0.75
 
@@ -32,7 +32,7 @@ def group(rewards, version, tokens=(8, 9)):
         finish_reasons=["stop"] * len(rewards))
 
 
-def step(version: int, groups: list[ScoredGroup], step_no: int = 0) -> tuple[dict, dict]:
+def step(version: int, groups: list[ScoredGroup], step_no: int = 0, filtered=()) -> tuple[dict, dict]:
     """A step record and histogram inputs made by the learner's own code from real groups."""
     batch = collate(groups, pad_id=0)
     adv = advantages.compute(batch.rewards, "corpo", R_MIN, False)
@@ -41,7 +41,7 @@ def step(version: int, groups: list[ScoredGroup], step_no: int = 0) -> tuple[dic
     train = {"loss": float(out.loss), "grad_norm": 0.5, "lr": 1e-4, "optimizer_steps": 1, "fwd_bwd_s": 0.02,
              "optimizer_s": 0.01}
     timings = {"wait_s": 0.005, "batch_s": 0.001, "train_s": 0.03, "publish_s": 0.002}
-    rec = stepstats.record(step_no, version, batch, adv, out, train, R_MIN, timings)
+    rec = stepstats.record(step_no, version, batch, adv, out, train, R_MIN, timings, filtered)
     return rec, stepstats.distributions(version, batch, out)
 
 
@@ -75,6 +75,20 @@ def test_gauges_keep_the_last_step_and_counters_sum_over_steps():
     for sign, key in (("positive", "adv_pos"), ("negative", "adv_neg"), ("zero", "adv_zero")):
         assert value(registry, "streamrl_advantages_total", sign=sign) == rec1[key] + rec2[key]
     assert value(registry, "streamrl_learner_phase_seconds_total", phase="forward_backward") == pytest.approx(0.04)
+
+
+def test_the_census_before_and_after_filtering_reaches_prometheus_by_cell():
+    registry, m = learner()
+    # Trained: 1 passed with A > 0 and 3 failed with A <= 0; an actor filtered 2 all-failed groups (4 samples).
+    rec, d = step(3, [group([1.0, 0.0], 3), group([0.5, 0.25], 3)], filtered=[FilteredCensus(2, 0, 4, 0, 0), None])
+    m.observe_step(rec, d)
+    fraction = {stage: {cell: value(registry, "streamrl_sample_census_fraction", cell=cell, stage=stage)
+                        for cell in learning_signal.CENSUS_KEYS} for stage in ("after_filter", "before_filter")}
+    assert fraction["after_filter"] == {"failed_pos": 0, "failed_nonpos": 0.75, "passed_pos": 0.25, "passed_nonpos": 0}
+    assert fraction["before_filter"] == {"failed_pos": 0, "failed_nonpos": 7 / 8, "passed_pos": 1 / 8,
+                                         "passed_nonpos": 0}
+    assert fraction["before_filter"] == {k[len("census_before_"):]: v for k, v in rec.items()
+                                         if k.startswith("census_before_")}
 
 
 def test_r_count_without_negative_advantages_is_exported_as_inf():
