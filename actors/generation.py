@@ -8,11 +8,12 @@ import random
 import time
 from typing import Callable
 
-from actors import rollout
-from streamrl import difficulty, mgrpo, prometheus_metrics
+from streamrl.actors import rollout
+from streamrl.algo import difficulty, mgrpo
+from streamrl.algo.learning_signal import CENSUS_KEYS
+from streamrl.comm.wire import FilteredCensus, ScoredGroup
 from streamrl.config import Config
-from streamrl.learning_signal import CENSUS_KEYS
-from streamrl.wire import FilteredCensus, ScoredGroup
+from streamrl.telemetry import prometheus_metrics
 
 log = logging.getLogger("streamrl.actor")
 

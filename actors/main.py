@@ -16,15 +16,18 @@ import time
 import torch
 import zmq
 
-from actors import backends
-from actors.generation import Generation
-from actors.weights import ActorWeights
-from streamrl import exporter, prometheus_metrics, rewards, security, staleness
-from streamrl import model as model_lib
+from streamrl.actors import backends
+from streamrl.actors.generation import Generation
+from streamrl.actors.weights import ActorWeights
+from streamrl.algo import staleness
+from streamrl.comm import security
+from streamrl.comm.transport import GroupSender, endpoint
 from streamrl.config import Config
-from streamrl.lifecycle import stop_on_signals
-from streamrl.startup import Phases
-from streamrl.transport import GroupSender, endpoint
+from streamrl.models import model as model_lib
+from streamrl.run.lifecycle import stop_on_signals
+from streamrl.tasks import rewards
+from streamrl.telemetry import exporter, prometheus_metrics
+from streamrl.telemetry.startup import Phases
 
 log = logging.getLogger("streamrl.actor")
 

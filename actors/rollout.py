@@ -2,7 +2,7 @@
 ScoredGroups stamped with the policy version that generated them, minus the filtered ones; under
 multi-layer GRPO, then each response → a correction → the verified corrections' layer-2 groups.
 
-Prompts are encoded as the model expects (`streamrl.prompting`: the chat template when there is
+Prompts are encoded as the model expects (`streamrl.models.prompting`: the chat template when there is
 one) and the length cap is on prompt + completion (`model.max_seq_len`): completions are cut at
 their prompt's room, and a prompt with no room is skipped and counted (`prompts_too_long`)."""
 
@@ -14,12 +14,13 @@ from typing import Callable
 
 import msgspec
 
-from actors.backends import Backend, Completion
-from streamrl import group_filters, learning_signal, mgrpo, prompting
-from streamrl.rewards import Reward
-from streamrl.sampling import capped
+from streamrl.actors.backends import Backend, Completion
+from streamrl.algo import group_filters, learning_signal, mgrpo
+from streamrl.comm.wire import ScoredGroup
+from streamrl.models import prompting
+from streamrl.models.sampling import capped
 from streamrl.tasks import Prompt
-from streamrl.wire import ScoredGroup
+from streamrl.tasks.rewards import Reward
 
 
 class RolloutOptions(msgspec.Struct, frozen=True):

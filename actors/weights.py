@@ -17,10 +17,11 @@ from typing import Callable
 import torch
 import zmq
 
-from streamrl import exporter, prometheus_metrics, wire
+from streamrl.comm import wire
+from streamrl.comm.security import Curve
+from streamrl.comm.transport import WeightSubscriber, endpoint
 from streamrl.config import Config
-from streamrl.security import Curve
-from streamrl.transport import WeightSubscriber, endpoint
+from streamrl.telemetry import exporter, prometheus_metrics
 
 log = logging.getLogger("streamrl.actor")
 
@@ -37,7 +38,7 @@ class ActorWeights:
                                            self.actor_id, t.max_message_bytes, curve)
         self.sync = None
         if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
-            from streamrl.weight_sync import ActorSync
+            from streamrl.comm.weight_sync import ActorSync
 
             # Subscribed first: the learner announces its first collective version as soon as the group forms.
             self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,

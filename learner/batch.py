@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 import torch
 
-from streamrl.wire import ScoredGroup
+from streamrl.comm.wire import ScoredGroup
 
 
 class Batch(msgspec.Struct):

@@ -6,9 +6,9 @@ DeepSpeed or pickle). Only then does streamrl write `<tag>/streamrl.json` (step,
 states, accounting) and, last, point `<dir>/latest` at the tag. Each file is written to a temporary
 name, fsynced and renamed, so a crash at any moment leaves `latest` naming a checkpoint whose every
 file is on disk. On resume a missing, empty or dangling `latest` falls back to the newest tag that
-has its streamrl.json (`streamrl.checkpoints.newest_complete`, the read side, shared with tools
+has its streamrl.json (`streamrl.run.checkpoints.newest_complete`, the read side, shared with tools
 outside the learner). A save that fails (a full disk, a crash) removes its partial tag folder; a
-full disk raises `streamrl.storage.DiskFull` naming the checkpoint. Resume (`resume`) verifies a
+full disk raises `streamrl.run.storage.DiskFull` naming the checkpoint. Resume (`resume`) verifies a
 checkpoint's files before loading it and falls back past a damaged one, naming the bad file.
 """
 
@@ -26,9 +26,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from streamrl import storage
-from streamrl.checkpoints import LATEST, POLICY, STATE, newest_complete  # noqa: F401  (the read side, shared)
-from streamrl.checkpoints import complete_newest_first, problem_with
+from streamrl.run import storage
+from streamrl.run.checkpoints import LATEST, POLICY, STATE, complete_newest_first, newest_complete, problem_with  # noqa: F401  (the read side, shared)
 
 log = logging.getLogger("streamrl.learner")
 

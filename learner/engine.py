@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from learner import logprobs
-from learner.batch import Batch, micro_batches
-from learner.optimizer import AdamW
-from streamrl import learning_signal, losses
+from streamrl.algo import learning_signal, losses
 from streamrl.config import Config
+from streamrl.learner import logprobs
+from streamrl.learner.batch import Batch, micro_batches
+from streamrl.learner.optimizer import AdamW
 
 log = logging.getLogger("streamrl.learner")
 

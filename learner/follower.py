@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from learner import schedule
-from learner.engine import Engine
-from learner.ranks import STEP, STOP_AND_SAVE, Ranks
 from streamrl.config import Config
+from streamrl.learner import schedule
+from streamrl.learner.engine import Engine
+from streamrl.learner.ranks import STEP, STOP_AND_SAVE, Ranks
 
 log = logging.getLogger("streamrl.learner")
 

@@ -13,10 +13,10 @@ from typing import Callable
 
 import zmq
 
-from learner.stepstats import StrictModeViolation
-from streamrl import staleness
-from streamrl.transport import GroupReceiver, WeightPublisher
-from streamrl.wire import ScoredGroup
+from streamrl.algo import staleness
+from streamrl.comm.transport import GroupReceiver, WeightPublisher
+from streamrl.comm.wire import ScoredGroup
+from streamrl.learner.stepstats import StrictModeViolation
 
 log = logging.getLogger("streamrl.learner")
 

@@ -1,5 +1,5 @@
 """The learner's peak memory for one optimizer step on a release-sized vocabulary, with and without
-micro-batching: `python -m learner.peak_memory` (CPU; one fresh process per setting).
+micro-batching: `python -m streamrl.learner.peak_memory` (CPU; one fresh process per setting).
 
 The model is a Qwen3 of the given vocabulary (151,936 rows, as Qwen3's) with a small hidden size,
 fp32; the batch is the default 16 groups × 8 samples of random tokens. Peak memory is the step's
@@ -30,10 +30,11 @@ def _step(args: dict, overrides: list[str], out) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(1)
-    from learner.batch import collate
-    from learner.engine import Engine
-    from streamrl import advantages, config
-    from streamrl.wire import ScoredGroup
+    from streamrl import config
+    from streamrl.algo import advantages
+    from streamrl.comm.wire import ScoredGroup
+    from streamrl.learner.batch import collate
+    from streamrl.learner.engine import Engine
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(

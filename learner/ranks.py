@@ -13,9 +13,11 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from learner.batch import Batch
-from streamrl.losses import LossOutput
-from streamrl.weight_sync import collective_device  # one rule for every collective: nccl takes CUDA tensors, gloo CPU
+from streamrl.algo.losses import LossOutput
+from streamrl.comm.weight_sync import (
+    collective_device,  # one rule for every collective: nccl takes CUDA tensors, gloo CPU
+)
+from streamrl.learner.batch import Batch
 
 STOP, STEP, STOP_AND_SAVE = 0, 1, 2
 

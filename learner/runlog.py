@@ -12,7 +12,8 @@ import json
 import os
 
 from streamrl import config as config_lib
-from streamrl import jsonfiles, mgrpo, storage
+from streamrl.algo import mgrpo
+from streamrl.run import jsonfiles, storage
 
 SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
 

@@ -7,10 +7,10 @@ from typing import Sequence
 
 import torch
 
-from learner.batch import Batch
-from streamrl import learning_signal, mgrpo, staleness
-from streamrl.losses import LossOutput
-from streamrl.wire import FilteredCensus
+from streamrl.algo import learning_signal, mgrpo, staleness
+from streamrl.algo.losses import LossOutput
+from streamrl.comm.wire import FilteredCensus
+from streamrl.learner.batch import Batch
 
 
 class StrictModeViolation(RuntimeError):

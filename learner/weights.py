@@ -14,11 +14,11 @@ import time
 
 import zmq
 
-from learner.engine import Engine
-from streamrl import prometheus_metrics
+from streamrl.comm.security import Curve
+from streamrl.comm.transport import WeightPublisher, endpoint
 from streamrl.config import Config
-from streamrl.security import Curve
-from streamrl.transport import WeightPublisher, endpoint
+from streamrl.learner.engine import Engine
+from streamrl.telemetry import prometheus_metrics
 
 
 class LearnerWeights:
@@ -82,7 +82,7 @@ def _collective(cfg: Config):
     t = cfg.transport
     if t.weight_sync != "collective":
         return None
-    from streamrl.weight_sync import LearnerSync
+    from streamrl.comm.weight_sync import LearnerSync
 
     # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
     first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)

@@ -16,7 +16,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from streamrl.mgrpo import DEFAULT_PHRASES
+from streamrl.algo.mgrpo import DEFAULT_PHRASES
 
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -97,7 +97,7 @@ class RewardConfig(_Section):
     """Shaped reward of each bucket, ascending, len(bucket_edges)+1 ([]: evenly spaced over [0, 1])."""
 
     def __post_init__(self) -> None:
-        from streamrl.rewards import check_shaping
+        from streamrl.tasks.rewards import check_shaping
 
         check_shaping(self.bucket_edges, self.bucket_values)
 
@@ -111,7 +111,7 @@ class AdvantageConfig(_Section):
     """GRPO only: divide by the group's reward std."""
 
     def __post_init__(self) -> None:
-        from streamrl.advantages import ESTIMATORS
+        from streamrl.algo.advantages import ESTIMATORS
 
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator={self.estimator!r}: {ESTIMATORS.unknown(self.estimator)}")
@@ -122,7 +122,7 @@ DEFAULT_LOSS = "token_pg"
 
 class LossConfig(_Section):
     name: str = DEFAULT_LOSS
-    """Policy loss from the loss registry (see `streamrl.losses.LOSSES`)."""
+    """Policy loss from the loss registry (see `streamrl.algo.losses.LOSSES`)."""
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     """PPO clip range below 1 for the importance ratio."""
     clip_high: NonNegFloat = 0.2
@@ -139,7 +139,7 @@ class LossConfig(_Section):
     def __post_init__(self) -> None:
         if self.name == DEFAULT_LOSS:  # registered (a test pins it): no torch import for the check
             return
-        from streamrl.losses import LOSSES
+        from streamrl.algo.losses import LOSSES
 
         if self.name not in LOSSES:
             raise ValueError(f"name={self.name!r}: {LOSSES.unknown(self.name)}")
@@ -410,7 +410,7 @@ class Config(_Section):
         """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the
         lowest. A value within float noise of a level is snapped to it (a YAML literal of ln(2/3) and the level
         the task computes must compare equal)."""
-        from streamrl.rewards import levels_of
+        from streamrl.tasks.rewards import levels_of
 
         levels, r = levels_of(self), self.advantage.r_min_correct
         match = [lv for lv in levels[1:] if abs(lv - r) <= 1e-9 * max(1.0, abs(lv))]

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from streamrl import sampling
+from streamrl.models import sampling
 
 ROWS_PER_GENERATE = 256  # prompts x samples per generate call: bounds memory, keeps batches large
 
@@ -89,8 +89,8 @@ def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: fl
 def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
                   seed: int, encode=None) -> tuple[list[list[float]], list[list[str]]]:
     """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG.
-    encode(text) → prompt ids as the actors make them (streamrl.prompting.PromptEncoder); None: raw text."""
-    from streamrl.model import end_token_ids
+    encode(text) → prompt ids as the actors make them (streamrl.models.prompting.PromptEncoder); None: raw text."""
+    from streamrl.models.model import end_token_ids
 
     device = next(model.parameters()).device
     ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -115,14 +115,14 @@ def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[fl
     scored by the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas."""
     import random
 
-    from streamrl import mgrpo
+    from streamrl.algo import mgrpo
     from streamrl.tasks import Prompt
 
     rng = random.Random(seed)
     owners = [p for p, row in zip(prompts, texts) for _ in row]
     queries = [Prompt(id=p.id, text=mgrpo.layer2_query(p.text, t, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng)))
                for p, row in zip(prompts, texts) for t in row]
-    from streamrl.prompting import PromptEncoder
+    from streamrl.models.prompting import PromptEncoder
 
     _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
                              max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1,
@@ -135,17 +135,17 @@ def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[fl
 class Evaluator:
     """Samples and scores the fixed eval set with a model (one kept on the CPU unless one is given).
 
-    `reward` is the run's `streamrl.rewards.Reward`; its task gives the eval prompts.
+    `reward` is the run's `streamrl.tasks.rewards.Reward`; its task gives the eval prompts.
     """
 
     def __init__(self, cfg, reward, model=None, tokenizer=None):
-        from streamrl import model as model_lib
+        from streamrl.models import model as model_lib
 
         self.cfg, self.reward = cfg, reward
         if model is None:
             model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
         self.model, self.tokenizer = model.eval(), tokenizer
-        from streamrl.prompting import PromptEncoder
+        from streamrl.models.prompting import PromptEncoder
 
         self.encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
         self.prompts = reward.task.eval_set(cfg.eval.size, cfg.eval.seed)

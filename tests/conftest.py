@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def release_model(tmp_path_factory) -> str:
-    """A Qwen3-shaped model folder (streamrl.release_model), built once per test session, offline."""
-    from streamrl import release_model
+    """A Qwen3-shaped model folder (streamrl.models.release_model), built once per test session, offline."""
+    from streamrl.models import release_model
 
     return str(release_model.build(tmp_path_factory.mktemp("release-model") / "qwen3-shaped"))

@@ -13,7 +13,7 @@ import random
 import msgspec
 import numpy as np
 
-from streamrl import wire
+from streamrl.comm import wire
 
 VOCAB = 64  # the tiny job's vocabulary is larger; the fuzzer only uses ids that are out of range on purpose
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.backends import hf, sglang, vllm  # noqa: F401  (each registers itself)
-from actors.backends.base import BACKENDS, Backend, Completion
-from streamrl.placement import actor_seed
+from streamrl.actors.backends import hf, sglang, vllm  # noqa: F401  (each registers itself)
+from streamrl.actors.backends.base import BACKENDS, Backend, Completion
+from streamrl.run.placement import actor_seed
 
 __all__ = ["BACKENDS", "Backend", "Completion", "build"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from streamrl.models.sampling import Completion
 from streamrl.registry import Registry
-from streamrl.sampling import Completion
 
 
 class Backend(Protocol):

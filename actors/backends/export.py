@@ -12,7 +12,7 @@ def hf_folder(cfg, model, tokenizer) -> str:
         return cfg.model.path
     folder = tempfile.mkdtemp(prefix="streamrl-model-")
     if not hasattr(model, "save_pretrained"):  # streamrl's tiny Llama: saved as transformers' Llama it mirrors
-        from streamrl.tiny_llama import to_transformers
+        from streamrl.models.tiny_llama import to_transformers
 
         model = to_transformers(model)
     model.save_pretrained(folder, safe_serialization=True)

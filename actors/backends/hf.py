@@ -1,5 +1,5 @@
 """The `hf` backend (CPU here, any torch device elsewhere): a transformers causal LM, or the tiny default's
-plain-torch Llama (`streamrl.tiny_llama`), sampled by `streamrl.sampling.generate`, shared with evaluation."""
+plain-torch Llama (`streamrl.models.tiny_llama`), sampled by `streamrl.models.sampling.generate`, shared with evaluation."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Callable
 
 import torch
 
-from actors.backends.base import BACKENDS, Completion
-from streamrl import chunks, sampling
-from streamrl.model import end_token_ids
+from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.comm import chunks
+from streamrl.models import sampling
+from streamrl.models.model import end_token_ids
 
 
 @BACKENDS.register("hf")

@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 import time
 
-from actors.backends.base import BACKENDS, Completion
-from actors.backends.export import hf_folder
-from streamrl.model import end_token_ids
-from streamrl.weight_sync import plan
+from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.actors.backends.export import hf_folder
+from streamrl.comm.weight_sync import plan
+from streamrl.models.model import end_token_ids
 
 
 class WeightUpdateError(RuntimeError):

@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 import time
 
-import actors.backends.shm_weights as shm_weights
-from actors.backends.base import BACKENDS, Completion
-from actors.backends.export import hf_folder
-from actors.backends.vllm_worker import WORKER_EXTENSION
-from streamrl.model import end_token_ids
-from streamrl.weight_sync import plan
+import streamrl.actors.backends.shm_weights as shm_weights
+from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.actors.backends.export import hf_folder
+from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
+from streamrl.comm.weight_sync import plan
+from streamrl.models.model import end_token_ids
 
 log = logging.getLogger("streamrl.actor.vllm")
 LOGPROBS_MODE = "processed_logprobs"

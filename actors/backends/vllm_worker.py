@@ -18,7 +18,7 @@ is not vLLM's: vLLM refuses an extension that shadows a Worker method.
 
 from __future__ import annotations
 
-WORKER_EXTENSION = "actors.backends.vllm_worker.WorkerExtension"
+WORKER_EXTENSION = "streamrl.actors.backends.vllm_worker.WorkerExtension"
 
 
 class WorkerExtension:
@@ -27,7 +27,7 @@ class WorkerExtension:
     def load_weights_from_shm(self, folder: str, buckets: list[list[list]]) -> int:
         """Load the version in `folder` (shm_weights.write's bucket files; buckets: per bucket, its
         [name, dtype, shape] entries in order) in place. Returns how many tensors were read."""
-        import actors.backends.shm_weights as shm_weights
+        import streamrl.actors.backends.shm_weights as shm_weights
 
         count = 0
 

@@ -42,7 +42,7 @@ def _per_call(fn, reps: int) -> float:
 def _group(completion_tokens: int, group_size: int = 8):
     import numpy as np
 
-    from streamrl.wire import ScoredGroup
+    from streamrl.comm.wire import ScoredGroup
 
     per = max(1, completion_tokens // group_size)
     rng = np.random.default_rng(0)
@@ -58,7 +58,7 @@ def _receiver(port: int, n: int, kind: str, ready, result) -> None:
     the clock runs from the end of the first message to the last, and counts what came after it."""
     import zmq
 
-    from streamrl.transport import GroupReceiver
+    from streamrl.comm.transport import GroupReceiver
 
     ctx = zmq.Context()
     addr = f"tcp://127.0.0.1:{port}"
@@ -96,8 +96,8 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     kind "raw": `payload` is bytes, sent n times bare."""
     import zmq
 
-    from streamrl.chunks import ZERO_COPY_MIN
-    from streamrl.transport import GroupSender
+    from streamrl.comm.chunks import ZERO_COPY_MIN
+    from streamrl.comm.transport import GroupSender
 
     port = _free_port()
     mpc = mp.get_context("spawn")
@@ -138,9 +138,9 @@ def transport(short: bool = False) -> list[dict]:
     bytes as its own message, and copying a group's bytes in memory."""
     import numpy as np
 
-    from streamrl import wire
+    from streamrl.comm import wire
+    from streamrl.comm.transport import batches
     from streamrl.config import TransportConfig
-    from streamrl.transport import batches
 
     cap = TransportConfig().batch_max_bytes
     rows = []
@@ -177,7 +177,7 @@ def transport(short: bool = False) -> list[dict]:
 def advantages_bench(short: bool = False) -> list[dict]:
     import torch
 
-    from streamrl import advantages
+    from streamrl.algo import advantages
 
     rows = []
     for groups in (64, 4096):
@@ -194,7 +194,7 @@ def batching(short: bool = False) -> list[dict]:
     """learner.batch.collate (groups → padded tensors) against copying the same bytes once."""
     import numpy as np
 
-    from learner.batch import collate  # the benchmark drives the learner's real batcher
+    from streamrl.learner.batch import collate  # the benchmark drives the learner's real batcher
 
     rows = []
     for tokens in (32, 4096):
@@ -216,7 +216,7 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     import numpy as np
     import zmq
 
-    from streamrl.transport import WeightSubscriber
+    from streamrl.comm.transport import WeightSubscriber
 
     ctx = zmq.Context()
     ack = ctx.socket(zmq.PUSH)
@@ -268,7 +268,7 @@ class _Broadcast:
     def __init__(self, kind: str, subscribers: int, n: int, max_message: int):
         import zmq
 
-        from streamrl.transport import WeightPublisher
+        from streamrl.comm.transport import WeightPublisher
 
         self.kind, self.subscribers = kind, subscribers
         pub_port, router_port, ack_port = (_free_port() for _ in range(3))
@@ -366,7 +366,7 @@ class _Broadcast:
 
 
 def _chunk_bytes(max_message: int) -> int:
-    from streamrl.chunks import chunk_bytes_for
+    from streamrl.comm.chunks import chunk_bytes_for
 
     return chunk_bytes_for(max_message)
 

@@ -1,9 +1,9 @@
 """`streamrl bench generate`: the hf actor's sampling loop against transformers' `generate`.
 
 Both draw from the default job's model (the tiny random-init Llama) with the same seed per call:
-`streamrl.sampling.generate` (the lean loop over the model's forward and KV cache the actors and
-evaluation use, on `streamrl.tiny_llama`'s plain-torch model as they run it) and
-`streamrl.sampling.generate_hf` (the same batch through `model.generate`, which the lean loop replaced,
+`streamrl.models.sampling.generate` (the lean loop over the model's forward and KV cache the actors and
+evaluation use, on `streamrl.models.tiny_llama`'s plain-torch model as they run it) and
+`streamrl.models.sampling.generate_hf` (the same batch through `model.generate`, which the lean loop replaced,
 on transformers' LlamaForCausalLM holding the same weights), alternated call by call, so load on the
 machine falls on both alike.
 Reported per shape: ms per call of each, the speed-up (generate's time / the lean loop's), and
@@ -23,9 +23,11 @@ SHAPES = [("default", 4, 8, 4), ("32 tokens", 4, 8, 32)]
 
 
 def generate(short: bool = False) -> list[dict]:
-    from streamrl import config, prompting, rewards, sampling
-    from streamrl import model as model_lib
-    from streamrl.tiny_llama import to_transformers
+    from streamrl import config
+    from streamrl.models import model as model_lib
+    from streamrl.models import prompting, sampling
+    from streamrl.models.tiny_llama import to_transformers
+    from streamrl.tasks import rewards
 
     cfg = config.load(None)
     torch.set_num_threads(cfg.actors.threads or torch.get_num_threads())  # as an actor runs

@@ -1,6 +1,6 @@
 """`streamrl bench learner`: the learner's optimizer step at release shape against plain torch.
 
-The model is shaped like the release folder (`streamrl.release_model`: Qwen3 architecture, 151,936
+The model is shaped like the release folder (`streamrl.models.release_model`: Qwen3 architecture, 151,936
 vocabulary, untied output layer; fp32 on CPU). One batch of groups (prompt and completion lengths
 drawn at random) goes through the learner's own path — `learner.engine.Engine.train_step`: DeepSpeed,
 the micro-batches of `learner.micro_batch_tokens`, chunked log-probs of the completion positions only
@@ -34,7 +34,7 @@ def _model(seed: int = 0):
     """A random-init Qwen3ForCausalLM of the release folder's config (fp32), without writing the folder."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from streamrl.release_model import SHAPE, VOCAB_SIZE
+    from streamrl.models.release_model import SHAPE, VOCAB_SIZE
 
     config = Qwen3Config(vocab_size=VOCAB_SIZE, max_position_embeddings=40960, rms_norm_eps=1e-6,
                          rope_theta=1_000_000.0, tie_word_embeddings=False, torch_dtype="float32", **SHAPE)
@@ -49,8 +49,8 @@ def _batch(groups: int, group_size: int, prompt: tuple[int, int], completion: tu
     random-init model's (≈ -ln V), so importance ratios sit near 1 as on-policy."""
     import numpy as np
 
-    from learner.batch import collate
-    from streamrl.wire import ScoredGroup
+    from streamrl.comm.wire import ScoredGroup
+    from streamrl.learner.batch import collate
 
     rng = np.random.default_rng(seed)
     made = []
@@ -69,8 +69,8 @@ def _reference_step(model, optimizer, cfg, batch, adv: torch.Tensor, lean: bool)
     """One plain-torch optimizer step over the learner's micro-batches of `batch`; returns the loss.
 
     lean: project only the completion positions onto the vocabulary (else: the model's full logits)."""
-    from learner.batch import micro_batches
-    from streamrl import losses
+    from streamrl.algo import losses
+    from streamrl.learner.batch import micro_batches
 
     lc, T = cfg.loss, cfg.actors.temperature
     lengths = batch.attention_mask.sum(-1)
@@ -111,8 +111,8 @@ def _logsumexp_chunk(lm_head, h, targets, temperature: float, softcap, with_entr
 def chunk_row(short: bool) -> dict:
     """Forward + backward of one chunk of tokens through the release-shaped output layer: the learner's
     kernel against the one it replaced, alternated, median of the rounds."""
-    from learner.logprobs import _chunk
-    from streamrl.release_model import SHAPE, VOCAB_SIZE
+    from streamrl.learner.logprobs import _chunk
+    from streamrl.models.release_model import SHAPE, VOCAB_SIZE
 
     n, rounds = (64, 3) if short else (256, 9)
     g = torch.Generator().manual_seed(0)
@@ -134,8 +134,8 @@ def chunk_row(short: bool) -> dict:
 
 def learner(short: bool = False) -> list[dict]:
     """The learner's step against plain and lean torch steps, interleaved (see the module docstring)."""
-    from learner.engine import Engine
     from streamrl import config
+    from streamrl.learner.engine import Engine
 
     groups, group_size, micro, rounds = (2, 4, 128, 2) if short else (2, 8, 256, 5)
     prompt, completion = ((8, 16), (4, 12)) if short else ((16, 32), (8, 48))

@@ -3,7 +3,7 @@
 Each run is the real command (`python -m streamrl run`, 2 steps, free ports), timed from the moment
 this bench starts it (STREAMRL_SPAWNED_AT: the launcher's clock starts there, interpreter start-up
 included). The phases come from the start-up records every run writes (RUN_DIR/logs/startup-*.json,
-`streamrl.startup`), so the figure is what users get:
+`streamrl.telemetry.startup`), so the figure is what users get:
 
   launch       interpreter start, config loaded and checked (the launcher)
   preload      torch, the tokenizer's and the model's modules imported once in the launcher, children
@@ -44,7 +44,7 @@ TRANSFORMERS_IMPORTS = "import torch; from transformers import LlamaForCausalLM"
 
 
 def phases(records: dict[str, dict]) -> dict[str, float]:
-    """The critical path to the first step from one run's start-up records (streamrl.startup.read)."""
+    """The critical path to the first step from one run's start-up records (streamrl.telemetry.startup.read)."""
     run, learner = records["run"]["marks"], records["learner"]["marks"]
     out = {"launch": run["configured"] - run["start"],
            "preload": run.get("imports", run["configured"]) - run["configured"],
@@ -65,8 +65,8 @@ def phases(records: dict[str, dict]) -> dict[str, float]:
 
 
 def _one(workdir: Path, name: str, fork: bool) -> dict[str, float]:
-    from streamrl import startup
     from streamrl.commands import forked, launch
+    from streamrl.telemetry import startup
 
     g, w, r = launch.free_ports(3)
     # `streamrl bench` may have run the learner bench in this process first, which set MASTER_PORT and still

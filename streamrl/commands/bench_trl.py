@@ -145,12 +145,13 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
     except ImportError as e:
         raise SystemExit(f"streamrl bench trl needs TRL: pip install trl ({e})") from None
 
-    from streamrl import config, model, tasks
+    from streamrl import config, tasks
+    from streamrl.models import model
 
     cfg = config.load(None, overrides)
     policy, tokenizer = model.build(cfg)
     if cfg.model.path is None:  # TRL trains a transformers model: the same weights and tokenizer, transformers' own
-        from streamrl.tiny_llama import to_transformers
+        from streamrl.models.tiny_llama import to_transformers
 
         policy, tokenizer = to_transformers(policy), tokenizer.to_transformers()
     task = tasks.build(cfg.task)

@@ -15,7 +15,7 @@
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
 
 Any config error, or a problem found before start (run_dir, ports, keys, a run name that already
-holds results), is one line on stderr and exit status 2 (`streamrl.preflight`).
+holds results), is one line on stderr and exit status 2 (`streamrl.run.preflight`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from streamrl import config as config_lib
-from streamrl import preflight
+from streamrl.run import preflight
 
 
 def bench_names() -> list[str]:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.args += extra
     if args.command == "keys":
-        from streamrl import security
+        from streamrl.comm import security
 
         try:
             made = security.make_keys(args.directory, args.actors, force=args.force)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             path = str(config_lib.DEFAULT_CONFIG) if config_lib.DEFAULT_CONFIG.is_file() else None
         cfg = config_lib.load(path, overrides)
         if args.command in ("check", "run", "learner", "actor"):  # a model that cannot load fails here, not 30 s in
-            from streamrl.model import path_problem
+            from streamrl.models.model import path_problem
 
             if problem := path_problem(cfg.model.path):
                 raise config_lib.ConfigError(problem)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
         return 2
 
-    from streamrl.lifecycle import setup_logging
+    from streamrl.run.lifecycle import setup_logging
 
     name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
     if args.command in preflight.ROLES and not before_start(cfg, args, name):
@@ -207,24 +207,24 @@ def main(argv: list[str] | None = None) -> int:
             print("\nstreamrl: interrupted", file=sys.stderr)
             return 130
     setup_logging(name)
-    from streamrl.startup import Phases
+    from streamrl.telemetry.startup import Phases
 
     phases = Phases(name)
     try:
         if args.command == "learner":
             if args.local_rank is not None:
                 os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-            from learner.main import run as run_learner
+            from streamrl.learner.main import run as run_learner
 
             phases.mark("imports")
             run_learner(cfg, phases)
         else:
-            from actors.main import run as run_actor
+            from streamrl.actors.main import run as run_actor
 
             phases.mark("imports")
             run_actor(cfg, index=args.index, learner_host=args.learner, phases=phases)
     except Exception as e:  # the traceback goes to the log; the last line says what went wrong
-        from streamrl import storage
+        from streamrl.run import storage
 
         logging.getLogger(f"streamrl.{name}").exception("failed")
         try:  # on a full disk the log itself may not take it: the exit status still says so
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def before_start(cfg: config_lib.Config, args, name: str) -> bool:
-    """The checks of `streamrl.preflight` for this command: each problem one line on stderr; False stops it."""
+    """The checks of `streamrl.run.preflight` for this command: each problem one line on stderr; False stops it."""
     errors, warnings = preflight.problems(cfg, args.command, getattr(args, "index", 0))
     if args.command == "learner" and os.environ.get("RANK", "0") == "0" and (refusal := preflight.existing_run(cfg)):
         if args.overwrite:
@@ -316,7 +316,7 @@ def _tool(args) -> int:
 
 
 def _run_dir(path: str) -> Path:
-    from streamrl import checkpoints
+    from streamrl.run import checkpoints
 
     return checkpoints.run_dir_of(path)
 

@@ -1,4 +1,4 @@
-"""`streamrl difficulty`: offline difficulty filtering (see `streamrl.difficulty` for the rule).
+"""`streamrl difficulty`: offline difficulty filtering (see `streamrl.algo.difficulty` for the rule).
 
 Samples N rollouts per prompt with the initial (or a saved) policy and writes the prompts whose
 success rate lies in [difficulty.low, difficulty.high].
@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrl.difficulty import in_band
+from streamrl.algo.difficulty import in_band
 
 
 def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,
                    prompts: int | None = None) -> dict:
     """Sample `rollouts` per prompt, write the kept ones to `out`; returns the counts."""
-    from streamrl import checkpoints, evaluation, prompting, rewards
-    from streamrl import model as model_lib
+    from streamrl import evaluation
+    from streamrl.models import model as model_lib
+    from streamrl.models import prompting
+    from streamrl.run import checkpoints
+    from streamrl.tasks import rewards
 
     reward = rewards.build(cfg)
     task = reward.task

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrl import checkpoints, evaluation, jsonfiles, rewards
+from streamrl import evaluation
+from streamrl.run import checkpoints, jsonfiles
+from streamrl.tasks import rewards
 
 
 def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> dict:
@@ -35,8 +37,8 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
     """Evaluate the learner's newest weights, then every new version, `watch` times in all (fewer if it stops)."""
     import zmq
 
-    from streamrl import security
-    from streamrl.transport import WeightSubscriber, endpoint
+    from streamrl.comm import security
+    from streamrl.comm.transport import WeightSubscriber, endpoint
 
     t, host = cfg.transport, host or cfg.transport.host
     out = out or cfg.run_path / "eval.json"

@@ -43,10 +43,11 @@ def preload(cfg) -> None:
     import zmq  # noqa: F401
 
     if cfg.model.path is None:
-        from streamrl import tiny_llama, word_tokenizer  # noqa: F401
+        from streamrl.models import tiny_llama, word_tokenizer  # noqa: F401
     else:
         from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
-    from streamrl import model, sampling, transport, wire  # noqa: F401
+    from streamrl.comm import transport, wire  # noqa: F401
+    from streamrl.models import model, sampling
 
 
 class Forked:

@@ -23,11 +23,11 @@ from pathlib import Path
 import msgspec
 
 from streamrl import config as config_lib
-from streamrl import preflight
 from streamrl.commands import forked
 from streamrl.config import Config
-from streamrl.placement import actor_gpus
-from streamrl.startup import SPAWNED_AT, Phases
+from streamrl.run import preflight
+from streamrl.run.placement import actor_gpus
+from streamrl.telemetry.startup import SPAWNED_AT, Phases
 
 EXIT_STATUSES = [
     (0, "the run finished all its steps"),
@@ -136,7 +136,7 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
     """CUDA_VISIBLE_DEVICES for the learner and for each actor of a run on this machine.
 
     The learner's ranks take the first `learner.ranks` GPUs; the actors share out the rest, each
-    on `actors.tensor_parallel_size` GPUs of its own (streamrl.placement.actor_gpus: actor i takes
+    on `actors.tensor_parallel_size` GPUs of its own (streamrl.run.placement.actor_gpus: actor i takes
     slot i mod the number of slots, so more actors than slots share). With too few GPUs left for
     one actor, the actors use all GPUs alongside the learner (one GPU: everything on it). No GPUs,
     or CPU actors: nothing is set."""
@@ -385,7 +385,7 @@ def _line_hashes(path: Path) -> set[int]:
 
 
 def _newest_checkpoint(run_dir: Path) -> str | None:
-    from streamrl import checkpoints
+    from streamrl.run import checkpoints
 
     found = checkpoints.newest_complete(run_dir / "checkpoints")
     return str(run_dir / "checkpoints" / found[0]) if found else None

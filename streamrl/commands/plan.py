@@ -94,12 +94,11 @@ def shape(cfg, model_config: str | Path | None = None) -> Shape:
     else:
         path, name = _hf_config_path(cfg)
     if path is None:  # the tiny model: its config is made in code, from the task's tokenizer
-        from streamrl import model as model_lib
-
-        from streamrl.tiny_llama import transformers_config
+        from streamrl.models import model as model_lib
+        from streamrl.models.tiny_llama import transformers_config
 
         hf = transformers_config(model_lib.build(cfg)[0].config)
-        source = "streamrl.model.build (tiny Llama)"
+        source = "streamrl.models.model.build (tiny Llama)"
     else:
         raw = json.loads(path.read_text())
         hf = AutoConfig.for_model(raw.pop("model_type"), **raw)

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from streamrl import config as config_lib
-from streamrl import jsonfiles
 from streamrl.commands import plots
+from streamrl.run import jsonfiles
 
 ESTIMATORS = ("grpo", "static", "corpo")
 EARLY, LATE = 0.2, 0.3  # share of the run read as "early" (first) and "late" (last)

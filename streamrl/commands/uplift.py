@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from streamrl import jsonfiles
+from streamrl.run import jsonfiles
 
 RANKS = ("rank within each prompt's distinct correct answers; rank 0 = its highest log-prob under the initial "
          "policy; rank_lo..rank_hi inclusive")
@@ -85,9 +85,9 @@ def _exp(x: float) -> float | None:
 
 
 def prompt_ids(cfg, tokenizer, prompts) -> list[list[int]]:
-    """Each prompt's token ids as the run's actors encoded them (streamrl.prompting: the chat template where
+    """Each prompt's token ids as the run's actors encoded them (streamrl.models.prompting: the chat template where
     the model has one), so the log-probs ranked are those of the sequences training saw."""
-    from streamrl.prompting import PromptEncoder
+    from streamrl.models.prompting import PromptEncoder
 
     encode = PromptEncoder.from_config(cfg, tokenizer)
     return [encode(p.text) for p in prompts]
@@ -98,9 +98,10 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     """Sample from the run's initial policy, score under initial and final, bucket; write and return the result."""
     import torch
 
-    from streamrl import model as model_lib
-    from streamrl import checkpoints, rewards, sampling
-    from streamrl.tasks import distinct
+    from streamrl.models import model as model_lib
+    from streamrl.models import sampling
+    from streamrl.run import checkpoints
+    from streamrl.tasks import distinct, rewards
 
     cfg = checkpoints.run_config(run_dir, overrides)
     reward = rewards.build(cfg)
@@ -127,7 +128,7 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     pre = sampling.sequence_logprobs(pre_model, correct_prompts, correct, tok.pad_token_id, temperature=1.0)
     post = sampling.sequence_logprobs(post_model, correct_prompts, correct, tok.pad_token_id, temperature=1.0)
     result = {
-        "pre": f"initial policy: {cfg.model.path or f'streamrl.model.build (tiny random init, seed {cfg.seed})'}",
+        "pre": f"initial policy: {cfg.model.path or f'streamrl.models.model.build (tiny random init, seed {cfg.seed})'}",
         "post": str(weights),
         "samples_correct": len(correct),
         "duplicates_dropped": duplicates,

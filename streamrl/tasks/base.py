@@ -1,7 +1,7 @@
 """What every task shares: the `Prompt` a task makes, the task registry, and seeded distinct prompt sets.
 
 A task makes prompts (`sample`, `eval_set`) and scores completions (`score`) with a reward in
-[0, 1] on several levels (`reward_levels`); `streamrl.rewards` may condense those levels onto a
+[0, 1] on several levels (`reward_levels`); `streamrl.tasks.rewards` may condense those levels onto a
 coarser ordinal scale, and a shaped reward at or above `advantage.r_min_correct` means "correct".
 """
 

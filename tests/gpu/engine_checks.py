@@ -1,5 +1,5 @@
 """What the engine GPU tests compare an engine's log-probs with: the learner's teacher-forced
-recomputation (streamrl.sampling) under given weights, full or cut to the top-p nucleus."""
+recomputation (streamrl.models.sampling) under given weights, full or cut to the top-p nucleus."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def prompts(tok) -> list[list[int]]:
 
 def gap(m, tok, prompts: list[list[int]], groups, temperature: float) -> float:
     """Largest |engine's summed log-prob - the learner's recomputation at `temperature`| over the samples."""
-    from streamrl import sampling
+    from streamrl.models import sampling
 
     flat = [(p, c) for p, g in zip(prompts, groups) for c in g]
     ref = sampling.sequence_logprobs(m, [p for p, _ in flat], [c.tokens for _, c in flat], tok.pad_token_id,

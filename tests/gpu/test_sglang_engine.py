@@ -20,8 +20,9 @@ def _build(*overrides: str):
     pytest.importorskip("sglang")
     if not torch.cuda.is_available():
         pytest.skip("SGLang needs a GPU")
-    from actors.backends import build
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.models import model
 
     # SGLang's attention kernels want head_dim 64: hidden 128 over 2 heads. Small buckets: several per update.
     cfg = config.load(None, ["actors.backend=sglang", "model.hidden_size=128", "model.num_heads=2",

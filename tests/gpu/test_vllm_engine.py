@@ -21,8 +21,9 @@ def _build(*overrides: str):
 
     if current_platform.is_cpu():
         pytest.skip("this is vLLM's CPU build (tests/integration/test_vllm_cpu.py covers it)")
-    from actors.backends import build
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.models import model
 
     # vLLM's attention kernels want head_dim 64: hidden 128 over 2 heads. Small buckets: several per update.
     cfg = config.load(None, ["actors.backend=vllm", "model.hidden_size=128", "model.num_heads=2",

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _groups():
-    from streamrl.wire import ScoredGroup
+    from streamrl.comm.wire import ScoredGroup
 
     g = torch.Generator().manual_seed(0)
     out = []
@@ -41,10 +41,12 @@ def _rank(rank: int, world: int, port: int, zero: int, out_dir: str, budgets: tu
     torch.set_num_threads(1)
     from safetensors.torch import save_file
 
-    from learner.batch import collate
-    from learner.engine import Engine
-    from learner.ranks import Ranks
-    from streamrl import advantages, config, model
+    from streamrl import config
+    from streamrl.algo import advantages
+    from streamrl.learner.batch import collate
+    from streamrl.learner.engine import Engine
+    from streamrl.learner.ranks import Ranks
+    from streamrl.models import model
 
     for budget, aggregation in budgets:  # one engine after another in the same process group
         cfg = config.load(None, ["learner.batch_groups=4", f"learner.zero_stage={zero}", f"loss.aggregation={aggregation}",
@@ -109,7 +111,8 @@ def test_two_ranks_take_the_same_step_as_one_rank_on_the_whole_batch(one_step):
     from safetensors.torch import load_file
 
     one, two = load_file(one_step / "weights-1-0.safetensors"), load_file(one_step / "weights-2-0.safetensors")
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.models import model
 
     initial = model.build(config.load(None))[0].state_dict()
     assert max(float((one[k] - initial[k]).abs().max()) for k in one) > 1e-5  # the step moved the weights
@@ -146,7 +149,8 @@ def test_micro_batches_on_one_or_two_ranks_take_the_same_step_as_the_whole_batch
     # eps (1e-8) turn float rounding of the sum into update differences of up to ~1e-4 relative.
     w1 = load_file(one_step / f"weights-1-0{suffix}.safetensors")
     w2 = load_file(one_step / f"weights-{world}-{budget}{suffix}.safetensors")
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.models import model
 
     initial = model.build(config.load(None))[0].state_dict()
     assert max(_relative(w2[k] - initial[k], w1[k] - initial[k]) for k in w1) < 1e-3
@@ -166,8 +170,10 @@ def _zero3_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import json
 
-    from learner.engine import Engine
-    from streamrl import config, learning_signal, model
+    from streamrl import config
+    from streamrl.algo import learning_signal
+    from streamrl.learner.engine import Engine
+    from streamrl.models import model
 
     cfg = config.load(None, ["learner.batch_groups=4", "learner.zero_stage=3"])
     engine = Engine(cfg, model.build(cfg)[0])
@@ -194,7 +200,8 @@ def test_under_zero3_weight_stats_read_only_shards_and_only_rank_0_copies_the_we
         p.join(240)
         assert p.exitcode == 0
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.models import model
 
     assert zero["keys"] == len(model.build(config.load(None))[0].state_dict()) and one["keys"] == 0
     assert zero["sharded"] == one["sharded"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from procs import FREE_PORTS, REPO, metrics, reaped
 
-from streamrl import checkpoints
+from streamrl.run import checkpoints
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")

@@ -18,11 +18,13 @@ def _cases(dtype: str, out_path: str) -> None:
     import random
 
     torch.set_num_threads(1)
-    from learner import stepstats
-    from learner.batch import collate
-    from learner.engine import Engine
-    from streamrl import advantages, config, model, sampling, tasks
-    from streamrl.wire import ScoredGroup
+    from streamrl import config, tasks
+    from streamrl.algo import advantages
+    from streamrl.comm.wire import ScoredGroup
+    from streamrl.learner import stepstats
+    from streamrl.learner.batch import collate
+    from streamrl.learner.engine import Engine
+    from streamrl.models import model, sampling
 
     cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=16"])
     task = tasks.build(cfg.task)

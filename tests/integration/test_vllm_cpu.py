@@ -37,8 +37,9 @@ TOP_P = 0.7
 
 def _engine_probe() -> dict:
     """Run in a child process: generate, compare with the learner's recomputation, update, again."""
-    from actors.backends import build
-    from streamrl import config, model, sampling
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.models import model, sampling
 
     cfg = config.load(None, [*VLLM_MODEL, f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=16", "seed=3"])
     m, tok = model.build(cfg)

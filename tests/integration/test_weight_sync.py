@@ -13,7 +13,7 @@ import pytest
 import torch
 from procs import REPO, metrics, reaped, spawn, summary
 
-from streamrl import weight_sync
+from streamrl.comm import weight_sync
 from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.slow

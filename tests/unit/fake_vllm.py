@@ -15,7 +15,7 @@ import sys
 import types
 from typing import Any, TypedDict
 
-from actors.backends.vllm_worker import WorkerExtension
+from streamrl.actors.backends.vllm_worker import WorkerExtension
 
 EOS = 1  # a completion of the fake ends with this token when it does not reach max_tokens
 

@@ -1,4 +1,4 @@
-"""streamrl.advantages: each estimator on hand-computed groups, and the invariants of docs/architecture.md ("The loss")."""
+"""streamrl.algo.advantages: each estimator on hand-computed groups, and the invariants of docs/architecture.md ("The loss")."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from streamrl import advantages
-from streamrl.advantages import compute
+from streamrl.algo import advantages
+from streamrl.algo.advantages import compute
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float = 0.0, atol: float = 1e-7) -> None:

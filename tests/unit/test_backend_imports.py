@@ -24,11 +24,11 @@ def test_no_backend_module_imports_the_package_that_imports_it():
     modules = [p for p in BACKENDS.glob("*.py") if p.name != "__init__.py"]
     assert {p.stem for p in modules} >= {"base", "hf", "vllm", "sglang", "vllm_worker", "shm_weights"}
     for path in modules:
-        assert "actors.backends" not in _imported(path), path.name
+        assert "streamrl.actors.backends" not in _imported(path), path.name
 
 
 def test_the_package_registers_every_backend_on_import():
-    import actors.backends
+    import streamrl.actors.backends
 
-    assert actors.backends.BACKENDS.names() == ["hf", "sglang", "vllm"]
-    assert actors.backends.BACKENDS is __import__("actors.backends.base", fromlist=["BACKENDS"]).BACKENDS
+    assert streamrl.actors.backends.BACKENDS.names() == ["hf", "sglang", "vllm"]
+    assert streamrl.actors.backends.BACKENDS is __import__("streamrl.actors.backends.base", fromlist=["BACKENDS"]).BACKENDS

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.batch import collate
-from streamrl.wire import ScoredGroup
+from streamrl.comm.wire import ScoredGroup
+from streamrl.learner.batch import collate
 
 PAD = 0
 
@@ -106,7 +106,7 @@ def test_a_group_with_an_empty_prompt_does_not_crash_collate():
 
 
 def test_version_spans_count_the_samples_that_mixed_policy_versions():
-    from learner import stepstats
+    from streamrl.learner import stepstats
 
     spanning = ScoredGroup.from_samples(
         prompt_id="p", policy_version=3, actor_id="a", prompt_tokens=[5], completions=[[8], [9]],
@@ -118,7 +118,7 @@ def test_version_spans_count_the_samples_that_mixed_policy_versions():
 
 
 def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
-    from learner.stepstats import StrictModeViolation, check_strict
+    from streamrl.learner.stepstats import StrictModeViolation, check_strict
 
     rec = {"step": 7, "lag_max": 0, "version_span_max": 1, "optimizer_steps": 1, "group_kl_behaviour_learner_max": 0.0, "is_ratio_max_abs_dev": 0.0}
     with pytest.raises(StrictModeViolation, match="step 7: a sample spans 2 policy versions"):
@@ -126,7 +126,7 @@ def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
 
 
 def test_masked_and_row_by_row_filling_give_the_same_batch(monkeypatch):
-    import learner.batch as batch_mod
+    import streamrl.learner.batch as batch_mod
 
     groups = [G0, G1, group([1], [[2] * 7, [3]], [[-0.5] * 7, [-1.0]], [0.0, 1.0], version=5)]
     monkeypatch.setattr(batch_mod, "_ROW_LOOP_MIN_TOKENS", 0)

@@ -1,5 +1,6 @@
-"""Import boundaries (docs/architecture.md, "Processes"): actors/ and learner/ never import each other; streamrl/ never
-imports an inference engine or DeepSpeed when a module is imported."""
+"""Import boundaries (docs/architecture.md, "Processes"): the shared core is layered by role; actors/ and learner/
+(installed as streamrl.actors and streamrl.learner) import only from it, never each other; streamrl/ never imports
+an inference engine or DeepSpeed when a module is imported."""
 
 from __future__ import annotations
 
@@ -56,29 +57,95 @@ def _root(module: str) -> str:
     return module.split(".")[0]
 
 
+# Where each module's file lies: the processes' folders sit at the top of the repository and install as
+# streamrl.actors and streamrl.learner (pyproject.toml's package-dir).
+FOLDERS = {"streamrl": "streamrl", "streamrl.actors": "actors", "streamrl.learner": "learner"}
+
+
 def _py_files(package: str) -> list[Path]:
     files = sorted((REPO / package).rglob("*.py"))
     assert files, f"no Python files under {package}/"
     return files
 
 
-def test_the_import_scanners_see_what_they_should():
-    src = ("import os\nfrom learner.batch import x\nimport deepspeed as ds\n"
-           "try:\n    import vllm\nexcept ImportError:\n    pass\n"
-           "if TYPE_CHECKING:\n    import sglang\n"
-           "def f():\n    import learner\n    from deepspeed import zero\n"
-           "from . import sibling\n")
-    assert set(map(_root, all_imports(src))) == {"os", "learner", "deepspeed", "vllm", "sglang"}
-    assert set(map(_root, module_level_imports(src))) == {"os", "learner", "deepspeed", "vllm"}
+def _part(module: str) -> str | None:
+    """The part of the shared core (or the process) a `streamrl.…` module belongs to: `streamrl.comm.wire` → comm,
+    `streamrl.config` → config, `streamrl.actors.main` → actors; None outside streamrl."""
+    parts = module.split(".")
+    if parts[0] != "streamrl":
+        return None
+    return parts[1] if len(parts) > 1 else "streamrl"
+
+
+def _part_of_file(path: Path) -> str:
+    rel = path.relative_to(REPO).parts
+    if rel[0] in ("actors", "learner"):
+        return rel[0]
+    return rel[1] if len(rel) > 2 else rel[1].removesuffix(".py")
+
+
+def _imported_parts(path: Path) -> set[str]:
+    """The parts a file imports anywhere; `from streamrl import config` counts as importing `config`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = _imported_modules(node)
+        if isinstance(node, ast.ImportFrom) and node.module == "streamrl":
+            names = [f"streamrl.{a.name}" for a in node.names]
+        found |= {p for m in names if (p := _part(m))}
+    return found
+
+
+# The layers of the shared core, bottom up: a part may import the parts listed against it and nothing else of
+# streamrl. The processes and the commands sit on top (checked below).
+LAYERS = {
+    "registry": set(),                                      # name → function registries
+    "comm": set(),                                          # wire messages, sockets, weight chunks, CurveZMQ
+    "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
+    "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
+    "config": {"algo", "tasks"},                            # the typed config (checks names against registries)
+    "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
+    "telemetry": {"algo", "comm"},                          # Prometheus, health, start-up phases
+    "run": {"config", "models"},                            # preflight, storage, checkpoints, logging, placement
+    "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set
+}
+SHARED = set(LAYERS)
+
+
+def test_every_part_of_the_shared_core_has_a_layer():
+    parts = {p.name.removesuffix(".py") for p in (REPO / "streamrl").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert parts - {"__init__", "__main__", "commands"} == SHARED
+
+
+@pytest.mark.parametrize("part", sorted(LAYERS))
+def test_the_shared_core_imports_only_from_the_layers_below(part):
+    files = [p for p in _py_files("streamrl") if _part_of_file(p) == part]
+    offenders = {str(p.relative_to(REPO)): sorted(bad) for p in files
+                 if (bad := _imported_parts(p) - LAYERS[part] - {part})}
+    assert offenders == {}
 
 
 @pytest.mark.parametrize("package,forbidden", [("actors", "learner"), ("learner", "actors")])
-def test_actors_and_learner_never_import_each_other(package, forbidden):
-    offenders = {
-        str(p.relative_to(REPO)): bad
-        for p in _py_files(package)
-        if (bad := [m for m in all_imports(p.read_text()) if _root(m) == forbidden])
-    }
+def test_actors_and_learner_import_only_the_shared_core(package, forbidden):
+    offenders = {str(p.relative_to(REPO)): sorted(bad) for p in _py_files(package)
+                 if (bad := _imported_parts(p) - SHARED - {package})}
+    assert offenders == {}
+
+
+def test_the_layer_scanner_sees_what_it_should():
+    assert _part("streamrl.comm.wire") == "comm" and _part("streamrl.learner.batch") == "learner"
+    assert _part("streamrl") == "streamrl" and _part("learner.batch") is None
+    assert _part_of_file(REPO / "streamrl" / "comm" / "wire.py") == "comm"
+    assert _part_of_file(REPO / "streamrl" / "config.py") == "config"
+    assert _part_of_file(REPO / "learner" / "main.py") == "learner"
+    assert _imported_parts(REPO / "learner" / "session.py") >= {"comm", "config", "learner"}
+
+
+def test_nothing_imports_the_processes_top_level_names():
+    """`actors` and `learner` are folders, never top-level packages: a user's own learner.py would shadow them."""
+    offenders = {str(p.relative_to(REPO)): bad
+                 for package in ("streamrl", "actors", "learner", "tests") for p in _py_files(package)
+                 if (bad := [m for m in all_imports(p.read_text()) if _root(m) in ("actors", "learner")])}
     assert offenders == {}
 
 
@@ -101,37 +168,21 @@ def test_nothing_under_the_package_imports_from_tests(package):
     assert offenders == {}
 
 
-def _core_files() -> list[Path]:
-    """streamrl/ without its commands: what the processes share (`__main__` only forwards to the CLI)."""
-    return [p for p in _py_files("streamrl")
-            if "commands" not in p.relative_to(REPO / "streamrl").parts and p.name != "__main__.py"]
-
-
-def test_the_shared_core_never_imports_a_process():
-    offenders = {
-        str(p.relative_to(REPO)): bad
-        for p in _core_files()
-        if (bad := [m for m in all_imports(p.read_text()) if _root(m) in ("actors", "learner")])
-    }
-    assert offenders == {}
-
-
 def test_only_the_command_line_imports_the_commands():
-    files = [*_core_files(), *_py_files("actors"), *_py_files("learner")]
-    offenders = {
-        str(p.relative_to(REPO)): bad
-        for p in files
-        if (bad := [m for m in all_imports(p.read_text()) if m.startswith("streamrl.commands")])
-    }
+    files = [p for p in [*_py_files("streamrl"), *_py_files("actors"), *_py_files("learner")]
+             if _part_of_file(p) not in ("commands", "__main__")]
+    offenders = {str(p.relative_to(REPO)): "commands" for p in files if "commands" in _imported_parts(p)}
     assert offenders == {}
 
 
 def _project_modules() -> dict[str, Path]:
     mods = {}
-    for package in ("streamrl", "actors", "learner"):
-        for p in _py_files(package):
-            name = ".".join(p.relative_to(REPO).with_suffix("").parts)
-            mods[name.removesuffix(".__init__")] = p
+    for package, folder in FOLDERS.items():
+        for p in _py_files(folder):
+            rel = p.relative_to(REPO / folder).with_suffix("").parts
+            if package == "streamrl" and rel[0] in ("actors", "learner"):
+                continue
+            mods[".".join((package, *rel)).removesuffix(".__init__")] = p
     return mods
 
 
@@ -189,5 +240,5 @@ def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import():
 def test_no_import_cycle_among_the_projects_modules():
     mods = _project_modules()
     graph = import_graph(mods)
-    assert graph["actors.main"], "the import graph sees nothing: the scanner is broken"
+    assert graph["streamrl.actors.main"], "the import graph sees nothing: the scanner is broken"
     assert cycles(graph) == []

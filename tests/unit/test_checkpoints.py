@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner import checkpoints
+from streamrl.learner import checkpoints
 
 
 def write_model(directory: str, tag: str) -> None:
@@ -70,7 +70,7 @@ def test_rng_states_round_trip_through_the_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_carries_policy_weights_that_load_without_deepspeed(tmp_path):
-    from streamrl import checkpoints as reader
+    from streamrl.run import checkpoints as reader
 
     weights = {"a.weight": torch.randn(3, 2), "b.bias": torch.arange(4.0)}
     weights["tied"] = weights["a.weight"]  # shares memory, as tied embeddings do
@@ -98,7 +98,7 @@ def test_a_crash_while_writing_policy_weights_leaves_the_checkpoint_incomplete(t
 
 
 def test_a_path_with_no_checkpoint_is_a_clear_error(tmp_path):
-    from streamrl import checkpoints as reader
+    from streamrl.run import checkpoints as reader
 
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         reader.checkpoint_of(tmp_path)
@@ -107,9 +107,9 @@ def test_a_path_with_no_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_load_policy_rebuilds_the_trained_model_from_a_run_directory(tmp_path):
-    from streamrl import checkpoints as reader
     from streamrl import config
-    from streamrl import model as model_lib
+    from streamrl.models import model as model_lib
+    from streamrl.run import checkpoints as reader
 
     cfg = config.load(None, ["model.hidden_size=16", "model.intermediate_size=16"])
     (tmp_path / "config.yaml").write_text(config.dump(cfg))
@@ -184,7 +184,7 @@ def test_resume_refuses_to_start_afresh_when_no_checkpoint_is_usable(tmp_path):
 
 
 def test_a_full_disk_during_a_save_removes_the_partial_checkpoint_and_says_so(tmp_path):
-    from streamrl import storage
+    from streamrl.run import storage
 
     checkpoints.save(tmp_path, "step-1", _torch_model_states, {"step": 1, "version": 1}, {"w": torch.zeros(2)})
 
@@ -202,7 +202,7 @@ def test_a_full_disk_during_a_save_removes_the_partial_checkpoint_and_says_so(tm
 
 
 def test_a_truncated_policy_file_is_a_one_line_error_that_names_it(tmp_path):
-    from streamrl import checkpoints as reader
+    from streamrl.run import checkpoints as reader
 
     checkpoints.save(tmp_path, "step-1", write_model, {"step": 1, "version": 1}, {"w": torch.zeros(64)})
     policy = tmp_path / "step-1" / checkpoints.POLICY

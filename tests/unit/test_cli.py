@@ -55,9 +55,9 @@ def test_plot_refuses_a_window_of_zero(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["eval", "uplift"])
 def test_a_truncated_policy_file_is_one_line_that_names_it(tmp_path, capsys, command):
-    from learner import checkpoints
     from streamrl import config
-    from streamrl import model as model_lib
+    from streamrl.learner import checkpoints
+    from streamrl.models import model as model_lib
 
     cfg = config.load(None, ["model.hidden_size=16", "model.intermediate_size=16"])
     (tmp_path / "config.yaml").write_text(config.dump(cfg))

@@ -1,4 +1,4 @@
-"""streamrl.difficulty: prompts outside the success band are excluded once they have enough rollouts."""
+"""streamrl.algo.difficulty: prompts outside the success band are excluded once they have enough rollouts."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from streamrl import config, difficulty
+from streamrl import config
+from streamrl.algo import difficulty
+from streamrl.algo.difficulty import SuccessTracker
 from streamrl.commands import difficulty as offline_difficulty
-from streamrl.difficulty import SuccessTracker
 
 
 def test_a_prompt_is_kept_until_it_has_enough_rollouts():

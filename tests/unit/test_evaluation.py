@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from streamrl import config, evaluation, rewards
+from streamrl import config, evaluation
 from streamrl.evaluation import mean_at_k, pass_at_k
+from streamrl.tasks import rewards
 
 
 def test_pass_at_k_matches_a_hand_value():

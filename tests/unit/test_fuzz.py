@@ -11,8 +11,8 @@ import pytest
 import torch
 import zmq
 
-from streamrl import chunks, wire
-from streamrl.transport import GroupReceiver, WeightPublisher, WeightSubscriber
+from streamrl.comm import chunks, wire
+from streamrl.comm.transport import GroupReceiver, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(120)
 ANY = "tcp://127.0.0.1:*"
@@ -30,7 +30,7 @@ def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once
     push.connect(_endpoint(receiver.sock))
     msgs = malformed.messages(N, seed=1)
     taken = 0
-    with caplog.at_level(logging.WARNING, logger="streamrl.transport"):
+    with caplog.at_level(logging.WARNING, logger="streamrl.comm.transport"):
         for _, frames in msgs:
             push.send_multipart(frames)
             while receiver.take() is not None:

@@ -3,10 +3,11 @@ import random
 
 import pytest
 
-from actors import rollout
-from actors.backends import Completion
-from streamrl import group_filters, rewards, tasks
-from streamrl.tasks import symbols
+from streamrl import tasks
+from streamrl.actors import rollout
+from streamrl.actors.backends import Completion
+from streamrl.algo import group_filters
+from streamrl.tasks import rewards, symbols
 
 
 def _variance(xs):
@@ -127,7 +128,7 @@ def test_the_census_is_counted_before_and_after_dynamic_filtering(estimator, wan
 
 
 def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_filtered_groups():
-    from streamrl.difficulty import SuccessTracker
+    from streamrl.algo.difficulty import SuccessTracker
 
     tracker = SuccessTracker(rollouts=2, low=0.1, high=0.9)
     task = symbols.Copy(num_symbols=2, length=1)                  # prompt ids: copy-a, copy-b
@@ -145,10 +146,10 @@ def test_online_difficulty_filtering_stops_drawing_excluded_prompts_and_sees_fil
 def test_the_learner_logs_the_census_before_filtering_that_the_actor_counted(estimator):
     """Filtered groups ride on the next group sent (a call that sends nothing passes them on), and the learner's
     census_before_* over the step's groups equals the actor's count over every sample it generated."""
-    from actors.generation import carry_filtered
-    from learner import stepstats
-    from learner.batch import collate
-    from streamrl import advantages
+    from streamrl.actors.generation import carry_filtered
+    from streamrl.algo import advantages
+    from streamrl.learner import stepstats
+    from streamrl.learner.batch import collate
 
     task = symbols.Copy(num_symbols=4, length=1)
     tok, reward, opts = WordTokenizer(["a", "b"]), rewards.Reward(task), _opts(2, filter_zero_variance=True,
@@ -173,7 +174,7 @@ def test_the_learner_logs_the_census_before_filtering_that_the_actor_counted(est
         pytest.approx([b / n for b in before])
     # nothing filtered: the census before equals the one after
     plain = stepstats.before_filtering(batch.rewards, adv, 1.0, [None, None])
-    from streamrl import learning_signal
+    from streamrl.algo import learning_signal
     after = learning_signal.census(batch.rewards, adv, 1.0)
     assert plain["groups_filtered"] == 0
     assert {k.replace("census_before_", "census_"): v for k, v in plain.items() if k != "groups_filtered"} == after

@@ -7,9 +7,9 @@ import time
 import pytest
 import zmq
 
-from learner.intake import Intake
-from streamrl import wire
-from streamrl.transport import GroupReceiver, GroupSender, WeightPublisher
+from streamrl.comm import wire
+from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
+from streamrl.learner.intake import Intake
 
 pytestmark = pytest.mark.timeout(30)
 ANY = "tcp://127.0.0.1:*"
@@ -100,7 +100,7 @@ def test_a_session_that_never_reports_is_listed_and_drain_gives_up_after_its_tim
 
 def test_claimed_sessions_cannot_grow_the_learners_memory_without_bound(intake, monkeypatch):
     it, sender = intake
-    monkeypatch.setattr("streamrl.transport.MAX_SESSIONS", 3)
+    monkeypatch.setattr("streamrl.comm.transport.MAX_SESSIONS", 3)
     for i in range(6):
         g = group(0)
         sender.session = f"s{i}"
@@ -125,7 +125,7 @@ def test_groups_left_over_from_a_batch_message_fill_the_next_batch_without_waiti
 
 
 def test_strict_mode_refuses_a_stale_group_loudly_instead_of_dropping_it(intake):
-    from learner.stepstats import StrictModeViolation
+    from streamrl.learner.stepstats import StrictModeViolation
 
     it, sender = intake
     it.strict, it.max_staleness = True, 0
@@ -137,7 +137,7 @@ def test_strict_mode_refuses_a_stale_group_loudly_instead_of_dropping_it(intake)
 
 
 def test_strict_mode_drops_a_stale_group_a_demand_explains_and_still_refuses_one_from_before_it(intake):
-    from learner.stepstats import StrictModeViolation
+    from streamrl.learner.stepstats import StrictModeViolation
 
     it, sender = intake
     it.strict, it.max_staleness = True, 0

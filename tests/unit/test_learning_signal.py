@@ -1,4 +1,4 @@
-"""streamrl.learning_signal on a hand-made batch."""
+"""streamrl.algo.learning_signal on a hand-made batch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from streamrl import learning_signal as learning_signal_module
-from streamrl.learning_signal import learning_signal
+from streamrl.algo import learning_signal as learning_signal_module
+from streamrl.algo.learning_signal import learning_signal
 
 R_MIN = 0.75
 
@@ -70,7 +70,7 @@ def test_r_count_is_zero_with_negatives_and_no_positives():
 def test_census_on_a_hand_made_batch():
     # Two groups, threshold 0.75. Group 1 mean 0.25: GRPO lifts the 0.5 failure above its mean.
     r = torch.tensor([[0.0, 0.0, 0.5, 0.5], [1.0, 0.75, 1.0, 0.75]])
-    from streamrl import advantages
+    from streamrl.algo import advantages
 
     grpo = learning_signal_module.census(r, advantages.compute(r, "grpo", 0.75), 0.75)
     assert grpo == {"census_failed_pos": 2 / 8, "census_failed_nonpos": 2 / 8,
@@ -94,7 +94,7 @@ def test_weight_stats_over_all_parameters():
     ("corpo", {"failed_pos": 0, "failed_nonpos": 3, "passed_pos": 1, "passed_nonpos": 2}),
 ])
 def test_census_counts_follow_the_estimator_for_groups_never_sent(estimator, expected):
-    from streamrl.learning_signal import census_counts
+    from streamrl.algo.learning_signal import census_counts
 
     assert census_counts([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], estimator, 0.5) == expected
     assert census_counts([], estimator, 0.5) == dict.fromkeys(expected, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner import logprobs
+from streamrl.learner import logprobs
 
 
 @pytest.mark.parametrize("temperature,chunk_tokens", [(1.0, 1024), (0.7, 3)])

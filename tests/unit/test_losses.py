@@ -1,4 +1,4 @@
-"""streamrl.losses.token_pg: ratio, PPO clip, truncated IS for A < 0, token-level normalisation."""
+"""streamrl.algo.losses.token_pg: ratio, PPO clip, truncated IS for A < 0, token-level normalisation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from streamrl import losses
-from streamrl.losses import token_pg
+from streamrl.algo import losses
+from streamrl.algo.losses import token_pg
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float = 0.0, atol: float = 1e-7) -> None:

@@ -16,11 +16,12 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from learner import stepstats
-from learner.batch import collate
-from streamrl import advantages, learning_signal, losses, prometheus_metrics
-from streamrl.exporter import Exporter, Health, WeightedHistogram, serve
-from streamrl.wire import FilteredCensus, ScoredGroup
+from streamrl.algo import advantages, learning_signal, losses
+from streamrl.comm.wire import FilteredCensus, ScoredGroup
+from streamrl.learner import stepstats
+from streamrl.learner.batch import collate
+from streamrl.telemetry import prometheus_metrics
+from streamrl.telemetry.exporter import Exporter, Health, WeightedHistogram, serve
 
 R_MIN = 0.75
 
@@ -235,7 +236,7 @@ def test_a_taken_port_is_a_warning_and_the_process_goes_on_without_metrics(caplo
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with caplog.at_level(logging.WARNING, logger="streamrl.exporter"):
+        with caplog.at_level(logging.WARNING, logger="streamrl.telemetry.exporter"):
             assert serve(CollectorRegistry(), Health("actor", 1), "127.0.0.1", port) is None
     assert f"127.0.0.1:{port}" in caplog.text and "monitoring.actor_port" in caplog.text
 

@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
-from actors import rollout
-from actors.backends import Completion
-from streamrl import mgrpo, rewards, tasks
-from streamrl.tasks import symbols
+from streamrl import tasks
+from streamrl.actors import rollout
+from streamrl.actors.backends import Completion
+from streamrl.algo import mgrpo
+from streamrl.tasks import rewards, symbols
 
 PHRASES = ("Wait, let me double-check that.", "Where might I have gone wrong this time? Let me double-check carefully.")
 
@@ -101,9 +102,9 @@ def test_five_metrics_on_a_fixed_batch():
 
 
 def test_learner_step_record_carries_the_five_metrics():
-    from learner import stepstats
-    from learner.batch import collate
-    from streamrl.wire import ScoredGroup
+    from streamrl.comm.wire import ScoredGroup
+    from streamrl.learner import stepstats
+    from streamrl.learner.batch import collate
 
     def group(rs, corr, layer=1):
         return ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="a", prompt_tokens=[1],
@@ -129,7 +130,7 @@ def test_a_wrong_augment_is_refused_with_why():
 
 def test_eval_reports_the_five_metrics_under_mgrpo():
     from streamrl import config, evaluation
-    from streamrl import rewards as rewards_lib
+    from streamrl.tasks import rewards as rewards_lib
 
     cfg = config.load(None, ["mgrpo.enabled=true", "eval.prompts=6", "eval.samples=4", "eval.ks=[1,4]"])
     out = evaluation.Evaluator(cfg, rewards_lib.build(cfg)).run()
@@ -154,7 +155,8 @@ def _call(prompts: int, kept_per_prompt: int) -> list:
 def test_layer2_trains_at_the_mgrpo_papers_batch_shape():
     from pathlib import Path
 
-    from streamrl import config, staleness
+    from streamrl import config
+    from streamrl.algo import staleness
 
     cfg = config.load(Path(__file__).resolve().parents[2] / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml")
     assert cfg.strict and (cfg.learner.batch_groups, cfg.actors.num, cfg.actors.prompts_per_generate) == (32, 8, 8)
@@ -234,8 +236,8 @@ def test_layer2_coverage_counts_steps_from_the_first_verified_correction_on():
 
 
 def test_the_summary_says_how_many_steps_trained_layer2_once_corrections_existed(tmp_path):
-    from learner.runlog import RunLog
     from streamrl import config
+    from streamrl.learner.runlog import RunLog
 
     cfg = config.load(None, ["mgrpo.enabled=true", f"run_dir={tmp_path}"])
     log = RunLog(cfg)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from streamrl import prometheus_metrics
+from streamrl.telemetry import prometheus_metrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 sys.path.insert(0, str(MONITORING))

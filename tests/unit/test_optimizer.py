@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from learner.optimizer import AdamW
+from streamrl.learner.optimizer import AdamW
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_steps_and_state_equal_torchs_adamw_bit_for_bit():
 def test_its_calls_leave_torch_dynamo_unimported():
     code = """
 import json, sys, torch
-from learner.optimizer import AdamW
+from streamrl.learner.optimizer import AdamW
 p = torch.nn.Parameter(torch.ones(3))
 opt = AdamW([p], lr=0.1, weight_decay=0.01)
 p.sum().backward()

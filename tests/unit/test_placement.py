@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.placement import actor_gpus, actor_seed, actors_per_node, cuda_visible_devices
+from streamrl.run.placement import actor_gpus, actor_seed, actors_per_node, cuda_visible_devices
 
 
 def test_actors_on_one_node_get_disjoint_gpus_that_cover_it():

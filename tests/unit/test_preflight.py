@@ -8,8 +8,9 @@ import socket
 
 import pytest
 
-from streamrl import config, preflight
+from streamrl import config
 from streamrl.commands import cli, launch
+from streamrl.run import preflight
 
 FREE = ["transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0",
         "monitoring.learner_port=0", "monitoring.actor_port=0"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.batch import Batch, micro_batches
-from learner.ranks import Ranks, collective_device
+from streamrl.learner.batch import Batch, micro_batches
+from streamrl.learner.ranks import Ranks, collective_device
 
 
 def test_nccl_collectives_use_cuda_tensors_and_gloo_cpu_ones():

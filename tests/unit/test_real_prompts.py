@@ -8,10 +8,11 @@ import random
 import pytest
 import torch
 
-from actors import rollout
-from actors.backends import build as build_backend
-from streamrl import config, rewards
-from streamrl import model as model_lib
+from streamrl import config
+from streamrl.actors import rollout
+from streamrl.actors.backends import build as build_backend
+from streamrl.models import model as model_lib
+from streamrl.tasks import rewards
 
 IM_END, ENDOFTEXT = 151_645, 151_643
 
@@ -145,9 +146,9 @@ def test_a_release_folder_passes_check(release_model, capsys):
 
 
 def test_offline_difficulty_and_uplift_encode_prompts_as_the_actors_do(actor, monkeypatch, tmp_path):
-    from streamrl import sampling
     from streamrl.commands import uplift
     from streamrl.commands.difficulty import filter_offline
+    from streamrl.models import sampling
 
     cfg, _, tok, _, reward = actor
     items = reward.task.eval_set(2, cfg.eval.seed)

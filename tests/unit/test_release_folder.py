@@ -1,11 +1,11 @@
-"""The release-shaped model folder: what a Qwen3 release holds, made offline (streamrl.release_model)."""
+"""The release-shaped model folder: what a Qwen3 release holds, made offline (streamrl.models.release_model)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from streamrl import release_model
+from streamrl.models import release_model
 
 
 def test_the_folder_has_a_qwen3_release_shape(release_model):

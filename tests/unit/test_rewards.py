@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from streamrl import config, rewards, tasks
-from streamrl.tasks import symbols
+from streamrl import config, tasks
+from streamrl.tasks import rewards, symbols
 
 
 @pytest.mark.parametrize("r, shaped", [

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from learner import runlog as runlog_mod
-from learner.runlog import RunLog
-from streamrl import config, storage
+from streamrl import config
+from streamrl.learner import runlog as runlog_mod
+from streamrl.learner.runlog import RunLog
+from streamrl.run import storage
 
 
 def _record(step: int) -> dict:

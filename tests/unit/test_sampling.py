@@ -1,12 +1,13 @@
-"""streamrl.sampling: one sampler for actors and evaluation; teacher forcing agrees with it."""
+"""streamrl.models.sampling: one sampler for actors and evaluation; teacher forcing agrees with it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from streamrl import config, sampling
-from streamrl import model as model_lib
+from streamrl import config
+from streamrl.models import model as model_lib
+from streamrl.models import sampling
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def policy():
 @pytest.fixture(scope="module")
 def reference(policy):
     """transformers' LlamaForCausalLM with the policy's weights: what `generate_hf` (model.generate) samples."""
-    from streamrl.tiny_llama import to_transformers
+    from streamrl.models.tiny_llama import to_transformers
 
     return to_transformers(policy[0]).eval()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from learner import schedule
 from streamrl.config import load
+from streamrl.learner import schedule
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import torch
 import zmq
 from zmq.auth import create_certificates
 
-from streamrl import security, wire
-from streamrl.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
+from streamrl.comm import security, wire
+from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(60)
 ANY = "tcp://127.0.0.1:*"
@@ -115,6 +115,6 @@ def test_missing_keys_fail_with_the_file_and_the_fix(tmp_path):
                                                  ("localhost", None, False),
                                                  ("0.0.0.0", security.Curve(b"x" * 40, b"y" * 40), False)])
 def test_binding_beyond_loopback_without_authentication_warns(caplog, host, curve, warned):
-    with caplog.at_level(logging.WARNING, logger="streamrl.security"):
+    with caplog.at_level(logging.WARNING, logger="streamrl.comm.security"):
         security.warn_if_exposed(host, curve)
     assert ("curve_keys is not set" in caplog.text) == warned

@@ -6,13 +6,14 @@ import pytest
 import torch
 from fake_sglang import install
 
-from actors.backends.sglang import WeightUpdateError
-from streamrl import config, model
+from streamrl import config
+from streamrl.actors.backends.sglang import WeightUpdateError
+from streamrl.models import model
 
 
 def _build(monkeypatch, *overrides: str):
     engine_cls = install(monkeypatch)
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=sglang", "actors.temperature=0.7", "actors.top_p=0.9",
                              "actors.max_new_tokens=3", *overrides])
@@ -92,7 +93,7 @@ def test_an_answer_that_is_not_a_status_is_an_api_drift(backend):
 
 def test_each_actors_engine_gets_its_own_seed(monkeypatch):
     engine_cls = install(monkeypatch)
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=sglang", "seed=5"])
     m, tok = model.build(cfg)
@@ -104,7 +105,7 @@ def test_each_actors_engine_gets_its_own_seed(monkeypatch):
 def test_original_logprob_mode_is_refused(monkeypatch):
     install(monkeypatch)
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=sglang"])
     with pytest.raises(RuntimeError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):

@@ -15,9 +15,8 @@ import re
 import zipfile
 from pathlib import Path
 
-import pytest
-
 import fake_sglang
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG = "0.5.23"  # the release this backend was written and checked against; pyproject's extra pins it
@@ -108,8 +107,9 @@ def test_updates_outside_a_session_are_refused_with_the_fakes_messages(wheel):
 
 
 def test_the_engine_arguments_the_backend_passes_are_server_args(wheel, monkeypatch):
-    from actors.backends import build
-    from streamrl import config, model
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.models import model
 
     engine_cls = fake_sglang.install(monkeypatch)
     cfg = config.load(None, ["actors.backend=sglang"])

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-import actors.backends.shm_weights as shm
-from streamrl.weight_sync import plan
+import streamrl.actors.backends.shm_weights as shm
+from streamrl.comm.weight_sync import plan
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.placement import actor_gpus
+from streamrl.run.placement import actor_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "configs" / "cluster"
@@ -200,7 +200,7 @@ def test_submit_then_learner_and_actors_jobs_start_every_process_where_it_belong
         assert argv[:-4] == ["actor", CONFIG, "actors.tensor_parallel_size=2", "actors.num=8",
                              "actors.tensor_parallel_size=2"]
         assert argv[-4:] == ["--learner", "node-a", "--index", str(index)]
-        # Each actor sees its own GPUs: the ones streamrl.placement gives its index.
+        # Each actor sees its own GPUs: the ones streamrl.run.placement gives its index.
         assert call["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, actor_gpus(index, 2, 8)))
         assert call["env"]["STUB_NODE"] == nodes_a[index // 4]
     assert sorted(int(c["argv"][c["argv"].index("--index") + 1]) for c in started) == list(range(8))

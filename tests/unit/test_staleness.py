@@ -1,4 +1,4 @@
-"""streamrl.staleness.gate: lag = learner version - group version; drop above k, refuse the future."""
+"""streamrl.algo.staleness.gate: lag = learner version - group version; drop above k, refuse the future."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streamrl import staleness
+from streamrl.algo import staleness
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 5])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrl import startup
 from streamrl.commands import bench_startup
+from streamrl.telemetry import startup
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -74,9 +74,11 @@ def test_an_actor_never_imports_deepspeed_nor_transformers_modeling_code(tmp_pat
     DeepSpeed, and for the tiny default transformers altogether and torch._dynamo."""
     got = _python(f"""
 import json, sys
-import actors.main
-from actors import backends
-from streamrl import config, model, rewards
+import streamrl.actors.main
+from streamrl.actors import backends
+from streamrl import config
+from streamrl.models import model
+from streamrl.tasks import rewards
 from streamrl.commands import forked
 cfg = config.load({TINY!r}, [])
 forked.preload(cfg)
@@ -98,10 +100,12 @@ def test_the_learner_engine_builds_and_steps_without_compiling_probing_or_heavy_
 import json, sys
 import deepspeed.ops
 import torch
-from streamrl import advantages, config, model
-from streamrl.wire import ScoredGroup
-from learner.batch import collate
-from learner.engine import Engine
+from streamrl.algo import advantages
+from streamrl import config
+from streamrl.models import model
+from streamrl.comm.wire import ScoredGroup
+from streamrl.learner.batch import collate
+from streamrl.learner.engine import Engine
 cfg = config.load({TINY!r}, [])
 m, tok = model.build(cfg)
 e = Engine(cfg, m)

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from streamrl import config, model, tasks
+from streamrl import config, tasks
+from streamrl.models import model
 from streamrl.tasks import Prompt, symbols
 
 

@@ -1,4 +1,4 @@
-"""streamrl.tiny_llama against transformers' LlamaForCausalLM: the weights a seed gives, logits on a
+"""streamrl.models.tiny_llama against transformers' LlamaForCausalLM: the weights a seed gives, logits on a
 left-padded batch, cached decoding, the learner's hidden states and gradients, bfloat16, export (the lean
 sampler on it against transformers' `generate`: tests/unit/test_sampling.py)."""
 
@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrl import config, sampling
-from streamrl import model as model_lib
-from learner.engine import recompute_layers_in_backward
-from streamrl.tiny_llama import KVCache, TinyLlamaConfig, to_transformers
+from streamrl import config
+from streamrl.learner.engine import recompute_layers_in_backward
+from streamrl.models import model as model_lib
+from streamrl.models import sampling
+from streamrl.models.tiny_llama import KVCache, TinyLlamaConfig, to_transformers
 
 
 def _transformers_build(cfg, tok):
-    """The default model exactly as streamrl.model.build made it with transformers (before tiny_llama)."""
+    """The default model exactly as streamrl.models.model.build made it with transformers (before tiny_llama)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     m = cfg.model
@@ -87,7 +88,7 @@ def test_cached_decoding_equals_transformers_step_by_step(pair, padded):
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_the_learners_hidden_states_log_probs_and_gradients_equal_transformers(recompute):
-    from learner import logprobs
+    from streamrl.learner import logprobs
 
     cfg = config.load(None)
     native, tok = model_lib.build(cfg)
@@ -134,7 +135,7 @@ def test_a_bfloat16_model_equals_transformers_in_bfloat16():
 def test_the_export_folder_loads_in_transformers_with_the_same_weights(pair, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from actors.backends.export import hf_folder
+    from streamrl.actors.backends.export import hf_folder
 
     native, _, tok = pair
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))

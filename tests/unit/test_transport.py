@@ -1,4 +1,4 @@
-"""streamrl.transport over loopback TCP in one process: groups, rejects, weights, late joiners, shutdown."""
+"""streamrl.comm.transport over loopback TCP in one process: groups, rejects, weights, late joiners, shutdown."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import zmq
 
-from streamrl import chunks, wire
-from streamrl.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
+from streamrl.comm import chunks, wire
+from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(30)
 

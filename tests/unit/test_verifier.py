@@ -4,9 +4,7 @@ import random
 
 import pytest
 
-from streamrl import rewards
-from streamrl.tasks import verifier
-from streamrl.tasks import Prompt
+from streamrl.tasks import Prompt, rewards, verifier
 
 PAIR_B_RIGHT = Prompt(id="p", text="", labels=(0.0, 1.0))
 PAIR_A_RIGHT = Prompt(id="p", text="", labels=(1.0, 0.0))

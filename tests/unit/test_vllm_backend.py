@@ -13,12 +13,13 @@ import pytest
 import torch
 from fake_vllm import EOS, install
 
-from streamrl import config, model
+from streamrl import config
+from streamrl.models import model
 
 
 def _build(monkeypatch, cpu: bool = True, overrides: tuple[str, ...] = ()):
     llm_cls = install(monkeypatch, cpu=cpu)
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=vllm", "actors.temperature=0.7", "actors.top_p=0.9",
                              "actors.max_new_tokens=3", "seed=5", *overrides])
@@ -37,7 +38,7 @@ def test_engine_starts_from_the_saved_tiny_model_with_token_ids_and_tempered_log
     assert (Path(kw["model"]) / "config.json").is_file() and list(Path(kw["model"]).glob("*.safetensors"))
     assert kw["skip_tokenizer_init"] is True and kw["dtype"] == "float32" and kw["seed"] == 5
     assert kw["logprobs_mode"] == "processed_logprobs"  # temperature applied: what the learner's ratios need
-    assert kw["worker_extension_cls"] == "actors.backends.vllm_worker.WorkerExtension"
+    assert kw["worker_extension_cls"] == "streamrl.actors.backends.vllm_worker.WorkerExtension"
     assert kw["tensor_parallel_size"] == 1 and kw["enforce_eager"] is True
 
 
@@ -109,7 +110,7 @@ def test_a_worker_that_read_fewer_tensors_fails_the_update(cpu_backend, monkeypa
 
 def test_each_actors_engine_gets_its_own_seed(monkeypatch):
     llm_cls = install(monkeypatch)
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=vllm", "seed=5"])
     m, tok = model.build(cfg)
@@ -127,7 +128,7 @@ def test_strict_mode_refuses_top_p_below_1_on_vllm():
 
 def test_a_vllm_without_logprobs_mode_is_refused(monkeypatch):
     install(monkeypatch, logprobs_mode=False)
-    from actors.backends import build
+    from streamrl.actors.backends import build
 
     cfg = config.load(None, ["actors.backend=vllm"])
     with pytest.raises(RuntimeError, match="logprobs_mode"):
@@ -154,8 +155,8 @@ def test_close_shuts_the_engine_down_and_removes_the_weights_folder(cpu_backend)
 def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
     from fake_vllm import Worker
 
-    from actors.backends import shm_weights
-    from streamrl.weight_sync import plan
+    from streamrl.actors.backends import shm_weights
+    from streamrl.comm.weight_sync import plan
 
     state = {"w": torch.arange(6.0).reshape(2, 3), "h": torch.ones(3, dtype=torch.bfloat16)}
     folder = shm_weights.new_folder()
@@ -205,7 +206,7 @@ def test_the_worker_extension_shadows_no_worker_method_where_vllm_is_installed()
     _real_vllm()
     from vllm.v1.worker.gpu_worker import Worker
 
-    from actors.backends.vllm_worker import WorkerExtension
+    from streamrl.actors.backends.vllm_worker import WorkerExtension
 
     # vLLM asserts the same when it mixes the extension in, but only once an engine starts.
     ours = [a for a in dir(WorkerExtension) if not a.startswith("__")]

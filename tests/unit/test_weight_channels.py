@@ -12,10 +12,10 @@ import pytest
 import torch
 import zmq
 
-from actors.weights import ActorWeights
-from learner.weights import LearnerWeights
-from streamrl import exporter, prometheus_metrics
+from streamrl.actors.weights import ActorWeights
 from streamrl.config import load
+from streamrl.learner.weights import LearnerWeights
+from streamrl.telemetry import exporter, prometheus_metrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,8 +141,8 @@ def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setu
 
 
 def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
-    from actors.backends.hf import HFBackend
-    from streamrl import chunks
+    from streamrl.actors.backends.hf import HFBackend
+    from streamrl.comm import chunks
 
     g = torch.Generator().manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))

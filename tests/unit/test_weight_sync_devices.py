@@ -1,4 +1,4 @@
-"""streamrl.weight_sync on a machine without NCCL: every collective tensor is made on the device the
+"""streamrl.comm.weight_sync on a machine without NCCL: every collective tensor is made on the device the
 group's backend takes, and the NCCL group is built so that a timeout cannot kill the process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl import weight_sync
+from streamrl.comm import weight_sync
 
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])

@@ -1,4 +1,4 @@
-"""streamrl.wire: round trips, and every kind of bad input is a WireError with its reason label."""
+"""streamrl.comm.wire: round trips, and every kind of bad input is a WireError with its reason label."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl import chunks, wire
-from streamrl.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
+from streamrl.comm import chunks, wire
+from streamrl.comm.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32
@@ -690,7 +690,7 @@ def test_no_module_under_streamrl_actors_or_learner_uses_pickle():
 
 
 def test_layer_and_corrections_survive_single_and_batch_messages():
-    from streamrl import wire
+    from streamrl.comm import wire
 
     def group(layer, corr):
         return wire.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],

@@ -1,4 +1,4 @@
-"""streamrl.word_tokenizer against transformers' PreTrainedTokenizerFast over the same backend: the same ids
+"""streamrl.models.word_tokenizer against transformers' PreTrainedTokenizerFast over the same backend: the same ids
 for text, the same text for ids, the same special tokens; and its transformers twin for exports."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import random
 import pytest
 
 from streamrl import config, tasks
-from streamrl.word_tokenizer import SPECIAL_TOKENS, WordTokenizer
+from streamrl.models.word_tokenizer import SPECIAL_TOKENS, WordTokenizer
 
 
 @pytest.fixture(scope="module", params=["default", "mgrpo"])
 def pair(request):
-    from streamrl.mgrpo import phrase_words
+    from streamrl.algo.mgrpo import phrase_words
 
     cfg = config.load(None) if request.param == "default" else config.load("configs/mgrpo/tiny.yaml")
     task = tasks.build(cfg.task)

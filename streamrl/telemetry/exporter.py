@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-log = logging.getLogger("streamrl.exporter")
+log = logging.getLogger("streamrl.telemetry.exporter")
 
 
 class Health:

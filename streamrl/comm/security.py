@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq
 
-log = logging.getLogger("streamrl.security")
+log = logging.getLogger("streamrl.comm.security")
 
 
 @dataclasses.dataclass(frozen=True)

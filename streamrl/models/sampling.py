@@ -163,12 +163,12 @@ def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, 
                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
     """`generate` through transformers' `model.generate`: the reference the lean loop is checked and
     benchmarked against, and the path for models whose cache is not a DynamicCache. `model` must be a
-    transformers model: for streamrl's tiny Llama pass `streamrl.tiny_llama.to_transformers(model)`."""
+    transformers model: for streamrl's tiny Llama pass `streamrl.models.tiny_llama.to_transformers(model)`."""
     from transformers import StoppingCriteriaList
 
     if not hasattr(model, "generate"):
         raise TypeError(f"generate_hf: {type(model).__name__} has no transformers `generate`; pass "
-                        "streamrl.tiny_llama.to_transformers(model): the same weights in transformers' Llama")
+                        "streamrl.models.tiny_llama.to_transformers(model): the same weights in transformers' Llama")
 
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
     rows = [p for p in prompts for _ in range(n)]

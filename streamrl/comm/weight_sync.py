@@ -42,9 +42,9 @@ from typing import Callable, Iterable, Iterator
 import msgspec
 import torch
 
-from streamrl.wire import TensorInfo, WeightsCollective
+from streamrl.comm.wire import TensorInfo, WeightsCollective
 
-log = logging.getLogger("streamrl.weight_sync")
+log = logging.getLogger("streamrl.comm.weight_sync")
 
 
 class WeightSyncError(RuntimeError):

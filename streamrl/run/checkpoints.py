@@ -18,7 +18,7 @@ from pathlib import Path
 
 from streamrl import config as config_lib
 
-log = logging.getLogger("streamrl.checkpoints")
+log = logging.getLogger("streamrl.run.checkpoints")
 STATE = "streamrl.json"
 LATEST = "latest"  # DeepSpeed's own pointer file name and format (the tag as text)
 POLICY = "policy.safetensors"
@@ -165,9 +165,9 @@ def load_weights(model, path: str | Path) -> None:
 def load_policy(cfg: config_lib.Config | None, path: str | Path):
     """(model, tokenizer) of the newest complete checkpoint at `path`, in eval mode on the CPU.
 
-    The model is built by `streamrl.model.build(cfg)`; `cfg` None reads the run's config.yaml.
+    The model is built by `streamrl.models.model.build(cfg)`; `cfg` None reads the run's config.yaml.
     """
-    from streamrl import model as model_lib
+    from streamrl.models import model as model_lib
 
     cfg = cfg or run_config(path)
     model, tokenizer = model_lib.build(cfg)

@@ -18,7 +18,7 @@ SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 class WordTokenizer:
     """Word-level tokenizer of `words` (after SPECIAL_TOKENS, repeats dropped): ids follow that order."""
 
-    chat_template = None  # raw prompts: streamrl.prompting never applies a chat template to it
+    chat_template = None  # raw prompts: streamrl.models.prompting never applies a chat template to it
     pad_token, eos_token, bos_token, unk_token = SPECIAL_TOKENS
 
     def __init__(self, words: list[str]):

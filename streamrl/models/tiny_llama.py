@@ -12,7 +12,7 @@ left-padded batch, cached decoding, hidden states and gradients):
   checkpoints, the weight broadcast and `load_state_dict` see no difference;
 - the same initialisation in the same order of random draws (torch's default init of each layer as it
   is built, then normal(0, initializer_range) over the decoder, then the output layer built and
-  re-drawn), so `streamrl.model.build` gives the weights it gave with transformers for a seed;
+  re-drawn), so `streamrl.models.model.build` gives the weights it gave with transformers for a seed;
 - RMSNorm in fp32 (eps 1e-6), rotary embeddings (theta 10,000, cos/sin computed in fp32 from
   position ids), SDPA attention with transformers' masks: none (SDPA's `is_causal`) when nothing is
   padded, else a boolean (B, 1, q, kv) causal-and-padding mask; SiLU-gated MLP.
@@ -294,7 +294,7 @@ class TinyLlamaForCausalLM(nn.Module):
         return True
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache for incremental decoding (what `streamrl.sampling.generate` passes)."""
+        """An empty KV cache for incremental decoding (what `streamrl.models.sampling.generate` passes)."""
         return KVCache()
 
     def get_decoder(self) -> TinyLlamaModel:

@@ -89,7 +89,7 @@ def census_counts(groups: list[list[float]], estimator: str, r_min_correct: floa
     """Samples of these groups in each census cell, with the advantages the learner would give them (advantages
     are per group, so an actor can count groups it never sends: the census before dynamic filtering).
     groups: rewards, each of G samples."""
-    from streamrl import advantages
+    from streamrl.algo import advantages
 
     out = dict.fromkeys(CENSUS_KEYS, 0)
     if not groups:

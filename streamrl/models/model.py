@@ -1,8 +1,8 @@
 """Builds the policy model and tokenizer the same way on the learner and on every actor.
 
 With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config
-(`streamrl.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed) and
-a word-level tokenizer made offline from the task's vocabulary (`streamrl.word_tokenizer`), so nothing
+(`streamrl.models.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed) and
+a word-level tokenizer made offline from the task's vocabulary (`streamrl.models.word_tokenizer`), so nothing
 is downloaded and transformers is not even imported. Actors replace the random weights with the
 learner's before they generate anything.
 
@@ -18,13 +18,13 @@ import os
 import re
 from pathlib import Path
 
-from streamrl.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, ids 0-3)
+from streamrl.models.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, ids 0-3)
 
 
 def build_tokenizer(words: list[str]):
     """The tiny job's tokenizer: one token per word (whitespace-split), made offline
-    (`streamrl.word_tokenizer`: PreTrainedTokenizerFast's ids and text without importing transformers)."""
-    from streamrl.word_tokenizer import WordTokenizer
+    (`streamrl.models.word_tokenizer`: PreTrainedTokenizerFast's ids and text without importing transformers)."""
+    from streamrl.models.word_tokenizer import WordTokenizer
 
     return WordTokenizer(words)
 
@@ -44,14 +44,14 @@ def build(cfg, task_words: list[str] | None = None):
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local, dtype=dtype)
     else:
-        from streamrl.tiny_llama import TinyLlamaConfig, TinyLlamaForCausalLM
+        from streamrl.models.tiny_llama import TinyLlamaConfig, TinyLlamaForCausalLM
 
         if task_words is None:
             from streamrl import tasks
 
             task_words = tasks.build(cfg.task).vocabulary
         if cfg.mgrpo.enabled:  # layer-2 queries hold a guiding phrase
-            from streamrl.mgrpo import phrase_words
+            from streamrl.algo.mgrpo import phrase_words
 
             task_words = [*task_words, *phrase_words(cfg.mgrpo.phrases)]
         tokenizer = build_tokenizer(task_words)

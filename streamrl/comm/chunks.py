@@ -24,8 +24,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from streamrl import wire
-from streamrl.wire import WeightsChunk, WireError
+from streamrl.comm import wire
+from streamrl.comm.wire import WeightsChunk, WireError
 
 log = logging.getLogger(__name__)
 

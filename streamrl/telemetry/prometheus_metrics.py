@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
-from streamrl import staleness
-from streamrl.exporter import WeightedHistogram
-from streamrl.wire import ScoredGroup
+from streamrl.algo import staleness
+from streamrl.comm.wire import ScoredGroup
+from streamrl.telemetry.exporter import WeightedHistogram
 
 IS_RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.001, 1.01, 1.05, 1.1, 1.25, 1.5, 2.0, 5.0)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -6,7 +6,7 @@ buffers). Scored groups have one format, a batch (GroupBatchHeader; a single gro
 one and keeps its arrays zero-copy), so the fixed cost of a message and of checking its arrays is
 paid once per batch rather than once per group. Weights have one layout: a version is one flat
 byte buffer (every tensor at an aligned offset) that travels as chunks under the message cap
-(WeightsChunk; see streamrl.chunks for the two ends).
+(WeightsChunk; see streamrl.comm.chunks for the two ends).
 
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
@@ -140,7 +140,7 @@ class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
 
 class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
     """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
-    collective), cut into `buckets` of one dtype each (see streamrl.weight_sync): receivers join the
+    collective), cut into `buckets` of one dtype each (see streamrl.comm.weight_sync): receivers join the
     broadcast when they see this, and allocate from it."""
 
     schema: int = SCHEMA_VERSION

@@ -24,9 +24,8 @@ from typing import Callable
 
 import zmq
 
-from streamrl import wire
-from streamrl.security import Curve
-from streamrl import chunks
+from streamrl.comm import chunks, wire
+from streamrl.comm.security import Curve
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +225,7 @@ class GroupReceiver:
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts, ROUTER for newest-weights requests.
 
-    A version travels as chunks under the message cap (streamrl.chunks), sent zero-copy from the
+    A version travels as chunks under the message cap (streamrl.comm.chunks), sent zero-copy from the
     live parameters' own memory (or, for tensors ZeroMQ cannot read in place, copied into a small
     pool of reused buffers), so a publish holds at most the pool, never a copy of the model.
     `publish(..., wait=False)` sends on a background thread so the learner goes on with its next
@@ -502,7 +501,7 @@ class WeightSubscriber:
     """Actor side of the weight channel: SUB for broadcasts, DEALER to ask for the newest weights.
 
     `poll` returns the newest version waiting (older ones are skipped), so an actor that fell
-    behind jumps straight to the current policy. A version comes as chunks (streamrl.chunks) and is
+    behind jumps straight to the current policy. A version comes as chunks (streamrl.comm.chunks) and is
     returned only once all of them have arrived and agree; a version whose chunks stop coming (a
     newer one starts, a chunk was lost) is dropped and counted (`chunk_lost`), and chunks of a
     version already held are skipped without a copy.

@@ -13,7 +13,7 @@ What differs: about ten million random-init parameters (hidden 32, 2 layers; nea
 151,936-row embedding and output layer), and a BPE trained in milliseconds on a small built-in
 text, its vocabulary padded with unreachable `<|reserved_i|>` entries up to Qwen3's first special id.
 
-    python -m streamrl.release_model OUT_DIR [--seed 0]      # then: streamrl run model.path=OUT_DIR
+    python -m streamrl.models.release_model OUT_DIR [--seed 0]      # then: streamrl run model.path=OUT_DIR
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def build(out: str | Path, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streamrl.release_model", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m streamrl.models.release_model", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="folder to write")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     args = p.parse_args(argv)

@@ -1,0 +1,127 @@
+"""What the leading learner rank opens for a run and closes at its end, in one place: the run log, the group
+socket (and CurveZMQ's gate), Prometheus, the weight channel and the intake. Where the run is (step,
+version, last checkpoint) lives in `Position`, the one object the loop advances."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from streamrl.comm import security
+from streamrl.comm.transport import GroupReceiver, endpoint
+from streamrl.config import Config
+from streamrl.learner import checkpoints
+from streamrl.learner.engine import Engine
+from streamrl.learner.intake import Intake
+from streamrl.learner.ranks import Ranks
+from streamrl.learner.runlog import RunLog
+from streamrl.learner.weights import LearnerWeights
+from streamrl.run import storage
+from streamrl.telemetry import exporter, prometheus_metrics
+
+log = logging.getLogger("streamrl.learner")
+
+
+@dataclass
+class Position:
+    """Where the run is: the next step, the version it trains, and the step of the last checkpoint."""
+
+    step: int
+    version: int
+    saved_at: int
+
+    def advance(self) -> None:
+        self.step, self.version = self.step + 1, self.version + 1
+
+
+class Session:
+    """The leader's open resources. `open` makes them; `close` ends them and writes the summary."""
+
+    def __init__(self, cfg: Config, engine: Engine, ranks: Ranks, vocab_size: int, reward_levels: list[float],
+                 at: Position):
+        self.cfg, self.engine, self.ranks, self.at = cfg, engine, ranks, at
+        self.reward_range = (min(reward_levels), max(reward_levels))
+        self.runlog = RunLog(cfg)
+        self.runlog.open(resumed_step=at.step)
+        t = cfg.transport
+        self.ctx = zmq.Context()
+        self.curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
+        self.gate = security.Gatekeeper(self.ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
+        security.warn_if_exposed(t.host, self.curve)
+        self.receiver = GroupReceiver(self.ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
+                                      vocab_size, self.curve)
+        self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
+        self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
+        gate = self.gate
+        self.intake = Intake(self.receiver, self.weights.publisher, cfg.actors.group_size, cfg.max_staleness,
+                             cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
+                             strict=cfg.strict)
+        self.started = time.time()
+
+    def checkpoint(self) -> None:
+        # The copy is done and the parameters stay the published version (a save changes nothing),
+        # so weight requests are still answered from them (settle would stop that until the next publish).
+        self.weights.flush()
+        state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting()}
+        checkpoints.save(self.runlog.checkpoints, f"step-{self.at.step}", self.engine.save, state,
+                         self.engine.full_state_dict())
+        self.at.saved_at = self.at.step
+
+    def close(self, error: BaseException | None) -> tuple[dict, BaseException | None]:
+        """Stop the weight channel, drain the intake, stop the other ranks (with a last checkpoint when the run
+        moved since the last one), write summary.json and close every socket. Returns the summary and the error of
+        a final checkpoint that failed (the caller raises it when nothing else did)."""
+        cfg, at = self.cfg, self.at
+        self.weights.shutdown()
+        self.intake.drain(cfg.learner.shutdown_drain_s)
+        # A full disk keeps the newest complete checkpoint as the last one: another save would only fail.
+        save = (at.step != at.saved_at or not (self.runlog.checkpoints / checkpoints.LATEST).exists()) and \
+            not storage.is_disk_full(error)
+        self.ranks.stop(save)
+        final_error = None
+        if save:
+            try:
+                self.checkpoint()
+            except Exception as e:  # the summary still gets written, then the run fails with this
+                log.error("final checkpoint failed: %s", storage.reason(e))
+                final_error, error = e, error or e
+        self.weights.close()
+        status = "failed" if error is not None else "finished" if at.step >= cfg.steps else "stopped"
+        summary = self.runlog.summary(
+            {"status": status, **({"error": storage.reason(error)} if error is not None else {}),
+             "learner_version": at.version, "wall_s": time.time() - self.started, "stopped_early": at.step < cfg.steps,
+             **self.intake.accounting(), "reconciliation": self.intake.reconciliation(), **self._metrics_cost(),
+             **self.weights.report()},
+            reward_range=self.reward_range)
+        self.runlog.close()
+        self.receiver.close()
+        if self.gate:
+            self.gate.stop()
+        self.ctx.term()
+        self.engine.close()
+        if self.server:
+            self.server.close()
+        return summary, final_error
+
+    def _metrics_cost(self) -> dict:
+        """Time spent updating metrics plus CPU time spent rendering scrapes, as a share of step time."""
+        runlog, server = self.runlog, self.server
+        scrape_s = server.scrape_cpu_s if server else 0.0
+        return {"metrics_s": runlog.metrics_s, "metrics_scrape_cpu_s": scrape_s,
+                "metrics_scrapes": server.scrapes if server else 0,
+                "metrics_overhead_fraction": (runlog.metrics_s + scrape_s) / runlog.step_s if runlog.step_s else None}
+
+
+def _monitoring(cfg: Config, reward_levels: list[float]
+                ) -> tuple[prometheus_metrics.LearnerMetrics, exporter.Health, exporter.Exporter | None]:
+    registry = prometheus_metrics.new_registry()
+    settings = {"on_policy": cfg.on_policy, "max_staleness": str(cfg.max_staleness), "task": cfg.task.name,
+                "model": cfg.model.path or "tiny", "group_size": str(cfg.actors.group_size),
+                "batch_groups": str(cfg.learner.batch_groups), "r_min_correct": str(cfg.advantage.r_min_correct)}
+    telemetry = prometheus_metrics.LearnerMetrics(registry, cfg.name, cfg.advantage.estimator, reward_levels,
+                                                  cfg.max_staleness, settings)
+    health = exporter.Health("learner", cfg.monitoring.healthy_within_s)
+    return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, cfg.monitoring.learner_port)
