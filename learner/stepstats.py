@@ -119,7 +119,7 @@ def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
 # actor's by rounding, a fraction of eps that grows with the logits as the model sharpens; the KL
 # estimate grows with the square of such differences, while a group sampled from other weights or at
 # another temperature, off by a few hundredths on most tokens, lands above. Measured on the tiny
-# model in bfloat16 (README, "Strict on-policy"): on-policy groups 2e-7 at the start, up to 6.4e-5
+# model in bfloat16 (docs/concepts.md, "Strict on-policy"): on-policy groups 2e-7 at the start, up to 6.4e-5
 # after 300 steps; one group one version back 1.3e-3, at temperature 0.8 instead of 1.0 5.1e-4.
 _RATIO_TOL_FLOOR = 1e-7
 

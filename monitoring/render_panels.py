@@ -1,6 +1,6 @@
 """Draw the Grafana dashboard's panels with matplotlib, from the same PromQL, straight from Prometheus.
 
-For a picture of a run where no Grafana runs (the README's figure, CI, a paper appendix):
+For a picture of a run where no Grafana runs (the docs' figure, CI, a paper appendix):
 
     python monitoring/render_panels.py --prometheus http://127.0.0.1:9090 --minutes 10 --out panels.png
 

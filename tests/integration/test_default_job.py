@@ -1,4 +1,4 @@
-"""The README's default job: the tiny CPU model measurably learns under CoRPO."""
+"""The default job (README, "Install and the tiny run"): the tiny CPU model measurably learns under CoRPO."""
 
 from __future__ import annotations
 

