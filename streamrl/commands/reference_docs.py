@@ -1,8 +1,8 @@
 """The docs site's reference pages, generated: the configuration from the config's field docstrings
-(`streamrl/config.py`: every field has a one-line docstring after it) and the command line from the argparse
-parser. `tests/unit/test_reference_docs.py` fails when a committed page is out of date.
+(`streamrl/config.py`: every field has a one-line docstring after it), the command line from the argparse
+parser, and the home page from the README. `tests/unit/test_reference_docs.py` fails when a committed page is out of date.
 
-    python -m streamrl.commands.reference_docs            # rewrites docs/reference/{config,cli}.md
+    python -m streamrl.commands.reference_docs            # rewrites docs/reference/{config,cli}.md, docs/index.md
     python -m streamrl.commands.reference_docs --check    # exit status 1 when a page is out of date
 """
 
@@ -23,7 +23,7 @@ import msgspec
 from streamrl import config as config_lib
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = ("config.md", "cli.md")
+PAGES = ("reference/config.md", "reference/cli.md", "index.md")  # under docs/
 
 _BOUNDS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
 
@@ -173,13 +173,22 @@ def cli_page() -> str:
     return "\n".join(out)
 
 
+def home_page(readme: Path = REPO / "README.md") -> str:
+    """The site's home is the README, its links made relative to docs/: one text for the front page, not two."""
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    lines = [line for line in lines if not line.startswith("**Documentation**: the [docs site]")]
+    text = "\n".join(lines).replace("](docs/", "](") + "\n"
+    return text.replace("\n\n\n", "\n\n")
+
+
 def render() -> dict[str, str]:
-    return {"config.md": config_page(), "cli.md": cli_page()}
+    """{path under docs/: its text}."""
+    return {"reference/config.md": config_page(), "reference/cli.md": cli_page(), "index.md": home_page()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamrl.commands.reference_docs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(REPO / "docs" / "reference"), help="folder of the pages (default: docs/reference)")
+    p.add_argument("--out", default=str(REPO / "docs"), help="the docs folder (default: docs/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs from what it would be")
     args = p.parse_args(argv)
     out = Path(args.out)

@@ -1,5 +1,5 @@
-"""The docs site's reference pages are generated (streamrl/commands/reference_docs.py): the committed pages must
-be what the generator writes today, and every config key must have its row with its docstring."""
+"""The docs site's reference pages and home page are generated (streamrl/commands/reference_docs.py): the committed
+pages must be what the generator writes today, and every config key must have its row with its docstring."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def _keys(cls: type = config_lib.Config, prefix: str = "") -> list[str]:
 
 @pytest.mark.parametrize("page", reference_docs.PAGES)
 def test_committed_reference_page_is_what_the_generator_writes(page):
-    committed = (REPO / "docs" / "reference" / page).read_text(encoding="utf-8")
+    committed = (REPO / "docs" / page).read_text(encoding="utf-8")
     assert committed == reference_docs.render()[page], (
-        f"docs/reference/{page} is out of date: run python -m streamrl.commands.reference_docs")
+        f"docs/{page} is out of date: run python -m streamrl.commands.reference_docs")
 
 
 def test_every_config_key_has_a_row_with_its_docstring_in_the_committed_page():
@@ -62,6 +62,6 @@ def test_types_read_as_bounds_literals_and_null():
 def test_check_mode_reports_a_stale_page(tmp_path, capsys):
     assert reference_docs.main(["--out", str(tmp_path)]) == 0
     assert reference_docs.main(["--out", str(tmp_path), "--check"]) == 0
-    (tmp_path / "config.md").write_text("stale\n", encoding="utf-8")
+    (tmp_path / "reference" / "config.md").write_text("stale\n", encoding="utf-8")
     assert reference_docs.main(["--out", str(tmp_path), "--check"]) == 1
     assert "config.md" in capsys.readouterr().err
