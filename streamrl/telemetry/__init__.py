@@ -1,0 +1,1 @@
+"""Telemetry: the Prometheus metric families, their /metrics and /healthz server, start-up phases."""
