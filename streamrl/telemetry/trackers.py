@@ -16,6 +16,8 @@ import json
 import logging
 import math
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,18 +95,29 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class Trackers:
-    """The writers a run reports to. Opening one that fails leaves it out (logged); a call that raises is logged
-    the first time for each tracker, counted every time, and the others go on."""
+MAX_PENDING = 1000  # step records waiting for a slow tracker; past this, new ones are dropped for it (and counted)
+WAIT_S = 120.0  # how long the end of a run waits for the trackers to take what is pending and close
 
-    def __init__(self, names: list[str], run: RunInfo):
+
+class Trackers:
+    """The writers a run reports to, called from one thread of their own: a slow or hung tracker (a server that
+    stopped answering, MLflow's retries) never holds up a learner step. Opening one that fails leaves it out
+    (logged); a call that raises is logged the first time for each tracker, counted every time, and the others
+    go on. The end of the run waits at most `wait_s` for them."""
+
+    def __init__(self, names: list[str], run: RunInfo, max_pending: int = MAX_PENDING, wait_s: float = WAIT_S):
         self.names = list(names)
         self.failures: dict[str, int] = {name: 0 for name in self.names}
-        self.seconds = 0.0  # time spent in trackers' calls: their cost to the learner's loop
+        self.dropped = 0  # step records no tracker got: the queue was full
+        self.open_s = 0.0  # starting the writers (their imports included), before the first step
+        self.log_s = 0.0  # time in the writers' log calls, on the trackers' thread
+        self.wait_s = wait_s
         self._told: set[str] = set()
         self._writers: dict[str, Writer] = {}
         self._last_step = 0
         self._closed = False
+        self._stuck = False
+        self._abandoned = False
         for name in self.names:
             t0 = time.perf_counter()
             try:
@@ -112,39 +125,80 @@ class Trackers:
                 log.info("reporting to %s", name)
             except Exception as e:
                 self._fail(name, "could not start", e)
-            self.seconds += time.perf_counter() - t0
+            self.open_s += time.perf_counter() - t0
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._work, name="streamrl-trackers", daemon=True)
+        if self._writers:
+            self._thread.start()
 
     def log(self, record: dict[str, Any]) -> None:
-        """Hand one step record (a metrics.jsonl line's dict) to every writer."""
-        if not self._writers:
+        """Hand one step record (a metrics.jsonl line's dict) to every writer; returns at once."""
+        if not self._writers or self._closed:
             return
-        step = int(record["step"])
-        self._last_step = step
-        metrics = scalars(record)
-        self._each("log", lambda w: w.log(metrics, step))
+        try:
+            self._queue.put_nowait(("log", int(record["step"]), scalars(record)))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.error("trackers: %d step records are waiting for the trackers (%s); step %s and further ones "
+                          "are dropped for them until they catch up (counted in summary.json)",
+                          self._queue.maxsize, ", ".join(self._writers), record["step"])
 
     def report(self) -> dict[str, Any]:
-        """What summary.json says of the trackers."""
-        return {"trackers": {"report_to": self.names, "failures": dict(self.failures),
-                             "seconds": round(self.seconds, 6)}} if self.names else {}
+        """What summary.json says of the trackers, once they have taken what is pending (at most wait_s)."""
+        if not self.names:
+            return {}
+        self._drain()
+        return {"trackers": {"report_to": self.names, "failures": dict(self.failures), "dropped": self.dropped,
+                             "open_s": round(self.open_s, 6), "log_s": round(self.log_s, 6)}}
 
     def close(self, summary: dict[str, Any] | None) -> None:
         """End every writer once, with the run's summary (None: the summary could not be made; closed as failed)."""
         if self._closed:
             return
         self._closed = True
+        if not self._thread.is_alive():
+            return
         summary = summary if summary is not None else {"status": "failed"}
-        self._each("close", lambda w: w.close(summary))
-        self._writers.clear()
+        try:
+            self._queue.put(("close", 0, summary), timeout=0 if self._stuck else self.wait_s)
+            self._thread.join(0 if self._stuck else self.wait_s)
+        except queue.Full:
+            pass
+        if self._thread.is_alive():
+            self._abandoned = True  # should the writer ever come back, its thread ends instead of going on
+            log.error("trackers: %s did not finish within %g s; the learner ends without them (their runs may "
+                      "show as still running)", ", ".join(self._writers), self.wait_s)
 
-    def _each(self, what: str, call) -> None:
-        for name, writer in self._writers.items():
-            t0 = time.perf_counter()
+    def _drain(self) -> None:
+        if self._stuck or not self._thread.is_alive():
+            return
+        with self._queue.all_tasks_done:
+            self._stuck = not self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks,
+                                                                   self.wait_s)
+
+    def _work(self) -> None:
+        while True:
+            what, step, payload = self._queue.get()
             try:
-                call(writer)
+                if self._abandoned:
+                    return
+                if what == "close":
+                    self._each("close", payload)
+                    return
+                self._last_step = step
+                t0 = time.perf_counter()
+                self._each("log", payload, step)
+                self.log_s += time.perf_counter() - t0
+            finally:
+                self._queue.task_done()
+
+    def _each(self, method: str, *args) -> None:
+        for name, writer in self._writers.items():
+            try:
+                getattr(writer, method)(*args)
             except Exception as e:
-                self._fail(name, f"{what} failed at step {self._last_step}", e)
-            self.seconds += time.perf_counter() - t0
+                self._fail(name, f"{method} failed at step {self._last_step}", e)
 
     def _fail(self, name: str, what: str, e: Exception) -> None:
         self.failures[name] += 1
@@ -200,6 +254,7 @@ class _WandB:
     def __init__(self, run: RunInfo):
         import wandb
 
+        self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", run.project), name=run.name,
                               config=run.config, dir=os.environ.get("WANDB_DIR") or str(run.path),
                               reinit="create_new")
@@ -210,6 +265,9 @@ class _WandB:
     def close(self, summary: dict[str, Any]) -> None:
         self.run.summary.update(_summary_scalars(summary) | {"status": _status(summary)})
         self.run.finish(exit_code=0 if _status(summary) != "failed" else 1)
+        # finish() returns before wandb's service has written the run's last records; a forked learner ends in
+        # os._exit, where wandb's own atexit wait never runs: wait here.
+        self.wandb.teardown()
 
 
 # --- MLflow: MLFLOW_TRACKING_URI, else a local file store at RUN_DIR's parent/mlruns -------------------------

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,13 @@ def _record(step: int) -> dict:
             "lag_hist": {"0": 6, "1": 2}, "filter": "none", "ratios": [1.0, 2.0], "kl": None, "strict": True}
 
 
-def _run(tmp_path: Path, names: list[str]) -> tuple[RunLog, dict]:
+def _run(tmp_path: Path, names: list[str], **kwargs) -> tuple[RunLog, dict]:
     """RunLog of a 4-step run reporting to `names`, the way the learner's Session opens it; returns the summary."""
     cfg = config.load(None, [f"run_dir={tmp_path / 'runs'}", "name=tr", "steps=4",
                              f"monitoring.report_to=[{','.join(names)}]"])
     log = RunLog(cfg)
     log.open(resumed_step=0)
-    log.trackers = Trackers(names, RunInfo("tr", cfg.run_path, "streamrl-test", config.to_dict(cfg)))
+    log.trackers = Trackers(names, RunInfo("tr", cfg.run_path, "streamrl-test", config.to_dict(cfg)), **kwargs)
     for step in range(4):
         log.step(_record(step))
     summary = log.summary({"status": "finished"}, reward_range=(0.0, 1.0))
@@ -61,8 +62,8 @@ def test_a_missing_library_is_one_preflight_line_naming_the_tracker_and_its_extr
                              "transport.group_port=0", "transport.weights_port=0",
                              "transport.weights_request_port=0", "transport.weight_sync_port=0"])
     errors, _ = preflight.problems(cfg, "run")
-    assert errors == ["monitoring.report_to: tracker 'wandb' needs the 'wandb' package, which is not installed; "
-                      "pip install 'streamrl[wandb]' (or drop wandb from report_to)"]
+    assert errors == [("monitoring.report_to: tracker 'wandb' needs the 'wandb' package, which is not installed; "
+                       "pip install 'streamrl[wandb]' (or drop wandb from report_to)")]
     assert preflight.problems(cfg, "actor")[0] == []  # actors report nothing: only the learner's leader does
 
 
@@ -142,7 +143,8 @@ def test_wandb_offline_run_file_holds_every_step_the_config_and_the_summary(tmp_
     records = _wandb_records(path)
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
                for r in records if r.WhichOneof("record_type") == "history"]
-    assert [h["_step"] for h in history] == [0, 1, 2, 3]
+    kinds = [r.WhichOneof("record_type") for r in records]
+    assert [h["_step"] for h in history] == [0, 1, 2, 3], (path.stat().st_size, kinds)
     assert [h["reward_mean"] for h in history] == pytest.approx(REWARDS)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.project, run.display_name) == ("streamrl-test", "tr")
@@ -162,11 +164,11 @@ def test_trackio_local_database_holds_every_step_and_the_config(tmp_path, monkey
             f"t = Trackers(['trackio'], RunInfo('tr', Path({str(tmp_path)!r}), 'streamrl-test', {{'steps': 4}}));"
             f"[t.log({{'step': s, 'reward_mean': r}}) for s, r in enumerate({REWARDS!r})];"
             "t.close({'status': 'finished'}); sys.exit(sum(t.failures.values()))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     read = ("from trackio.sqlite_storage import SQLiteStorage as S; import json;"
             "print(json.dumps([S.get_logs('streamrl-test', 'tr'), S.get_run_config('streamrl-test', 'tr')]))")
-    proc = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", read], check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     logs, cfg = json.loads(proc.stdout.splitlines()[-1])
     assert [(r["step"], r["reward_mean"]) for r in logs] == list(enumerate(REWARDS))
@@ -202,11 +204,49 @@ def test_a_tracker_that_raises_is_logged_once_counted_and_never_stops_the_others
     assert json.loads((tmp_path / "runs" / "tr" / "summary.json").read_text())["status"] == "finished"
 
 
+class _Hung:
+    """A writer whose log never returns until released, standing for a tracker server that stopped answering."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def __init__(self, run):
+        pass
+
+    def log(self, metrics, step):
+        self.entered.set()
+        self.release.wait()
+
+    def close(self, summary):
+        pass
+
+
+def test_a_hung_tracker_never_holds_up_a_step_and_the_run_ends_without_it(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(TRACKERS._items, "wandb", Tracker(module="wandb", extra="wandb", open=_Hung))
+    t = Trackers(["wandb"], RunInfo("tr", tmp_path, "p"), max_pending=2, wait_s=0.2)
+    try:
+        with caplog.at_level(logging.ERROR, logger="streamrl.trackers"):
+            t.log(_record(0))  # were a step to wait for the tracker, this would never return (pytest-timeout)
+            assert _Hung.entered.wait(30)
+            for step in (1, 2, 3):  # 1 and 2 wait in the queue; 3 finds it full
+                t.log(_record(step))
+            report = t.report()["trackers"]
+            t.close({"status": "finished"})
+        assert report["dropped"] == 1 and report["failures"] == {"wandb": 0}
+        told = [r.getMessage() for r in caplog.records]
+        assert told[0].startswith("trackers: 2 step records are waiting for the trackers (wandb); step 3 and")
+        assert told[1].startswith("trackers: wandb did not finish within 0.2 s; the learner ends without them")
+    finally:
+        _Hung.release.set()
+    t._thread.join(30)
+    assert not t._thread.is_alive()
+
+
 def test_a_tracker_that_cannot_start_is_left_out_and_the_run_goes_on(tmp_path, caplog):
     (tmp_path / "runs" / "tr").mkdir(parents=True)
     (tmp_path / "runs" / "tr" / "tensorboard").write_text("a file where the event folder should be")
     with caplog.at_level(logging.ERROR, logger="streamrl.trackers"):
-        log, summary = _run(tmp_path, ["tensorboard"])
+        _, summary = _run(tmp_path, ["tensorboard"])
     assert [r.getMessage().split(":")[:2] for r in caplog.records] == [["tracker tensorboard", " could not start"]]
     assert summary["trackers"]["failures"] == {"tensorboard": 1} and summary["steps"] == 4
 
@@ -234,7 +274,7 @@ def test_no_tracker_library_is_imported_unless_named(tmp_path):
             "log = RunLog(cfg); log.open(0); log.step({'step': 0, 'reward_mean': 0.5, 'step_s': 0.1});"
             "log.summary({}, (0.0, 1.0)); log.close();"
             "print([m for m in ('tensorboard', 'wandb', 'mlflow', 'trackio') if m in sys.modules])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
