@@ -15,10 +15,12 @@ import importlib.util
 import json
 import logging
 import math
+import netrc
 import os
 import queue
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +70,24 @@ def problems(names: list[str]) -> list[str]:
             out.append(f"monitoring.report_to: tracker {name!r} needs the {t.module!r} package, which is not "
                        f"installed; {t.install_hint()} (or drop {name} from report_to)")
     return out
+
+
+def warnings(names: list[str]) -> list[str]:
+    """Lines for trackers that will likely fail to start. W&B online needs an API key: where none is in the
+    places looked at cheaply (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, ~/.netrc), wandb.init will refuse."""
+    if "wandb" not in names or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+        return []
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return []
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return []
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return [f"monitoring.report_to: wandb finds no API key for {host} (WANDB_API_KEY, ~/.netrc); unless `wandb "
+            "login` stored one elsewhere it will not start and the run goes on without it; WANDB_MODE=offline "
+            "writes offline runs to sync later"]
 
 
 def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:

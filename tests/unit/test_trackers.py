@@ -67,6 +67,23 @@ def test_a_missing_library_is_one_preflight_line_naming_the_tracker_and_its_extr
     assert preflight.problems(cfg, "actor")[0] == []  # actors report nothing: only the learner's leader does
 
 
+def test_wandb_online_without_an_api_key_is_a_preflight_warning(tmp_path, monkeypatch):
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    (tmp_path / "netrc").write_text("machine example.org login user password secret\n")
+    assert trackers.warnings(["wandb"]) == [
+        "monitoring.report_to: wandb finds no API key for api.wandb.ai (WANDB_API_KEY, ~/.netrc); unless `wandb login` "
+        "stored one elsewhere it will not start and the run goes on without it; WANDB_MODE=offline writes offline "
+        "runs to sync later"]
+    assert trackers.warnings(["tensorboard"]) == []
+    (tmp_path / "netrc").write_text("machine api.wandb.ai login user password 0123\n")
+    assert trackers.warnings(["wandb"]) == []
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert trackers.warnings(["wandb"]) == []
+
+
 def test_the_step_records_flatten_to_numbers_only():
     assert trackers.scalars(_record(1)) == {"learner_version": 2.0, "reward_mean": 0.5, "step_s": 0.1,
                                             "lag_hist/0": 6.0, "lag_hist/1": 2.0, "strict": 1.0}
