@@ -18,6 +18,7 @@ import math
 import netrc
 import os
 import queue
+import re
 import threading
 import time
 import urllib.parse
@@ -297,6 +298,11 @@ MLFLOW_PARAM_CHARS = 6000  # MLflow refuses longer parameter values
 MLFLOW_BATCH = 100  # log_batch takes at most 100 parameters and 1000 metrics a call
 
 
+def mlflow_key(name: str) -> str:
+    """A metric name MLflow takes (letters, digits, _ - . : / and spaces): eval/pass@1 → eval/pass_at_1."""
+    return re.sub(r"[^\w\-.:/ ]", "_", name.replace("@", "_at_"))
+
+
 def mlflow_uri(run: RunInfo) -> str:
     """The tracking URI: MLFLOW_TRACKING_URI when set, else a file store beside the run directories (one store
     for all runs under run_dir, so MLflow's UI compares them)."""
@@ -328,14 +334,15 @@ class _MLflow:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.step = step
         now = int(time.time() * 1000)
-        batch = [self.Metric(k, v, now, step) for k, v in metrics.items()]
+        batch = [self.Metric(mlflow_key(k), v, now, step) for k, v in metrics.items()]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 
     def close(self, summary: dict[str, Any]) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")
         now = int(time.time() * 1000)
-        batch = [self.Metric(f"summary/{k}", v, now, self.step) for k, v in _summary_scalars(summary).items()]
+        batch = [self.Metric(mlflow_key(f"summary/{k}"), v, now, self.step)
+                 for k, v in _summary_scalars(summary).items()]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
         self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(_status(summary), "FAILED"))

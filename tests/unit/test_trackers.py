@@ -24,7 +24,8 @@ REWARDS = [0.25, 0.5, 0.125, 0.75]
 
 def _record(step: int) -> dict:
     return {"step": step, "learner_version": step + 1, "reward_mean": REWARDS[step], "step_s": 0.1,
-            "lag_hist": {"0": 6, "1": 2}, "filter": "none", "ratios": [1.0, 2.0], "kl": None, "strict": True}
+            "lag_hist": {"0": 6, "1": 2}, "filter": "none", "ratios": [1.0, 2.0], "kl": None, "strict": True,
+            "eval/pass@1": 0.5}
 
 
 def _run(tmp_path: Path, names: list[str], **kwargs) -> tuple[RunLog, dict]:
@@ -86,7 +87,8 @@ def test_wandb_online_without_an_api_key_is_a_preflight_warning(tmp_path, monkey
 
 def test_the_step_records_flatten_to_numbers_only():
     assert trackers.scalars(_record(1)) == {"learner_version": 2.0, "reward_mean": 0.5, "step_s": 0.1,
-                                            "lag_hist/0": 6.0, "lag_hist/1": 2.0, "strict": 1.0}
+                                            "lag_hist/0": 6.0, "lag_hist/1": 2.0, "strict": 1.0,
+                                            "eval/pass@1": 0.5}
 
 
 def test_tensorboard_event_files_hold_every_step_the_config_and_the_summary(tmp_path):
@@ -99,6 +101,7 @@ def test_tensorboard_event_files_hold_every_step_the_config_and_the_summary(tmp_
     assert [e.step for e in events] == [0, 1, 2, 3]
     assert [e.value for e in events] == pytest.approx(REWARDS)
     assert [e.value for e in acc.Scalars("lag_hist/1")] == [2.0] * 4
+    assert len(acc.Scalars("eval/pass@1")) == 4
     assert acc.Scalars("summary/steps")[0].value == 4
     assert acc.Scalars("summary/reward_last_10pct")[0].value == pytest.approx(summary["reward_last_10pct"])
     assert "config/text_summary" in acc.Tags()["tensors"]
@@ -115,6 +118,7 @@ def test_mlflow_file_store_holds_every_step_the_config_as_params_and_the_outcome
     [run] = client.search_runs([client.get_experiment_by_name("streamrl-test").experiment_id])
     history = client.get_metric_history(run.info.run_id, "reward_mean")
     assert sorted((m.step, m.value) for m in history) == list(enumerate(REWARDS))
+    assert len(client.get_metric_history(run.info.run_id, "eval/pass_at_1")) == 4  # MLflow refuses '@' in names
     assert run.data.params["steps"] == "4" and run.data.params["monitoring.report_to"] == '["mlflow"]'
     assert run.data.params["model.path"] == "null"
     assert run.info.run_name == "tr" and run.info.status == "FINISHED"
