@@ -36,7 +36,7 @@ def problems(cfg: Config, role: str, index: int = 0) -> tuple[list[str], list[st
     if learner_here and rank0:
         errors += port_problems(cfg)
         errors += trackers.problems(cfg.monitoring.report_to)  # the leading learner rank is the one that reports
-        warnings += trackers.warnings(cfg.monitoring.report_to)
+        warnings += trackers.start_warnings(cfg.monitoring.report_to)
     warnings += metrics_port_warnings(cfg, role, index) if rank0 or role == "actor" else []
     errors += key_problems(cfg, role, index)
     return errors, warnings

@@ -4,8 +4,9 @@ learner's step records, the same dicts it writes to metrics.jsonl, and the run's
 Each tracker is a writer in `TRACKERS`: `open(run)` starts it (the run's config goes in as its
 hyper-parameters), `log(metrics, step)` takes one step's scalars, `close(summary)` ends it. Its library is
 imported only inside `open`, so a run that names no tracker never imports one. `problems` says before the run
-starts which named trackers lack their library (with the extra that installs it); `Trackers` is what the
-learner holds: it opens the named writers and calls them, and a writer that raises never stops the learner —
+starts which named trackers lack their library (with the extra that installs it), `start_warnings` which will
+likely not start; `Trackers` is what the learner holds: it opens the named writers and calls them from a
+thread of its own, so a slow tracker never holds up a step, and a writer that raises never stops the learner:
 the failure is logged once per tracker, counted and reported in summary.json (`trackers`).
 """
 
@@ -24,7 +25,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from streamrl.registry import Registry
 
@@ -53,7 +54,7 @@ class Tracker:
 
     module: str
     extra: str
-    open: Any  # (RunInfo) -> Writer
+    open: Callable[[RunInfo], Writer]
 
     def install_hint(self) -> str:
         return f"pip install 'streamrl[{self.extra}]'"
@@ -73,7 +74,7 @@ def problems(names: list[str]) -> list[str]:
     return out
 
 
-def warnings(names: list[str]) -> list[str]:
+def start_warnings(names: list[str]) -> list[str]:
     """Lines for trackers that will likely fail to start. W&B online needs an API key: where none is in the
     places looked at cheaply (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, ~/.netrc), wandb.init will refuse."""
     if "wandb" not in names or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
