@@ -14,12 +14,16 @@ import os
 from streamrl import config as config_lib
 from streamrl.algo import mgrpo
 from streamrl.run import jsonfiles, storage
+from streamrl.telemetry.trackers import Trackers
 
 SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
 
 
 class RunLog:
-    def __init__(self, cfg: config_lib.Config):
+    """trackers: the experiment trackers (monitoring.report_to) that get every record metrics.jsonl gets, and the
+    summary; RunLog closes them."""
+
+    def __init__(self, cfg: config_lib.Config, trackers: Trackers | None = None):
         self.dir = cfg.run_path
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.dir / "checkpoints"
@@ -31,6 +35,7 @@ class RunLog:
         self.step_s = self.metrics_s = 0.0  # this process's steps: the base of the metrics overhead
         self._metrics = None
         self._metrics_size = 0
+        self.trackers = trackers
 
     def _write(self, path, text: str) -> None:
         try:
@@ -64,6 +69,8 @@ class RunLog:
             path = self.dir / "metrics.jsonl"
             raise (storage.DiskFull(path, "metrics", f"step {record['step']}'s record is not in it") if storage.is_disk_full(e, path) else e) from e
         self._metrics_size += len(data)
+        if self.trackers:  # after the line is safe on disk: a tracker never holds a step metrics.jsonl lacks
+            self.trackers.log(record)
         self.rewards.append(record["reward_mean"])
         self._layer2(record)
         self.step_s += record["step_s"]
@@ -88,6 +95,7 @@ class RunLog:
             # multi-layer GRPO: how many steps trained layer-2 groups once a correction had verified
             **({"mgrpo_layer2": mgrpo.layer2_coverage(self.layer2)} if self.layer2 else {}),
             **extra,
+            **(self.trackers.report() if self.trackers else {}),
         }
         path = self.dir / "summary.json"
         try:
@@ -100,8 +108,12 @@ class RunLog:
             with open(path, "r+b") as f:  # over the reserved placeholder: its blocks are already allocated
                 f.write(text.encode())
                 f.truncate()
+        if self.trackers:
+            self.trackers.close(out)
         return out
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
+        if self.trackers:  # a run whose summary never got written still ends its trackers' runs (as failed)
+            self.trackers.close(None)

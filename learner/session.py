@@ -12,7 +12,7 @@ import zmq
 
 from streamrl.comm import security
 from streamrl.comm.transport import GroupReceiver, endpoint
-from streamrl.config import Config
+from streamrl.config import Config, to_dict
 from streamrl.learner import checkpoints
 from streamrl.learner.engine import Engine
 from streamrl.learner.intake import Intake
@@ -20,7 +20,7 @@ from streamrl.learner.ranks import Ranks
 from streamrl.learner.runlog import RunLog
 from streamrl.learner.weights import LearnerWeights
 from streamrl.run import storage
-from streamrl.telemetry import exporter, prometheus_metrics
+from streamrl.telemetry import exporter, prometheus_metrics, trackers
 
 log = logging.getLogger("streamrl.learner")
 
@@ -46,6 +46,7 @@ class Session:
         self.reward_range = (min(reward_levels), max(reward_levels))
         self.runlog = RunLog(cfg)
         self.runlog.open(resumed_step=at.step)
+        self.runlog.trackers = _trackers(cfg)
         t = cfg.transport
         self.ctx = zmq.Context()
         self.curve = security.learner_curve(t.curve_keys) if t.curve_keys else None
@@ -113,6 +114,15 @@ class Session:
         return {"metrics_s": runlog.metrics_s, "metrics_scrape_cpu_s": scrape_s,
                 "metrics_scrapes": server.scrapes if server else 0,
                 "metrics_overhead_fraction": (runlog.metrics_s + scrape_s) / runlog.step_s if runlog.step_s else None}
+
+
+def _trackers(cfg: Config) -> trackers.Trackers | None:
+    """The experiment trackers of monitoring.report_to, opened with the run's config as hyper-parameters."""
+    if not cfg.monitoring.report_to:
+        return None
+    run = trackers.RunInfo(name=cfg.name, path=cfg.run_path, project=cfg.monitoring.tracker_project,
+                           config=to_dict(cfg))
+    return trackers.Trackers(cfg.monitoring.report_to, run)
 
 
 def _monitoring(cfg: Config, reward_levels: list[float]

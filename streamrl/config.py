@@ -276,6 +276,19 @@ class MonitoringConfig(_Section):
     """Actor i serves /metrics and /healthz on actor_port + i; 0 disables."""
     healthy_within_s: PositiveFloat = 600.0
     """/healthz answers 503 when the main loop has made no progress for this long."""
+    report_to: list[str] = []
+    """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/trackers.md)."""
+    tracker_project: str = "streamrl"
+    """Project (W&B, trackio) or experiment (MLflow) the run is filed under; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME win."""
+
+    def __post_init__(self) -> None:
+        from streamrl.telemetry.trackers import TRACKERS
+
+        for name in self.report_to:
+            if name not in TRACKERS:
+                raise ValueError(f"report_to={self.report_to!r}: {TRACKERS.unknown(name)}")
+        if len(set(self.report_to)) != len(self.report_to):
+            raise ValueError(f"report_to={self.report_to!r}: names a tracker twice")
 
 
 class MGRPOConfig(_Section):
@@ -372,7 +385,7 @@ class Config(_Section):
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """Sockets between actors and learner."""
     monitoring: MonitoringConfig = msgspec.field(default_factory=MonitoringConfig)
-    """Prometheus endpoints of learner and actors."""
+    """Prometheus endpoints of learner and actors, and the experiment trackers the learner reports to."""
     mgrpo: MGRPOConfig = msgspec.field(default_factory=MGRPOConfig)
     """Multi-layer GRPO's self-correction layer."""
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from streamrl.config import Config
+from streamrl.telemetry import trackers
 
 ROLES = ("check", "run", "learner", "actor")
 
@@ -34,6 +35,8 @@ def problems(cfg: Config, role: str, index: int = 0) -> tuple[list[str], list[st
         errors += run_dir_problems(cfg)
     if learner_here and rank0:
         errors += port_problems(cfg)
+        errors += trackers.problems(cfg.monitoring.report_to)  # the leading learner rank is the one that reports
+        warnings += trackers.start_warnings(cfg.monitoring.report_to)
     warnings += metrics_port_warnings(cfg, role, index) if rank0 or role == "actor" else []
     errors += key_problems(cfg, role, index)
     return errors, warnings

@@ -102,10 +102,10 @@ LAYERS = {
     "comm": set(),                                          # wire messages, sockets, weight chunks, CurveZMQ
     "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
     "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
-    "config": {"algo", "tasks"},                            # the typed config (checks names against registries)
+    "telemetry": {"algo", "comm", "registry"},              # Prometheus, health, start-up phases, trackers
+    "config": {"algo", "tasks", "telemetry"},               # the typed config (checks names against registries)
     "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
-    "telemetry": {"algo", "comm"},                          # Prometheus, health, start-up phases
-    "run": {"config", "models"},                            # preflight, storage, checkpoints, logging, placement
+    "run": {"config", "models", "telemetry"},               # preflight, storage, checkpoints, logging, placement
     "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set
 }
 SHARED = set(LAYERS)
