@@ -99,10 +99,11 @@ def _imported_parts(path: Path) -> set[str]:
 # streamrl. The processes and the commands sit on top (checked below).
 LAYERS = {
     "registry": set(),                                      # name → function registries
+    "resources": set(),                                     # the shipped recipes and monitoring bundle
     "comm": set(),                                          # wire messages, sockets, weight chunks, CurveZMQ
     "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
     "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
-    "config": {"algo", "tasks"},                            # the typed config (checks names against registries)
+    "config": {"algo", "tasks", "resources"},               # the typed config (checks names against registries)
     "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
     "telemetry": {"algo", "comm"},                          # Prometheus, health, start-up phases
     "run": {"config", "models"},                            # preflight, storage, checkpoints, logging, placement
