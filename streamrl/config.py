@@ -440,8 +440,8 @@ DEFAULT_CONFIG = resources.recipes_dir() / "tiny.yaml"
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config (None: the tiny CPU default), apply `key=value` overrides, validate.
 
-    A file may start from another with `extends: other.yaml` (relative to itself); its own keys
-    win, section by section. `path` is a file, or a shipped recipe's name (`streamrl.resources.recipe`).
+    A file may start from another with `extends: other.yaml` (relative to itself, else a shipped recipe's
+    name); its own keys win, section by section. `path`: a file, or a shipped recipe's name (resources.recipe).
     """
     raw = {}
     if path is not None:
@@ -475,7 +475,10 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         return raw
     if not isinstance(base, str):
         raise ConfigError(f"{p}: extends={base!r}: must be a path to another YAML config")
-    return _merge(_read(p.parent / base, (*chain, p.resolve())), raw)
+    parent = p.parent / base
+    if not parent.is_file():  # a user's file may extend a shipped recipe by name (`extends: paper/corpo.yaml`)
+        parent = resources.shipped_recipe(base) or parent  # neither: _read names the file and who extends it
+    return _merge(_read(parent, (*chain, p.resolve())), raw)
 
 
 def _yaml_error(p: Path, e: yaml.YAMLError) -> str:

@@ -59,16 +59,23 @@ def recipe_names() -> list[str]:
     return [p.as_posix() for p in sorted(names, key=lambda p: (len(p.parts), p.as_posix()))]
 
 
+def shipped_recipe(name: str | Path) -> Path | None:
+    """The shipped recipe called `name` (`tiny.yaml`, `paper/corpo.yaml`, `configs/paper/corpo.yaml`), or None."""
+    parts = Path(name).parts
+    parts = parts[1:] if parts[:1] == ("configs",) else parts
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        return None
+    shipped = recipes_dir().joinpath(*parts)
+    return shipped if shipped.is_file() else None
+
+
 def recipe(name: str | Path) -> Path:
     """The YAML file `name` means: the user's own file when one exists at that path, else the shipped recipe
-    of that name (a leading `configs/` is dropped). RecipeNotFound lists the shipped names."""
+    of that name. RecipeNotFound lists the shipped names."""
     given = Path(name).expanduser()
     if given.is_file():
         return given
-    parts = given.parts[1:] if given.parts[:1] == ("configs",) else given.parts
-    if parts and not given.is_absolute() and ".." not in parts:
-        shipped = recipes_dir().joinpath(*parts)
-        if shipped.is_file():
-            return shipped
+    if (shipped := shipped_recipe(name)) is not None:
+        return shipped
     raise RecipeNotFound(f"config file {str(name)!r} not found: no such file here, and no shipped recipe of that "
                          f"name (shipped: {', '.join(recipe_names())})")

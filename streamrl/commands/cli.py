@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from streamrl.run.lifecycle import setup_logging
 
-    if level is not None and args.command not in ("learner", "actor"):  # the processes set theirs up below
-        setup_logging(args.command, level)
+    name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
+    if level is not None or args.command in ("learner", "actor"):  # the processes log at INFO unless told
+        setup_logging(name, level or "INFO")
     if args.command == "init":
         from streamrl.commands import init
 
@@ -226,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
         return 2
 
-    name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
     if args.command in preflight.ROLES and not before_start(cfg, args, name):
         return 2
     if args.command == "check":
@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # before the supervisor took over the signals: nothing started yet
             print("\nstreamrl: interrupted", file=sys.stderr)
             return 130
-    setup_logging(name, level or "INFO")
     from streamrl.telemetry.startup import Phases
 
     phases = Phases(name)
