@@ -26,7 +26,11 @@ class RecipeNotFound(FileNotFoundError):
 
 
 def _folder(package: str) -> Path:
-    root = resources.files(package)
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError:  # an editable install made before the data packages existed
+        raise RuntimeError(f"{package} is not installed; reinstall streamrl (`pip install -e .` in a checkout)"
+                           ) from None
     if not isinstance(root, Path):  # a zipped install: the recipes' `extends:` needs real files
         raise RuntimeError(f"{package} is not installed as a folder ({root!r}); install streamrl unzipped")
     return root

@@ -96,7 +96,7 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
                 visit(node.body)
 
     visit(tree.body)
-    root = lambda names: {m.split(".")[0] for m in names}  # noqa: E731
+    root = lambda names: {m.split(".")[0] for m in names}
     return root(at_import), root(every)
 
 
