@@ -82,3 +82,12 @@ def test_plan_finds_the_shipped_model_shape_from_any_directory(elsewhere, capsys
 def test_the_monitoring_bundle_is_shipped():
     names = {p.as_posix() for p in resources.data_files(resources.monitoring_dir())}
     assert {"compose.yml", "prometheus.yml", "alerts.yml", "grafana/dashboards/streamrl.json"} <= names
+
+
+def test_the_dashboard_hint_names_a_compose_file_that_exists(elsewhere):
+    from streamrl.commands import launch
+
+    assert launch._compose_file() == str(resources.monitoring_dir() / "compose.yml")
+    assert Path(launch._compose_file()).is_file()
+    assert cli.main(["init", str(elsewhere)]) == 0  # a project folder: its own copy, which the user may edit
+    assert launch._compose_file() == "monitoring/compose.yml"
