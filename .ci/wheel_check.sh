@@ -47,9 +47,13 @@ streamrl plan
 step "streamrl plan model.path=Qwen/Qwen3-8B (the shipped shape)"
 streamrl plan model.path=Qwen/Qwen3-8B | tee "$work/plan.txt"
 grep -q "site-packages/streamrl/configs/models/Qwen3-8B/config.json" "$work/plan.txt"
-step "streamrl difficulty --help, and a shipped recipe by name"
+step "streamrl difficulty (--help, and a short real pass on the default recipe)"
 streamrl difficulty --help >/dev/null
-streamrl check paper/corpo.yaml >/dev/null
+streamrl difficulty --out kept.jsonl --prompts 4 --rollouts 2
+test -f kept.jsonl
+step "shipped recipes by name"
+streamrl check mgrpo/tiny.yaml >/dev/null
+streamrl plan paper/corpo.yaml | grep -q "site-packages/streamrl/configs/models/Qwen3-8B/config.json"
 step "streamrl init project"
 streamrl init project
 test -f project/configs/tiny.yaml -a -x project/configs/cluster/submit.sh -a -f project/monitoring/compose.yml
