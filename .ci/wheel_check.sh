@@ -53,7 +53,8 @@ streamrl difficulty --out kept.jsonl --prompts 4 --rollouts 2
 test -f kept.jsonl
 step "shipped recipes by name"
 streamrl check mgrpo/tiny.yaml >/dev/null
-streamrl plan paper/corpo.yaml | grep -q "site-packages/streamrl/configs/models/Qwen3-8B/config.json"
+streamrl plan paper/corpo.yaml > "$work/plan-paper.txt"
+grep -q "site-packages/streamrl/configs/models/Qwen3-8B/config.json" "$work/plan-paper.txt"
 step "streamrl init project"
 streamrl init project
 test -f project/configs/tiny.yaml -a -x project/configs/cluster/submit.sh -a -f project/monitoring/compose.yml
