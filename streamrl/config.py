@@ -1,4 +1,5 @@
-"""Typed run configuration: YAML files in `configs/` plus dotted `key=value` overrides.
+"""Typed run configuration: YAML files (a user's own, or a recipe shipped from `configs/`) plus dotted
+`key=value` overrides.
 
 Every field carries a one-line docstring. A bad key or value fails at once with one line that
 names the key, the bad value and what is allowed (`ConfigError`).
@@ -7,6 +8,7 @@ names the key, the bad value and what is allowed (`ConfigError`).
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import types
 from pathlib import Path
@@ -16,7 +18,10 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from streamrl import resources
 from streamrl.algo.mgrpo import DEFAULT_PHRASES
+
+log = logging.getLogger("streamrl.config")
 
 PositiveInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -442,16 +447,23 @@ class Config(_Section):
         return Path(self.run_dir) / self.name
 
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+DEFAULT_CONFIG = resources.recipes_dir() / "tiny.yaml"
 
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config (None: the tiny CPU default), apply `key=value` overrides, validate.
 
-    A file may start from another with `extends: other.yaml` (relative to itself); its own keys
-    win, section by section.
+    A file may start from another with `extends: other.yaml` (relative to itself, else a shipped recipe's
+    name); its own keys win, section by section. `path`: a file, or a shipped recipe's name (resources.recipe).
     """
-    raw = _read(Path(path), ()) if path is not None else {}
+    raw = {}
+    if path is not None:
+        try:
+            found = resources.recipe(path)
+        except resources.RecipeNotFound as e:
+            raise ConfigError(str(e)) from None
+        log.debug("config: reading %s", found)
+        raw = _read(found, ())
     for item in overrides:
         _apply_override(raw, item)
     _check_keys(raw, Config, "")
@@ -476,7 +488,10 @@ def _read(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         return raw
     if not isinstance(base, str):
         raise ConfigError(f"{p}: extends={base!r}: must be a path to another YAML config")
-    return _merge(_read(p.parent / base, (*chain, p.resolve())), raw)
+    parent = p.parent / base
+    if not parent.is_file():  # a user's file may extend a shipped recipe by name (`extends: paper/corpo.yaml`)
+        parent = resources.shipped_recipe(base) or parent  # neither: _read names the file and who extends it
+    return _merge(_read(parent, (*chain, p.resolve())), raw)
 
 
 def _yaml_error(p: Path, e: yaml.YAMLError) -> str:

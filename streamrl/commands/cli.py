@@ -13,6 +13,10 @@
   streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
   streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
+  streamrl init DIR [--force]                  copy the shipped recipes and monitoring bundle into DIR
+
+CONFIG is a YAML file, or the name of a shipped recipe (`tiny.yaml`, `paper/corpo.yaml`). Every command takes
+--log-level (default: $STREAMRL_LOG_LEVEL, else INFO); the processes `streamrl run` starts inherit it.
 
 Any config error, or a problem found before start (run_dir, ports, keys, a run name that already
 holds results), is one line on stderr and exit status 2 (`streamrl.run.preflight`).
@@ -37,10 +41,22 @@ def bench_names() -> list[str]:
     return [*bench.BENCHES, *bench.OPTIONAL]
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL_ENV = "STREAMRL_LOG_LEVEL"
+
+
+def _log_level_option(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default, metavar="LEVEL",
+                   help=f"log level ({', '.join(LOG_LEVELS)}; default: ${LOG_LEVEL_ENV}, else INFO); "
+                        "the processes `streamrl run` starts inherit it")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamrl", description="Asynchronous RL with ordinal rewards and CoRPO.")
+    _log_level_option(p, None)
     sub = p.add_subparsers(dest="command", required=True)
-    spec = "[CONFIG] [key=value ...]: a YAML file from configs/ (default: the tiny CPU job) and dotted overrides"
+    spec = ("[CONFIG] [key=value ...]: a YAML file or a shipped recipe's name, e.g. paper/corpo.yaml (default: "
+            "the tiny CPU job), and dotted overrides")
     from streamrl.commands.launch import EXIT_STATUSES
 
     run = sub.add_parser("run", help="run the learner and the configured actors on this machine",
@@ -104,7 +120,24 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
     up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
     up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
+    init = sub.add_parser("init", help="copy the shipped recipes, Slurm scripts and monitoring bundle into DIR")
+    init.add_argument("directory", help="project folder to write (DIR/configs/, DIR/monitoring/; made if missing)")
+    init.add_argument("--force", action="store_true", help="replace files already there (default: refuse)")
+    for command in sub.choices.values():  # SUPPRESS: `streamrl --log-level debug run` stays debug
+        _log_level_option(command, argparse.SUPPRESS)
     return p
+
+
+def log_level(args) -> str | None:
+    """The level asked for: --log-level, else $STREAMRL_LOG_LEVEL, else None (the command's own default).
+    Handed on through the environment, so every process `streamrl run` starts logs at it too."""
+    level = args.log_level or os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or None
+    if level is not None and level not in LOG_LEVELS:
+        raise config_lib.ConfigError(f"{LOG_LEVEL_ENV}={os.environ[LOG_LEVEL_ENV]!r}: not a log level; "
+                                     f"allowed: {', '.join(LOG_LEVELS)}")
+    if level is not None:
+        os.environ[LOG_LEVEL_ENV] = level
+    return level
 
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -128,6 +161,27 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "args") or any(item.startswith("-") for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.args += extra
+    try:
+        level = log_level(args)
+    except config_lib.ConfigError as e:
+        print(f"streamrl: error: {e}", file=sys.stderr)
+        return 2
+    from streamrl.run.lifecycle import setup_logging
+
+    name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
+    if level is not None or args.command in ("learner", "actor"):  # the processes log at INFO unless told
+        setup_logging(name, level or "INFO")
+    if args.command == "init":
+        from streamrl.commands import init
+
+        try:
+            made = init.init(args.directory, force=args.force)
+        except OSError as e:
+            print(f"streamrl init: error: {e}", file=sys.stderr)
+            return 2
+        print(f"streamrl init: wrote {len(made)} files to {args.directory}/ (configs/, monitoring/); try "
+              f"`cd {args.directory} && streamrl run configs/tiny.yaml`")
+        return 0
     if args.command == "keys":
         from streamrl.comm import security
 
@@ -173,9 +227,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl: {msg if msg.startswith('config error') else 'config error: ' + msg}", file=sys.stderr)
         return 2
 
-    from streamrl.run.lifecycle import setup_logging
-
-    name = {"learner": "learner", "actor": f"actor-{getattr(args, 'index', 0)}"}.get(args.command, args.command)
     if args.command in preflight.ROLES and not before_start(cfg, args, name):
         return 2
     if args.command == "check":
@@ -206,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # before the supervisor took over the signals: nothing started yet
             print("\nstreamrl: interrupted", file=sys.stderr)
             return 130
-    setup_logging(name)
     from streamrl.telemetry.startup import Phases
 
     phases = Phases(name)

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl import config as config_lib
+from streamrl import resources
 from streamrl.commands import forked
 from streamrl.config import Config
 from streamrl.run import preflight
@@ -156,6 +157,13 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
                      for i in range(cfg.actors.num)]
 
 
+def _compose_file() -> str:
+    """The dashboard's compose file: this folder's own copy (a checkout, or `streamrl init`), else the shipped one
+    (its mounts are relative to itself, so it runs from site-packages too)."""
+    own = Path("monitoring") / "compose.yml"
+    return str(own) if own.is_file() else str(resources.monitoring_dir() / "compose.yml")
+
+
 def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, str] | None = None,
           fork: bool = False) -> subprocess.Popen | forked.Forked:
     """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank.
@@ -277,7 +285,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         actor_ports = (f", actors :{m.actor_port}-{m.actor_port + cfg.actors.num - 1}"
                        if m.actor_port and cfg.actors.num else "")
         print(f"streamrl: Prometheus metrics at http://{m.host}:{m.learner_port}/metrics (learner{actor_ports}); "
-              "dashboard: docker compose -f monitoring/compose.yml up -d", file=out, flush=True)
+              f"dashboard: docker compose -f {_compose_file()} up -d", file=out, flush=True)
     if cfg.transport.curve_keys:
         print(f"streamrl: CurveZMQ encryption and authentication on (keys in {cfg.transport.curve_keys}; the "
               f"learner admits only the actor keys in {cfg.transport.curve_keys}/authorized/)", file=out, flush=True)

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl import resources
+
 GB = 1e9
-REPO_MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -76,10 +77,11 @@ def _hf_config_path(cfg) -> tuple[Path | None, str]:
             return Path(cached), name
     except Exception:  # not a hub id: fall through to the shipped copies
         pass
-    for cand in sorted(REPO_MODELS.glob("*/config.json")) if REPO_MODELS.is_dir() else []:
+    shapes = sorted(resources.model_shapes_dir().glob("*/config.json"))
+    for cand in shapes:
         if cand.parent.name.lower() == name.lower():
             return cand, name
-    shipped = ", ".join(p.name for p in sorted(REPO_MODELS.iterdir())) if REPO_MODELS.is_dir() else "none"
+    shipped = ", ".join(p.parent.name for p in shapes) or "none"
     raise FileNotFoundError(f"model.path={path!r}: no config.json there, in the Hugging Face cache, or shipped in "
                             f"configs/models/ ({shipped}); give --model-config FILE")
 

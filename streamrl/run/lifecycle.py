@@ -20,9 +20,19 @@ def stop_on_signals() -> Callable[[], bool]:
     return lambda: flag["stop"]
 
 
+_handler: list[logging.Handler] = []  # the handler setup_logging installed, if any
+
+
 def setup_logging(name: str, level: str = "INFO") -> None:
+    """Log lines `TIME NAME LEVEL MESSAGE` on stderr at `level`. A second call (in a child forked by
+    `streamrl run`, whose launcher set up its own) replaces the handler installed here; others' stay."""
+    root = logging.getLogger()
+    while _handler:
+        root.removeHandler(_handler.pop())
+    before = list(root.handlers)
     logging.basicConfig(
         level=level, stream=sys.stderr,
         format=f"%(asctime)s {name} %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    _handler.extend(h for h in root.handlers if h not in before)
     for noisy in ("DeepSpeed", "deepspeed", "transformers", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

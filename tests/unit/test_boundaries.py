@@ -99,11 +99,12 @@ def _imported_parts(path: Path) -> set[str]:
 # streamrl. The processes and the commands sit on top (checked below).
 LAYERS = {
     "registry": set(),                                      # name → function registries
+    "resources": set(),                                     # the shipped recipes and monitoring bundle
     "comm": set(),                                          # wire messages, sockets, weight chunks, CurveZMQ
     "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
     "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
     "telemetry": {"algo", "comm", "registry"},              # Prometheus, health, start-up phases, trackers
-    "config": {"algo", "tasks", "telemetry"},               # the typed config (checks names against registries)
+    "config": {"algo", "resources", "tasks", "telemetry"},  # the typed config (checks names against registries)
     "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
     "run": {"config", "models", "telemetry"},               # preflight, storage, checkpoints, logging, placement
     "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set

@@ -1,0 +1,1 @@
+"""The monitoring bundle, installed as the data package `streamrl.monitoring` (read through streamrl.resources)."""
