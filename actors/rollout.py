@@ -9,6 +9,7 @@ their prompt's room, and a prompt with no room is skipped and counted (`prompts_
 from __future__ import annotations
 
 import logging
+import math
 import random
 from typing import Callable
 
@@ -60,9 +61,10 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
                    max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len)
 
-    def encode(self, tokenizer, text: str) -> list[int]:
-        return prompting.encode(tokenizer, text, prompting.uses_chat_template(tokenizer, self.chat_template),
-                                self.enable_thinking)
+    def encode(self, tokenizer, text: str | Prompt) -> list[int]:
+        """Token ids of a prompt (its chat messages where it has them) or of a text."""
+        return prompting.encode(tokenizer, prompting.content(text),
+                                prompting.uses_chat_template(tokenizer, self.chat_template), self.enable_thinking)
 
     def room(self, ids: list[int]) -> int:
         """Completion tokens the prompt `ids` leaves under the caps (≤ 0: none)."""
@@ -102,6 +104,15 @@ class RolloutStats(msgspec.Struct):
     census_after_passed_nonpos: int = 0
     prompts_too_long: int = 0
     """Prompts (and layer-2 queries) skipped because they leave no room under model.max_seq_len."""
+    # Reward functions by reference (streamrl.tasks.reward_functions): samples left unscored, by reason.
+    reward_raised: int = 0
+    reward_timeout: int = 0
+    reward_bad_return: int = 0
+    reward_non_finite: int = 0
+    reward_out_of_scale: int = 0
+    reward_none: int = 0
+    groups_unscored: int = 0
+    """Groups not sent because no sample in them could be scored."""
 
 
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
@@ -125,17 +136,33 @@ def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool]
 
 
 def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
-            n: int, between_steps: Callable[[], int] | None = None, caps: list[int] | None = None) -> list[list[Sample]]:
-    """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap)."""
+            n: int, between_steps: Callable[[], int] | None = None, caps: list[int] | None = None,
+            stats: RolloutStats | None = None) -> list[list[Sample]]:
+    """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap). A grouped
+    reward that leaves a sample unscored gives it its group's mean (NaN when none is scored: the group is
+    then not sent); the failures are added to `stats`."""
     # Only backends that can pause between decoding steps take between_steps (the config checks which).
     drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
-    out = []
-    for j, (prompt, completions) in enumerate(zip(prompts, drawn)):
-        if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
-            completions = [capped(c, max(0, caps[j])) for c in completions]
-        texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
-        out.append([(c, t, reward(prompt, t)) for c, t in zip(completions, texts)])
-    return out
+    if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
+        drawn = [[capped(c, max(0, caps[j])) for c in completions] for j, completions in enumerate(drawn)]
+    texts = [[tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions] for completions in drawn]
+    if reward.grouped:  # every group's call side by side on the reward pool
+        scored, failures = reward.score_groups(prompts, texts, [[list(c.tokens) for c in cs] for cs in drawn])
+        if stats is not None:
+            for why, count in failures.items():
+                setattr(stats, f"reward_{why}", getattr(stats, f"reward_{why}") + count)
+        rewards = [fill_unscored(r) for r in scored]
+    else:
+        rewards = [[reward(prompt, t) for t in ts] for prompt, ts in zip(prompts, texts)]
+    return [list(zip(cs, ts, rs)) for cs, ts, rs in zip(drawn, texts, rewards)]
+
+
+def fill_unscored(rewards: list[float | None]) -> list[float]:
+    """Unscored samples (None) take the mean of the scored ones, so they move no other sample's advantage under
+    a mean baseline; with none scored, NaN (the group is dropped and counted)."""
+    scored = [r for r in rewards if r is not None]
+    mean = sum(scored) / len(scored) if scored else math.nan
+    return [mean if r is None else r for r in rewards]
 
 
 def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, actor_id: str,
@@ -157,7 +184,7 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
-    ids = [opts.encode(tokenizer, p.text) for p in prompts]
+    ids = [opts.encode(tokenizer, p) for p in prompts]
     fits = [opts.room(i) > 0 for i in ids]
     if not all(fits):
         stats.prompts_too_long = fits.count(False)
@@ -175,6 +202,9 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
                                       rng or random.Random(), stats, between_steps, prompt_ids=ids)
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
+        if any(math.isnan(r) for _, _, r in samples):  # no sample of it could be scored
+            stats.groups_unscored += 1
+            continue
         if observe is not None:
             observe(prompt.id, [r for _, _, r in samples])
         if opts.filter_zero_variance and group_filters.zero_variance([r for _, _, r in samples]):
@@ -198,7 +228,7 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
     pending = list(range(len(prompts)))
     for round_ in range(opts.rollout_factor):
         drawn = _sample(backend, tokenizer, reward, [prompts[i] for i in pending], [ids[i] for i in pending],
-                        opts.group_size, between_steps, [opts.room(ids[i]) for i in pending])
+                        opts.group_size, between_steps, [opts.room(ids[i]) for i in pending], stats)
         for i, samples in zip(pending, drawn):
             pools[i] += samples
         stats.extra_samples += opts.group_size * len(pending) if round_ else 0
@@ -234,7 +264,7 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     caps = [opts.room(q) for q in q_ids]
     stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
-    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps)]
+    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps, stats)]
     stats.corrections += len(first)
     per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
     kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct and caps[j] > 0]
@@ -242,7 +272,7 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     groups = []
     if kept and opts.augment:
         more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment,
-                       between_steps, [caps[j] for j in kept])
+                       between_steps, [caps[j] for j in kept], stats)
         for j, extra in zip(kept, more):
             groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
                                  actor_id, layer=2))

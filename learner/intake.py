@@ -159,6 +159,7 @@ class Intake:
             "actor_sessions": len(sessions),
             "groups_sent_by_actors": sent,
             "groups_generated_by_actors": sum(c.report.groups_generated for c in sessions.values() if c.report),
+            "reward_failures": reward_failures(c.report for c in sessions.values() if c.report),
             "lost_in_transit": sent - received_by_session,
             "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None),
             "sessions": {f"{a}/{s}": {"sent": c.sent, "received": c.received, "reported": c.report is not None}
@@ -177,3 +178,12 @@ class Intake:
             "demands_sent": self.demands_sent,
             "peers_refused": self.refused(),
         }
+
+
+def reward_failures(reports) -> dict[str, int]:
+    """Samples the actors' reward functions left unscored, by reason, summed over the reported sessions."""
+    out: dict[str, int] = {}
+    for report in reports:
+        for why, n in report.reward_failures.items():
+            out[why] = out.get(why, 0) + n
+    return dict(sorted(out.items()))

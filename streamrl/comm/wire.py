@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import time
 from itertools import accumulate
-from typing import Literal, Sequence, Union
+from typing import Annotated, Literal, Sequence, Union
 
 import msgspec
 import numpy as np
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 SCHEMA_VERSION = 1
 
@@ -191,6 +191,8 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     groups_sent: int
     groups_generated: int
     reason: str = "shutdown"
+    reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport]
