@@ -46,6 +46,8 @@ def raw_rows(source: str | Path) -> tuple[list[tuple[int, Any]], list[Problem]]:
     """(row number, raw value) of every row of `source`, and the rows that could not even be decoded."""
     src = str(source)
     p = Path(source)
+    if not p.exists() and p.suffix in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"{src}: no such file or folder; give {FORMATS}")
     if p.is_dir():
         return _enumerate(_load_from_disk(p)), []
     if p.suffix == ".jsonl":

@@ -82,6 +82,11 @@ class DatasetTask:
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
 
+    @staticmethod
+    def row_converter(cfg):
+        """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
+        return converter(cfg.prompt_field)
+
     @classmethod
     def from_config(cls, cfg) -> "DatasetTask":
         return cls(cfg)

@@ -80,6 +80,11 @@ class MathAnswer:
         self.template = template
         self.unparseable = 0
 
+    @staticmethod
+    def row_converter(cfg):
+        """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
+        return ROW
+
     @classmethod
     def from_config(cls, cfg) -> "MathAnswer":
         return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE)

@@ -164,6 +164,11 @@ class CodeVerifier:
         self.reward_form = reward_form
         self.unparseable = 0
 
+    @staticmethod
+    def row_converter(cfg):
+        """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
+        return ROW
+
     @classmethod
     def from_config(cls, cfg) -> "CodeVerifier":
         return cls(cfg.data, cfg.eval_data, cfg.scale_steps, cfg.single_fraction,
