@@ -159,7 +159,6 @@ class Intake:
             "actor_sessions": len(sessions),
             "groups_sent_by_actors": sent,
             "groups_generated_by_actors": sum(c.report.groups_generated for c in sessions.values() if c.report),
-            "reward_failures": reward_failures(c.report for c in sessions.values() if c.report),
             "lost_in_transit": sent - received_by_session,
             "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None),
             "sessions": {f"{a}/{s}": {"sent": c.sent, "received": c.received, "reported": c.report is not None}
@@ -172,6 +171,7 @@ class Intake:
             "groups_received": self.received,
             "groups_used": self.used,
             "groups_dropped": dict(self.dropped),
+            "reward_failures": reward_failures(c.report for c in self.receiver.sessions.values() if c.report),
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.publisher.rejected.counts),
             "weight_requests_served": self.publisher.requests_served,
