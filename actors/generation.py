@@ -54,6 +54,7 @@ class Generation:
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
         self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
+        self.unsent_failures: dict[str, int] = {}  # reward failures not yet carried by a group
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
@@ -76,6 +77,7 @@ class Generation:
         self.telemetry.observe_generate(groups, gen_s)
         self.telemetry.observe_rollout(done)
         self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
+        self.unsent_failures = carry_reward_failures(groups, done, self.unsent_failures)
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
@@ -106,3 +108,18 @@ def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
         groups[0].filtered = unsent
         return None
     return unsent
+
+
+def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats, unsent: dict[str, int]) -> dict[str, int]:
+    """This call's reward failures (`done`), with earlier calls' that no group carried (`unsent`), ride on the
+    first group made (its `reward_failures`), so the learner's metrics.jsonl shows them as groups arrive. Returns
+    what is still unsent. (The actor's final report holds its exact total.)"""
+    counts = dict(unsent)
+    for key in done.__struct_fields__:
+        if key.startswith("reward_") and (n := getattr(done, key)):
+            why = key.removeprefix("reward_")
+            counts[why] = counts.get(why, 0) + n
+    if groups and counts:
+        groups[0].reward_failures = counts
+        return {}
+    return counts

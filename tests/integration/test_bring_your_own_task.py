@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from procs import FREE_PORTS, REPO, streamrl, summary
+from procs import FREE_PORTS, REPO, metrics, streamrl, summary
 
 pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples"
@@ -86,6 +86,11 @@ def test_a_reward_that_raises_and_hangs_is_counted_exactly_and_stops_no_actor(tm
     assert s["status"] == "finished" and s["reward_failures"] == expected, (s["reward_failures"], expected)
     rec = s["reconciliation"]
     assert rec["actor_sessions"] == 2 and rec["unreported_sessions"] == [], rec  # both actors lived to report
+    # metrics.jsonl: the counts so far at each step, carried by the groups as they arrive (never beyond the total)
+    seen = [r["reward_failures"] for r in metrics(tmp_path / "runs" / "flaky")]
+    assert any(seen), seen[:5]
+    for before, after in zip(seen, seen[1:] + [expected]):
+        assert all(before.get(k, 0) <= after.get(k, 0) for k in ("raised", "timeout")), (before, after)
 
 
 def test_check_names_every_malformed_row_and_a_file_without_one_is_refused_before_start(tmp_path):

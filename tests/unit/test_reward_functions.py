@@ -99,3 +99,26 @@ def test_groups_score_side_by_side_on_the_pool(rewards_file):
     outs = fns.score([Call("p", ["slow"], [[]], {}) for _ in range(4)])
     assert [o.scores for o in outs] == [[1.0]] * 4
     assert time.monotonic() - t0 < 4 * 0.6  # four 0.6 s calls overlapped (a loose bound: the machine is shared)
+
+
+def test_unscored_samples_take_their_groups_mean_and_a_group_with_none_scored_is_marked():
+    from streamrl.actors.rollout import fill_unscored
+
+    assert fill_unscored([1.0, None, 0.0, None]) == [1.0, 0.5, 0.0, 0.5]
+    assert all(math.isnan(r) for r in fill_unscored([None, None]))
+
+
+def test_reward_failures_reach_prometheus_by_reason():
+    from prometheus_client import generate_latest
+
+    from streamrl.actors.rollout import RolloutStats
+    from streamrl.telemetry import prometheus_metrics
+
+    registry = prometheus_metrics.new_registry()
+    m = prometheus_metrics.ActorMetrics(registry, "run", "actor-0")
+    m.observe_rollout(RolloutStats(reward_raised=3, reward_timeout=2, groups_unscored=1))
+    m.observe_rollout(RolloutStats(reward_raised=1))
+    text = generate_latest(registry).decode()
+    assert 'streamrl_actor_reward_failures_total{actor="actor-0",reason="raised",run="run"} 4.0' in text
+    assert 'streamrl_actor_reward_failures_total{actor="actor-0",reason="timeout",run="run"} 2.0' in text
+    assert 'streamrl_actor_groups_unscored_total{actor="actor-0",run="run"} 1.0' in text
