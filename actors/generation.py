@@ -110,7 +110,8 @@ def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
     return unsent
 
 
-def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats, unsent: dict[str, int]) -> dict[str, int]:
+def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats,
+                          unsent: dict[str, int]) -> dict[str, int]:
     """This call's reward failures (`done`), with earlier calls' that no group carried (`unsent`), ride on the
     first group made (its `reward_failures`), so the learner's metrics.jsonl shows them as groups arrive. Returns
     what is still unsent. (The actor's final report holds its exact total.)"""

@@ -218,7 +218,8 @@ class RewardFunctions:
             match = [lv for lv in self.levels if abs(lv - total) <= 1e-9 * max(1.0, abs(lv))]
             if not match:
                 failures["out_of_scale"] += 1
-                self._note(",".join(self.refs), "out_of_scale", f"a reward of {total!r}; task.reward_levels={self.levels}")
+                self._note(",".join(self.refs), "out_of_scale",
+                           f"a reward of {total!r}; task.reward_levels={self.levels}")
                 return None
             total = match[0]
         return total
