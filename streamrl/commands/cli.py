@@ -356,14 +356,23 @@ def list_tasks() -> int:
 
 
 def data_problems(cfg: config_lib.Config, every_row: bool) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of the task's data files, read through its row check: every malformed row (check) or
-    their count (run) is a warning, since a run skips them; a file with no usable row, or none at all, is an error."""
+    """(errors, warnings) of the task's reward functions (each must import) and data files, read through its row
+    check: every malformed row (check) or their count (run) is a warning, since a run skips them; a file with no
+    usable row, or none at all, is an error."""
     from streamrl.tasks import TASKS, data
 
+    errors, warnings = [], []
+    if cfg.task.reward:  # a reward that cannot be found fails here, not in every actor
+        from streamrl.tasks.reward_functions import resolve
+
+        for ref in [cfg.task.reward] if isinstance(cfg.task.reward, str) else cfg.task.reward:
+            try:
+                resolve(ref)
+            except ValueError as e:
+                errors.append(str(e))
     cls = TASKS.get(cfg.task.name)
     if not hasattr(cls, "row_converter"):
-        return [], []
-    errors, warnings = [], []
+        return errors, warnings
     for key in ("data", "eval_data"):
         source = getattr(cfg.task, key)
         if not source:

@@ -75,7 +75,7 @@ class DatasetTask:
         what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
         self.train = data.load(cfg.data, convert, what)
         self.eval_rows = data.load(cfg.eval_data, convert, what) if cfg.eval_data else None
-        self._levels = self.levels(cfg, ())
+        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
         refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward)
         self.functions = RewardFunctions(refs, cfg.reward_weights or None, cfg.reward_levels or None,
                                          cfg.reward_timeout_s, cfg.reward_workers)
@@ -105,6 +105,10 @@ class DatasetTask:
     @property
     def reward_levels(self) -> list[float]:
         return self._levels
+
+    def levels_for(self, edges) -> list[float]:
+        """The task's levels under reward.bucket_edges `edges` (streamrl.tasks.rewards.Reward.levels)."""
+        return self._levels if self._declared else self.levels(self.cfg, edges)
 
     def prompt(self, row: Row) -> Prompt:
         from streamrl.tasks.verifier import hash_text

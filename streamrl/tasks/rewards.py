@@ -71,7 +71,10 @@ class Reward:
     @property
     def levels(self) -> list[float]:
         """Every reward this can return, ascending."""
-        return shaped_levels(self.task.reward_levels, self.edges, self.values, self.to_reward)
+        # a continuous reward's levels are its buckets: the task needs the edges to name them
+        task_levels = (self.task.levels_for(self.edges) if hasattr(self.task, "levels_for")
+                       else self.task.reward_levels)
+        return shaped_levels(task_levels, self.edges, self.values, self.to_reward)
 
     @property
     def unparseable(self) -> int:

@@ -113,3 +113,6 @@ def test_check_names_every_malformed_row_and_a_file_without_one_is_refused_befor
     assert refused.returncode == 2, refused.stderr
     assert "task.data=hopeless.jsonl: no usable row of 2; first: hopeless.jsonl:1: not valid JSON" in refused.stderr
     assert not (tmp_path / "runs" / "hopeless").exists()  # refused before anything started
+    missing = streamrl("check", "task.data=broken.jsonl", *task, "task.reward=reward.py:nope", cwd=tmp_path,
+                       check=False)
+    assert missing.returncode == 2 and "reward.py has no function 'nope'" in missing.stderr, missing.stderr

@@ -122,3 +122,20 @@ def test_reward_failures_reach_prometheus_by_reason():
     assert 'streamrl_actor_reward_failures_total{actor="actor-0",reason="raised",run="run"} 4.0' in text
     assert 'streamrl_actor_reward_failures_total{actor="actor-0",reason="timeout",run="run"} 2.0' in text
     assert 'streamrl_actor_groups_unscored_total{actor="actor-0",run="run"} 1.0' in text
+
+
+def test_a_continuous_reward_is_bucketed_onto_the_configured_levels(tmp_path):
+    from streamrl import config as config_lib
+    from streamrl.tasks import rewards
+
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "say x", "answer": "x"}\n')
+    (tmp_path / "cont.py").write_text("def f(prompts, completions, **kw):\n"
+                                      "    return [len(c) / 10 for c in completions]\n")
+    cfg = config_lib.load(None, ["task.name=dataset", f"task.data={tmp_path / 'rows.jsonl'}",
+                                 f"task.reward={tmp_path / 'cont.py'}:f", "reward.bucket_edges=[0.3, 0.6]",
+                                 "advantage.r_min_correct=0.5"])
+    reward = rewards.build(cfg)
+    assert reward.levels == [0.0, 0.5, 1.0] == rewards.levels_of(cfg)
+    prompt = reward.task.sample(__import__("random").Random(0))
+    scored, failures = reward.score_groups([prompt], [["ab", "abcd", "abcdefgh"]], [[[], [], []]])
+    assert scored == [[0.0, 0.5, 1.0]] and not failures
