@@ -139,3 +139,12 @@ def test_a_continuous_reward_is_bucketed_onto_the_configured_levels(tmp_path):
     prompt = reward.task.sample(__import__("random").Random(0))
     scored, failures = reward.score_groups([prompt], [["ab", "abcd", "abcdefgh"]], [[[], [], []]])
     assert scored == [[0.0, 0.5, 1.0]] and not failures
+
+
+def test_a_trl_reward_function_works_unchanged_on_a_chat_group():
+    pytest.importorskip("trl")
+    fns = RewardFunctions(["trl.rewards:think_format_reward"], levels=[0.0, 1.0])
+    call = DatasetTask.call(Prompt(id="p", text="q", messages=({"role": "user", "content": "q"},)),
+                            ["<think>\nbecause\n</think>\n42", "42"], [[1], [2]])
+    out = fns.score([call])[0]
+    assert out.scores == [1.0, 0.0] and not out.failures
