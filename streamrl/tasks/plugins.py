@@ -29,6 +29,10 @@ def entry_points() -> dict[str, metadata.EntryPoint]:
             raise ValueError(f"task {ep.name!r} is declared twice in entry-point group {GROUP!r}: "
                              f"{other.value} ({_dist(other)}) and {ep.value} ({_dist(ep)}); uninstall one")
         found[ep.name] = ep
+    if not any(ep.value.startswith("streamrl.tasks.") for ep in found.values()):
+        # An install made before tasks became entry points (or a checkout on PYTHONPATH) has none of its own.
+        raise ValueError(f"streamrl's own tasks are missing from entry-point group {GROUP!r}: its installed "
+                         "metadata predates them; reinstall streamrl (pip install -e <repository>)")
     return found
 
 
