@@ -141,20 +141,34 @@ def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], 
     """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap). A grouped
     reward that leaves a sample unscored gives it its group's mean (NaN when none is scored: the group is
     then not sent); the failures are added to `stats`."""
+    drawn, texts = _draw(backend, tokenizer, ids, n, between_steps, caps)
+    if reward.grouped:  # every group's call side by side on the reward pool
+        return _scored(reward, drawn, texts, reward.submit_groups(prompts, texts, _tokens(drawn)), stats)
+    rewards = [[reward(prompt, t) for t in ts] for prompt, ts in zip(prompts, texts)]
+    return [list(zip(cs, ts, rs)) for cs, ts, rs in zip(drawn, texts, rewards)]
+
+
+def _draw(backend: Backend, tokenizer, ids, n, between_steps=None, caps=None):
+    """(completions, their texts), each (len(ids), n)."""
     # Only backends that can pause between decoding steps take between_steps (the config checks which).
     drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
     if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
         drawn = [[capped(c, max(0, caps[j])) for c in completions] for j, completions in enumerate(drawn)]
     texts = [[tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions] for completions in drawn]
-    if reward.grouped:  # every group's call side by side on the reward pool
-        scored, failures = reward.score_groups(prompts, texts, [[list(c.tokens) for c in cs] for cs in drawn])
-        if stats is not None:
-            for why, count in failures.items():
-                setattr(stats, f"reward_{why}", getattr(stats, f"reward_{why}") + count)
-        rewards = [fill_unscored(r) for r in scored]
-    else:
-        rewards = [[reward(prompt, t) for t in ts] for prompt, ts in zip(prompts, texts)]
-    return [list(zip(cs, ts, rs)) for cs, ts, rs in zip(drawn, texts, rewards)]
+    return drawn, texts
+
+
+def _tokens(drawn) -> list[list[list[int]]]:
+    return [[list(c.tokens) for c in cs] for cs in drawn]
+
+
+def _scored(reward: Reward, drawn, texts, handle, stats: RolloutStats | None) -> list[list[Sample]]:
+    """The samples of a grouped reward's submitted calls (`handle`), once scored; failures added to `stats`."""
+    scored, failures = reward.collect_groups(handle)
+    if stats is not None:
+        for why, count in failures.items():
+            setattr(stats, f"reward_{why}", getattr(stats, f"reward_{why}") + count)
+    return [list(zip(cs, ts, fill_unscored(rs))) for cs, ts, rs in zip(drawn, texts, scored)]
 
 
 def fill_unscored(rewards: list[float | None]) -> list[float]:
@@ -184,22 +198,74 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
-    ids = [opts.encode(tokenizer, p) for p in prompts]
-    fits = [opts.room(i) > 0 for i in ids]
-    if not all(fits):
-        stats.prompts_too_long = fits.count(False)
-        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
-                    actor_id, stats.prompts_too_long, opts.max_seq_len, max(map(len, ids)))
-        prompts = [p for p, ok in zip(prompts, fits) if ok]
-        ids = [i for i, ok in zip(ids, fits) if ok]
-        if not prompts:
-            return [], stats
+    prompts, ids = _fitting(tokenizer, prompts, opts, stats, actor_id)
+    if not prompts:
+        return [], stats
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
                                       rng or random.Random(), stats, between_steps, prompt_ids=ids)
+    groups = _finish(prompts, ids, chosen, corrections, opts, policy_version, actor_id, stats, observe)
+    stats.unparseable = reward.unparseable - unparseable_before
+    return groups + layer2, stats
+
+
+class Started(msgspec.Struct):
+    """A generate call whose groups the reward pool is still scoring (`start_groups`)."""
+
+    prompts: list
+    ids: list
+    drawn: list
+    texts: list
+    handle: object
+    version: int
+    actor_id: str
+    stats: RolloutStats
+
+
+def start_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,
+                 policy_version: int, actor_id: str, between_steps: Callable[[], int] | None = None) -> Started:
+    """Generate G samples per prompt and hand them to the grouped reward's pool without waiting, so the caller's
+    next generate call overlaps their scoring (`finish_groups` collects them). Layer 1 only, one round."""
+    stats = RolloutStats()
+    prompts, ids = _fitting(tokenizer, prompts, opts, stats, actor_id)
+    drawn, texts = _draw(backend, tokenizer, ids, opts.group_size, between_steps, [opts.room(i) for i in ids]) \
+        if prompts else ([], [])
+    handle = reward.submit_groups(prompts, texts, _tokens(drawn)) if prompts else None
+    return Started(prompts, ids, drawn, texts, handle, policy_version, actor_id, stats)
+
+
+def finish_groups(started: Started, reward: Reward, opts: RolloutOptions,
+                  observe: Callable[[str, list[float]], None] | None = None) -> tuple[list[ScoredGroup], RolloutStats]:
+    """The groups of a started call, once its scores are in (as make_groups would have made them)."""
+    stats = started.stats
+    if not started.prompts:
+        return [], stats
+    chosen = _scored(reward, started.drawn, started.texts, started.handle, stats)
+    groups = _finish(started.prompts, started.ids, chosen, [None] * len(chosen), opts, started.version,
+                     started.actor_id, stats, observe)
+    return groups, stats
+
+
+def _fitting(tokenizer, prompts: list[Prompt], opts: RolloutOptions, stats: RolloutStats, actor_id: str):
+    """(prompts, their token ids) that leave room for a completion; the others are counted and logged."""
+    ids = [opts.encode(tokenizer, p) for p in prompts]
+    fits = [opts.room(i) > 0 for i in ids]
+    if not all(fits):
+        stats.prompts_too_long += fits.count(False)
+        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
+                    actor_id, fits.count(False), opts.max_seq_len, max(map(len, ids)))
+        prompts = [p for p, ok in zip(prompts, fits) if ok]
+        ids = [i for i, ok in zip(ids, fits) if ok]
+    return prompts, ids
+
+
+def _finish(prompts, ids, chosen, corrections, opts: RolloutOptions, policy_version: int, actor_id: str,
+            stats: RolloutStats, observe=None) -> list[ScoredGroup]:
+    """Layer-1 groups of scored samples: unscored ones and (dynamic filtering) equal-reward ones dropped and
+    counted; the census before and after filtering."""
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
         if any(math.isnan(r) for _, _, r in samples):  # no sample of it could be scored
@@ -211,13 +277,12 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
             stats.filtered_zero_variance += 1
             continue
         groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
-    stats.unparseable = reward.unparseable - unparseable_before
     if opts.estimator:  # the paper's census before and after dynamic filtering
         for stage, rows in (("before", [[r for _, _, r in c] for c in chosen]), ("after", [g.rewards for g in groups])):
             for cell, n in learning_signal.census_counts(rows, opts.estimator, opts.r_min_correct,
                                                          opts.std_normalize).items():
                 setattr(stats, f"census_{stage}_{cell}", n)
-    return groups + layer2, stats
+    return groups
 
 
 def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stats: RolloutStats,

@@ -84,6 +84,8 @@ class TaskConfig(_Section):
     """dataset: threads scoring groups side by side in each actor."""
     reward_timeout_s: PositiveFloat = 30.0
     """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
+    reward_overlap: bool = True
+    """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
     """dataset on the tiny word-level model: words the policy may write beyond those in the data."""
     scale_steps: Annotated[int, Meta(ge=1, le=1000)] = 10

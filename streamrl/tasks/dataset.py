@@ -139,7 +139,14 @@ class DatasetTask:
         return Call(prompt.text, texts, ids, prompt.columns)
 
     def score_groups(self, prompts: list[Prompt], texts: list[list[str]], ids: list[list[list[int]]]) -> list[Outcome]:
-        return self.functions.score([self.call(p, t, i) for p, t, i in zip(prompts, texts, ids)])
+        return self.collect_groups(self.submit_groups(prompts, texts, ids))
+
+    def submit_groups(self, prompts: list[Prompt], texts: list[list[str]], ids: list[list[list[int]]]):
+        """Start every group's call on the pool; `collect_groups` waits for them (generation may go on meanwhile)."""
+        return self.functions.submit([self.call(p, t, i) for p, t, i in zip(prompts, texts, ids)])
+
+    def collect_groups(self, handle) -> list[Outcome]:
+        return self.functions.collect(handle)
 
     def score(self, prompt: Prompt, completion: str) -> float:
         """One sample (evaluation): an unscored sample counts as the lowest level."""

@@ -168,10 +168,15 @@ class RewardFunctions:
 
     def score(self, calls: Sequence[Call]) -> list[Outcome]:
         """Every group's scores, the groups' calls running side by side on the pool."""
-        groups = []
-        for call in calls:  # submit everything first: groups overlap on the workers
-            groups.append([self._run(fn, call) for fn in self.fns])
-        return [self._finish(call, running) for call, running in zip(calls, groups)]
+        return self.collect(self.submit(calls))
+
+    def submit(self, calls: Sequence[Call]) -> list:
+        """Start every group's calls on the pool (they overlap on the workers, and with whatever the caller does
+        next); `collect` waits for them."""
+        return [(call, [self._run(fn, call) for fn in self.fns]) for call in calls]
+
+    def collect(self, handle: list) -> list[Outcome]:
+        return [self._finish(call, running) for call, running in handle]
 
     def _finish(self, call: Call, running) -> Outcome:
         failures: Counter = Counter()

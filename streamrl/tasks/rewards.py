@@ -93,9 +93,16 @@ class Reward:
 
     def score_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
         """Grouped tasks: (each group's shaped rewards, None where unscored; the failures by reason, summed)."""
+        return self.collect_groups(self.submit_groups(prompts, texts, ids))
+
+    def submit_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
+        """Start scoring the groups on the task's pool; `collect_groups` waits for them."""
+        return self.task.submit_groups(prompts, texts, ids)
+
+    def collect_groups(self, handle):
         from collections import Counter
 
-        outcomes, failures = self.task.score_groups(prompts, texts, ids), Counter()
+        outcomes, failures = self.task.collect_groups(handle), Counter()
         for o in outcomes:
             failures.update(o.failures)
         return [[None if r is None else self.shape(r) for r in o.scores] for o in outcomes], failures
