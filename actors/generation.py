@@ -77,7 +77,8 @@ class Generation:
         return self._finish_call(groups, done, budget, t0)
 
     def _prompts(self, k: int) -> list:
-        prompts = rollout.sample_prompts(self.reward.task, self.rng, k, keep=self.tracker.keep if self.tracker else None)
+        keep = self.tracker.keep if self.tracker else None
+        prompts = rollout.sample_prompts(self.reward.task, self.rng, k, keep=keep)
         if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
             log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
                         self.actor_id, self.tracker.excluded_by_reason)
