@@ -54,30 +54,76 @@ class Generation:
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
         self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
+        self.unsent_failures: dict[str, int] = {}  # reward failures not yet carried by a group
+        # Reward functions score a call's groups while the next call generates (task.reward_overlap): only where a
+        # call's groups need no score to go on (one round, layer 1) and may wait one call (not strict).
+        self.overlap = (reward.grouped and cfg.task.reward_overlap and cfg.actors.rollout_factor == 1
+                        and not cfg.mgrpo.enabled and not cfg.strict)
+        self.pending: rollout.Started | None = None
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
         t0 = time.perf_counter()
         tracker = self.tracker
-        prompts = rollout.sample_prompts(self.reward.task, self.rng, min(self.prompts_per_call, budget),
-                                         keep=tracker.keep if tracker else None)
+        observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
+        if self.overlap:
+            groups, done = self._overlapped(budget, version, between_steps, observe)
+        else:
+            if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
+                return []
+            groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
+                                               self.actor_id, self.phrase_rng, observe=observe,
+                                               between_steps=between_steps)
+        return self._finish_call(groups, done, budget, t0)
+
+    def _prompts(self, k: int) -> list:
+        keep = self.tracker.keep if self.tracker else None
+        prompts = rollout.sample_prompts(self.reward.task, self.rng, k, keep=keep)
         if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
             log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
-                        self.actor_id, tracker.excluded_by_reason)
+                        self.actor_id, self.tracker.excluded_by_reason)
             time.sleep(1.0)
-            return []
-        observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
-        groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
-                                           self.actor_id, self.phrase_rng, observe=observe,
-                                           between_steps=between_steps)
+        return prompts
+
+    def _overlapped(self, budget: int, version: int, between_steps, observe):
+        """Start this call's scoring and return the previous call's groups. Never across a weight update: groups
+        made with older weights come back before any with newer ones start, so overlapping adds no lag."""
+        pending = self.pending
+        if pending is not None and pending.version != version:
+            self.pending = None
+            return rollout.finish_groups(pending, self.reward, self.options, observe)
+        room = budget - (len(pending.prompts) if pending is not None else 0)  # made + in flight stay within budget
+        prompts = self._prompts(min(self.prompts_per_call, room)) if room > 0 else []
+        self.pending = (rollout.start_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
+                                             self.actor_id, between_steps) if prompts else None)
+        if pending is None:
+            return [], rollout.RolloutStats()
+        return rollout.finish_groups(pending, self.reward, self.options, observe)
+
+    def finish_pending(self) -> int:
+        """At the actor's end: score the call still in flight, so every reward failure is counted; its groups are
+        not sent. Returns how many."""
+        if self.pending is None:
+            return 0
+        pending, self.pending = self.pending, None
+        groups, done = rollout.finish_groups(pending, self.reward, self.options)
+        self._account([], done)
+        return len(groups)
+
+    def _account(self, groups, done) -> None:
+        """Adds a call's counts to the totals and to Prometheus (before any over-budget trim)."""
+        self.telemetry.observe_rollout(done)
+        self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
+        self.unsent_failures = carry_reward_failures(groups, done, self.unsent_failures)
+        for key in done.__struct_fields__:
+            self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
+
+    def _finish_call(self, groups, done, budget: int, t0: float) -> list[ScoredGroup]:
         if len(groups) > budget:  # layer-2 groups can outgrow the budget: the layers share it (mgrpo.fill_budget)
             done.over_budget, groups = len(groups) - budget, mgrpo.fill_budget(groups, budget, self.layer2_share)
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
-        self.telemetry.observe_rollout(done)
-        self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
-        for key in done.__struct_fields__:
-            self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
+        self._account(groups, done)
         self.filtered_in_a_row = 0 if groups else self.filtered_in_a_row + done.filtered_zero_variance
         if self.filtered_in_a_row and self.filtered_in_a_row % 100 < done.filtered_zero_variance:
             log.warning("%s: the last %d groups all had equal rewards and were filtered "
@@ -87,7 +133,10 @@ class Generation:
 
     def report(self) -> dict:
         """For the actor's stats: generate time (sample_s of it in the backend's sampling, score_s decoding,
-        scoring and grouping the samples), the rollout counts summed, prompts excluded by difficulty."""
+        scoring and grouping the samples), the rollout counts summed, prompts excluded by difficulty. A call still
+        being scored (task.reward_overlap) is finished first, so its reward failures are counted."""
+        if self.pending is not None:
+            self.totals["groups_unsent_at_stop"] = self.finish_pending()
         split = {"sample_s": round(self.timed.seconds, 3),
                  "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
         return {**self.totals, **split, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
@@ -106,3 +155,19 @@ def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
         groups[0].filtered = unsent
         return None
     return unsent
+
+
+def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats,
+                          unsent: dict[str, int]) -> dict[str, int]:
+    """This call's reward failures (`done`), with earlier calls' that no group carried (`unsent`), ride on the
+    first group made (its `reward_failures`), so the learner's metrics.jsonl shows them as groups arrive. Returns
+    what is still unsent. (The actor's final report holds its exact total.)"""
+    counts = dict(unsent)
+    for key in done.__struct_fields__:
+        if key.startswith("reward_") and (n := getattr(done, key)):
+            why = key.removeprefix("reward_")
+            counts[why] = counts.get(why, 0) + n
+    if groups and counts:
+        groups[0].reward_failures = counts
+        return {}
+    return counts

@@ -95,7 +95,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         # The report closes this session's accounting at the learner; lingering lets it and any
         # queued groups reach a learner that is draining (a learner already gone costs the wait).
         reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"
-        stats["reported"] = sender.report(throttle.total, reason)
+        stats["reported"] = sender.report(throttle.total, reason, reward_failures={
+            k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
         sender.close(linger_s=2.0)
         weights.close()
         stats.update(weights.report())
@@ -104,6 +105,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             server.close()
         if hasattr(backend, "close"):  # an engine's worker processes go with the actor
             backend.close()
+        if hasattr(reward.task, "functions"):  # reward functions' threads (an abandoned call may still run)
+            reward.task.functions.close()
     log.info("%s: done %s", actor_id, stats)
     return stats
 

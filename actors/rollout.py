@@ -9,6 +9,7 @@ their prompt's room, and a prompt with no room is skipped and counted (`prompts_
 from __future__ import annotations
 
 import logging
+import math
 import random
 from typing import Callable
 
@@ -60,9 +61,10 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
                    max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len)
 
-    def encode(self, tokenizer, text: str) -> list[int]:
-        return prompting.encode(tokenizer, text, prompting.uses_chat_template(tokenizer, self.chat_template),
-                                self.enable_thinking)
+    def encode(self, tokenizer, text: str | Prompt) -> list[int]:
+        """Token ids of a prompt (its chat messages where it has them) or of a text."""
+        return prompting.encode(tokenizer, prompting.content(text),
+                                prompting.uses_chat_template(tokenizer, self.chat_template), self.enable_thinking)
 
     def room(self, ids: list[int]) -> int:
         """Completion tokens the prompt `ids` leaves under the caps (≤ 0: none)."""
@@ -102,6 +104,15 @@ class RolloutStats(msgspec.Struct):
     census_after_passed_nonpos: int = 0
     prompts_too_long: int = 0
     """Prompts (and layer-2 queries) skipped because they leave no room under model.max_seq_len."""
+    # Reward functions by reference (streamrl.tasks.reward_functions): samples left unscored, by reason.
+    reward_raised: int = 0
+    reward_timeout: int = 0
+    reward_bad_return: int = 0
+    reward_non_finite: int = 0
+    reward_out_of_scale: int = 0
+    reward_none: int = 0
+    groups_unscored: int = 0
+    """Groups not sent because no sample in them could be scored."""
 
 
 Sample = tuple[Completion, str, float]  # a completion, its text, its reward
@@ -125,17 +136,47 @@ def sample_prompts(task, rng: random.Random, k: int, keep: Callable[[str], bool]
 
 
 def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], ids: list[list[int]],
-            n: int, between_steps: Callable[[], int] | None = None, caps: list[int] | None = None) -> list[list[Sample]]:
-    """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap)."""
+            n: int, between_steps: Callable[[], int] | None = None, caps: list[int] | None = None,
+            stats: RolloutStats | None = None) -> list[list[Sample]]:
+    """n scored samples for each prompt (ids: its token ids; caps: its completions' length cap). A grouped
+    reward that leaves a sample unscored gives it its group's mean (NaN when none is scored: the group is
+    then not sent); the failures are added to `stats`."""
+    drawn, texts = _draw(backend, tokenizer, ids, n, between_steps, caps)
+    if reward.grouped:  # every group's call side by side on the reward pool
+        return _scored(reward, drawn, texts, reward.submit_groups(prompts, texts, _tokens(drawn)), stats)
+    rewards = [[reward(prompt, t) for t in ts] for prompt, ts in zip(prompts, texts)]
+    return [list(zip(cs, ts, rs)) for cs, ts, rs in zip(drawn, texts, rewards)]
+
+
+def _draw(backend: Backend, tokenizer, ids, n, between_steps=None, caps=None):
+    """(completions, their texts), each (len(ids), n)."""
     # Only backends that can pause between decoding steps take between_steps (the config checks which).
     drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
-    out = []
-    for j, (prompt, completions) in enumerate(zip(prompts, drawn)):
-        if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
-            completions = [capped(c, max(0, caps[j])) for c in completions]
-        texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
-        out.append([(c, t, reward(prompt, t)) for c, t in zip(completions, texts)])
-    return out
+    if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
+        drawn = [[capped(c, max(0, caps[j])) for c in completions] for j, completions in enumerate(drawn)]
+    texts = [[tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions] for completions in drawn]
+    return drawn, texts
+
+
+def _tokens(drawn) -> list[list[list[int]]]:
+    return [[list(c.tokens) for c in cs] for cs in drawn]
+
+
+def _scored(reward: Reward, drawn, texts, handle, stats: RolloutStats | None) -> list[list[Sample]]:
+    """The samples of a grouped reward's submitted calls (`handle`), once scored; failures added to `stats`."""
+    scored, failures = reward.collect_groups(handle)
+    if stats is not None:
+        for why, count in failures.items():
+            setattr(stats, f"reward_{why}", getattr(stats, f"reward_{why}") + count)
+    return [list(zip(cs, ts, fill_unscored(rs))) for cs, ts, rs in zip(drawn, texts, scored)]
+
+
+def fill_unscored(rewards: list[float | None]) -> list[float]:
+    """Unscored samples (None) take the mean of the scored ones, so they move no other sample's advantage under
+    a mean baseline; with none scored, NaN (the group is dropped and counted)."""
+    scored = [r for r in rewards if r is not None]
+    mean = sum(scored) / len(scored) if scored else math.nan
+    return [mean if r is None else r for r in rewards]
 
 
 def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, actor_id: str,
@@ -157,37 +198,91 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
     stats, unparseable_before = RolloutStats(), reward.unparseable
-    ids = [opts.encode(tokenizer, p.text) for p in prompts]
-    fits = [opts.room(i) > 0 for i in ids]
-    if not all(fits):
-        stats.prompts_too_long = fits.count(False)
-        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
-                    actor_id, stats.prompts_too_long, opts.max_seq_len, max(map(len, ids)))
-        prompts = [p for p, ok in zip(prompts, fits) if ok]
-        ids = [i for i, ok in zip(ids, fits) if ok]
-        if not prompts:
-            return [], stats
+    prompts, ids = _fitting(tokenizer, prompts, opts, stats, actor_id)
+    if not prompts:
+        return [], stats
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
                                       rng or random.Random(), stats, between_steps, prompt_ids=ids)
+    groups = _finish(prompts, ids, chosen, corrections, opts, policy_version, actor_id, stats, observe)
+    stats.unparseable = reward.unparseable - unparseable_before
+    return groups + layer2, stats
+
+
+class Started(msgspec.Struct):
+    """A generate call whose groups the reward pool is still scoring (`start_groups`)."""
+
+    prompts: list
+    ids: list
+    drawn: list
+    texts: list
+    handle: object
+    version: int
+    actor_id: str
+    stats: RolloutStats
+
+
+def start_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,
+                 policy_version: int, actor_id: str, between_steps: Callable[[], int] | None = None) -> Started:
+    """Generate G samples per prompt and hand them to the grouped reward's pool without waiting, so the caller's
+    next generate call overlaps their scoring (`finish_groups` collects them). Layer 1 only, one round."""
+    stats = RolloutStats()
+    prompts, ids = _fitting(tokenizer, prompts, opts, stats, actor_id)
+    drawn, texts = _draw(backend, tokenizer, ids, opts.group_size, between_steps, [opts.room(i) for i in ids]) \
+        if prompts else ([], [])
+    handle = reward.submit_groups(prompts, texts, _tokens(drawn)) if prompts else None
+    return Started(prompts, ids, drawn, texts, handle, policy_version, actor_id, stats)
+
+
+def finish_groups(started: Started, reward: Reward, opts: RolloutOptions,
+                  observe: Callable[[str, list[float]], None] | None = None) -> tuple[list[ScoredGroup], RolloutStats]:
+    """The groups of a started call, once its scores are in (as make_groups would have made them)."""
+    stats = started.stats
+    if not started.prompts:
+        return [], stats
+    chosen = _scored(reward, started.drawn, started.texts, started.handle, stats)
+    groups = _finish(started.prompts, started.ids, chosen, [None] * len(chosen), opts, started.version,
+                     started.actor_id, stats, observe)
+    return groups, stats
+
+
+def _fitting(tokenizer, prompts: list[Prompt], opts: RolloutOptions, stats: RolloutStats, actor_id: str):
+    """(prompts, their token ids) that leave room for a completion; the others are counted and logged."""
+    ids = [opts.encode(tokenizer, p) for p in prompts]
+    fits = [opts.room(i) > 0 for i in ids]
+    if not all(fits):
+        stats.prompts_too_long += fits.count(False)
+        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
+                    actor_id, fits.count(False), opts.max_seq_len, max(map(len, ids)))
+        prompts = [p for p, ok in zip(prompts, fits) if ok]
+        ids = [i for i, ok in zip(ids, fits) if ok]
+    return prompts, ids
+
+
+def _finish(prompts, ids, chosen, corrections, opts: RolloutOptions, policy_version: int, actor_id: str,
+            stats: RolloutStats, observe=None) -> list[ScoredGroup]:
+    """Layer-1 groups of scored samples: unscored ones and (dynamic filtering) equal-reward ones dropped and
+    counted; the census before and after filtering."""
     groups = []
     for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
+        if any(math.isnan(r) for _, _, r in samples):  # no sample of it could be scored
+            stats.groups_unscored += 1
+            continue
         if observe is not None:
             observe(prompt.id, [r for _, _, r in samples])
         if opts.filter_zero_variance and group_filters.zero_variance([r for _, _, r in samples]):
             stats.filtered_zero_variance += 1
             continue
         groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
-    stats.unparseable = reward.unparseable - unparseable_before
     if opts.estimator:  # the paper's census before and after dynamic filtering
         for stage, rows in (("before", [[r for _, _, r in c] for c in chosen]), ("after", [g.rewards for g in groups])):
             for cell, n in learning_signal.census_counts(rows, opts.estimator, opts.r_min_correct,
                                                          opts.std_normalize).items():
                 setattr(stats, f"census_{stage}_{cell}", n)
-    return groups + layer2, stats
+    return groups
 
 
 def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stats: RolloutStats,
@@ -198,7 +293,7 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
     pending = list(range(len(prompts)))
     for round_ in range(opts.rollout_factor):
         drawn = _sample(backend, tokenizer, reward, [prompts[i] for i in pending], [ids[i] for i in pending],
-                        opts.group_size, between_steps, [opts.room(ids[i]) for i in pending])
+                        opts.group_size, between_steps, [opts.room(ids[i]) for i in pending], stats)
         for i, samples in zip(pending, drawn):
             pools[i] += samples
         stats.extra_samples += opts.group_size * len(pending) if round_ else 0
@@ -234,7 +329,7 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     caps = [opts.room(q) for q in q_ids]
     stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
-    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps)]
+    first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps, stats)]
     stats.corrections += len(first)
     per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
     kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct and caps[j] > 0]
@@ -242,7 +337,7 @@ def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opt
     groups = []
     if kept and opts.augment:
         more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment,
-                       between_steps, [caps[j] for j in kept])
+                       between_steps, [caps[j] for j in kept], stats)
         for j, extra in zip(kept, more):
             groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
                                  actor_id, layer=2))

@@ -171,9 +171,20 @@ class Intake:
             "groups_received": self.received,
             "groups_used": self.used,
             "groups_dropped": dict(self.dropped),
+            "reward_failures": reward_failures(c.reward_failure_counts for c in self.receiver.sessions.values()),
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.publisher.rejected.counts),
             "weight_requests_served": self.publisher.requests_served,
             "demands_sent": self.demands_sent,
             "peers_refused": self.refused(),
         }
+
+
+def reward_failures(per_session) -> dict[str, int]:
+    """Samples the actors' reward functions left unscored, by reason, summed over the sessions (each: its final
+    report's count once it reported, else what its groups carried so far)."""
+    out: dict[str, int] = {}
+    for counts in per_session:
+        for why, n in counts.items():
+            out[why] = out.get(why, 0) + n
+    return dict(sorted(out.items()))

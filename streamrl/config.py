@@ -74,9 +74,25 @@ class TaskConfig(_Section):
     length: Annotated[int, Meta(ge=1, le=64)] = 4
     """Prompt length in symbols for the built-in symbol tasks."""
     data: str | None = None
-    """Training JSONL: code_verifier (docs/verifier-data.md; null: synthetic) or math rows (problem, answer)."""
+    """Training rows (.jsonl, .json, .parquet, a save_to_disk folder or hub id): dataset, code_verifier, math."""
     eval_data: str | None = None
-    """Evaluation JSONL with the same rows (null: drawn from the training stream, or the synthetic set)."""
+    """Evaluation rows in the same form (null: drawn from the training stream, or the synthetic set)."""
+    prompt_field: str = "prompt"
+    """dataset: the column holding the prompt, a string or a list of chat messages (the rest go to the reward)."""
+    reward: str | list[str] | None = None
+    """dataset: reward function(s) in TRL's signature, 'package.module:function' or 'path/file.py:function'."""
+    reward_weights: list[float] = []
+    """dataset: weight of each task.reward function in the sum ([]: 1 each)."""
+    reward_levels: list[float] = []
+    """dataset: the reward's scale, ascending (a value off it is counted and unscored); []: bucket with reward.bucket_edges."""
+    reward_workers: PositiveInt = 4
+    """dataset: threads scoring groups side by side in each actor."""
+    reward_timeout_s: PositiveFloat = 30.0
+    """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
+    reward_overlap: bool = True
+    """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
+    vocabulary: list[str] = []
+    """dataset on the tiny word-level model: words the policy may write beyond those in the data."""
     scale_steps: Annotated[int, Meta(ge=1, le=1000)] = 10
     """code_verifier: the reward is quantised to 0, 1/steps, ..., 1 (the paper's 10-step scale)."""
     single_fraction: Fraction = 0.1
@@ -93,6 +109,14 @@ class TaskConfig(_Section):
 
         if self.name not in TASKS:
             raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
+        if self.name == "dataset" and (not self.data or not self.reward):
+            raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function); got "
+                             f"data={self.data!r}, reward={self.reward!r}")
+        refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
+        if self.reward_weights and len(self.reward_weights) != len(refs):
+            raise ValueError(f"reward_weights={self.reward_weights}: needs one weight per task.reward ({len(refs)})")
+        if any(b <= a for a, b in zip(self.reward_levels, self.reward_levels[1:])):
+            raise ValueError(f"reward_levels={self.reward_levels}: must be strictly increasing (an ordinal scale)")
 
 
 class RewardConfig(_Section):
@@ -399,6 +423,7 @@ class Config(_Section):
     """Difficulty filtering: drop prompts that are almost always or almost never solved."""
 
     def __post_init__(self) -> None:
+        self._check_reward_scale()
         self._check_r_min_correct()
         if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
@@ -423,6 +448,11 @@ class Config(_Section):
                              "(actors must see every version)")
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
+
+    def _check_reward_scale(self) -> None:
+        if self.task.name == "dataset" and not self.task.reward_levels and not self.reward.bucket_edges:
+            raise ValueError("task.reward_levels=[]: a dataset task's reward needs a scale: declare its levels "
+                             "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")
 
     def _check_r_min_correct(self) -> None:
         """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the

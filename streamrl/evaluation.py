@@ -93,7 +93,7 @@ def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: flo
     from streamrl.models.model import end_token_ids
 
     device = next(model.parameters()).device
-    ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [encode(p) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     per_call = max(1, ROWS_PER_GENERATE // n)
     table: list[list[float]] = []
     texts: list[list[str]] = []

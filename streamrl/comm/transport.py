@@ -132,10 +132,11 @@ class GroupSender:
         self.sent += len(groups)
         return True
 
-    def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0) -> bool:
+    def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0,
+               reward_failures: dict[str, int] | None = None) -> bool:
         """Send the ActorReport that closes this session's accounting (after every group it sent)."""
         msg = wire.ActorReport(actor_id=self.actor_id, session=self.session, groups_sent=self.sent,
-                               groups_generated=groups_generated, reason=reason)
+                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {})
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
@@ -156,6 +157,13 @@ class SessionCount:
     received: int = 0
     max_seq: int = -1
     report: wire.ActorReport | None = None
+    reward_failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """What its groups carried of its reward failures (the report, when it comes, holds the session's total)."""
+
+    @property
+    def reward_failure_counts(self) -> dict[str, int]:
+        """The session's reward failures: its report's total once it reported, else what its groups carried."""
+        return dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
 
     @property
     def sent(self) -> int:
@@ -208,6 +216,8 @@ class GroupReceiver:
         count = self._session(group.actor_id, group.session)
         count.received += 1
         count.max_seq = max(count.max_seq, group.seq)
+        if group.reward_failures:
+            count.reward_failures.update(group.reward_failures)
         return group
 
     def _session(self, actor_id: str, session: str) -> SessionCount:

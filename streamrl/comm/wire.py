@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import time
 from itertools import accumulate
-from typing import Literal, Sequence, Union
+from typing import Annotated, Literal, Sequence, Union
 
 import msgspec
 import numpy as np
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 SCHEMA_VERSION = 1
 
@@ -79,6 +79,8 @@ class GroupEntry(Struct, array_like=True, frozen=True):
     """1: a prompt's group; 2: a multi-layer GRPO correction group (its prompt is the layer-2 query)."""
     filtered: FilteredCensus | None = None
     """Groups the actor filtered out before this one (dynamic filtering), for the census before filtering."""
+    reward_failures: dict[str, Annotated[int, Meta(ge=0)]] | None = None
+    """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
 
 
 class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
@@ -191,6 +193,8 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     groups_sent: int
     groups_generated: int
     reason: str = "shutdown"
+    reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport]
@@ -223,6 +227,8 @@ class ScoredGroup(Struct, kw_only=True):
     """1: a prompt's group; 2: a multi-layer GRPO correction group."""
     filtered: FilteredCensus | None = None
     """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
+    reward_failures: dict[str, int] | None = None
+    """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
 
     @property
     def group_size(self) -> int:
@@ -304,7 +310,7 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
         session=first.session,
         sent_at=time.time(),
         groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
-                           g.layer, g.filtered) for g in groups],
+                           g.layer, g.filtered, g.reward_failures) for g in groups],
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
@@ -376,6 +382,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
             seq=e.seq,
             layer=e.layer,
             filtered=e.filtered,
+            reward_failures=e.reward_failures,
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]

@@ -3,7 +3,8 @@
   streamrl run [CONFIG] [key=value ...]        learner + actors on this machine, with progress (exit statuses below)
   streamrl learner CONFIG [key=value ...]      one learner (also under `deepspeed` or `torchrun`)
   streamrl actor CONFIG --learner HOST [...]   one actor
-  streamrl check [CONFIG] [key=value ...]      validate and print the resolved config
+  streamrl check [CONFIG] [key=value ...]      validate and print the resolved config (and every bad data row)
+  streamrl tasks                               the installed tasks and where each comes from (entry points)
   streamrl plan [CONFIG] [--gpus N --gpu-mem GB]  per-GPU memory the config needs, and whether it fits
   streamrl keys DIR [--actors N]               CurveZMQ key pairs (set transport.curve_keys=DIR)
   streamrl plot RUN_DIR... [--out DIR]         the paper's figures (r_count/r_loss, rewards, census) as PNG
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     actor.add_argument("--index", type=int, default=0, help="actor index: its id and seed")
     check = sub.add_parser("check", help="validate a config and print it resolved")
     check.add_argument("args", nargs="*", help=spec)
+    sub.add_parser("tasks", help="list the installed tasks (entry-point group streamrl.tasks) and their origin")
     plan = sub.add_parser("plan", help="per-GPU memory a config needs (learner and actors), and whether it fits")
     plan.add_argument("args", nargs="*", help=spec)
     plan.add_argument("--gpus", type=int, default=None, help="GPUs available (learner ranks + actor GPUs must fit)")
@@ -212,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("eval", "difficulty", "uplift"):
         return _tool(args)
+    if args.command == "tasks":
+        return list_tasks()
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check", "reproduce", "plan"):
@@ -296,6 +300,10 @@ def before_start(cfg: config_lib.Config, args, name: str) -> bool:
             errors.append(refusal)
     if args.command == "check" and (refusal := preflight.existing_run(cfg)):
         errors.append(refusal.replace("pass --overwrite", "pass `streamrl run --overwrite`"))
+    if args.command in ("check", "run"):
+        data_errors, data_warnings = data_problems(cfg, every_row=args.command == "check")
+        errors += data_errors
+        warnings += data_warnings
     for w in warnings:
         print(f"streamrl {name}: warning: {w}", file=sys.stderr)
     for e in errors:
@@ -380,3 +388,57 @@ def _live_config(path: str | None, overrides: list[str]) -> config_lib.Config:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def list_tasks() -> int:
+    """`streamrl tasks`: each installed task's name and origin (entry point and distribution)."""
+    from streamrl.tasks import TASKS
+
+    try:
+        names = TASKS.names()
+    except ValueError as e:  # two packages claim one name
+        print(f"streamrl tasks: error: {e}", file=sys.stderr)
+        return 2
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {TASKS.origin(name)}")
+    return 0
+
+
+def data_problems(cfg: config_lib.Config, every_row: bool) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the task's reward functions (each must import) and data files, read through its row
+    check: every malformed row (check) or their count (run) is a warning, since a run skips them; a file with no
+    usable row, or none at all, is an error."""
+    from streamrl.tasks import TASKS, data
+
+    errors, warnings = [], []
+    if cfg.task.reward:  # a reward that cannot be found fails here, not in every actor
+        from streamrl.tasks.reward_functions import resolve
+
+        for ref in [cfg.task.reward] if isinstance(cfg.task.reward, str) else cfg.task.reward:
+            try:
+                resolve(ref)
+            except ValueError as e:
+                errors.append(str(e))
+    cls = TASKS.get(cfg.task.name)
+    if not hasattr(cls, "row_converter"):
+        return errors, warnings
+    for key in ("data", "eval_data"):
+        source = getattr(cfg.task, key)
+        if not source:
+            continue
+        try:
+            rows = data.read(source, cls.row_converter(cfg.task))
+        except (ValueError, OSError) as e:
+            errors.append(f"task.{key}: {e}")
+            continue
+        total = len(rows.items) + len(rows.problems)
+        if every_row:
+            warnings += [str(p) for p in rows.problems]
+        if not rows.items:
+            errors.append(f"task.{key}={source}: no usable row of {total}" + ("" if every_row else
+                          f"; first: {rows.problems[0]}" if rows.problems else ""))
+        elif rows.problems:
+            warnings.append(f"task.{key}={source}: {len(rows.problems)} of {total} rows are malformed; a run skips "
+                            "them" + ("" if every_row else " (`streamrl check` lists each)"))
+    return errors, warnings

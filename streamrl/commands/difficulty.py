@@ -39,8 +39,12 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     kept = [i for i, rate in enumerate(rates) if in_band(rate, d.low, d.high)]
     out.parent.mkdir(parents=True, exist_ok=True)
     if rows:
-        lines = [line for line in Path(cfg.task.data).read_text().splitlines() if line.strip()]  # read_jsonl's rows
-        out.write_text("".join(lines[i] + "\n" for i in kept))
+        from streamrl.tasks import data
+
+        # task.train holds the usable rows in file order; `numbers` says which source row each one is
+        numbers = data.read(cfg.task.data, type(task).row_converter(cfg.task)).numbers
+        raw = dict(data.raw_rows(cfg.task.data)[0])
+        out.write_text("".join(json.dumps(raw[numbers[i]], default=str) + "\n" for i in kept))
     else:
         out.write_text("".join(json.dumps({"id": items[i].id, "text": items[i].text, "success_rate": rates[i]}) + "\n"
                                for i in kept))

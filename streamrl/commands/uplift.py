@@ -90,7 +90,7 @@ def prompt_ids(cfg, tokenizer, prompts) -> list[list[int]]:
     from streamrl.models.prompting import PromptEncoder
 
     encode = PromptEncoder.from_config(cfg, tokenizer)
-    return [encode(p.text) for p in prompts]
+    return [encode(p) for p in prompts]
 
 
 def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: int, num_buckets: int,

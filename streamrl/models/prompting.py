@@ -1,6 +1,7 @@
 """Prompt text → the token ids a model expects, and how many tokens a completion may add to them.
 
-An instruct release was trained on its chat format, so a prompt goes in as one user turn through
+An instruct release was trained on its chat format, so a prompt goes in (as one user turn, or as the chat
+messages a dataset row holds, system message included) through
 the tokenizer's chat template (`model.chat_template`: auto uses it when the tokenizer has one),
 with the generation prompt appended and Qwen3's thinking switch passed through
 (`model.enable_thinking`). The length cap is on the whole sequence: a completion may add
@@ -9,6 +10,8 @@ skipped by the caller and counted.
 """
 
 from __future__ import annotations
+
+from streamrl.tasks.base import render
 
 
 def uses_chat_template(tokenizer, mode: str) -> bool:
@@ -19,14 +22,25 @@ def uses_chat_template(tokenizer, mode: str) -> bool:
     return has if mode == "auto" else mode == "on"
 
 
-def encode(tokenizer, text: str, chat: bool, enable_thinking: bool | None = None) -> list[int]:
-    """Token ids of `text`: raw, or (chat) as one user turn followed by the assistant's generation prompt."""
+def content(prompt) -> str | list[dict]:
+    """What a prompt encodes from: a task `Prompt`'s chat messages where it has them, else its text (a str
+    stays itself)."""
+    if isinstance(prompt, str):
+        return prompt
+    return list(prompt.messages) if getattr(prompt, "messages", ()) else prompt.text
+
+
+def encode(tokenizer, text: str | list[dict], chat: bool, enable_thinking: bool | None = None) -> list[int]:
+    """Token ids of `text` (or of chat messages, {"role", "content"} each, a system message allowed): raw, or
+    (chat) through the chat template (a text as one user turn) followed by the assistant's generation prompt."""
     if chat:
         extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
         # Rendered to text, then tokenized without added specials: the template already holds every
         # marker, and this is what vLLM and SGLang do with a chat request.
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True, **extra)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+    elif not isinstance(text, str):
+        text = render(text)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -48,8 +62,9 @@ class PromptEncoder:
     def from_config(cls, cfg, tokenizer) -> "PromptEncoder":
         return cls(tokenizer, cfg.model, cfg.actors.max_new_tokens)
 
-    def __call__(self, text: str) -> list[int]:
-        return encode(self.tokenizer, text, self.chat, self.enable_thinking)
+    def __call__(self, text) -> list[int]:
+        """A text, chat messages, or a task Prompt (its messages where it has them)."""
+        return encode(self.tokenizer, content(text), self.chat, self.enable_thinking)
 
     def room(self, ids: list[int]) -> int:
         return room(len(ids), self.max_new_tokens, self.max_seq_len)

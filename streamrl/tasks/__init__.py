@@ -1,11 +1,12 @@
 """Prompt sources with ordinal (partial-credit) rewards, in a registry.
 
-`base` holds what every task shares; each other module defines tasks and registers them in `TASKS`
-on import, which this package does for all of them: the symbol tasks (`symbols`), the paper's pairwise
-code verifier (`verifier`) and math with a final answer (`math_answer`).
+`base` holds what every task shares; each other module defines tasks, which `TASKS` finds through the
+entry-point group `streamrl.tasks` (`plugins`; streamrl's own are declared in its pyproject.toml, a user's
+package declares its own): the symbol tasks (`symbols`), the paper's pairwise code verifier (`verifier`),
+math with a final answer (`math_answer`) and any dataset with reward functions by reference (`dataset`,
+reading through `data`, scoring through `reward_functions`).
 """
 
-from streamrl.tasks import math_answer, symbols, verifier  # noqa: F401  (registers the tasks)
 from streamrl.tasks.base import TASKS, Prompt, build, distinct
 
 __all__ = ["TASKS", "Prompt", "build", "distinct"]

@@ -12,7 +12,7 @@ from typing import Callable
 
 import msgspec
 
-from streamrl.registry import Registry
+from streamrl.tasks.plugins import TaskRegistry
 
 
 class Prompt(msgspec.Struct, frozen=True):
@@ -24,9 +24,19 @@ class Prompt(msgspec.Struct, frozen=True):
     """Symbol tasks: the words a fully correct completion starts with."""
     labels: tuple[float, ...] = ()
     """Verifier task: ground-truth quality of each candidate response (label_a[, label_b])."""
+    messages: tuple[dict, ...] = ()
+    """Chat prompts: the messages ({"role", "content"}, a system message allowed); `text` is their plain rendering."""
+    columns: dict = {}
+    """Dataset task: the row's other columns, passed to the reward functions as keyword lists."""
 
 
-TASKS: Registry[Callable] = Registry("task")
+TASKS = TaskRegistry("task")
+
+
+def render(messages) -> str:
+    """Chat messages as plain text, for a model without a chat template (the tiny word-level one): each
+    message's content on its own line, system first, so the words the policy sees are the messages' words."""
+    return "\n".join(m["content"] for m in messages)
 
 
 def distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) -> list[Prompt]:

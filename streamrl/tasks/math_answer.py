@@ -14,7 +14,8 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.tasks.base import TASKS, Prompt, distinct
+from streamrl.tasks import data
+from streamrl.tasks.base import Prompt, distinct
 
 TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
@@ -25,19 +26,13 @@ class Problem(msgspec.Struct):
     answer: str
 
 
+ROW = data.struct_row(Problem, "a row is problem, answer")
+
+
 def read_jsonl(path: str | Path) -> list[Problem]:
-    """Every row; a bad row raises ValueError naming the file, line and problem."""
-    rows, decoder = [], msgspec.json.Decoder(Problem)
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(decoder.decode(line))
-                except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                    raise ValueError(f"{path}:{n}: {e} (a row is problem, answer)") from None
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return rows
+    """The usable rows of a data source (any format `streamrl.tasks.data` reads); bad rows are skipped and logged,
+    a source without one usable row raises ValueError naming the file, row and problem."""
+    return data.load(path, ROW, "problem, answer")
 
 
 def last_boxed(text: str) -> str | None:
@@ -74,7 +69,6 @@ def final_answer(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-@TASKS.register("math")
 class MathAnswer:
     """Binary reward: the final answer equals the reference."""
 
@@ -85,6 +79,11 @@ class MathAnswer:
         self.eval_rows = read_jsonl(eval_data) if eval_data else None
         self.template = template
         self.unparseable = 0
+
+    @staticmethod
+    def row_converter(cfg):
+        """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
+        return ROW
 
     @classmethod
     def from_config(cls, cfg) -> "MathAnswer":

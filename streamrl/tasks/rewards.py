@@ -51,7 +51,10 @@ def levels_of(cfg) -> list[float]:
 
     cls = TASKS.get(cfg.task.name)
     to_reward = cls.reward_map(cfg.task) if hasattr(cls, "reward_map") else _identity
-    return shaped_levels(cls.levels(cfg.task), cfg.reward.bucket_edges, cfg.reward.bucket_values, to_reward)
+    # A continuous reward's levels are its buckets: such a task needs the edges to name them.
+    task_levels = (cls.levels(cfg.task, cfg.reward.bucket_edges) if getattr(cls, "levels_take_edges", False)
+                   else cls.levels(cfg.task))
+    return shaped_levels(task_levels, cfg.reward.bucket_edges, cfg.reward.bucket_values, to_reward)
 
 
 class Reward:
@@ -68,15 +71,41 @@ class Reward:
     @property
     def levels(self) -> list[float]:
         """Every reward this can return, ascending."""
-        return shaped_levels(self.task.reward_levels, self.edges, self.values, self.to_reward)
+        # a continuous reward's levels are its buckets: the task needs the edges to name them
+        task_levels = (self.task.levels_for(self.edges) if hasattr(self.task, "levels_for")
+                       else self.task.reward_levels)
+        return shaped_levels(task_levels, self.edges, self.values, self.to_reward)
 
     @property
     def unparseable(self) -> int:
         return getattr(self.task, "unparseable", 0)
 
     def __call__(self, prompt, completion: str) -> float:
-        r = self.task.score(prompt, completion)
+        return self.shape(self.task.score(prompt, completion))
+
+    def shape(self, r: float) -> float:
         return self.to_reward(bucket(r, self.edges, self.values) if self.edges else r)
+
+    @property
+    def grouped(self) -> bool:
+        """The task scores a group per call (reward functions by reference) rather than a sample."""
+        return getattr(self.task, "grouped", False)
+
+    def score_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
+        """Grouped tasks: (each group's shaped rewards, None where unscored; the failures by reason, summed)."""
+        return self.collect_groups(self.submit_groups(prompts, texts, ids))
+
+    def submit_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
+        """Start scoring the groups on the task's pool; `collect_groups` waits for them."""
+        return self.task.submit_groups(prompts, texts, ids)
+
+    def collect_groups(self, handle):
+        from collections import Counter
+
+        outcomes, failures = self.task.collect_groups(handle), Counter()
+        for o in outcomes:
+            failures.update(o.failures)
+        return [[None if r is None else self.shape(r) for r in o.scores] for o in outcomes], failures
 
 
 def build(cfg) -> Reward:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from streamrl.tasks.base import TASKS, Prompt, distinct
+from streamrl.tasks.base import Prompt, distinct
 
 
 class SymbolTask:
@@ -70,7 +70,7 @@ def _symbol_task(name: str):
     def add(cls: type[SymbolTask]) -> type[SymbolTask]:
         cls.instruction = name
         _SYMBOL_TASKS.append(cls)
-        return TASKS.register(name)(cls)
+        return cls  # registered by its entry point (pyproject.toml, group streamrl.tasks)
 
     return add
 

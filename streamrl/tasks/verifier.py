@@ -32,7 +32,8 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.tasks.base import TASKS, Prompt, distinct
+from streamrl.tasks import data
+from streamrl.tasks.base import Prompt, distinct
 
 PAIR_TEMPLATE = ("Question: {question}\nResponse A: {response_a}\nResponse B: {response_b}\n"
                  "Explain which response is correct, then rate each from 0 to 10 as A: <rating> B: <rating>")
@@ -65,20 +66,14 @@ class Example(msgspec.Struct, forbid_unknown_fields=False):
                 raise ValueError(f"{name}={v}: must be a finite number")
 
 
+ROW_HINT = "a row is question, response_a, label_a[, response_b, label_b]"
+ROW = data.struct_row(Example, ROW_HINT)
+
+
 def read_jsonl(path: str | Path) -> list[Example]:
-    """Every row of a JSONL file; a bad row raises ValueError naming the file, line and problem."""
-    rows, decoder = [], msgspec.json.Decoder(Example)
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(decoder.decode(line))
-            except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as e:
-                raise ValueError(f"{path}:{n}: {e} (a row is question, response_a, label_a[, response_b, label_b])")
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return rows
+    """The usable rows of a data source (any format `streamrl.tasks.data` reads); bad rows are skipped and logged,
+    a source without one usable row raises ValueError naming the file, row and problem."""
+    return data.load(path, ROW, "question, response_a, label_a[, response_b, label_b]")
 
 
 def category(labels: tuple[float, ...]) -> str:
@@ -152,7 +147,6 @@ def synthetic(rng: random.Random, single: bool) -> Example:
     return Example(question=question, response_a=str(wrong), label_a=0.0, response_b=str(right), label_b=1.0)
 
 
-@TASKS.register("code_verifier")
 class CodeVerifier:
     """Pairwise (and a few single-response) judgements of code answers, rewarded by -BCE (or exp(-BCE)) on an
     ordinal scale."""
@@ -169,6 +163,11 @@ class CodeVerifier:
         self.template, self.single_template = template, single_template
         self.reward_form = reward_form
         self.unparseable = 0
+
+    @staticmethod
+    def row_converter(cfg):
+        """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
+        return ROW
 
     @classmethod
     def from_config(cls, cfg) -> "CodeVerifier":

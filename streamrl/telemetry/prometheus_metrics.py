@@ -45,8 +45,11 @@ class _Labelled:
     def gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
 
-    def counter(self, name: str, doc: str) -> Counter:
-        return Counter(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        """extra: labels beyond the constant ones, given at each `.labels(...)` call (the counter then comes back
+        unlabelled by them)."""
+        made = Counter(name, doc, [*self.labels, *extra], registry=self.registry)
+        return _Partial(made, self.labels) if extra else made.labels(**self.labels)
 
     def histogram(self, name: str, doc: str, buckets) -> Histogram:
         return Histogram(name, doc, list(self.labels), buckets=buckets, registry=self.registry).labels(**self.labels)
@@ -54,6 +57,16 @@ class _Labelled:
     def weighted_histogram(self, name: str, doc: str, buckets) -> WeightedHistogram:
         """Not registered: its owner bins pending arrays first, then collects it."""
         return WeightedHistogram(None, name, doc, buckets, self.labels)
+
+
+class _Partial:
+    """A labelled metric with its constant labels filled in: `.labels(reason=...)` adds the rest."""
+
+    def __init__(self, metric, labels: dict[str, str]):
+        self.metric, self.constant = metric, labels
+
+    def labels(self, **more: str):
+        return self.metric.labels(**self.constant, **more)
 
 
 class _Totals:
@@ -267,6 +280,10 @@ class ActorMetrics:
                                        "Samples drawn beyond G by dynamic rollouts")
         self.unparseable = m.counter("streamrl_actor_unparseable_total",
                                      "Completions the reward could not parse (scored lowest)")
+        self.reward_failures = m.counter("streamrl_actor_reward_failures_total",
+                                         "Samples the task's reward functions left unscored, by reason", ("reason",))
+        self.groups_unscored = m.counter("streamrl_actor_groups_unscored_total",
+                                         "Groups not sent because no sample in them could be scored")
         self.corrections = m.counter("streamrl_actor_corrections_total",
                                      "Multi-layer GRPO: corrections sampled (one per layer-1 response)")
         self.corrections_kept = m.counter("streamrl_actor_corrections_kept_total",
@@ -292,6 +309,10 @@ class ActorMetrics:
         self.filtered.inc(stats.filtered_zero_variance)
         self.extra_samples.inc(stats.extra_samples)
         self.unparseable.inc(stats.unparseable)
+        for why in ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none"):
+            if n := getattr(stats, f"reward_{why}", 0):
+                self.reward_failures.labels(reason=why).inc(n)
+        self.groups_unscored.inc(getattr(stats, "groups_unscored", 0))
         self.corrections.inc(stats.corrections)
         self.corrections_kept.inc(stats.corrections_kept)
 

@@ -86,9 +86,12 @@ reward = rewards.build(cfg)
 m, tok = model.build(cfg, reward.task.vocabulary)
 b = backends.build("hf", cfg, m, tok, 0)
 b.generate([[3, 4]], 2)
-print(json.dumps({{m: m in sys.modules for m in ("deepspeed", "torch", "transformers", "torch._dynamo")}}))
+print(json.dumps({{m: m in sys.modules for m in ("deepspeed", "torch", "transformers", "torch._dynamo",
+                                                 "datasets", "pyarrow")}}))
 """, tmp_path)
-    assert got == {"deepspeed": False, "torch": True, "transformers": False, "torch._dynamo": False}
+    # datasets and pyarrow: only tasks that read data import them (streamrl.tasks.data)
+    assert got == {"deepspeed": False, "torch": True, "transformers": False, "torch._dynamo": False,
+                   "datasets": False, "pyarrow": False}
 
 
 def test_the_learner_engine_builds_and_steps_without_compiling_probing_or_heavy_imports(tmp_path):

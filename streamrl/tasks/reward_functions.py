@@ -1,0 +1,230 @@
+"""Reward functions by reference, in TRL's signature, scored a group at a time in a bounded pool.
+
+`task.reward` names functions as "package.module:function" or "path/to/file.py:function"; each is called as
+TRL's GRPOTrainer calls a reward function, so a TRL reward works unchanged:
+
+    f(prompts=[...], completions=[...], completion_ids=[[...], ...], **columns) -> list[float | None]
+
+one call per group of G samples: `prompts` repeats the group's prompt G times (a string, or for chat data the
+list of messages), `completions` holds the G texts (for chat data each is `[{"role": "assistant", "content":
+text}]`), and every other column of the data row comes as a list of G equal values. Several functions add
+up with `task.reward_weights` (TRL's rule: a function's None is skipped; a sample no function scores is
+unscored).
+
+What can go wrong with a call, and what a run does (`Outcome.failures` counts it by reason, in samples):
+- `raised` / `timeout` (longer than `task.reward_timeout_s`): the group's call is repeated one sample at a
+  time, so one bad sample does not cost its group; a sample whose own call fails again is counted here.
+- `bad_return`: not a list of G numbers or None; `non_finite`: NaN or ±inf; `out_of_scale`: not one of
+  `task.reward_levels` (when declared); `none`: no function could score the sample.
+A failed sample is unscored (None); the rollout gives it its group's mean reward (so it pushes no other
+sample's advantage under a mean baseline) and drops a group with no scored sample. Each (function, reason)
+is logged once with its traceback; the counts reach Prometheus, the actor's report and summary.json.
+
+Calls run on threads (`task.reward_workers`): Python cannot stop a thread, so a call past its timeout is
+abandoned (counted) and keeps its worker until it returns; a reward that never returns costs one worker.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib
+import importlib.util
+import logging
+import math
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger("streamrl.tasks")
+REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
+FAILED = object()  # a function's value for a sample whose own call failed
+
+
+def resolve(ref: str) -> Callable:
+    """The function `ref` names: "package.module:function" or "path/to/file.py:function" (relative to the
+    working directory). Raises ValueError saying what is wrong and what is allowed."""
+    module_name, sep, attr = ref.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"task.reward={ref!r}: give 'package.module:function' or 'path/to/file.py:function'")
+    if module_name.endswith(".py"):
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise ValueError(f"task.reward={ref!r}: no file {path}")
+        name = f"streamrl_reward_{abs(hash(str(path))):x}"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                del sys.modules[name]
+                raise ValueError(f"task.reward={ref!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"task.reward={ref!r}: cannot import {module_name!r}: {e}") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"task.reward={ref!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+class Call:
+    """One group's (or one sample's) arguments, in TRL's shapes."""
+
+    def __init__(self, prompt: Any, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
+                 columns: dict[str, Any]):
+        n = len(completions)
+        self.n = n
+        self.kwargs = {"prompts": [prompt] * n, "completions": list(completions),
+                       "completion_ids": [list(c) for c in completion_ids],
+                       **{k: [v] * n for k, v in columns.items()}}
+
+    def one(self, i: int) -> "Call":
+        out = Call.__new__(Call)
+        out.n, out.kwargs = 1, {k: [v[i]] for k, v in self.kwargs.items()}
+        return out
+
+
+class Outcome:
+    """Per-sample scores (None: unscored) and the failures by reason."""
+
+    def __init__(self, scores: list[float | None], failures: Counter):
+        self.scores, self.failures = scores, failures
+
+
+class RewardFunctions:
+    """The configured functions with their weights, scale check, timeout and worker pool."""
+
+    def __init__(self, refs: Sequence[str], weights: Sequence[float] | None = None,
+                 levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4):
+        self.refs = list(refs)
+        self.fns = [resolve(r) for r in self.refs]
+        self.weights = list(weights) if weights else [1.0] * len(self.fns)
+        if len(self.weights) != len(self.fns):
+            raise ValueError(f"task.reward_weights={self.weights}: needs one weight per task.reward ({len(self.fns)})")
+        self.levels = sorted(levels) if levels else None
+        self.timeout_s = timeout_s
+        self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
+        self._logged: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _note(self, ref: str, reason: str, detail: str) -> None:
+        """Log a (function, reason) once, with its traceback or detail; later ones are only counted."""
+        with self._lock:
+            if (ref, reason) in self._logged:
+                return
+            self._logged.add((ref, reason))
+        log.warning("reward %s: %s (logged once; every occurrence is counted in reward_failures/%s)\n%s",
+                    ref, reason, reason, detail.rstrip())
+
+    def _run(self, fn: Callable, call: Call):
+        """(start time holder, future) of fn(**call.kwargs) on the pool; the timeout runs from the call's start."""
+        started: list[float] = []
+
+        def timed():
+            started.append(time.monotonic())
+            return fn(**call.kwargs)
+
+        return started, self.pool.submit(timed)
+
+    def _wait(self, started: list[float], future: cf.Future, ref: str):
+        """(values, None) or (None, reason)."""
+        while True:
+            if started:
+                left = started[0] + self.timeout_s - time.monotonic()
+                try:
+                    return future.result(timeout=max(0.0, left)), None
+                except cf.TimeoutError:
+                    self._note(ref, "timeout", f"a call took longer than task.reward_timeout_s={self.timeout_s}")
+                    return None, "timeout"
+                except Exception:
+                    self._note(ref, "raised", traceback.format_exc())
+                    return None, "raised"
+            try:  # not started yet: queued behind other calls, whose time does not count against it
+                return future.result(timeout=0.01), None
+            except cf.TimeoutError:
+                continue
+            except Exception:
+                self._note(ref, "raised", traceback.format_exc())
+                return None, "raised"
+
+    def _values(self, ref: str, got: Any, n: int) -> tuple[list[float | None] | None, str | None]:
+        if not isinstance(got, (list, tuple)) or len(got) != n or not all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in got):
+            self._note(ref, "bad_return", f"expected a list of {n} floats or None, got {got!r:.200}")
+            return None, "bad_return"
+        return [None if v is None else float(v) for v in got], None
+
+    def score(self, calls: Sequence[Call]) -> list[Outcome]:
+        """Every group's scores, the groups' calls running side by side on the pool."""
+        return self.collect(self.submit(calls))
+
+    def submit(self, calls: Sequence[Call]) -> list:
+        """Start every group's calls on the pool (they overlap on the workers, and with whatever the caller does
+        next); `collect` waits for them."""
+        return [(call, [self._run(fn, call) for fn in self.fns]) for call in calls]
+
+    def collect(self, handle: list) -> list[Outcome]:
+        return [self._finish(call, running) for call, running in handle]
+
+    def _finish(self, call: Call, running) -> Outcome:
+        failures: Counter = Counter()
+        per_fn: list[list] = []
+        for fn, ref, (started, fut) in zip(self.fns, self.refs, running):
+            got, reason = self._wait(started, fut, ref)
+            values, reason = self._values(ref, got, call.n) if reason is None else (None, reason)
+            if values is None:
+                values = self._one_at_a_time(fn, ref, call, reason, failures)
+            per_fn.append(values)
+        scores: list[float | None] = []
+        for i in range(call.n):
+            column = [v[i] for v in per_fn]
+            # A function that failed on this sample leaves it unscored, whatever the others say.
+            scores.append(None if any(v is FAILED for v in column) else self._combine(column, failures))
+        return Outcome(scores, failures)
+
+    def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter) -> list:
+        """After a group's call failed: each sample's own call (side by side), so a bad sample costs itself only."""
+        if call.n == 1:
+            failures[reason] += 1
+            return [FAILED]
+        values: list = []
+        for single in [self._run(fn, call.one(i)) for i in range(call.n)]:
+            got, why = self._wait(*single, ref)
+            one, why = self._values(ref, got, 1) if why is None else (None, why)
+            if one is None:
+                failures[why] += 1
+                values.append(FAILED)
+            else:
+                values.append(one[0])
+        return values
+
+    def _combine(self, column: list[float | None], failures: Counter) -> float | None:
+        if all(v is None for v in column):
+            failures["none"] += 1
+            return None
+        total = sum(w * v for w, v in zip(self.weights, column) if v is not None)
+        if not math.isfinite(total):
+            failures["non_finite"] += 1
+            self._note(",".join(self.refs), "non_finite", f"a reward of {total}")
+            return None
+        if self.levels is not None:
+            match = [lv for lv in self.levels if abs(lv - total) <= 1e-9 * max(1.0, abs(lv))]
+            if not match:
+                failures["out_of_scale"] += 1
+                self._note(",".join(self.refs), "out_of_scale",
+                           f"a reward of {total!r}; task.reward_levels={self.levels}")
+                return None
+            total = match[0]
+        return total
