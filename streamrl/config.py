@@ -82,6 +82,10 @@ class TaskConfig(_Section):
     """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
     reward_form: Literal["bce", "exp"] = "bce"
     """code_verifier: trained reward of a level q: bce = -BCE = ln q (the paper's, <= 0) or exp = exp(-BCE) = q."""
+    dataset: str | None = None
+    """reasoning_gym: the reasoning-gym dataset name (e.g. spell_backward, leg_counting, basic_arithmetic)."""
+    options: dict[str, Any] = {}
+    """reasoning_gym: keyword options of reasoning_gym.create_dataset (size: 1000 and seed: 0 unless given)."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -105,8 +109,7 @@ class GraderConfig(_Section):
     scale: Annotated[int, Meta(ge=2, le=100)] = 10
     """The rubric's scale 1..scale; a score s becomes the level (s-1)/(scale-1) in [0, 1]."""
     constrain: Literal["auto", "choice", "none"] = "auto"
-    """choice: vLLM structured outputs restrict the answer to "1".."scale"; auto: the same, dropped if the server
-    refuses the field (400); none: never sent. The answer is parsed strictly either way."""
+    """choice: vLLM structured outputs allow only "1".."scale"; auto: the same, dropped on a 400; none: never sent."""
     concurrency: PositiveInt = 8
     """Requests in flight at once, over every call of the grader in a process."""
     timeout_s: PositiveFloat = 30.0

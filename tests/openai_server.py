@@ -14,8 +14,8 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 
 class ChatServer:
@@ -41,7 +41,7 @@ class ChatServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._port}/v1"
 
-    def start(self) -> "ChatServer":
+    def start(self) -> ChatServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -24,15 +24,16 @@ import string
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 FAILURE_REASONS = ("timeout", "connection", "unparseable")
 """Reasons a sample gets None (plus http_<status> for an HTTP error the server answered with)."""
 
-_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
+_THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 
 
 def check_template(template: str) -> None:
@@ -69,7 +70,7 @@ def parse_score(text: str, scale: int) -> int | None:
     """The integer score in 1..scale the reply states, or None: strictly a number alone, `Score: n`, or `n/scale`
     (after an optional <think>...</think> block); anything else, or a number off the scale, is None."""
     text = _THINK.sub("", text).strip().rstrip(".").strip()
-    m = re.fullmatch(r"(?:score\s*[:=]?\s*)?(\d{1,3})(?:\s*/\s*(\d{1,3}))?", text, re.I)
+    m = re.fullmatch(r"(?:score\s*[:=]?\s*)?(\d{1,3})(?:\s*/\s*(\d{1,3}))?", text, re.IGNORECASE)
     if not m or (m.group(2) is not None and int(m.group(2)) != scale):
         return None
     s = int(m.group(1))

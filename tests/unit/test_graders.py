@@ -11,9 +11,10 @@ import pytest
 
 pytest.importorskip("openai")
 
-from streamrl.config import ConfigError, GraderConfig, load  # noqa: E402
-from streamrl.tasks import graders  # noqa: E402
-from openai_server import ChatServer  # noqa: E402
+from openai_server import ChatServer
+
+from streamrl.config import ConfigError, GraderConfig, load
+from streamrl.tasks import graders
 
 
 def _cfg(server: ChatServer, **kw) -> GraderConfig:
