@@ -100,16 +100,20 @@ class Grader:
 
     @property
     def client(self):
-        if self._client is None:
-            import openai  # heavy: only a run that grades pays for it
-
-            key = os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
-            if self.cfg.api_key_env and not key:
-                raise ValueError(f"grader.api_key_env={self.cfg.api_key_env!r}: that environment variable is unset")
-            # Retries are ours (counted, with our backoff); the client's own would hide failures.
-            self._client = openai.OpenAI(base_url=self.cfg.base_url, api_key=key or "EMPTY",
-                                         timeout=self.cfg.timeout_s, max_retries=0)
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
         return self._client
+
+    def _make_client(self):
+        import openai  # heavy: only a run that grades pays for it
+
+        key = os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
+        if self.cfg.api_key_env and not key:
+            raise ValueError(f"grader.api_key_env={self.cfg.api_key_env!r}: that environment variable is unset")
+        # Retries are ours (counted, with our backoff); the client's own would hide failures.
+        return openai.OpenAI(base_url=self.cfg.base_url, api_key=key or "EMPTY", timeout=self.cfg.timeout_s,
+                             max_retries=0)
 
     def __call__(self, prompts: Sequence, completions: Sequence, **columns) -> list[float | None]:
         if len(prompts) != len(completions):
