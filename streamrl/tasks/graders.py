@@ -233,3 +233,14 @@ def rubric(prompts: Sequence, completions: Sequence, **columns) -> list[float | 
         raise RuntimeError("streamrl.tasks.graders:rubric: no grader configured (the run's `grader` section is set "
                            "with streamrl.tasks.graders.configure(cfg.grader))")
     return grade(_CONFIGURED[0], prompts, completions, **columns)
+
+
+def failure_counts() -> dict[str, int]:
+    """Failures by reason over every grader of this process (for the run's reward-failure counters)."""
+    total: Counter[str] = Counter()
+    with _GRADERS_LOCK:
+        graders = list(_GRADERS.values())
+    for g in graders:
+        with g._lock:
+            total.update(g.failures)
+    return dict(total)

@@ -158,6 +158,21 @@ def test_rubric_uses_the_configured_grader_and_refuses_without_one(server, monke
     assert graders.rubric(["p", "q"], ["SCORE=2", "SCORE=3"]) == [0.5, 1.0]
 
 
+def test_failures_are_summed_over_every_grader_of_the_process(monkeypatch):
+    monkeypatch.setattr(graders, "_GRADERS", {})
+    a, b = ChatServer(_score_in_completion).start(), ChatServer(_score_in_completion).start()
+    try:
+        graders.grade(_cfg(a, scale=5, constrain="none"), ["p", "p"], ["SCORE=9", "SCORE=2"])
+        graders.grade(_cfg(b, scale=3, constrain="none"), ["p"], ["SCORE=x"])
+        b.stop()
+        graders.grade(_cfg(b, scale=3), ["p"], ["SCORE=1"])
+        assert graders.failure_counts() == {"unparseable": 2, "connection": 1}
+    finally:
+        [g.close() for g in graders._GRADERS.values()]
+        a.stop()
+        b.stop()
+
+
 def test_a_template_missing_a_column_names_it():
     with pytest.raises(ValueError, match=r"names \{reference\}, which this row lacks"):
         graders.Grader(GraderConfig(template="{completion} vs {reference}")).render("p", "c", {})
