@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in preflight.ROLES and not before_start(cfg, args, name):
         return 2
     if args.command == "check":
-        print(config_lib.dump(cfg), end="")
+        if (report := _task_report(cfg)) is None:
+            return 2
+        print(config_lib.dump(cfg) + report, end="")
         return 0
     if args.command == "plan":
         from streamrl.commands import plan as plan_lib
@@ -287,6 +289,22 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 1
     return 0
+
+
+def _task_report(cfg: config_lib.Config) -> str | None:
+    """A task that has one gives its `sample_report` (a sample prompt, a right and a wrong answer's scores) as YAML
+    comments to print after the config, so the output stays loadable YAML; "" without one; None (the error
+    printed) when the task cannot be built."""
+    from streamrl.tasks import TASKS, build
+
+    if not hasattr(TASKS.get(cfg.task.name), "sample_report"):
+        return ""
+    try:
+        report = build(cfg.task).sample_report()
+    except ValueError as e:
+        print(f"streamrl: config error: {e}", file=sys.stderr)
+        return None
+    return "".join(f"# {line}\n" for line in report.splitlines())
 
 
 def before_start(cfg: config_lib.Config, args, name: str) -> bool:

@@ -2,14 +2,20 @@
 
 Data: JSONL rows `{"problem": ..., "answer": ...}` (e.g. GSM8K or MATH with the reference final
 answer). The policy reasons and puts its final answer in `\\boxed{...}`; the reward is 1 when the
-last boxed answer (or, without one, the last number) equals the reference after normalisation,
-else 0. No answer at all scores 0 and is counted as unparseable.
+last boxed answer (or, without one, the last number) equals the reference, else 0. No answer at all
+scores 0 and is counted as unparseable.
+
+Equality is math-verify's (`math_verify.parse` / `verify`, the grader TRL and open-r1 use): both sides
+are parsed as LaTeX/expressions into sympy and compared symbolically, so `\\frac{1}{2}` = 0.5,
+`\\dfrac` = `\\frac`, `x=5` = 5, `1,250` = 1250. Where math-verify finds no expression on either
+side (a name, yes/no), the answers are compared as normalised strings (`normalise`).
 """
 
 from __future__ import annotations
 
 import random
 import re
+import threading
 from pathlib import Path
 
 import msgspec
@@ -59,6 +65,20 @@ def normalise(answer: str) -> str:
         return repr(float(a)) if "/" not in a else a
     except ValueError:
         return a
+
+
+def same_answer(got: str, reference: str) -> bool:
+    """`got` equals `reference` by math-verify, or as normalised strings where math-verify parses neither."""
+    from math_verify import parse, verify  # sympy and an ANTLR parser: only the math task pays for them
+
+    # math-verify's timeouts use signal.alarm, which only the main thread may set: a reward run in a worker
+    # thread parses without one (its caller bounds the call).
+    t = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=t)
+    pred = parse(f"\\boxed{{{got}}}", parsing_timeout=t)
+    if gold and pred:
+        return bool(verify(gold, pred, timeout_seconds=t))
+    return normalise(got) == normalise(reference)
 
 
 def final_answer(text: str) -> str | None:
@@ -111,7 +131,7 @@ class MathAnswer:
         if got is None:
             self.unparseable += 1
             return 0.0
-        return 1.0 if normalise(got) == normalise(prompt.target[0]) else 0.0
+        return 1.0 if same_answer(got, prompt.target[0]) else 0.0
 
     @staticmethod
     def levels(cfg) -> list[float]:

@@ -26,8 +26,9 @@ def entry_points() -> dict[str, metadata.EntryPoint]:
     for ep in metadata.entry_points(group=GROUP):
         other = found.get(ep.name)
         if other is not None and other.value != ep.value:
+            first, second = sorted([other, ep], key=_dist)  # sys.path's order varies: name them in a fixed one
             raise ValueError(f"task {ep.name!r} is declared twice in entry-point group {GROUP!r}: "
-                             f"{other.value} ({_dist(other)}) and {ep.value} ({_dist(ep)}); uninstall one")
+                             f"{first.value} ({_dist(first)}) and {second.value} ({_dist(second)}); uninstall one")
         found[ep.name] = ep
     if not any(ep.value.startswith("streamrl.tasks.") for ep in found.values()):
         # An install made before tasks became entry points (or a checkout on PYTHONPATH) has none of its own.
