@@ -30,8 +30,19 @@ def backend(monkeypatch):
 def test_engine_starts_from_the_saved_tiny_model_with_token_ids_only(backend):
     _, engine, tok = backend
     kw = engine.kwargs
-    assert kw["skip_tokenizer_init"] is True and kw["tp_size"] == 1 and kw["dtype"] == "float32"
+    assert kw["skip_tokenizer_init"] is True and kw["tp_size"] == 1
     assert (kw["model_path"] and (__import__("pathlib").Path(kw["model_path"]) / "config.json").is_file())
+
+
+def test_a_float32_model_runs_in_a_bfloat16_engine_since_sglangs_gpu_attention_takes_no_float32(backend):
+    _, engine, _ = backend
+    assert engine.kwargs["dtype"] == "bfloat16"  # the tiny model's config is float32
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_keeps_its_dtype_in_the_engine(monkeypatch, dtype):
+    _, engine, _ = _build(monkeypatch, f"model.dtype={dtype}")
+    assert engine.kwargs["dtype"] == dtype
 
 
 def test_generate_sends_ids_once_per_sample_and_reads_tokens_logprobs_and_finish(backend):
