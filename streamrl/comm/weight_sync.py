@@ -152,20 +152,54 @@ class Group:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world, datetime.timedelta(seconds=meet_s))
             self.pg.set_timeout(timeout)
 
+    _connected = False
+    """Whether a broadcast has finished on this group: NCCL sets up its communicators inside the first one."""
+
     def broadcast(self, t: torch.Tensor, what: str) -> None:
-        """Broadcast from rank 0 in place; raises WeightSyncError when it does not finish in time."""
+        """Broadcast from rank 0 in place; raises WeightSyncError when it fails or does not finish in time.
+
+        Whatever the process group raises becomes a WeightSyncError, so the caller falls back to ZeroMQ: NCCL
+        refuses a group with two ranks on one GPU ("Duplicate GPU detected") in `pg.broadcast` itself, not in
+        `wait`. The first broadcast runs on a thread of its own, joined with the timeout: NCCL connects the
+        ranks inside that call, before it returns anything to wait on, and a peer that never connects would
+        block it with no timeout at all."""
         if t.device.type != self.device.type:  # NCCL would fail (or hang a peer) on a CPU tensor: say so here
             raise ValueError(f"weight sync: {what} is a {t.device.type} tensor; the {self.backend} group takes "
                              f"{self.device.type} tensors (make it on Group.device)")
-        work = self.pg.broadcast(t, 0)
+        if not self._connected:
+            self._first_broadcast(t, what)
+            self._connected = True
+            return
+        self._broadcast(t, what)
+
+    def _broadcast(self, t: torch.Tensor, what: str) -> None:
         try:
+            work = self.pg.broadcast(t, 0)
             done = work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
+        except RuntimeError as e:  # torch's DistBackendError and DistError derive from it
             raise WeightSyncError(f"weight sync: {what} failed or timed out after {self.timeout_s:.0f}s "
                                   f"(rank {self.rank} of {self.world}): {e}") from None
         if done is False:
             raise WeightSyncError(f"weight sync: {what} did not finish in {self.timeout_s:.0f}s "
                                   f"(rank {self.rank} of {self.world})")
+
+    def _first_broadcast(self, t: torch.Tensor, what: str) -> None:
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._broadcast(t, what)
+            except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+                failure.append(e)
+
+        thread = threading.Thread(target=run, daemon=True, name="weight-sync-first-broadcast")
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():  # left blocked in the C++ call; the group is not used again
+            raise WeightSyncError(f"weight sync: {what}, the group's first broadcast, did not finish in "
+                                  f"{self.timeout_s:.0f}s (rank {self.rank} of {self.world}): a peer never connected")
+        if failure:
+            raise failure[0]
 
 
 def send(group: Group, version: int, sync_plan: SyncPlan, buckets: Iterator[torch.Tensor]) -> dict:

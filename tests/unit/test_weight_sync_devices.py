@@ -89,3 +89,61 @@ def test_the_nccl_group_is_built_with_cleanup_only_error_handling_and_the_settin
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
     weight_sync.Group("127.0.0.1", 1, 0, 2, timeout_s=5.0, backend="nccl")
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+
+
+class _FailingPG:
+    """A process group whose broadcast raises in the call itself, as NCCL does for "Duplicate GPU detected"
+    (two ranks of the group on one GPU) while it sets up its communicators."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def broadcast(self, t, root):
+        raise self.error
+
+
+class _BlockedPG:
+    """A process group whose broadcast never returns, as NCCL's first one when a peer never connects."""
+
+    def __init__(self):
+        self.release = __import__("threading").Event()
+
+    def broadcast(self, t, root):
+        self.release.wait()
+        raise RuntimeError("released")
+
+
+def _gloo_group(pg) -> weight_sync.Group:
+    group = object.__new__(weight_sync.Group)
+    group.backend, group.device, group.pg = "gloo", torch.device("cpu"), pg
+    group.rank, group.world, group.timeout_s = 0, 2, 0.5
+    return group
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["first", "later"])
+def test_a_broadcast_that_raises_inside_the_process_group_is_a_weight_sync_error(connected):
+    group = _gloo_group(_FailingPG(dist.DistBackendError("NCCL error: invalid usage, Duplicate GPU detected")))
+    group._connected = connected
+    with pytest.raises(weight_sync.WeightSyncError, match="header failed .*Duplicate GPU detected"):
+        group.broadcast(torch.zeros(2, dtype=torch.int64), "header")
+
+
+def test_the_first_broadcast_gives_up_after_the_timeout_when_a_peer_never_connects():
+    pg = _BlockedPG()
+    try:
+        with pytest.raises(weight_sync.WeightSyncError, match="first broadcast, did not finish in 0s .*never connected"):
+            _gloo_group(pg).broadcast(torch.zeros(2, dtype=torch.int64), "header")
+    finally:
+        pg.release.set()
+
+
+def test_a_learner_whose_broadcast_raises_falls_back_to_zeromq_and_stays_alive():
+    """LearnerSync.send answers False (the learner then serves that version over ZeroMQ) and leaves the
+    collective for good, where the broadcast outside its `try` would have raised into the learner's loop."""
+    sync = object.__new__(weight_sync.LearnerSync)
+    sync.failed, sync.syncs, sync.sync_s = None, 0, 0.0
+    sync.group = _gloo_group(_FailingPG(dist.DistBackendError("NCCL error: Duplicate GPU detected")))
+    state = {"w": torch.ones(3)}
+    sync.plan = weight_sync.plan(state, 1 << 20)
+    assert sync.send(1, state) is False
+    assert not sync.ready and "Duplicate GPU detected" in sync.report()["failed"]
