@@ -167,6 +167,8 @@ class LearnerConfig(_Section):
     """Groups per optimizer step (each group holds group_size samples)."""
     zero_stage: Annotated[int, Meta(ge=0, le=3)] = 0
     """DeepSpeed ZeRO stage."""
+    zero3_persistence_threshold: NonNegInt | None = None
+    """ZeRO-3: parameters below this many elements stay whole on every rank (null: DeepSpeed's default, 1e5)."""
     publish_every: PositiveInt = 1
     """Publish weights to actors every this many steps (strict mode requires 1)."""
     checkpoint_every: NonNegInt = 0
