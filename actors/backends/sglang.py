@@ -52,6 +52,8 @@ class SGLangBackend:
             random_seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             skip_tokenizer_init=True,
             log_level="error",
+            **({} if cfg.actors.gpu_memory_fraction is None  # engines sharing a GPU: each its share
+               else {"mem_fraction_static": cfg.actors.gpu_memory_fraction}),
         )
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:

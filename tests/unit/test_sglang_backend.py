@@ -121,3 +121,10 @@ def test_original_logprob_mode_is_refused(monkeypatch):
     cfg = config.load(None, ["actors.backend=sglang"])
     with pytest.raises(RuntimeError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         build("sglang", cfg, *model.build(cfg))
+
+
+def test_an_engines_gpu_memory_share_reaches_sglang_as_mem_fraction_static(monkeypatch):
+    _, engine, _ = _build(monkeypatch, "actors.gpu_memory_fraction=0.4")
+    assert engine.kwargs["mem_fraction_static"] == 0.4
+    _, engine, _ = _build(monkeypatch)
+    assert "mem_fraction_static" not in engine.kwargs
