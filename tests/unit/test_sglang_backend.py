@@ -128,3 +128,19 @@ def test_an_engines_gpu_memory_share_reaches_sglang_as_mem_fraction_static(monke
     assert engine.kwargs["mem_fraction_static"] == 0.4
     _, engine, _ = _build(monkeypatch)
     assert "mem_fraction_static" not in engine.kwargs
+
+
+def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypatch):
+    import gc
+    import weakref
+
+    install(monkeypatch)
+    from streamrl.actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=sglang"])
+    m, tok = model.build(cfg)
+    alive = weakref.ref(m)
+    backend = build("sglang", cfg, m, tok)
+    del m
+    gc.collect()
+    assert alive() is None and backend is not None

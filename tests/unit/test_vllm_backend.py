@@ -246,3 +246,20 @@ def test_an_engines_gpu_memory_share_reaches_vllm_and_is_left_to_vllm_when_unset
     assert llm.kwargs["gpu_memory_utilization"] == 0.4
     _, llm, _ = _build(monkeypatch, cpu=False)
     assert llm.kwargs["gpu_memory_utilization"] == 0.92  # vLLM's own default (the fake's signature is vLLM's)
+
+
+def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypatch):
+    """actors.main drops its host copy once the engine is up; the backend must not keep it alive."""
+    import gc
+    import weakref
+
+    install(monkeypatch, cpu=False)
+    from streamrl.actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=vllm"])
+    m, tok = model.build(cfg)
+    alive = weakref.ref(m)
+    backend = build("vllm", cfg, m, tok)
+    del m
+    gc.collect()
+    assert alive() is None and backend is not None

@@ -147,3 +147,34 @@ def test_a_learner_whose_broadcast_raises_falls_back_to_zeromq_and_stays_alive()
     sync.plan = weight_sync.plan(state, 1 << 20)
     assert sync.send(1, state) is False
     assert not sync.ready and "Duplicate GPU detected" in sync.report()["failed"]
+
+
+def _reference_checksum(flat: torch.Tensor) -> float:
+    """The checksum's definition, written whole (what it computed before it was taken in slices)."""
+    x = flat.double()
+    w = torch.arange(1, x.numel() + 1, dtype=torch.float64).remainder_(1009).add_(1)
+    return float((x * w).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sliced_checksum_is_the_whole_ones_value_and_still_order_sensitive(dtype):
+    g = torch.Generator().manual_seed(0)
+    flat = torch.randn(2 * weight_sync._SLICE + 12_345, generator=g).to(dtype)  # three slices, the last partial
+    assert weight_sync.checksum(flat) == pytest.approx(_reference_checksum(flat), rel=1e-12)
+    swapped = flat.clone()
+    swapped[[7, weight_sync._SLICE + 3]] = swapped[[weight_sync._SLICE + 3, 7]]
+    assert weight_sync.checksum(swapped) != pytest.approx(weight_sync.checksum(flat), rel=1e-12)
+
+
+def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it():
+    """Peak RSS growth of a fresh process while it checksums a 64 MiB float32 bucket (the whole-bucket
+    float64 version grew by 24 B per element, 384 MiB here)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch\nfrom streamrl.comm.weight_sync import checksum, _weights\n"
+            "flat = torch.randn(16 << 20); _weights(flat.device)\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\nchecksum(flat)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+    grown_kib = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert grown_kib * 1024 < (64 << 20) // 4, f"{grown_kib} KiB"
