@@ -113,10 +113,12 @@ class _BlockedPG:
         raise RuntimeError("released")
 
 
-def _gloo_group(pg) -> weight_sync.Group:
+def _gloo_group(pg, timeout_s: float = 60.0) -> weight_sync.Group:
+    """timeout_s: long where the broadcast ends by itself (the first one's thread is joined that long at most:
+    a loaded machine may take more than a fraction of a second to run it), short where it never ends."""
     group = object.__new__(weight_sync.Group)
     group.backend, group.device, group.pg = "gloo", torch.device("cpu"), pg
-    group.rank, group.world, group.timeout_s = 0, 2, 0.5
+    group.rank, group.world, group.timeout_s = 0, 2, timeout_s
     return group
 
 
@@ -132,7 +134,7 @@ def test_the_first_broadcast_gives_up_after_the_timeout_when_a_peer_never_connec
     pg = _BlockedPG()
     try:
         with pytest.raises(weight_sync.WeightSyncError, match="first broadcast, did not finish in 0s .*never connected"):
-            _gloo_group(pg).broadcast(torch.zeros(2, dtype=torch.int64), "header")
+            _gloo_group(pg, timeout_s=0.5).broadcast(torch.zeros(2, dtype=torch.int64), "header")
     finally:
         pg.release.set()
 
@@ -167,14 +169,16 @@ def test_the_sliced_checksum_is_the_whole_ones_value_and_still_order_sensitive(d
 
 
 def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it():
-    """Peak RSS growth of a fresh process while it checksums a 64 MiB float32 bucket (the whole-bucket
-    float64 version grew by 24 B per element, 384 MiB here)."""
+    """Peak RSS growth of a fresh process while it checksums a 128 MiB float32 bucket: the whole-bucket
+    float64 version grew by 24 B per element (768 MiB here); slice by slice it grew by 0 to 40 MiB in
+    repeated runs (the allocator's and thread pools' own noise), bounded here by half the bucket."""
     import subprocess
     import sys
 
-    code = ("import resource, torch\nfrom streamrl.comm.weight_sync import checksum, _weights\n"
-            "flat = torch.randn(16 << 20); _weights(flat.device)\n"
+    # Warmed up on a few slices first: the first passes also set up the BLAS library's own buffers.
+    code = ("import resource, torch\nfrom streamrl.comm.weight_sync import checksum, _SLICE\n"
+            "flat = torch.randn(32 << 20); checksum(flat[:3 * _SLICE])\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\nchecksum(flat)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
     grown_kib = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert grown_kib * 1024 < (64 << 20) // 4, f"{grown_kib} KiB"
+    assert grown_kib * 1024 < (128 << 20) // 2, f"{grown_kib} KiB"
