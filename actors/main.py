@@ -56,6 +56,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
     curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
     sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve, t.batch_max_bytes)
     weights = ActorWeights(cfg, ctx, host, index, curve, backend, model, telemetry, health)
+    # An engine (vllm, sglang) holds its own copy: this host copy (32 GB at 8B in fp32) must not live on
+    # beside it for the whole run. The hf backend generates with it, and keeps it.
+    del model
     # The learner takes this actor's share of each batch per version; the throttle keeps it within the bound.
     throttle = staleness.Throttle(cfg.learner.batch_groups, cfg.actors.num, index, cfg.max_staleness,
                                   enabled=cfg.actors.throttle or cfg.strict)

@@ -125,7 +125,9 @@ class Engine:
             "train_micro_batch_size_per_gpu": samples // self.world,
             "gradient_accumulation_steps": 1,
             "gradient_clipping": o.grad_clip,
-            "zero_optimization": {"stage": cfg.learner.zero_stage},
+            "zero_optimization": {"stage": cfg.learner.zero_stage, **(
+                {} if cfg.learner.zero3_persistence_threshold is None
+                else {"stage3_param_persistence_threshold": cfg.learner.zero3_persistence_threshold})},
             "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
             "fp16": {"enabled": cfg.model.dtype == "float16"},
             "steps_per_print": 10**9,
@@ -146,15 +148,16 @@ class Engine:
         return int(self.engine.global_steps)
 
     def token_logprobs(self, module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       positions: torch.Tensor, with_entropy: bool = False):
+                       positions: torch.Tensor, with_entropy: bool = False, chunks: int | None = None):
         """(b, l-1) log-prob of each next token at the sampling temperature where `positions` (b, l-1)
-        is true (0 elsewhere), and optionally entropy. `module`: the engine or the reference model."""
+        is true (0 elsewhere), and optionally entropy. `module`: the engine or the reference model.
+        chunks: output-layer calls to make (logprobs.token_logprobs), None: as many as the tokens need."""
         model = self.engine.module if module is self.engine else module
         h = logprobs.hidden_states(module, model, input_ids, attention_mask)  # (b, l, H)
         return logprobs.token_logprobs(
             model.get_output_embeddings(), h, input_ids, positions, temperature=self.cfg.actors.temperature,
             chunk_tokens=self.cfg.learner.logprob_chunk_tokens,
-            softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
+            softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy, chunks=chunks)
 
     def train_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
                    sequence_count: float | None = None) -> tuple[losses.LossOutput, dict]:
@@ -174,12 +177,17 @@ class Engine:
         n_seqs = float(batch.input_ids.shape[0] if sequence_count is None else sequence_count)
         lengths = batch.attention_mask.sum(-1)  # rows are right-padded
         parts = micro_batches(lengths.tolist(), self.cfg.learner.micro_batch_tokens)
+        chunks = self._agreed_chunks(batch, parts, lengths)
         outs = []
         self._backward_s = 0.0
-        for i, rows in enumerate(parts):
+        for i, n in enumerate(chunks):
             # Gradients reduce across ranks and the optimizer steps only after the last micro-batch.
-            self.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-            outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens, n_seqs))
+            self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
+            if i < len(parts):
+                rows = parts[i]
+                outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens, n_seqs, n))
+            else:  # another rank has more micro-batches: go through the same collectives, adding nothing
+                self._micro_step(batch, slice(0, 1), int(lengths[0]), adv[:1], n_tokens, n_seqs, n, idle=True)
         out = _concat(outs, batch.completion_mask.shape[1])
         t1 = time.perf_counter()
         steps_before = self.optimizer_steps
@@ -199,6 +207,7 @@ class Engine:
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
             "optimizer_steps": self.optimizer_steps - steps_before,
             "micro_batches": len(parts),
+            "micro_batches_idle": len(chunks) - len(parts),
             "fwd_bwd_s": t1 - t0,
             # of which backward (DeepSpeed's backward: autograd, and gradient reduction across ranks);
             # the rest is forward, log-probs and loss
@@ -206,15 +215,45 @@ class Engine:
             "optimizer_s": t2 - t1 - settle_s,
         }
 
+    def _agreed_chunks(self, batch: Batch, parts: list[slice], lengths: torch.Tensor) -> list[int]:
+        """Log-prob chunks of each micro-batch, agreed by all ranks: one entry per micro-batch of the rank
+        with the most, each the most any rank needs for that micro-batch.
+
+        Under ZeRO-3 every forward gathers every layer's parameters, and every output-layer call (one per
+        chunk, again in backward) gathers its weight: collectives that each rank must enter equally often.
+        A rank's counts follow its own share of tokens, so two ranks would disagree; with persistence
+        threshold 0, two gloo ranks abort on the first mismatched gather ("Received data size doesn't match
+        expected size", tests/integration/test_zero3_counts.py), and NCCL would hang or read wrong data.
+        Below ZeRO-3 nothing is gathered in forward or backward: each rank keeps its own counts."""
+        chunk = self.cfg.learner.logprob_chunk_tokens
+        own = [logprobs.chunk_count(int(batch.completion_mask[rows, :int(lengths[rows].max()) - 1].sum()), chunk)
+               for rows in parts]
+        if self.cfg.learner.zero_stage != 3 or self.world == 1:
+            return own
+        import torch.distributed as dist
+
+        count = torch.tensor([len(own)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        agreed = torch.zeros(int(count), dtype=torch.int64, device=self.device)
+        agreed[:len(own)] = torch.tensor(own, dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return agreed.tolist()
+
     def _micro_step(self, batch: Batch, rows: slice, length: int, adv: torch.Tensor,
-                    n_tokens: float, n_seqs: float) -> losses.LossOutput:
-        """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`)."""
+                    n_tokens: float, n_seqs: float, chunks: int | None = None,
+                    idle: bool = False) -> losses.LossOutput:
+        """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`), with
+        `chunks` output-layer calls. idle: no position counts (a zero loss with zero gradients), for a
+        rank that has fewer micro-batches than another under ZeRO-3."""
         lc, dev = self.cfg.loss, self.device
         ids = batch.input_ids[rows, :length].to(dev)
         attn = batch.attention_mask[rows, :length].to(dev)
         mask = batch.completion_mask[rows, :length - 1].to(dev)
+        if idle:
+            mask = torch.zeros_like(mask)
         positions = mask.bool()
-        logp, entropy = self.token_logprobs(self.engine, ids, attn, positions, with_entropy=bool(lc.entropy_coef))
+        logp, entropy = self.token_logprobs(self.engine, ids, attn, positions, with_entropy=bool(lc.entropy_coef),
+                                            chunks=chunks)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():

@@ -76,24 +76,38 @@ def _chunk(lm_head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, tem
     return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
+def chunk_count(tokens: int, chunk_tokens: int) -> int:
+    """Output-layer calls token_logprobs makes for `tokens` positions on its own."""
+    return -(-tokens // chunk_tokens)
+
+
 def token_logprobs(lm_head: torch.nn.Module, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, *,
                    temperature: float, chunk_tokens: int, softcap: float | None = None,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of token t+1 at each position t where `positions` is true, at `temperature`.
 
     h: (B, L, H) hidden states; input_ids: (B, L); positions: (B, L-1) bool. Returns (B, L-1)
     log-probs and entropies (None unless with_entropy), 0 where positions is false.
+
+    chunks: how many times to call the output layer (at least chunk_count of the positions; the extra
+    calls take no tokens). Under ZeRO-3 each call, and its recomputation in backward, gathers the output
+    layer's weight, a collective every rank must enter: ranks pass the count they agreed on.
     """
     B, L = input_ids.shape
     rows, cols = positions.nonzero(as_tuple=True)
     hs, targets = h[rows, cols], input_ids[rows, cols + 1]  # (N, H), (N,)
-    grad = torch.is_grad_enabled() and hs.requires_grad
+    needed = chunk_count(hs.shape[0], chunk_tokens)
+    calls = needed if chunks is None else chunks
+    if calls < needed:
+        raise ValueError(f"token_logprobs: chunks={chunks} for {hs.shape[0]} positions of {chunk_tokens} per chunk "
+                         f"(at least {needed})")
+    # One chunk alone gains nothing from recomputation: keep its logits for backward instead.
+    recompute = torch.is_grad_enabled() and hs.requires_grad and calls > 1
     logps, ents = [], []
-    for a in range(0, hs.shape[0], chunk_tokens):
+    for c in range(calls):
+        a = c * chunk_tokens
         args = (lm_head, hs[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, softcap, with_entropy)
-        # One chunk alone gains nothing from recomputation: keep its logits for backward instead.
-        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad and hs.shape[0] > chunk_tokens \
-            else _chunk(*args)
+        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args)
         logps.append(lp)
         ents.append(ent)
     logp = h.new_zeros((B, L - 1), dtype=torch.float32)

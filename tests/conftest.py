@@ -30,11 +30,25 @@ def promtool_bin() -> str:
     return _require("promtool")
 
 
-def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests skip cleanly on a machine without CUDA (and run wherever it is present)."""
+def cuda_gpus() -> int:
+    """How many CUDA GPUs this machine has, asked without initialising CUDA in this process.
+
+    torch.cuda.is_available() calls cudaGetDeviceCount, which runs cuInit: a vLLM engine that a test
+    then starts forks its worker, and the child fails with "CUDA error: initialization error" (and
+    vLLM cannot tell, since torch.cuda.is_initialized() stays false). torch.cuda.device_count() asks
+    NVML first, which leaves the driver alone; no device node at all needs no question."""
+    from streamrl.commands.launch import gpu_devices_present
+
+    if not gpu_devices_present():
+        return 0
     import torch
 
-    if torch.cuda.is_available():
+    return torch.cuda.device_count()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests skip cleanly on a machine without CUDA (and run wherever it is present)."""
+    if cuda_gpus() > 0:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -48,10 +48,12 @@ class SGLangBackend:
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
             tp_size=cfg.actors.tensor_parallel_size,
-            dtype=cfg.model.dtype,
+            dtype=engine_dtype(cfg.model.dtype),
             random_seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             skip_tokenizer_init=True,
             log_level="error",
+            **({} if cfg.actors.gpu_memory_fraction is None  # engines sharing a GPU: each its share
+               else {"mem_fraction_static": cfg.actors.gpu_memory_fraction}),
         )
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
@@ -96,6 +98,17 @@ class SGLangBackend:
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+def engine_dtype(model_dtype: str) -> str:
+    """The dtype SGLang's engine runs in: the model's when it is bf16/fp16; bfloat16 for a float32 model.
+
+    On an H100 SGLang picks FlashAttention-3, which takes fp16/bf16/fp8 only, so a float32 engine fails at
+    start. The learner keeps its float32 master weights; each update is cast into the engine's bf16
+    parameters as it loads (SGLang's weight loaders copy into the existing parameter)."""
+    if model_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.dtype={model_dtype!r}: the sglang backend takes float32, bfloat16 or float16")
+    return "bfloat16" if model_dtype == "float32" else model_dtype
 
 
 def _check(what: str, result) -> None:

@@ -62,6 +62,9 @@ class VLLMBackend:
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             enforce_eager=cpu,  # the CPU build has no graph capture to speak of; GPUs keep CUDA graphs
+            # engines sharing a GPU each take their share (vLLM's own default reserves 0.92 of it)
+            **({} if cfg.actors.gpu_memory_fraction is None
+               else {"gpu_memory_utilization": cfg.actors.gpu_memory_fraction}),
         )
         self.start_s = time.perf_counter() - t0
         self.update_s: list[float] = []

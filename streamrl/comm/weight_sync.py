@@ -85,11 +85,28 @@ def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
+_PERIOD = 1009
+_SLICE = _PERIOD * 1024  # elements per pass: a multiple of the period, so every slice has the same weights
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _weights(device: torch.device) -> torch.Tensor:
+    """(_SLICE,) float64 position weights 1 + (i + 1) mod 1009, made once per device (8 MiB)."""
+    if device not in _WEIGHTS:
+        _WEIGHTS[device] = torch.arange(1, _SLICE + 1, dtype=torch.float64, device=device).remainder_(_PERIOD).add_(1)
+    return _WEIGHTS[device]
+
+
 def checksum(flat: torch.Tensor) -> float:
-    """Order-sensitive float64 checksum of a bucket: a torn or misplaced bucket changes it."""
-    x = flat.double()
-    weights = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=x.device).remainder_(1009).add_(1)
-    return float((x * weights).sum())
+    """Order-sensitive float64 checksum of a bucket (n,): Σ x_i · (1 + (i + 1) mod 1009); a torn or misplaced
+    bucket changes it. Taken a slice at a time, so it needs 16 MiB beyond the bucket, not a float64 copy, a
+    float64 weight vector and their product (24 B per element: 1.5 GiB for a 256 MiB float32 bucket)."""
+    w = _weights(flat.device)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for a in range(0, flat.numel(), _SLICE):
+        x = flat[a:a + _SLICE].double()
+        total += torch.dot(x, w[:x.numel()])
+    return float(total)
 
 
 def collective_device(backend: str) -> torch.device:
@@ -152,20 +169,54 @@ class Group:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world, datetime.timedelta(seconds=meet_s))
             self.pg.set_timeout(timeout)
 
+    _connected = False
+    """Whether a broadcast has finished on this group: NCCL sets up its communicators inside the first one."""
+
     def broadcast(self, t: torch.Tensor, what: str) -> None:
-        """Broadcast from rank 0 in place; raises WeightSyncError when it does not finish in time."""
+        """Broadcast from rank 0 in place; raises WeightSyncError when it fails or does not finish in time.
+
+        Whatever the process group raises becomes a WeightSyncError, so the caller falls back to ZeroMQ: NCCL
+        refuses a group with two ranks on one GPU ("Duplicate GPU detected") in `pg.broadcast` itself, not in
+        `wait`. The first broadcast runs on a thread of its own, joined with the timeout: NCCL connects the
+        ranks inside that call, before it returns anything to wait on, and a peer that never connects would
+        block it with no timeout at all."""
         if t.device.type != self.device.type:  # NCCL would fail (or hang a peer) on a CPU tensor: say so here
             raise ValueError(f"weight sync: {what} is a {t.device.type} tensor; the {self.backend} group takes "
                              f"{self.device.type} tensors (make it on Group.device)")
-        work = self.pg.broadcast(t, 0)
+        if not self._connected:
+            self._first_broadcast(t, what)
+            self._connected = True
+            return
+        self._broadcast(t, what)
+
+    def _broadcast(self, t: torch.Tensor, what: str) -> None:
         try:
+            work = self.pg.broadcast(t, 0)
             done = work.wait(datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
+        except RuntimeError as e:  # torch's DistBackendError and DistError derive from it
             raise WeightSyncError(f"weight sync: {what} failed or timed out after {self.timeout_s:.0f}s "
                                   f"(rank {self.rank} of {self.world}): {e}") from None
         if done is False:
             raise WeightSyncError(f"weight sync: {what} did not finish in {self.timeout_s:.0f}s "
                                   f"(rank {self.rank} of {self.world})")
+
+    def _first_broadcast(self, t: torch.Tensor, what: str) -> None:
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._broadcast(t, what)
+            except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+                failure.append(e)
+
+        thread = threading.Thread(target=run, daemon=True, name="weight-sync-first-broadcast")
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():  # left blocked in the C++ call; the group is not used again
+            raise WeightSyncError(f"weight sync: {what}, the group's first broadcast, did not finish in "
+                                  f"{self.timeout_s:.0f}s (rank {self.rank} of {self.world}): a peer never connected")
+        if failure:
+            raise failure[0]
 
 
 def send(group: Group, version: int, sync_plan: SyncPlan, buckets: Iterator[torch.Tensor]) -> dict:

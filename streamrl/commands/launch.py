@@ -144,7 +144,10 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
     if not gpus:
         return {}, [{} for _ in range(cfg.actors.num)]
     ranks = cfg.learner.ranks
-    learner = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[:ranks])} if len(gpus) >= ranks else {}
+    if ranks > len(gpus):  # each rank takes cuda:LOCAL_RANK, and NCCL refuses two ranks on one GPU
+        raise config_lib.ConfigError(f"learner.ranks={ranks}: each learner rank needs a GPU of its own, this machine "
+                                     f"has {len(gpus)} (allowed: 1..{len(gpus)})")
+    learner = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[:ranks])}
     if cfg.actors.backend == "hf" and cfg.actors.device == "cpu":
         return learner, [{} for _ in range(cfg.actors.num)]
     tp = cfg.actors.tensor_parallel_size if cfg.actors.backend != "hf" else 1  # hf generates on one GPU
@@ -153,8 +156,41 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
         raise config_lib.ConfigError(f"actors.tensor_parallel_size={tp}: each actor needs {tp} GPUs, "
                                      f"this machine has {len(gpus)}")
     usable = len(pool) // tp * tp
-    return learner, [{"CUDA_VISIBLE_DEVICES": ",".join(pool[g] for g in actor_gpus(i, tp, usable))}
-                     for i in range(cfg.actors.num)]
+    actors = [{"CUDA_VISIBLE_DEVICES": ",".join(pool[g] for g in actor_gpus(i, tp, usable))}
+              for i in range(cfg.actors.num)]
+    if cfg.actors.backend in ("vllm", "sglang"):
+        shared_gpu_problem(cfg, gpus[:ranks], [a["CUDA_VISIBLE_DEVICES"].split(",") for a in actors])
+    return learner, actors
+
+
+# What the engines on one GPU may reserve together: the rest is for CUDA contexts; beside the learner,
+# half of the GPU stays the learner's (`streamrl plan` tells whether that is enough for it).
+SHARED_GPU_BUDGET, BESIDE_LEARNER_BUDGET = 0.9, 0.5
+
+
+def shared_gpu_problem(cfg: Config, learner_gpus: list[str], engine_gpus: list[list[str]]) -> None:
+    """Refuse a placement where vllm/sglang engines share a GPU (with each other or the learner) and would
+    reserve more than it has: each reserves actors.gpu_memory_fraction of it (unset: the engine's own
+    default, vLLM 0.92, which leaves nothing for a second process)."""
+    from collections import Counter
+
+    engines = Counter(g for gs in engine_gpus for g in gs)
+    for gpu, n in sorted(engines.items()):
+        shared = n > 1 or gpu in learner_gpus
+        if not shared:
+            continue
+        with_learner = " and the learner" if gpu in learner_gpus else ""
+        frac = cfg.actors.gpu_memory_fraction
+        most = (BESIDE_LEARNER_BUDGET if gpu in learner_gpus else SHARED_GPU_BUDGET) / n
+        if frac is None:
+            raise config_lib.ConfigError(
+                f"GPU {gpu} runs {n} {cfg.actors.backend} engine(s){with_learner}: set actors.gpu_memory_fraction "
+                f"(each engine's share of the GPU; at most {most:.2f} here), else each reserves its default "
+                "(vLLM 0.92) and the second process cannot start")
+        if frac > most:
+            raise config_lib.ConfigError(
+                f"actors.gpu_memory_fraction={frac:g}: GPU {gpu} runs {n} {cfg.actors.backend} engine(s){with_learner}, "
+                f"so each may take at most {most:.2f} of it")
 
 
 def _compose_file() -> str:

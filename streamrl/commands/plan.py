@@ -227,6 +227,10 @@ def actor_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
              f"x {per_token:,} B/token; {one / GB:.1f} GB for one",
              f"total            {total_gb(total)}"]
     fits = None
+    share = getattr(a, "gpu_memory_fraction", None) if a.backend in ("vllm", "sglang") else None
+    if gpu_mem is not None and share is not None:  # the engine reserves its share of the GPU, no more
+        lines.append(f"engine's share   {gpu_mem * share:8.1f} GB of the GPU's {gpu_mem:g} (actors.gpu_memory_fraction={share:g})")
+        gpu_mem = gpu_mem * share
     if gpu_mem is not None:
         free = gpu_mem * GB - weights
         if total <= gpu_mem * GB:
@@ -271,7 +275,7 @@ def make(cfg, gpus: int | None = None, gpu_mem: float | None = None, prompt_toke
                         "learner.activation_checkpointing=true)")
     if actors.fits is False:
         problems.append(f"an actor cannot hold its weights and one full-length sequence in {gpu_mem:g} GB "
-                        "(raise actors.tensor_parallel_size, or lower model.max_seq_len)")
+                        "(raise actors.tensor_parallel_size or actors.gpu_memory_fraction, or lower model.max_seq_len)")
     need = learner.gpus + actors.gpus
     if gpus is not None and need > gpus:
         problems.append(f"{need} GPUs needed ({learner.gpus} learner + {actors.gpus} actor), {gpus} given "

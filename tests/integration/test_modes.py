@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from procs import metrics, summary
 
@@ -22,12 +24,23 @@ def test_strict_mode_consumes_only_lag_zero_groups_with_one_step_per_batch(run_j
 
 
 def test_strict_mode_runs_in_bfloat16_with_the_dtypes_own_tolerance(run_job):
+    import torch
+
+    from streamrl.learner.stepstats import ratio_tolerance
+
     run = run_job("on_policy=strict", "model.dtype=bfloat16", "steps=8", name="strict-bf16")
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(8))
-    # bf16 rounding shows in the worst token, not in the batch's KL estimate the check bounds.
-    assert max(r["is_ratio_max_abs_dev"] for r in recs) > 1e-4
-    assert all(r["group_kl_behaviour_learner_max"] < 2.4e-4 for r in recs)
+    # The learner really trained in bfloat16: its checkpointed module holds bf16 parameters. How far bf16
+    # rounding moves the worst token depends on the CPU's kernels (2.4e-7 on one machine, 9.2e-5 on another),
+    # so that is not asserted; every group's KL estimate stays below the bound strict mode enforces for bf16.
+    states = torch.load(next((run / "checkpoints" / "step-8").glob("*model_states.pt")), map_location="cpu",
+                        weights_only=True)["module"]
+    assert {t.dtype for t in states.values() if t.is_floating_point()} == {torch.bfloat16}
+    tol = ratio_tolerance(None, "bfloat16")
+    assert tol > ratio_tolerance(None, "float32")  # the dtype's own tolerance, looser than float32's
+    assert all(r["group_kl_behaviour_learner_max"] < tol for r in recs)
+    assert all(0 <= r["is_ratio_max_abs_dev"] < 1 for r in recs)
 
 
 def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):
@@ -60,11 +73,18 @@ def test_throttled_actors_stay_within_the_bound_so_almost_nothing_is_dropped(run
     assert s["groups_dropped"].get("stale", 0) <= 16, s["groups_dropped"]
 
 
-def test_inflight_updates_land_mid_generation_and_samples_record_their_version_span(run_job):
+def test_inflight_updates_land_mid_generation_and_samples_record_their_version_span(run_job, monkeypatch):
+    from pathlib import Path
+
+    # The window made to happen: actor 0 holds one generation after its first decoding step until the
+    # learner's next version arrives (hold_inflight/sitecustomize.py), instead of hoping one lands.
+    hold = Path(__file__).parent / "hold_inflight"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hold), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("STREAMRL_TEST_HOLD_INFLIGHT", "1")
     run = run_job("actors.inflight_updates=true", "actors.max_new_tokens=8", "steps=12", name="inflight")
     recs = metrics(run)
     assert len(recs) == 12
-    assert any(r["inflight_fraction"] > 0 for r in recs), "weights published every step should land mid-generation"
+    assert any(r["inflight_fraction"] > 0 for r in recs), "the held generation's samples span two versions"
     for r in recs:
         # A sample's newest version is one the learner had published, so never beyond the lag it is trained at.
         assert r["version_span_max"] <= r["lag_max"] <= 2

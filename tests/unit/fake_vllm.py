@@ -96,7 +96,7 @@ class LLM:
                  logits_processors=None, spec_method=None, spec_model=None, spec_tokens=None, **kwargs: Any) -> None:
         self.kwargs = dict(model=model, skip_tokenizer_init=skip_tokenizer_init,
                            tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                           enforce_eager=enforce_eager, **kwargs)
+                           enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization, **kwargs)
         self.calls: list = []
         self.llm_engine = LLMEngine(self.calls)
         self.workers = [Worker() for _ in range(tensor_parallel_size)]

@@ -134,3 +134,38 @@ def test_streamrl_run_starts_each_process_with_its_gpus(monkeypatch, tmp_path):
     assert started == [("learner", {"CUDA_VISIBLE_DEVICES": "0"}), ("actor", {"CUDA_VISIBLE_DEVICES": "1"}),
                        ("actor", {"CUDA_VISIBLE_DEVICES": "2"})]
     assert "actor-1 2" in (tmp_path / "out.txt").read_text()
+
+
+def test_two_learner_ranks_on_a_one_gpu_machine_are_refused_instead_of_asking_for_cuda_1():
+    import pytest
+
+    from streamrl.commands.launch import gpu_plan
+    from streamrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"learner.ranks=2: each learner rank needs a GPU of its own, this machine "
+                                          r"has 1 \(allowed: 1..1\)"):
+        gpu_plan(_cfg(**{"learner.ranks": 2}), ["0"])
+    assert gpu_plan(_cfg(**{"learner.ranks": 2}), [])[0] == {}  # CPU ranks (gloo) need no GPU
+
+
+def test_vllm_engines_sharing_a_gpu_need_their_memory_share_set_and_within_the_gpu():
+    import pytest
+
+    from streamrl.commands.launch import gpu_plan
+    from streamrl.config import ConfigError
+
+    two_on_one = {"actors.backend": "vllm", "actors.num": 2}  # 2 GPUs: learner on 0, both engines on 1
+    with pytest.raises(ConfigError, match="GPU 1 runs 2 vllm engine.s.: set actors.gpu_memory_fraction .* at most 0.45"):
+        gpu_plan(_cfg(**two_on_one), ["0", "1"])
+    with pytest.raises(ConfigError, match="gpu_memory_fraction=0.5: GPU 1 runs 2 vllm engine.s., so each may take at "
+                                          "most 0.45"):
+        gpu_plan(_cfg(**two_on_one, **{"actors.gpu_memory_fraction": 0.5}), ["0", "1"])
+    _, actors = gpu_plan(_cfg(**two_on_one, **{"actors.gpu_memory_fraction": 0.45}), ["0", "1"])
+    assert [a["CUDA_VISIBLE_DEVICES"] for a in actors] == ["1", "1"]
+    # one GPU: the engines beside the learner share half of it
+    with pytest.raises(ConfigError, match="GPU 0 runs 2 sglang engine.s. and the learner: .* at most 0.25"):
+        gpu_plan(_cfg(**{"actors.backend": "sglang", "actors.num": 2}), ["0"])
+    gpu_plan(_cfg(**{"actors.backend": "sglang", "actors.num": 2, "actors.gpu_memory_fraction": 0.25}), ["0"])
+    # an engine alone on its GPU keeps the engine's default
+    assert gpu_plan(_cfg(**{"actors.backend": "vllm"}), ["0", "1", "2"])[1] == [{"CUDA_VISIBLE_DEVICES": "1"},
+                                                                             {"CUDA_VISIBLE_DEVICES": "2"}]

@@ -203,7 +203,9 @@ def get(url: str) -> tuple[int, bytes]:
 def exporter():
     registry = CollectorRegistry()
     WeightedHistogram(registry, "streamrl_demo", "d", [1], {"run": "x"}).observe(np.array([0.5]))
-    health = Health("learner", healthy_within_s=0.2)
+    # A beat counts for a minute: a GET right after one answers 200 even on a loaded machine (0.2 s did not
+    # always hold); the stalled case moves the last beat back instead of sleeping past the limit.
+    health = Health("learner", healthy_within_s=60.0)
     ex = Exporter(registry, health, "127.0.0.1", 0)
     yield ex
     ex.close()
@@ -222,7 +224,7 @@ def test_metrics_and_healthz_are_served_and_any_other_path_is_404(exporter):
 
 def test_healthz_answers_503_once_the_main_loop_stops_beating(exporter):
     exporter.health.beat()
-    time.sleep(0.3)
+    exporter.health._last -= 61.0  # the main loop's last beat, a minute and a second ago
     status, body = get(f"http://127.0.0.1:{exporter.port}/healthz")
     assert status == 503 and json.loads(body)["status"] == "stalled"
 

@@ -84,3 +84,11 @@ def test_run_warns_when_the_processes_need_more_than_this_machines_memory(releas
     assert warning and "more than this machine's" in warning
     assert plan.run_warning(config.load(None, ["learner.batch_groups=4096"])) is None  # the tiny model is not planned
     assert plan.run_warning(config.load(None, [f"model.path={release_model}"])) is None  # the default batch fits
+
+
+def test_an_engines_gpu_memory_share_is_what_the_plan_fits_its_weights_and_kv_into():
+    cfg = config.load(PAPER, ["actors.gpu_memory_fraction=0.1"])
+    s = plan.shape(cfg)
+    part = plan.actor_part(cfg, s, 4096, 80.0)  # 8 B parameters in bf16 (16 GB) in 8 GB of an 80 GB GPU
+    assert part.fits is False and any("8.0 GB of the GPU's 80 (actors.gpu_memory_fraction=0.1)" in x for x in part.lines)
+    assert plan.actor_part(config.load(PAPER), s, 4096, 80.0).fits is True

@@ -30,8 +30,19 @@ def backend(monkeypatch):
 def test_engine_starts_from_the_saved_tiny_model_with_token_ids_only(backend):
     _, engine, tok = backend
     kw = engine.kwargs
-    assert kw["skip_tokenizer_init"] is True and kw["tp_size"] == 1 and kw["dtype"] == "float32"
+    assert kw["skip_tokenizer_init"] is True and kw["tp_size"] == 1
     assert (kw["model_path"] and (__import__("pathlib").Path(kw["model_path"]) / "config.json").is_file())
+
+
+def test_a_float32_model_runs_in_a_bfloat16_engine_since_sglangs_gpu_attention_takes_no_float32(backend):
+    _, engine, _ = backend
+    assert engine.kwargs["dtype"] == "bfloat16"  # the tiny model's config is float32
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_keeps_its_dtype_in_the_engine(monkeypatch, dtype):
+    _, engine, _ = _build(monkeypatch, f"model.dtype={dtype}")
+    assert engine.kwargs["dtype"] == dtype
 
 
 def test_generate_sends_ids_once_per_sample_and_reads_tokens_logprobs_and_finish(backend):
@@ -110,3 +121,26 @@ def test_original_logprob_mode_is_refused(monkeypatch):
     cfg = config.load(None, ["actors.backend=sglang"])
     with pytest.raises(RuntimeError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         build("sglang", cfg, *model.build(cfg))
+
+
+def test_an_engines_gpu_memory_share_reaches_sglang_as_mem_fraction_static(monkeypatch):
+    _, engine, _ = _build(monkeypatch, "actors.gpu_memory_fraction=0.4")
+    assert engine.kwargs["mem_fraction_static"] == 0.4
+    _, engine, _ = _build(monkeypatch)
+    assert "mem_fraction_static" not in engine.kwargs
+
+
+def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypatch):
+    import gc
+    import weakref
+
+    install(monkeypatch)
+    from streamrl.actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=sglang"])
+    m, tok = model.build(cfg)
+    alive = weakref.ref(m)
+    backend = build("sglang", cfg, m, tok)
+    del m
+    gc.collect()
+    assert alive() is None and backend is not None

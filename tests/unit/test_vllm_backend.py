@@ -239,3 +239,27 @@ def test_a_full_shared_memory_is_a_clear_error_not_a_crash(cpu_backend, monkeypa
         b.load_weights({"w": torch.ones(1 << 20)})
     # nothing reached the engine, and no file that lacks memory is left to be reused
     assert not [c for c in llm.calls if c[0] == "collective_rpc"] and os.listdir(b.weights_dir) == []
+
+
+def test_an_engines_gpu_memory_share_reaches_vllm_and_is_left_to_vllm_when_unset(monkeypatch):
+    _, llm, _ = _build(monkeypatch, cpu=False, overrides=("actors.gpu_memory_fraction=0.4",))
+    assert llm.kwargs["gpu_memory_utilization"] == 0.4
+    _, llm, _ = _build(monkeypatch, cpu=False)
+    assert llm.kwargs["gpu_memory_utilization"] == 0.92  # vLLM's own default (the fake's signature is vLLM's)
+
+
+def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypatch):
+    """actors.main drops its host copy once the engine is up; the backend must not keep it alive."""
+    import gc
+    import weakref
+
+    install(monkeypatch, cpu=False)
+    from streamrl.actors.backends import build
+
+    cfg = config.load(None, ["actors.backend=vllm"])
+    m, tok = model.build(cfg)
+    alive = weakref.ref(m)
+    backend = build("vllm", cfg, m, tok)
+    del m
+    gc.collect()
+    assert alive() is None and backend is not None
