@@ -381,6 +381,9 @@ class Config(_Section):
     """Difficulty filtering: drop prompts that are almost always or almost never solved."""
 
     def __post_init__(self) -> None:
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            raise ValueError(f"name={self.name!r}: must be one folder name (not empty, '.' or '..'; no '/' or '\\'): "
+                             "the run directory is run_dir/name")
         self._check_r_min_correct()
         if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
