@@ -42,9 +42,14 @@ def _under(key: str, prefixes: tuple[str, ...]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
+def settings(cfg: config_lib.Config) -> dict[str, Any]:
+    """Every setting of `cfg`, flattened, as JSON and YAML read them back (tuples are lists)."""
+    return flatten(json.loads(json.dumps(config_lib.to_dict(cfg))))
+
+
 def of(cfg: config_lib.Config) -> dict[str, Any]:
     """The shaping settings of `cfg`, flattened."""
-    return {k: v for k, v in flatten(config_lib.to_dict(cfg)).items() if _under(k, SHAPING)}
+    return {k: v for k, v in settings(cfg).items() if _under(k, SHAPING)}
 
 
 def record(cfg: config_lib.Config) -> None:
@@ -77,7 +82,7 @@ def compare(cfg: config_lib.Config) -> tuple[list[str], dict[str, list]]:
     """(refusals, safe changes) of resuming the run at cfg.run_path with `cfg`. A refusal is one line per
     shaping key that differs; safe changes are {key: [old, new]} against the run's config.yaml."""
     old_fp, old_cfg = _old_settings(cfg.run_path)
-    new = flatten(config_lib.to_dict(cfg))
+    new = settings(cfg)
     # A run from before fingerprints: its config.yaml (if still the run's own) holds the same keys.
     old_fp = old_fp if old_fp is not None else {k: v for k, v in (old_cfg or {}).items() if _under(k, SHAPING)}
     refusals = [f"{k}: the run has {_show(v)}, now {_show(new.get(k))}"
