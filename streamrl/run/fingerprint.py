@@ -111,6 +111,12 @@ def accept(cfg: config_lib.Config) -> dict[str, list]:
     return changes
 
 
+def differences(learner: dict[str, Any], actor: dict[str, Any]) -> list[str]:
+    """'task.name: learner "copy", actor "reverse"' for each shaping key on which two fingerprints differ."""
+    return [f"{k}: learner {_show(learner.get(k))}, actor {_show(actor.get(k))}"
+            for k in sorted(set(learner) | set(actor)) if learner.get(k) != actor.get(k)]
+
+
 def describe(changes: dict[str, list]) -> str:
     """'optim.lr 0.0003 -> 0.001, steps 300 -> 400'."""
     return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())

@@ -164,3 +164,28 @@ def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written
     proc = _cmd(tmp_path, "run", TINY, f"name={name}", f"run_dir={tmp_path / 'runs'}", *FREE_PORTS, timeout=120)
     assert proc.returncode == 2 and "must be one folder name" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("change,key", [("task.name=reverse", "task.name"), ("model.num_heads=2", "model.num_heads"),
+                                        ("actors.group_size=4", "actors.group_size")])
+def test_an_actor_set_up_for_another_run_is_refused_by_name_and_the_run_goes_on_with_the_others(tmp_path, change, key):
+    from procs import free_ports, spawn
+
+    g, w, r = free_ports(3)
+    common = [TINY, f"run_dir={tmp_path}", "name=hs", "steps=6", "actors.num=2", "monitoring.learner_port=0",
+              "monitoring.actor_port=0", f"transport.group_port={g}", f"transport.weights_port={w}",
+              f"transport.weights_request_port={r}"]
+    learner = spawn(["learner", *common], tmp_path / "learner.log")
+    bad = spawn(["actor", *common, "--index", "1", change], tmp_path / "bad.log")
+    good = spawn(["actor", *common, "--index", "0"], tmp_path / "good.log")
+    with reaped(learner, bad, good):
+        assert bad.wait(timeout=180) == 1, (tmp_path / "bad.log").read_text()[-3000:]
+        assert learner.wait(timeout=240) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        assert good.wait(timeout=60) == 0, (tmp_path / "good.log").read_text()[-3000:]
+    bad_line = next(line for line in (tmp_path / "bad.log").read_text().splitlines() if "error:" in line)
+    assert "the learner refused this actor: its settings differ from the learner's" in bad_line and key in bad_line
+    learner_log = (tmp_path / "learner.log").read_text()
+    assert f"refused actor-1: its settings differ from the learner's ({key}: learner" in learner_log
+    s = summary(tmp_path / "hs")
+    assert s["status"] == "finished" and s["weight_requests_rejected"]["fingerprint_mismatch"] >= 1
+    assert s["groups_used"] == 6 * 16
