@@ -350,9 +350,8 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         while learner.poll() is None:
             show_progress()
             if interrupts["n"] == 1 or failure is not None:
-                if waits.stop_overdue():  # a learner that cannot stop (stopped, hung): one Ctrl-C still ends the run
-                    print(f"streamrl: the learner did not stop within {STOP_GRACE_S:.0f}s; killing it", file=out,
-                          flush=True)
+                if (limit := waits.stop_overdue(learner.pid)) is not None:  # stopped or hung: one Ctrl-C ends the run
+                    print(f"streamrl: the learner did not stop within {limit:.0f}s; killing it", file=out, flush=True)
                     _kill(learner)
                     continue
             else:
@@ -402,7 +401,8 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     return code
 
 
-STOP_GRACE_S = 30.0  # a learner asked to stop finishes its step and checkpoints well within this
+STOP_GRACE_S = 30.0  # a learner asked to stop that is not running at all (SIGSTOP, traced) is killed after this
+STOP_LIMIT_S = 300.0  # any learner asked to stop is killed after this (a big model's final checkpoint fits in it)
 WAIT_NOTE_S = 15.0  # with no new step for this long, the supervisor says what the run is waiting for
 
 
@@ -422,13 +422,18 @@ class _Waits:
     def stopping(self) -> None:
         self.stop_asked = self.stop_asked or time.monotonic()
 
-    def stop_overdue(self) -> bool:
+    def stop_overdue(self, pid: int) -> float | None:
+        """The seconds after which the learner (process `pid`), asked to stop, is overdue and is killed; None
+        while it is not."""
         now = time.monotonic()
+        frozen = _process_state(pid) in ("T", "t")  # stopped or traced: it cannot stop by itself
+        limit = STOP_GRACE_S if frozen else STOP_LIMIT_S
         if now - self.last_note > WAIT_NOTE_S:
             self.last_note = now
-            print(f"streamrl: waiting for the learner to stop (it finishes its step and checkpoints; killed after "
-                  f"{STOP_GRACE_S:.0f}s) [{now - self.stop_asked:.0f}s]", file=self.out, flush=True)
-        return now - self.stop_asked > STOP_GRACE_S
+            state = "it is stopped (SIGSTOP) and cannot" if frozen else "it finishes its step and checkpoints"
+            print(f"streamrl: waiting for the learner to stop ({state}; killed after {limit:.0f}s) "
+                  f"[{now - self.stop_asked:.0f}s]", file=self.out, flush=True)
+        return limit if now - self.stop_asked > limit else None
 
     def tell(self, alive: int, actors: int) -> None:
         now = time.monotonic()
@@ -443,6 +448,14 @@ class _Waits:
                 f"{'the first' if not self.steps else 'the next'} step: the learner waits for groups from the "
                 f"actors ({alive} of {actors} running; their logs: {self.learner_log.parent}/actor-*.log)")
         print(f"streamrl: waiting for {what} [{now - self.since:.0f}s]", file=self.out, flush=True)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, D, T, Z, ...); "" when it cannot be read."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _kill(p) -> None:
