@@ -472,7 +472,8 @@ def _write_killed_summary(path: Path, run_dir: Path, why: str) -> None:
     from streamrl.run import jsonfiles
 
     try:
-        steps = sum(1 for line in open(run_dir / "metrics.jsonl") if line.strip())
+        with open(run_dir / "metrics.jsonl") as f:
+            steps = sum(1 for line in f if line.strip())
     except OSError:
         steps = 0
     try:

@@ -22,7 +22,7 @@ QUIET = ["monitoring.learner_port=0", "monitoring.actor_port=0"]
 
 def _cmd(tmp: Path, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "streamrl", *args], cwd=tmp, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                          timeout=timeout, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def _start(tmp: Path, name: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
@@ -130,12 +130,10 @@ def test_a_learner_that_cannot_stop_does_not_hold_one_ctrl_c_and_the_wait_is_tol
         os.kill(learner, signal.SIGSTOP)  # a hung learner: no step, no reaction to SIGTERM
         time.sleep(20)
         proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        out, _ = proc.communicate(timeout=120)
-        took = time.monotonic() - t0
+        out, _ = proc.communicate(timeout=120)  # before, it waited for the stopped learner for ever
     assert "streamrl: waiting for the next step: the learner waits for groups from the actors" in out, out
     assert "waiting for the learner to stop" in out and "did not stop within 30s; killing it" in out, out
-    assert proc.returncode == 130 and took < 100, (proc.returncode, took, out)
+    assert proc.returncode == 130, (proc.returncode, out)
     s = summary(run)
     assert s["status"] == "failed" and "killed by SIGKILL" in s["error"] and s["steps"] == len(metrics(run)), s
 
@@ -153,10 +151,10 @@ def test_a_learner_killed_by_a_signal_leaves_a_failed_summary(tmp_path):
 
 
 def test_streamrl_run_refuses_zero_actors_at_once(tmp_path):
-    t0 = time.monotonic()
-    proc = _cmd(tmp_path, "run", TINY, f"run_dir={tmp_path / 'runs'}", "actors.num=0", *FREE_PORTS, *QUIET, timeout=120)
+    proc = _cmd(tmp_path, "run", TINY, f"run_dir={tmp_path / 'runs'}", "actors.num=0", *FREE_PORTS, *QUIET,
+                timeout=120)  # before, it waited data_timeout_s (300 s) for groups
     assert proc.returncode == 2 and "actors.num=0: `streamrl run` needs at least one actor" in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 100 and not (tmp_path / "runs" / "tiny" / "summary.json").exists()
+    assert not (tmp_path / "runs" / "tiny" / "summary.json").exists()
 
 
 @pytest.mark.parametrize("name", ["", "../escape", "a/b"])
