@@ -46,7 +46,7 @@ class RunLock:
         self.path = self.run_path / LOCK_FILE
         self.fd: int | None = None
 
-    def acquire(self, purpose: str) -> "RunLock":
+    def acquire(self, purpose: str) -> RunLock:
         """Take the lock or raise RunLocked naming the live holder; `purpose` ("resume", "--overwrite") says
         what was refused."""
         self.run_path.mkdir(parents=True, exist_ok=True)
