@@ -20,7 +20,7 @@ from streamrl.actors import backends
 from streamrl.actors.generation import Generation
 from streamrl.actors.weights import ActorWeights
 from streamrl.algo import staleness
-from streamrl.comm import security
+from streamrl.comm import security, wire
 from streamrl.comm.transport import GroupSender, endpoint
 from streamrl.config import Config
 from streamrl.models import model as model_lib
@@ -110,6 +110,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             backend.close()
         if hasattr(reward.task, "functions"):  # reward functions' threads (an abandoned call may still run)
             reward.task.functions.close()
+    if weights.shutdown is not None and weights.shutdown.reason.startswith(wire.REFUSED):
+        raise RuntimeError(f"the learner refused this actor: {weights.shutdown.reason.removeprefix(wire.REFUSED)}")
     log.info("%s: done %s", actor_id, stats)
     return stats
 

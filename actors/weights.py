@@ -21,6 +21,7 @@ from streamrl.comm import wire
 from streamrl.comm.security import Curve
 from streamrl.comm.transport import WeightSubscriber, endpoint
 from streamrl.config import Config
+from streamrl.run import fingerprint
 from streamrl.telemetry import exporter, prometheus_metrics
 
 log = logging.getLogger("streamrl.actor")
@@ -36,6 +37,7 @@ class ActorWeights:
         self.timeout_s = cfg.actors.weights_timeout_s
         self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                            self.actor_id, t.max_message_bytes, curve)
+        self.subscriber.fingerprint = fingerprint.of(cfg)  # the learner refuses an actor set up for another run
         self.sync = None
         if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
             from streamrl.comm.weight_sync import ActorSync

@@ -124,6 +124,16 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
 
 
+def model_mismatch(e: BaseException) -> str | None:
+    """The first line of torch's load_state_dict complaint when a checkpoint is for another model shape, else None."""
+    text = str(e)
+    for marker in ("size mismatch for", "Missing key(s) in state_dict", "Unexpected key(s) in state_dict"):
+        if marker in text:
+            at = text.index(marker)
+            return text[at:].splitlines()[0].strip()[:300]
+    return None
+
+
 def resume(engine, directory: Path) -> tuple[str, dict] | None:
     """Load the newest checkpoint under `directory` whose files check out, restoring its RNG states;
     (tag, state), or None when there is no checkpoint at all.
@@ -140,6 +150,10 @@ def resume(engine, directory: Path) -> tuple[str, dict] | None:
             try:
                 engine.load(str(directory), tag)
             except Exception as e:  # corrupt inside: DeepSpeed's own reader says so, without the path
+                if mismatch := model_mismatch(e):
+                    raise RuntimeError(f"learner.resume=true: checkpoint {directory / tag} does not match this model "
+                                       f"({mismatch}); the checkpoint is intact: resume with the run's own model "
+                                       f"settings (its config.yaml), or start a new run (name=...)") from e
                 problem = f"{directory / tag}: DeepSpeed could not load it ({storage.reason(e)})"
         if problem is None:
             restore_rng(state["rng"])

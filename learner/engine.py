@@ -336,7 +336,20 @@ class Engine:
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {directory}/{tag}")
         self._state_vars = None  # whatever loading replaced, the next publish looks again
+        self._apply_optim_settings()
         log.info("resumed from %s", path)
+
+    def _apply_optim_settings(self) -> None:
+        """The loaded optimizer and scheduler states carry the earlier run's lr, betas and weight decay: a resume
+        trains with this config's (streamrl.run.fingerprint states the change), at the restored schedule position."""
+        o = self.cfg.optim
+        for group in self.optimizer.param_groups:
+            group.update(initial_lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        if self.scheduler is not None:
+            self.scheduler.base_lrs = [o.lr for _ in self.optimizer.param_groups]
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -123,6 +123,8 @@ class Intake:
         return max(self.demand_after_s, 3 * max(self.gaps, default=0.0))
 
     def _verdict(self, group: ScoredGroup, version: int) -> str:
+        if group.actor_id in self.publisher.refused_actors:  # its config differs: refused at its weights request
+            return "refused_actor"
         if group.group_size != self.group_size:
             if not self.dropped["wrong_group_size"]:
                 log.warning("dropping group from %s with %d samples; this run uses group_size %d",

@@ -13,7 +13,7 @@ import os
 
 from streamrl import config as config_lib
 from streamrl.algo import mgrpo
-from streamrl.run import jsonfiles, storage
+from streamrl.run import fingerprint, jsonfiles, storage
 from streamrl.telemetry.trackers import Trackers
 
 SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
@@ -28,6 +28,7 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.dir / "checkpoints"
         self._write(self.dir / "config.yaml", config_lib.dump(cfg))
+        fingerprint.record(cfg)  # once, at the run's first start: what a resume must keep
         self._write(self.dir / "summary.json", json.dumps({"status": "running"}).ljust(SUMMARY_RESERVE_BYTES) + "\n")
         self.rewards: list[float] = []
         self.mgrpo = cfg.mgrpo.enabled

@@ -19,7 +19,7 @@ from streamrl.learner.intake import Intake
 from streamrl.learner.ranks import Ranks
 from streamrl.learner.runlog import RunLog
 from streamrl.learner.weights import LearnerWeights
-from streamrl.run import storage
+from streamrl.run import fingerprint, storage
 from streamrl.telemetry import exporter, prometheus_metrics, trackers
 
 log = logging.getLogger("streamrl.learner")
@@ -56,6 +56,10 @@ class Session:
                                       vocab_size, self.curve)
         self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
         self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
+        mine = fingerprint.of(cfg)
+        self.weights.publisher.admit = lambda actor, theirs: (
+            None if theirs is None or not (diff := fingerprint.differences(mine, theirs)) else
+            f"its settings differ from the learner's ({'; '.join(diff)})")
         gate = self.gate
         self.intake = Intake(self.receiver, self.weights.publisher, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),

@@ -469,6 +469,9 @@ class Config(_Section):
 
     def __post_init__(self) -> None:
         self._check_reward_scale()
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            raise ValueError(f"name={self.name!r}: must be one folder name (not empty, '.' or '..'; no '/' or '\\'): "
+                             "the run directory is run_dir/name")
         self._check_r_min_correct()
         if self.mgrpo.augment is not None and self.mgrpo.augment != self.actors.group_size - 1:
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "

@@ -279,6 +279,9 @@ class WeightPublisher:
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
+        self.admit: Callable[[str, dict | None], str | None] | None = None
+        """Given a request's actor_id and fingerprint: None to admit the actor, else one line why it is refused."""
+        self.refused_actors: dict[str, str] = {}  # actor_id -> why (bounded like peers)
         self.settle_s = 0.0
         """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
         self.copy_s = 0.0
@@ -458,6 +461,14 @@ class WeightPublisher:
             except wire.WireError as e:
                 self.rejected(e)
                 continue
+            if self.admit is not None and (refusal := self.admit(msg.actor_id, msg.fingerprint)) is not None:
+                if msg.actor_id not in self.refused_actors and len(self.refused_actors) < MAX_SESSIONS:
+                    self.refused_actors[msg.actor_id] = refusal
+                    log.error("refused %s: %s", msg.actor_id, refusal)
+                self.rejected.counts["fingerprint_mismatch"] += 1
+                self.router.send_multipart([identity, *wire.encode(wire.Shutdown(reason=wire.REFUSED + refusal))],
+                                           copy=False)
+                continue
             if len(self.peers) < MAX_SESSIONS:
                 self.peers.add(bytes(identity.buffer))
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
@@ -532,6 +543,7 @@ class WeightSubscriber:
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self.fingerprint: dict | None = None  # sent with every request: the learner's handshake
         self.learner: str | None = None  # the learner life whose weights we hold
         self.learner_restarts = 0
         self.max_version_bytes = max_version_bytes
@@ -548,8 +560,8 @@ class WeightSubscriber:
     def request(self, have_version: int) -> None:
         """Ask for the newest weights; dropped if no learner connection can take it now (it is asked again)."""
         try:
-            self.dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id=self.actor_id,
-                                                                      have_version=have_version)), zmq.NOBLOCK)
+            self.dealer.send_multipart(wire.encode(wire.WeightsRequest(
+                actor_id=self.actor_id, have_version=have_version, fingerprint=self.fingerprint)), zmq.NOBLOCK)
         except zmq.Again:
             pass
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from itertools import accumulate
-from typing import Annotated, Literal, Sequence, Union
+from typing import Annotated, Any, Literal, Sequence, Union
 
 import msgspec
 import numpy as np
@@ -158,10 +158,17 @@ class WeightsRequest(Struct, tag="weights_request", kw_only=True):
     schema: int = SCHEMA_VERSION
     actor_id: str
     have_version: int = -1
+    fingerprint: dict[str, Any] | None = None
+    """The settings that shape the actor's model, data and rewards (streamrl.run.fingerprint); the learner
+    refuses an actor whose differ from its own (absent: an actor from before the handshake, admitted)."""
+
+
+REFUSED = "refused: "  # a Shutdown reason with this prefix: the learner refused this actor (the rest says why)
 
 
 class Shutdown(Struct, tag="shutdown", kw_only=True):
-    """The learner is done; actors finish their current group and exit."""
+    """The learner is done; actors finish their current group and exit. A reason starting with REFUSED is sent to
+    one actor the learner will not train on; that actor exits with an error naming the reason."""
 
     schema: int = SCHEMA_VERSION
     reason: str = "done"

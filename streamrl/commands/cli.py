@@ -310,10 +310,17 @@ def _task_report(cfg: config_lib.Config) -> str | None:
 def before_start(cfg: config_lib.Config, args, name: str) -> bool:
     """The checks of `streamrl.run.preflight` for this command: each problem one line on stderr; False stops it."""
     errors, warnings = preflight.problems(cfg, args.command, getattr(args, "index", 0))
-    if args.command == "learner" and os.environ.get("RANK", "0") == "0" and (refusal := preflight.existing_run(cfg)):
+    claim = None if errors else run_claim(cfg, args)
+    if claim:
+        errors.append(claim)
+    elif args.command == "learner" and os.environ.get("RANK", "0") == "0" and (refusal := preflight.existing_run(cfg)):
         if args.overwrite:
-            print(f"streamrl {name}: moved the earlier run aside to {preflight.move_aside(cfg.run_path)}",
-                  file=sys.stderr)
+            if not errors:  # never a live run (it holds the lock) nor before every other check passed
+                from streamrl.run import lock
+
+                print(f"streamrl {name}: moved the earlier run aside to {preflight.move_aside(cfg.run_path)}",
+                      file=sys.stderr)
+                lock.take(cfg.run_path, "--overwrite")  # the held lock moved with the old run
         else:
             errors.append(refusal)
     if args.command == "check" and (refusal := preflight.existing_run(cfg)):
@@ -330,6 +337,36 @@ def before_start(cfg: config_lib.Config, args, name: str) -> bool:
         print(f"streamrl check: CurveZMQ encryption and authentication on (keys in {cfg.transport.curve_keys})",
               file=sys.stderr)
     return not errors
+
+
+def run_claim(cfg: config_lib.Config, args) -> str | None:
+    """The run directory for this command (streamrl.run.lock, streamrl.run.fingerprint): `run` and a learner started
+    alone (rank 0) lock it for their life; a locked run, or a resume whose settings would corrupt the run, is refused
+    (one line). An accepted resume states the settings it changes and records them in the run."""
+    from streamrl.run import fingerprint, lock
+
+    name = "learner" if args.command == "learner" else args.command
+    if args.command == "actor" or os.environ.get("RANK", "0") != "0" or lock.held_for_me(cfg.run_path):
+        return None  # an actor, a learner's other rank, or a learner `streamrl run` started under its own lock
+    purpose = ("--overwrite" if getattr(args, "overwrite", False) else "learner.resume=true" if cfg.learner.resume
+               else "a second run")
+    try:
+        if args.command == "check":
+            if holder := lock.live_holder(cfg.run_path):
+                return f"{cfg.run_path} is in use by a live run ({holder})"
+        else:
+            lock.take(cfg.run_path, purpose)
+    except lock.RunLocked as e:
+        return str(e)
+    if not cfg.learner.resume:
+        return None
+    if problem := fingerprint.resume_problem(cfg):
+        return problem
+    changes = fingerprint.compare(cfg)[1] if args.command == "check" else fingerprint.accept(cfg)
+    if changes:
+        print(f"streamrl {name}: resuming with changed settings (applied): {fingerprint.describe(changes)}",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def _tool(args) -> int:

@@ -47,7 +47,6 @@ def preload(cfg) -> None:
     else:
         from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
     from streamrl.comm import transport, wire  # noqa: F401
-    from streamrl.models import model, sampling
 
 
 class Forked:
@@ -105,7 +104,7 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str], die_with_parent)
         die_with_parent()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # a resume goes on after the old log
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(fd, 1)

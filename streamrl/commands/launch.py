@@ -26,7 +26,7 @@ from streamrl import config as config_lib
 from streamrl import resources
 from streamrl.commands import forked
 from streamrl.config import Config
-from streamrl.run import preflight
+from streamrl.run import fingerprint, lock, preflight
 from streamrl.run.placement import actor_gpus
 from streamrl.telemetry.startup import SPAWNED_AT, Phases
 
@@ -205,14 +205,18 @@ def spawn(args: list[str], log_path: Path, ranks: int = 1, env_extra: dict[str, 
     """`streamrl ARGS` in a session of its own; with ranks > 1 under torchrun, one process per rank.
     `env_extra` adds to (or overrides) the inherited environment, e.g. the process's GPUs.
     fork: forked from this process (after `forked.preload`) instead of a fresh interpreter."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", SPAWNED_AT: repr(time.time()), **(env_extra or {})}
+    with open(log_path, "a") as log:  # where this start begins in a log a resumed run appends to
+        log.write(f"--- streamrl {' '.join(args)} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid of the "
+                  f"supervisor {os.getpid()})\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", SPAWNED_AT: repr(time.time()), lock.HELD_BY: str(os.getpid()),
+           **(env_extra or {})}
     if fork and ranks == 1:
         return forked.spawn(args, log_path, env, _die_with_parent)
     launcher = [sys.executable, "-m", "streamrl"]
     if ranks > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                     "--master_port", str(free_ports(1)[0]), "-m", "streamrl"]
-    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+    with open(log_path, "a") as log:  # the child keeps its own copy; a resumed run's log goes on after the old one
         return subprocess.Popen([*launcher, *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env,
                                 preexec_fn=_die_with_parent)
@@ -299,6 +303,11 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     except config_lib.ConfigError as e:
         print(f"streamrl: config error: {e}", file=sys.stderr)
         return 2
+    if cfg.actors.num == 0:
+        print("streamrl: config error: actors.num=0: `streamrl run` needs at least one actor (the learner would wait "
+              "for groups nobody sends); start actors elsewhere with `streamrl learner` + `streamrl actor`",
+              file=sys.stderr, flush=True)
+        return 2
     cfg = with_free_ports(cfg)
     run_dir = cfg.run_path
     if refusal := preflight.existing_run(cfg):
@@ -306,10 +315,12 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
             print(f"streamrl: {refusal}", file=sys.stderr, flush=True)
             return 2
         print(f"streamrl: moved the earlier run aside to {preflight.move_aside(run_dir)}", file=out, flush=True)
+        lock.take(run_dir, "--overwrite")  # the lock held on the old directory moved aside with it
     try:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         cfg_file = run_dir / "config.yaml"
         cfg_file.write_text(config_lib.dump(cfg))
+        fingerprint.record(cfg)
     except OSError as e:
         print(f"streamrl: cannot write the run directory {run_dir}: {e.strerror or e}", file=sys.stderr, flush=True)
         return 2
@@ -332,6 +343,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         print(f"streamrl: GPUs (CUDA_VISIBLE_DEVICES): {'; '.join(where)}", file=out, flush=True)
 
     procs: list[subprocess.Popen] = []
+    waits = _Waits(run_dir / "logs" / "learner.log", out)
     interrupts = {"n": 0, "signal": None}
 
     def on_interrupt(signum, frame):
@@ -340,6 +352,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         print("\nstreamrl: stopping (Ctrl-C again to kill)" if interrupts["n"] == 1 else "\nstreamrl: killing",
               file=out, flush=True)
         if interrupts["n"] == 1:
+            waits.stopping()
             if procs:
                 procs[0].send_signal(signal.SIGTERM)
         else:
@@ -372,6 +385,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         for line in tail.lines():
             if hash(line) in old_lines:
                 continue
+            waits.progressed()
             rec = json.loads(line)
             if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
                 print(progress_line(rec, cfg.steps, cfg.max_staleness), file=out, flush=True)
@@ -379,6 +393,13 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     try:
         while learner.poll() is None:
             show_progress()
+            if interrupts["n"] == 1 or failure is not None:
+                if (limit := waits.stop_overdue(learner.pid)) is not None:  # stopped or hung: one Ctrl-C ends the run
+                    print(f"streamrl: the learner did not stop within {limit:.0f}s; killing it", file=out, flush=True)
+                    _kill(learner)
+                    continue
+            else:
+                waits.tell(sum(p.poll() is None for p in actors), len(actors))
             for i, p in enumerate(actors):
                 if p.poll() not in (None, 0) and i not in reported:
                     reported.add(i)
@@ -389,6 +410,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
             if actors and failure is None and len(reported) == len(actors):
                 failure = "every actor failed"
                 print(f"streamrl: {failure}; stopping the learner", file=out, flush=True)
+                waits.stopping()
                 learner.send_signal(signal.SIGTERM)
             time.sleep(0.2)
         show_progress()
@@ -400,6 +422,9 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
 
     summary_path = run_dir / "summary.json"
     s = _read_summary(summary_path)
+    if s is None and learner.returncode < 0:  # killed before it could write its own: the record says so
+        _write_killed_summary(summary_path, run_dir, _child_failure("learner", learner.returncode,
+                                                                    run_dir / "logs" / "learner.log"))
     code, line = outcome(learner.returncode, s, interrupts["signal"], failure, run_dir / "logs" / "learner.log")
     if line is not None:
         print(f"streamrl: {line}", file=out, flush=True)
@@ -418,6 +443,88 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
                   f"first verified correction (step {m['first_correction_step']}) on, {m['layer2_groups']} groups",
                   file=out, flush=True)
     return code
+
+
+STOP_GRACE_S = 30.0  # a learner asked to stop that is not running at all (SIGSTOP, traced) is killed after this
+STOP_LIMIT_S = 300.0  # any learner asked to stop is killed after this (a big model's final checkpoint fits in it)
+WAIT_NOTE_S = 15.0  # with no new step for this long, the supervisor says what the run is waiting for
+
+
+class _Waits:
+    """What `streamrl run` says while nothing visible happens: what the run waits for, every WAIT_NOTE_S."""
+
+    def __init__(self, learner_log: Path, out):
+        self.learner_log, self.out = learner_log, out
+        self.since = self.last_note = time.monotonic()
+        self.stop_asked: float | None = None
+        self.steps = 0
+
+    def progressed(self) -> None:
+        self.since = self.last_note = time.monotonic()
+        self.steps += 1
+
+    def stopping(self) -> None:
+        self.stop_asked = self.stop_asked or time.monotonic()
+
+    def stop_overdue(self, pid: int) -> float | None:
+        """The seconds after which the learner (process `pid`), asked to stop, is overdue and is killed; None
+        while it is not."""
+        now = time.monotonic()
+        frozen = _process_state(pid) in ("T", "t")  # stopped or traced: it cannot stop by itself
+        limit = STOP_GRACE_S if frozen else STOP_LIMIT_S
+        if now - self.last_note > WAIT_NOTE_S:
+            self.last_note = now
+            state = "it is stopped (SIGSTOP) and cannot" if frozen else "it finishes its step and checkpoints"
+            print(f"streamrl: waiting for the learner to stop ({state}; killed after {limit:.0f}s) "
+                  f"[{now - self.stop_asked:.0f}s]", file=self.out, flush=True)
+        return limit if now - self.stop_asked > limit else None
+
+    def tell(self, alive: int, actors: int) -> None:
+        now = time.monotonic()
+        if now - self.last_note < WAIT_NOTE_S:
+            return
+        self.last_note = now
+        try:
+            ready = "learner ready" in self.learner_log.read_text(errors="replace")
+        except OSError:
+            ready = False
+        what = ("the learner's start (model, DeepSpeed, sockets)" if not ready else
+                f"{'the first' if not self.steps else 'the next'} step: the learner waits for groups from the "
+                f"actors ({alive} of {actors} running; their logs: {self.learner_log.parent}/actor-*.log)")
+        print(f"streamrl: waiting for {what} [{now - self.since:.0f}s]", file=self.out, flush=True)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, D, T, Z, ...); "" when it cannot be read."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _kill(p) -> None:
+    try:
+        p.send_signal(signal.SIGCONT)  # a stopped process dies only once it runs again
+        p.kill()
+    except (ProcessLookupError, OSError):
+        pass
+    p.wait()
+
+
+def _write_killed_summary(path: Path, run_dir: Path, why: str) -> None:
+    """summary.json for a learner that died by a signal (its own summary never got written)."""
+    from streamrl.run import jsonfiles
+
+    try:
+        with open(run_dir / "metrics.jsonl") as f:
+            steps = sum(1 for line in f if line.strip())
+    except OSError:
+        steps = 0
+    try:
+        jsonfiles.write(path, {"status": "failed", "error": why, "steps": steps, "stopped_early": True,
+                               "written_by": "streamrl run (the learner could not write it)"})
+    except OSError:
+        pass
 
 
 def _line_hashes(path: Path) -> set[int]:

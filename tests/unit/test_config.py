@@ -212,9 +212,16 @@ def test_overrides_for_rebuilds_an_equal_config(overrides):
 @pytest.mark.parametrize("text", ["null", "yes", "123", "1e3", "a b", "a: b", "#x", "[1]", "", "~", "...",
                                   "x=y", "it's", "é", "a\nb", "x" * 200])
 def test_overrides_for_keeps_strings_that_look_like_other_yaml(text):
-    cfg = msgspec.structs.replace(load(None), name=text, run_dir=text)
+    name = text or "empty"  # an empty run name is refused (test_a_run_name_must_be_one_folder_name)
+    cfg = msgspec.structs.replace(load(None), name=name, run_dir=text)
     back = load(None, config.overrides_for(cfg))
-    assert back.name == text and back.run_dir == text
+    assert back.name == name and back.run_dir == text
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../escape", "a/b", "/abs", "a\\b"])
+def test_a_run_name_must_be_one_folder_name(name):
+    with pytest.raises(config.ConfigError, match="must be one folder name"):
+        load(None, [f"name={name}"])
 
 
 def test_dump_is_yaml_that_loads_back(tmp_path):
