@@ -56,3 +56,25 @@ def distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) ->
 def build(cfg):
     """The task a `TaskConfig` names (every task class has `from_config`)."""
     return TASKS.get(cfg.name).from_config(cfg)
+
+
+class RowsTask:
+    """A task over data rows: `train` (rows), `eval_rows` (None without an eval file) and `prompt(row)`."""
+
+    train: list
+    eval_rows: list | None
+
+    def prompt(self, row) -> Prompt:
+        raise NotImplementedError
+
+    def sample(self, rng: random.Random) -> Prompt:
+        return self.prompt(rng.choice(self.train))
+
+    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
+        """The first `size` rows of the eval file (None: every row), else `size` distinct prompts from `sample`."""
+        if self.eval_rows is not None:
+            return [self.prompt(r) for r in self.eval_rows[:size]]
+        if size is None:
+            raise ValueError("eval.prompts=all: needs task.eval_data (only a file has a fixed size); "
+                             "give a number of prompts")
+        return distinct(self.sample, size, seed)

@@ -11,13 +11,12 @@ unscored) or, for a continuous reward, the buckets of `reward.bucket_edges`.
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import msgspec
 
 from streamrl.tasks import data
-from streamrl.tasks.base import Prompt, distinct, render
+from streamrl.tasks.base import Prompt, RowsTask, render
 from streamrl.tasks.reward_functions import Call, Outcome, RewardFunctions
 
 ROLES = ("system", "user", "assistant")
@@ -61,7 +60,7 @@ def converter(prompt_field: str):
     return convert
 
 
-class DatasetTask:
+class DatasetTask(RowsTask):
     """Prompts from a dataset; rewards from functions in TRL's signature (a group per call)."""
 
     grouped = True  # scored a group at a time (score_groups); `score` is the one-sample path (evaluation)
@@ -118,17 +117,6 @@ class DatasetTask:
         key = json.dumps([row.prompt, row.columns], sort_keys=True, default=str)
         return Prompt(id=f"data-{hash_text(key):016x}", text=text, messages=row.prompt if chat else (),
                       columns=row.columns)
-
-    def sample(self, rng: random.Random) -> Prompt:
-        return self.prompt(rng.choice(self.train))
-
-    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
-        """The first `size` rows of task.eval_data (None: every row), else `size` distinct training prompts."""
-        if self.eval_rows is not None:
-            return [self.prompt(r) for r in self.eval_rows[:size]]
-        if size is None:
-            raise ValueError("eval.prompts=all: needs task.eval_data; give a number of prompts")
-        return distinct(self.sample, size, seed)
 
     @staticmethod
     def call(prompt: Prompt, texts: list[str], ids: list[list[int]]) -> Call:

@@ -13,7 +13,6 @@ side (a name, yes/no), the answers are compared as normalised strings (`normalis
 
 from __future__ import annotations
 
-import random
 import re
 import threading
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl.tasks import data
-from streamrl.tasks.base import Prompt, distinct
+from streamrl.tasks.base import Prompt, RowsTask
 
 TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
@@ -89,7 +88,7 @@ def final_answer(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-class MathAnswer:
+class MathAnswer(RowsTask):
     """Binary reward: the final answer equals the reference."""
 
     def __init__(self, data: str | None, eval_data: str | None = None, template: str = TEMPLATE):
@@ -114,17 +113,6 @@ class MathAnswer:
 
         return Prompt(id=f"math-{hash_text(row.problem):016x}", text=self.template.format(problem=row.problem),
                       target=(row.answer,))
-
-    def sample(self, rng: random.Random) -> Prompt:
-        return self.prompt(rng.choice(self.train))
-
-    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
-        """The first `size` rows of the eval file (None: every row), else `size` distinct training prompts."""
-        if self.eval_rows is not None:
-            return [self.prompt(r) for r in self.eval_rows[:size]]
-        if size is None:
-            raise ValueError("eval.prompts=all: needs task.eval_data; give a number of prompts")
-        return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
         got = final_answer(completion)

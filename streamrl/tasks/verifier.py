@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl.tasks import data
-from streamrl.tasks.base import Prompt, distinct
+from streamrl.tasks.base import Prompt, RowsTask
 
 PAIR_TEMPLATE = ("Question: {question}\nResponse A: {response_a}\nResponse B: {response_b}\n"
                  "Explain which response is correct, then rate each from 0 to 10 as A: <rating> B: <rating>")
@@ -147,7 +147,7 @@ def synthetic(rng: random.Random, single: bool) -> Example:
     return Example(question=question, response_a=str(wrong), label_a=0.0, response_b=str(right), label_b=1.0)
 
 
-class CodeVerifier:
+class CodeVerifier(RowsTask):
     """Pairwise (and a few single-response) judgements of code answers, rewarded by -BCE (or exp(-BCE)) on an
     ordinal scale."""
 
@@ -203,15 +203,6 @@ class CodeVerifier:
         if self.train is not None:
             return self.prompt(rng.choice(self.train))
         return self.prompt(synthetic(rng, single=rng.random() < self.single_fraction))
-
-    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
-        """The first `size` rows of the eval file (None: every row), or `size` distinct synthetic prompts."""
-        if self.eval_rows is not None:
-            return [self.prompt(ex) for ex in self.eval_rows[:size]]
-        if size is None:
-            raise ValueError("eval.prompts=all: needs task.eval_data (the synthetic set has no fixed size); "
-                             "give a number of prompts")
-        return distinct(self.sample, size, seed)
 
     def score(self, prompt: Prompt, completion: str) -> float:
         """The level q on [0, 1] (the ordinal scale shaping works on; the Reward then applies `to_reward`)."""
