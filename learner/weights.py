@@ -40,7 +40,7 @@ class LearnerWeights:
         before the ZeroMQ copy and send are done (see `settle`); the collective branch reads the
         weights here, synchronously."""
         t0 = time.perf_counter()
-        state = self.engine.full_state_dict()
+        state = self.engine.published_state()  # the adapters only, with LoRA
         collective = self.sync is not None and self.sync.formed()
         nbytes = self.publisher.publish(version, state, broadcast=not collective, wait=False)
         if collective:
