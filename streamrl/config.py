@@ -420,9 +420,6 @@ class Config(_Section):
         if self.actors.inflight_updates and self.actors.backend != "hf":
             raise ValueError(f"actors.inflight_updates=true: the {self.actors.backend} backend loads weights between "
                              "generate calls only; in-flight updates need actors.backend=hf")
-        if self.lora.rank and self.actors.backend == "sglang":
-            raise ValueError("lora.rank>0 with actors.backend=sglang: SGLang's LoRA path (load_lora_adapter per "
-                             "version) is not wired yet; use actors.backend=hf or vllm, or lora.rank=0")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

@@ -123,10 +123,14 @@ def write_adapter_folder(folder: str | Path, adapters: dict, lcfg, base: str | N
     if not tensors:
         raise ValueError(f"{folder}: no LoRA adapter tensors to write (the state holds no lora_A/lora_B)")
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    cfg = peft_config(lcfg, base).to_dict()
-    cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in cfg.items()}
-    (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, default=str))
+    (folder / CONFIG_FILE).write_text(json.dumps(adapter_config(lcfg, base), indent=2))
     return folder
+
+
+def adapter_config(lcfg, base: str | None) -> dict:
+    """adapter_config.json's content (peft's LoraConfig as JSON: sets become sorted lists)."""
+    cfg = peft_config(lcfg, base).to_dict()
+    return json.loads(json.dumps({k: (sorted(v) if isinstance(v, set) else v) for k, v in cfg.items()}, default=str))
 
 
 def read_adapter_folder(folder: str | Path) -> tuple[dict, dict]:

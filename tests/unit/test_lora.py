@@ -79,11 +79,6 @@ def test_an_empty_target_list_is_refused_by_the_config():
         config.load(None, ["lora.rank=4", "lora.target_modules=[]"])
 
 
-def test_lora_with_sglang_is_refused_until_its_path_is_wired():
-    with pytest.raises(config.ConfigError, match="sglang"):
-        config.load(None, ["lora.rank=4", "actors.backend=sglang"])
-
-
 def test_resume_refuses_a_checkpoint_of_the_other_kind():
     from types import SimpleNamespace
 
