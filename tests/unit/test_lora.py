@@ -111,3 +111,24 @@ def test_a_peft_adapter_folder_loads_in_peft_beside_the_release_shaped_base(rele
     merged.load_state_dict(lora.merged(m.state_dict(), cfg.lora), strict=True)
     with torch.no_grad():
         assert torch.allclose(merged(ids).logits, m(ids).logits, atol=1e-5)
+
+
+def test_export_gives_merged_base_weights_or_a_peft_folder_from_a_checkpoint(tmp_path):
+    from streamrl.learner.checkpoints import write_policy
+
+    m, _, cfg = _build()
+    _nudge(m)
+    tag = tmp_path / "step-3"
+    tag.mkdir()
+    write_policy(tag / "policy.safetensors", m.state_dict())
+    plain, _ = model.build(config.load(None, []))
+    plain.load_state_dict(lora.export(tag, cfg, merge=True), strict=True)
+    ids = torch.tensor([[2, 5, 6, 7]])
+    assert torch.allclose(plain(ids).logits, m(ids).logits, atol=1e-5)
+    folder = lora.export(tag, cfg, tmp_path / "adapter")
+    read, adapter_cfg = lora.read_adapter_folder(folder)
+    assert adapter_cfg["base_model_name_or_path"] == lora.base_name(cfg)
+    assert all(torch.equal(read[k], v) for k, v in lora.published(m.state_dict()).items())
+    write_policy(tag / "policy.safetensors", plain.state_dict())
+    with pytest.raises(ValueError, match="not a LoRA checkpoint"):
+        lora.export(tag, cfg, merge=True)
