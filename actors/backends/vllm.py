@@ -142,7 +142,7 @@ class VLLMBackend:
         """Figures for the actor's stats: engine start (s), weight updates (mean and max ms), generation
         throughput (completion tokens per second of generate calls, the first call excluded)."""
         ms = [s * 1000 for s in self.update_s]
-        return {"backend": "vllm", "update_mode": UPDATE_MODE, "start_s": round(self.start_s, 2),
+        return {"backend": "vllm", "update_mode": "lora_request" if self.lora is not None else UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from procs import FREE_PORTS, metrics, streamrl, summary
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 VLLM_MODEL = ["actors.backend=vllm", "model.hidden_size=128", "model.num_heads=2"]  # CPU attention: head_dim 64
@@ -72,6 +73,22 @@ def test_an_adapter_version_gives_the_engine_the_learners_adapted_logprobs(tmp_p
         print(f"\nvllm LoRA probe ({time.perf_counter() - t0:.0f} s): {json.dumps(res)}")
     assert res["gap_base"] < 1e-3
     assert res["logprobs_changed"] and res["gap_after_adapter_vs_adapted_model"] < 1e-3
+
+
+def test_a_lora_run_with_a_vllm_actor_trains_strictly_on_policy_on_adapter_versions(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    streamrl("run", "name=vllm-lora", f"run_dir={tmp_path / 'runs'}", "steps=6", "on_policy=strict",
+             "learner.batch_groups=4", "actors.num=1", f"actors.temperature={TEMPERATURE}", "actors.weights_timeout_s=600",
+             *VLLM_MODEL, "lora.rank=8", "optim.lr=3e-3", "monitoring.learner_port=0", "monitoring.actor_port=0",
+             *FREE_PORTS, cwd=tmp_path, timeout=590)
+    run = tmp_path / "runs" / "vllm-lora"
+    recs = metrics(run)
+    # lag 0 and ratios at 1 on every step: each adapter version reached the engine before it sampled
+    assert len(recs) == 6 and all(r["lag_max"] == 0 and r["is_ratio_max_abs_dev"] < 1e-4 for r in recs)
+    assert summary(run)["publish_bytes_per_version"] < 200_000  # the adapters, not the model
+    assert "'update_mode': 'lora_request'" in (run / "logs" / "actor-0.log").read_text()
 
 
 if __name__ == "__main__":
