@@ -46,3 +46,17 @@ def test_the_strict_self_check_holds_at_lag_0_with_lora(run_job):
     recs = metrics(run)
     assert len(recs) == 6 and all(r["lag_max"] == 0 for r in recs)
     assert max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4  # strict mode stopped the run otherwise
+
+
+def test_the_tiny_lora_recipe_learns_the_default_task(run_job):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny-lora.yaml"
+    cfg = config.load(recipe)
+    targets = ",".join(cfg.lora.target_modules)
+    run = run_job(f"lora.rank={cfg.lora.rank}", f"optim.lr={cfg.optim.lr}", f"lora.target_modules=[{targets}]",
+                  name="tiny-lora", timeout=600)
+    s = summary(run)
+    # as the default job's test asks of full fine-tuning: the last 10% beat the first by 20% of the range
+    assert s["improvement_fraction_of_range"] >= 0.2, s
+    assert s["publish_bytes_per_version"] < 100_000  # 72 KB of adapters (and framing), not the 408 KB model
