@@ -60,3 +60,12 @@ def test_the_tiny_lora_recipe_learns_the_default_task(run_job):
     # as the default job's test asks of full fine-tuning: the last 10% beat the first by 20% of the range
     assert s["improvement_fraction_of_range"] >= 0.2, s
     assert s["publish_bytes_per_version"] < 100_000  # 72 KB of adapters (and framing), not the 408 KB model
+
+
+def test_a_strict_lora_run_over_the_collective_broadcasts_the_adapters(run_job):
+    run = run_job("lora.rank=8", "optim.lr=1e-3", "on_policy=strict", "transport.weight_sync=collective", "steps=8",
+                  name="lora-collective")
+    recs = metrics(run)
+    assert len(recs) == 8 and max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4
+    sync = summary(run)["weight_sync"]
+    assert sync["failed"] is None and sync["syncs"] >= 1  # versions went over the group, formed over the adapters
