@@ -21,6 +21,7 @@ from streamrl.comm import wire
 from streamrl.comm.security import Curve
 from streamrl.comm.transport import WeightSubscriber, endpoint
 from streamrl.config import Config
+from streamrl.models import lora
 from streamrl.run import fingerprint
 from streamrl.telemetry import exporter, prometheus_metrics
 
@@ -44,7 +45,7 @@ class ActorWeights:
 
             # Subscribed first: the learner announces its first collective version as soon as the group forms.
             self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,
-                                  t.weight_sync_rendezvous_s, model.state_dict())
+                                  t.weight_sync_rendezvous_s, lora.published(model.state_dict()))
             self.subscriber.collective = self.sync.receive
         self.version = 0
         """The policy version the backend holds (0 before any weights)."""

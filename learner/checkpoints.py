@@ -51,9 +51,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def save(directory: Path, tag: str, write_model: Callable[[str, str], None], state: dict,
-         policy: dict[str, torch.Tensor] | None = None) -> None:
+         policy: dict[str, torch.Tensor] | None = None, extra: Callable[[Path], None] | None = None) -> None:
     """write_model(directory, tag) writes DeepSpeed's files; state must be JSON-serialisable;
-    `policy` (full weights, {name: tensor}) goes to <tag>/policy.safetensors before the checkpoint is complete."""
+    `policy` (full weights, {name: tensor}) goes to <tag>/policy.safetensors and extra(<tag folder>) writes
+    more files (LoRA's adapter folder) before the checkpoint is complete."""
     folder = directory / tag
     was_complete = (folder / STATE).is_file()
     try:
@@ -61,6 +62,8 @@ def save(directory: Path, tag: str, write_model: Callable[[str, str], None], sta
         write_model(str(directory), tag)
         if policy is not None:
             write_policy(folder / POLICY, policy)
+        if extra is not None:
+            extra(folder)
         write_atomic(folder / STATE, json.dumps({**state, "tag": tag, "rng": rng_state()}))
     except BaseException as e:
         full = storage.is_disk_full(e, directory)  # before removing the partial files frees space
@@ -131,6 +134,19 @@ def model_mismatch(e: BaseException) -> str | None:
         if marker in text:
             at = text.index(marker)
             return text[at:].splitlines()[0].strip()[:300]
+
+
+def _lora_mismatch(engine, state: dict) -> str | None:
+    """Why a checkpoint cannot resume this run's LoRA setting (DeepSpeed loads a LoRA checkpoint non-strictly, so
+    a full-weights checkpoint would otherwise load into adapters it lacks without a word), or None."""
+    lora = getattr(engine, "lora", False)
+    saved = state.get("lora")
+    if lora and not saved:
+        return "a full fine-tuning checkpoint; this run has lora.rank > 0 (resume it with lora.rank=0)"
+    if saved and not lora:
+        return f"a LoRA checkpoint (rank {saved.get('rank')}, base {saved.get('base')}); this run has lora.rank=0"
+    if saved and lora and saved.get("rank") != engine.cfg.lora.rank:
+        return f"LoRA rank {saved.get('rank')}; this run has lora.rank={engine.cfg.lora.rank}"
     return None
 
 
@@ -145,7 +161,7 @@ def resume(engine, directory: Path) -> tuple[str, dict] | None:
     directory = Path(directory)
     skipped = []
     for tag, state in complete_newest_first(directory, warn=True):
-        problem = problem_with(directory / tag)
+        problem = problem_with(directory / tag) or _lora_mismatch(engine, state)
         if problem is None:
             try:
                 engine.load(str(directory), tag)

@@ -111,7 +111,10 @@ class Engine:
         # torch's AdamW, less the torch._dynamo import its first calls would make (1.8 s of start-up); under
         # ZeRO torch's own class, the exact type DeepSpeed's ZeRO optimizers accept
         adamw = AdamW if cfg.learner.zero_stage == 0 else torch.optim.AdamW
-        optimizer = adamw(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.lora = cfg.lora.rank > 0
+        # LoRA: only the adapters have gradients and optimizer state; the base is frozen (model.build)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = adamw(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         warmup = math.ceil(o.warmup_ratio * cfg.steps) if o.warmup_ratio else o.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, warmup, cfg.steps, o.schedule))
@@ -128,8 +131,10 @@ class Engine:
             "zero_optimization": {"stage": cfg.learner.zero_stage, **(
                 {} if cfg.learner.zero3_persistence_threshold is None
                 else {"stage3_param_persistence_threshold": cfg.learner.zero3_persistence_threshold})},
-            "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
-            "fp16": {"enabled": cfg.model.dtype == "float16"},
+            # LoRA keeps the frozen base in model.dtype and trains fp32 adapters: DeepSpeed's half precision
+            # would cast the whole module (adapters included) to it
+            "bf16": {"enabled": cfg.model.dtype == "bfloat16" and not self.lora},
+            "fp16": {"enabled": cfg.model.dtype == "float16" and not self.lora},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
@@ -294,8 +299,17 @@ class Engine:
 
         return learning_signal.weight_stats(shards, reduce)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All weights. Under ZeRO-3 a collective (every rank must call it): each parameter is
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """What a version carries: the LoRA adapters only (nothing of the frozen base is gathered or
+        copied), or all weights without LoRA. A collective under ZeRO-3, as full_state_dict."""
+        if not self.lora:
+            return self.full_state_dict()
+        from streamrl.models.lora import is_adapter
+
+        return self.full_state_dict(is_adapter)
+
+    def full_state_dict(self, only: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+        """All weights (`only`: those whose name it accepts). Under ZeRO-3 a collective (every rank must call it): each parameter is
         gathered in turn and only rank 0 copies it to the CPU, so no rank ever holds a full copy
         beyond rank 0's result (the others get {}).
 
@@ -308,6 +322,8 @@ class Engine:
             state: dict[str, torch.Tensor] = {}
             copies: dict[int, torch.Tensor] = {}  # tied weights: one gather and one copy
             for name, t in self.engine.module.state_dict(keep_vars=True).items():
+                if only is not None and not only(name):
+                    continue
                 if id(t) not in copies:
                     if hasattr(t, "ds_id"):  # a partitioned parameter
                         with deepspeed.zero.GatheredParameters([t], modifier_rank=None):
@@ -321,18 +337,19 @@ class Engine:
             # state_dict() walks every module (~0.2 ms on the tiny model, more than copying its weights);
             # the Parameter objects stay, and `.data` reads whatever tensor DeepSpeed has put behind them.
             self._state_vars = self.engine.module.state_dict(keep_vars=True)
-        return {k: v.data for k, v in self._state_vars.items()}
+        return {k: v.data for k, v in self._state_vars.items() if only is None or only(k)}
 
     def save(self, directory: str, tag: str) -> None:
         """Model, optimizer and scheduler under directory/tag; `latest` is left to learner.checkpoints."""
-        self.engine.save_checkpoint(directory, tag=tag, save_latest=False)
+        # LoRA: the frozen base is not saved (model.build makes it again from model.path or the seed)
+        self.engine.save_checkpoint(directory, tag=tag, save_latest=False, exclude_frozen_parameters=self.lora)
         if self.world > 1:  # every rank's shard is on disk before rank 0 marks the checkpoint complete
             import torch.distributed as dist
 
             dist.barrier()
 
     def load(self, directory: str, tag: str) -> None:
-        path, _ = self.engine.load_checkpoint(directory, tag=tag)
+        path, _ = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=not self.lora)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {directory}/{tag}")
         self._state_vars = None  # whatever loading replaced, the next publish looks again

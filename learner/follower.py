@@ -17,11 +17,11 @@ log = logging.getLogger("streamrl.learner")
 def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: int, learner_version: int) -> dict:
     gathers = cfg.learner.zero_stage == 3  # below ZeRO-3 rank 0 reads full weights alone
     if gathers:
-        engine.full_state_dict()                       # rank 0's first publish
+        engine.published_state()                       # rank 0's first publish
     while (cmd := ranks.receive(engine)).kind == STEP:  # broadcast → train on our share → gather outputs
         due = schedule.due(step, learner_version, cfg)
         if gathers and due.publish:
-            engine.full_state_dict()
+            engine.published_state()
         if gathers and due.weight_stats:
             engine.weight_stats()
         if gathers and due.evaluate:

@@ -4,6 +4,7 @@ version, last checkpoint) lives in `Position`, the one object the loop advances.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -71,8 +72,13 @@ class Session:
         # so weight requests are still answered from them (settle would stop that until the next publish).
         self.weights.flush()
         state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting()}
-        checkpoints.save(self.runlog.checkpoints, f"step-{self.at.step}", self.engine.save, state,
-                         self.engine.full_state_dict())
+        policy, extra = self.engine.full_state_dict(), None
+        if self.cfg.lora.rank:  # the adapter as a PEFT folder naming its base, beside the whole policy
+            from streamrl.models import lora
+
+            state["lora"] = {"rank": self.cfg.lora.rank, "alpha": self.cfg.lora.alpha, "base": lora.base_name(self.cfg)}
+            extra = functools.partial(lora.save_in_checkpoint, adapters=lora.published(policy), cfg=self.cfg)
+        checkpoints.save(self.runlog.checkpoints, f"step-{self.at.step}", self.engine.save, state, policy, extra)
         self.at.saved_at = self.at.step
 
     def close(self, error: BaseException | None) -> tuple[dict, BaseException | None]:

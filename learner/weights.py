@@ -33,6 +33,8 @@ class LearnerWeights:
         # A publish copies and sends in the background during the next forward/backward: the
         # optimizer step waits for that copy before it changes the parameters the copy reads.
         engine.before_step = self.publisher.settle
+        self.last_bytes = 0
+        """Bytes of the last version published (the adapters only, with LoRA)."""
 
     def publish(self, version: int) -> None:
         """Send the engine's weights as `version`: over the collective once its group has formed
@@ -40,7 +42,7 @@ class LearnerWeights:
         before the ZeroMQ copy and send are done (see `settle`); the collective branch reads the
         weights here, synchronously."""
         t0 = time.perf_counter()
-        state = self.engine.full_state_dict()
+        state = self.engine.published_state()  # the adapters only, with LoRA
         collective = self.sync is not None and self.sync.formed()
         nbytes = self.publisher.publish(version, state, broadcast=not collective, wait=False)
         if collective:
@@ -48,6 +50,7 @@ class LearnerWeights:
             if not self.sync.send(version, state):
                 self.publisher.publish(version, state, wait=False)
         self.telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+        self.last_bytes = nbytes
 
     def settle(self) -> None:
         """Wait until the last publish has copied the weights (before anything changes or saves them)."""
@@ -73,8 +76,9 @@ class LearnerWeights:
         self.publisher.close()
 
     def report(self) -> dict:
-        """For the run's summary: the collective's record (versions over it, their time, why it was left)."""
-        return {"weight_sync": self.sync.report()} if self.sync else {}
+        """For the run's summary: bytes of the last version, and the collective's record (versions over it, their
+        time, why it was left)."""
+        return {"publish_bytes_per_version": self.last_bytes, **({"weight_sync": self.sync.report()} if self.sync else {})}
 
 
 def _collective(cfg: Config):

@@ -423,6 +423,24 @@ class DifficultyConfig(_Section):
             raise ValueError(f"low={self.low}: must be below high ({self.high}); kept prompts have low <= rate <= high")
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(_Section):
+    rank: NonNegInt = 0
+    """LoRA rank r of every adapter; 0: off (full fine-tuning). With it on, only the adapters train and travel to actors."""
+    alpha: PositiveFloat = 16.0
+    """LoRA scaling numerator: an adapter adds (alpha / rank) * B @ A to its frozen base weight."""
+    dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    """Dropout on an adapter's input while training (the learner's log-probs then differ from the actors' by it)."""
+    target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+    """Module names (last component, as peft matches them) that get an adapter; the default is every decoder projection."""
+
+    def __post_init__(self) -> None:
+        if not self.target_modules:
+            raise ValueError("target_modules=[]: name at least one module (e.g. q_proj, v_proj), or set rank=0")
+
+
 class Config(_Section):
     name: str = "tiny"
     """Run name: the run directory is run_dir/name."""
@@ -466,6 +484,8 @@ class Config(_Section):
     """Difficulty filtering: drop prompts that are almost always or almost never solved."""
     grader: GraderConfig = msgspec.field(default_factory=GraderConfig)
     """Rubric grader (the `streamrl.tasks.graders:rubric` reward): an OpenAI-compatible endpoint scoring 1..N."""
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
+    """LoRA: train low-rank adapters on a frozen base and send actors only the adapters (rank 0: full fine-tuning)."""
 
     def __post_init__(self) -> None:
         self._check_reward_scale()

@@ -14,7 +14,22 @@ def hf_folder(cfg, model, tokenizer) -> str:
     if not hasattr(model, "save_pretrained"):  # streamrl's tiny Llama: saved as transformers' Llama it mirrors
         from streamrl.models.tiny_llama import to_transformers
 
-        model = to_transformers(model)
+        model = to_transformers(_base_of(model, cfg))
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def _base_of(model, cfg):
+    """With LoRA, the frozen base alone (the engine takes each version's adapters through its LoRA API):
+    a plain tiny Llama holding the base weights (the adapters folded in, a no-op while lora_B is zero)."""
+    from streamrl.models import lora
+
+    state = model.state_dict()
+    if not lora.has_adapters(state):
+        return model
+    from streamrl.models.tiny_llama import TinyLlamaForCausalLM
+
+    plain = TinyLlamaForCausalLM(model.config).to(next(iter(state.values())).dtype)
+    plain.load_state_dict(lora.merged(state, cfg.lora), strict=True)
+    return plain

@@ -9,7 +9,7 @@ import torch
 
 from streamrl.actors.backends.base import BACKENDS, Completion
 from streamrl.comm import chunks
-from streamrl.models import sampling
+from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 
 
@@ -24,6 +24,8 @@ class HFBackend:
         self.model = model.to(self.device).eval()
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = end_token_ids(model, tokenizer)  # every end token of the model's generation config
+        # What a version replaces: with LoRA the adapters only (the frozen base never changes), else everything.
+        self.targets = lora.published(self.model.state_dict())
 
     def generate(self, prompts: list[list[int]], n: int,
                  between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
@@ -35,6 +37,12 @@ class HFBackend:
     @torch.no_grad()
     def load_weights(self, state: dict) -> None:
         if isinstance(state, chunks.Received):  # every piece straight from the frames it came in: one copy
-            state.copy_into(self.model.state_dict())
+            state.copy_into(self.targets)
+        elif len(self.targets) < len(self.model.state_dict()):  # LoRA: exactly the adapters, nothing of the base
+            if set(state) != set(self.targets):
+                raise ValueError(f"weights: the version's tensors differ from the model's adapters (missing "
+                                 f"{sorted(set(self.targets) - set(state))[:5]}, unexpected {sorted(set(state) - set(self.targets))[:5]})")
+            for name, t in state.items():
+                self.targets[name].copy_(t)
         else:
             self.model.load_state_dict(state, strict=True)

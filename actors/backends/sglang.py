@@ -13,6 +13,10 @@ with the last bucket. Each of these calls returns `(success, message)` instead o
 one raises here (after closing the session), so an actor never stamps a new version on samples of
 the old or a partly loaded set of weights.
 
+With LoRA (`lora.rank` > 0) the engine starts on the plain base with `enable_lora`, and each version (the
+adapters only) is loaded from memory as a new named adapter (`load_lora_adapter_from_tensors`, PEFT's tensor
+names and adapter config), the previous one unloaded, and every request names the newest (`lora_path`).
+
 Every call used here is pinned by tests against a fake with the same signatures
 (tests/unit/fake_sglang.py), checked against SGLang's released source by
 tests/unit/test_sglang_source.py, and written for a GPU in tests/gpu/test_sglang_engine.py.
@@ -54,13 +58,18 @@ class SGLangBackend:
             log_level="error",
             **({} if cfg.actors.gpu_memory_fraction is None  # engines sharing a GPU: each its share
                else {"mem_fraction_static": cfg.actors.gpu_memory_fraction}),
+            **_lora_args(cfg),
         )
+        self.lora = cfg.lora if cfg.lora.rank else None
+        self.adapter: str | None = None  # with LoRA: the name of the newest version's adapter, in every request
+        self.lora_versions = 0
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
         rows = [p for p in prompts for _ in range(n)]
         params = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
                   "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": self.stop_token_ids}
-        outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True)
+        outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True,
+                                       **({"lora_path": [self.adapter] * len(rows)} if self.adapter else {}))
         completions = [self._completion(o) for o in outputs]
         return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
 
@@ -74,6 +83,10 @@ class SGLangBackend:
     def load_weights(self, state: dict) -> None:
         """state: {Hugging Face name: full tensor}. Raises WeightUpdateError when SGLang refuses a step."""
         t0 = time.perf_counter()
+        if self.lora is not None:
+            self._load_adapter(state)
+            self.update_s.append(time.perf_counter() - t0)
+            return
         self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
         last = len(self.plan.buckets) - 1
         _check("begin_weight_update", self.engine.begin_weight_update())
@@ -87,6 +100,20 @@ class SGLangBackend:
             raise
         _check("end_weight_update", self.engine.end_weight_update())
         self.update_s.append(time.perf_counter() - t0)
+
+    def _load_adapter(self, state: dict) -> None:
+        """LoRA: the version's adapters (this model's names) straight from memory as a new named adapter
+        (`load_lora_adapter_from_tensors`, PEFT's tensor names and adapter config), then the previous one unloaded.
+        Both answer a LoRAUpdateOutput (success, error_message) rather than raise."""
+        from streamrl.models import lora
+
+        self.lora_versions += 1
+        name = f"streamrl-{self.lora_versions}"
+        _check_lora("load_lora_adapter_from_tensors", self.engine.load_lora_adapter_from_tensors(
+            lora_name=name, tensors=lora.peft_keys(state), config_dict=lora.adapter_config(self.lora, None)))
+        previous, self.adapter = self.adapter, name
+        if previous is not None:
+            _check_lora("unload_lora_adapter", self.engine.unload_lora_adapter(previous))
 
     def engine_stats(self) -> dict:
         """Figures for the actor's stats: weight updates (count, mean and max ms)."""
@@ -109,6 +136,24 @@ def engine_dtype(model_dtype: str) -> str:
     if model_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"model.dtype={model_dtype!r}: the sglang backend takes float32, bfloat16 or float16")
     return "bfloat16" if model_dtype == "float32" else model_dtype
+
+
+def _lora_args(cfg) -> dict:
+    """The engine's LoRA switches (ServerArgs' lora namespace) for lora.rank > 0: one adapter per batch."""
+    if not cfg.lora.rank:
+        return {}
+    return {"enable_lora": True, "max_lora_rank": cfg.lora.rank, "lora_target_modules": list(cfg.lora.target_modules),
+            "max_loras_per_batch": 1}
+
+
+def _check_lora(what: str, result) -> None:
+    """SGLang's LoRA calls answer a LoRAUpdateOutput (srt/managers/io_struct.py): success and error_message."""
+    if not hasattr(result, "success"):
+        raise WeightUpdateError(f"sglang {what}: expected a LoRAUpdateOutput, got {result!r}; this SGLang is not "
+                                "the one this backend was written for (0.5.23)")
+    if not result.success:
+        raise WeightUpdateError(f"sglang {what} failed: {result.error_message}; this actor stops rather than "
+                                "sample from an adapter it does not hold")
 
 
 def _check(what: str, result) -> None:

@@ -15,6 +15,10 @@ collective_rpc's msgpack but names and shapes (no 4 GiB limit), and the weight l
 mapped files into the parameters (no second copy of the model on the GPU); /dev/shm keeps one copy of
 the weights, overwritten in place by the next version, and freed when the engine closes. Then the prefix cache is reset: KV computed by
 the old weights must not be reused.
+
+With LoRA (`lora.rank` > 0) the engine starts on the frozen base with `enable_lora` and each version is the
+adapters only: written as a PEFT folder in the same shared-memory folder and named by a new `LoRARequest` that every
+generate call passes (vLLM's own LoRA path; nothing of the base is reloaded).
 Every vLLM call here is pinned by tests against a fake with the same signatures
 (tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
 GPU in tests/gpu/test_vllm_engine.py.
@@ -65,7 +69,11 @@ class VLLMBackend:
             # engines sharing a GPU each take their share (vLLM's own default reserves 0.92 of it)
             **({} if cfg.actors.gpu_memory_fraction is None
                else {"gpu_memory_utilization": cfg.actors.gpu_memory_fraction}),
+            **_lora_args(cfg),
         )
+        self.lora = cfg.lora if cfg.lora.rank else None
+        self.lora_request = None  # with LoRA: the newest version's adapter, named in every generate call
+        self.lora_versions = 0
         self.start_s = time.perf_counter() - t0
         self.update_s: list[float] = []
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
@@ -83,7 +91,8 @@ class VLLMBackend:
         params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens,
                                 stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
         t0 = time.perf_counter()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
         if self.first_generate_s is None:  # one-time warm-up: kept out of the throughput figure
             self.first_generate_s = time.perf_counter() - t0
@@ -103,6 +112,10 @@ class VLLMBackend:
         """state: {Hugging Face name: full tensor}, as the learner publishes it. Raises when a worker
         fails: the engine may then hold a partly loaded version and must not generate again."""
         t0 = time.perf_counter()
+        if self.lora is not None:
+            self._load_adapter(state)
+            self.update_s.append(time.perf_counter() - t0)
+            return
         self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
         buckets = shm_weights.write(state, self.plan, self.weights_dir)
         counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
@@ -111,11 +124,28 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.update_s.append(time.perf_counter() - t0)
 
+    def _load_adapter(self, state: dict) -> None:
+        """LoRA: the version's adapters (`state`, this model's names) as a PEFT folder in shared memory, named by a
+        new LoRARequest (a new lora_int_id per version: vLLM caches adapters by id and loads the folder when a
+        request first names it). The previous version's folder goes: no request names it any more."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        from streamrl.models import lora
+
+        self.lora_versions += 1
+        n = self.lora_versions
+        folder = lora.write_adapter_folder(f"{self.weights_dir}/adapter-{n}", state, self.lora, None)
+        if self.lora_request is not None:
+            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(lora_name=f"streamrl-{n}", lora_int_id=n, lora_path=str(folder))
+
     def engine_stats(self) -> dict:
         """Figures for the actor's stats: engine start (s), weight updates (mean and max ms), generation
         throughput (completion tokens per second of generate calls, the first call excluded)."""
         ms = [s * 1000 for s in self.update_s]
-        return {"backend": "vllm", "update_mode": UPDATE_MODE, "start_s": round(self.start_s, 2),
+        return {"backend": "vllm", "update_mode": "lora_request" if self.lora is not None else UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),
@@ -127,3 +157,18 @@ class VLLMBackend:
         if engine_core is not None:
             engine_core.shutdown()
         shm_weights.remove(self.weights_dir)
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM accepts (vllm/config/lora.py, MaxLoRARanks)."""
+
+
+def _lora_args(cfg) -> dict:
+    """The engine's LoRA switches for `lora.rank` > 0: one adapter slot of the smallest rank vLLM allows that fits."""
+    r = cfg.lora.rank
+    if not r:
+        return {}
+    fits = [x for x in LORA_RANKS if x >= r]
+    if not fits:
+        raise ValueError(f"lora.rank={r}: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}

@@ -58,6 +58,8 @@ class Shape(msgspec.Struct, frozen=True):
     head_dim: int
     intermediate: int
     vocab: int
+    adapter_params: int = 0
+    """LoRA (lora.rank > 0): the adapters' parameters, counted by injecting peft's layers into the meta model."""
 
 
 def _hf_config_path(cfg) -> tuple[Path | None, str]:
@@ -107,10 +109,16 @@ def shape(cfg, model_config: str | Path | None = None) -> Shape:
         source = str(path)
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         model = AutoModelForCausalLM.from_config(hf)
-    unique = {id(p): p.numel() for p in model.parameters()}  # tied weights count once
+        unique = {id(p): p.numel() for p in model.parameters()}  # tied weights count once
+        adapters = 0
+        if getattr(cfg, "lora", None) is not None and cfg.lora.rank > 0:
+            from streamrl.models import lora
+
+            adapters = lora.count(lora.apply(model, cfg.lora))[0]
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     heads = hf.num_attention_heads
     return Shape(name=name, source=source, params=sum(unique.values()), largest_layer_params=largest,
+                 adapter_params=adapters,
                  hidden=hf.hidden_size, layers=hf.num_hidden_layers, heads=heads,
                  kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
                  head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
@@ -138,6 +146,17 @@ def model_states_bytes(params: int, largest_layer_params: int, stage: int, ranks
     if stage == 2:
         return weights + (grads + adam) // ranks
     return 4 * 4 * largest_layer_params + (weights + grads + adam) // ranks  # stage 3: a gathered layer + shards
+
+
+def lora_model_states_bytes(base_params: int, largest_layer_params: int, adapter_params: int, stage: int,
+                            ranks: int, dtype: str) -> tuple[int, int]:
+    """(frozen base, adapters) bytes per GPU with LoRA. The base has no gradients or Adam state: its weights in
+    `dtype`, partitioned only at stage 3 (plus the largest layer gathered). The adapters train in fp32 whatever
+    the dtype (DeepSpeed's half precision is off with LoRA): 4 B weights + 4 B gradients + 8 B Adam per param,
+    sharded as the stage says."""
+    b = DTYPE_BYTES[dtype]
+    base = b * base_params if stage < 3 else b * largest_layer_params + b * base_params // ranks
+    return base, model_states_bytes(adapter_params, 0, stage, ranks, "float32")
 
 
 def activation_bytes_per_token(s: Shape, dtype: str, checkpointing: bool) -> int:
@@ -195,7 +214,12 @@ def learner_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     micro = min(share, max(mb_budget, seq)) if mb_budget else share
     ckpt = bool(getattr(L, "activation_checkpointing", False))
     chunk = getattr(L, "logprob_chunk_tokens", None)
-    states = model_states_bytes(s.params, s.largest_layer_params, L.zero_stage, ranks, dtype)
+    states = full = model_states_bytes(s.params, s.largest_layer_params, L.zero_stage, ranks, dtype)
+    rank = cfg.lora.rank if getattr(cfg, "lora", None) is not None else 0
+    if rank:
+        base, adapters = lora_model_states_bytes(s.params, s.largest_layer_params, s.adapter_params, L.zero_stage,
+                                                 ranks, dtype)
+        states = base + adapters
     act = micro * activation_bytes_per_token(s, dtype, ckpt)
     act_other = micro * activation_bytes_per_token(s, dtype, not ckpt)
     # Without chunking (a learner that predates it) the whole micro-batch's logits exist at once.
@@ -203,8 +227,20 @@ def learner_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     total = states + act + logits
     source = ("DeepSpeed estimate_zero3_model_states_mem_needs" if L.zero_stage == 3 else
               "DeepSpeed estimate_zero2_model_states_mem_needs") if dtype != "float32" else "fp32: 16 B/param by stage"
+    if rank:
+        full_total = full + act + logits
+        lora_lines = [
+            f"model states     {total_gb(states)}  ZeRO-{L.zero_stage} over {ranks} rank(s), LoRA rank {rank}: frozen base "
+            f"{base / GB:.2f} GB ({dtype}, no gradients or Adam state) + {s.adapter_params / 1e6:.2f} M adapter "
+            f"parameters {adapters / GB:.3f} GB (fp32 weights, gradients and Adam, 16 B/param)",
+            f"                 full fine-tuning: {full / GB:.2f} GB ({source}); LoRA's are {full / max(states, 1):.1f}x "
+            f"smaller, the learner's total {full_total / max(total, 1):.2f}x ({full_total / GB:.1f} -> {total / GB:.1f} GB)",
+            f"publish          {4 * s.adapter_params / 1e6:,.1f} MB per version (the fp32 adapters), against "
+            f"{DTYPE_BYTES[dtype] * s.params / 1e6:,.1f} MB of full weights",
+        ]
     lines = [
-        f"model states     {total_gb(states)}  ZeRO-{L.zero_stage} over {ranks} rank(s), {dtype} ({source})",
+        *(lora_lines if rank else
+          [f"model states     {total_gb(states)}  ZeRO-{L.zero_stage} over {ranks} rank(s), {dtype} ({source})"]),
         f"activations      {total_gb(act)}  micro-batch {micro:,} tokens ({'learner.micro_batch_tokens' if mb_budget else 'the whole share: learner.micro_batch_tokens=0'}), "
         f"{'with' if ckpt else 'without'} activation checkpointing ({total_gb(act_other).strip()} {'without' if ckpt else 'with'})",
         f"log-prob chunk   {total_gb(logits)}  {min(chunk, micro) if chunk else micro:,} tokens x {s.vocab:,} vocabulary "

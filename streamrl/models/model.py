@@ -3,7 +3,8 @@
 With `model.path` unset this is the tiny CPU default: a random-init Llama sized by the config
 (`streamrl.models.tiny_llama`: transformers' LlamaForCausalLM in plain torch, the same weights for a seed) and
 a word-level tokenizer made offline from the task's vocabulary (`streamrl.models.word_tokenizer`), so nothing
-is downloaded and transformers is not even imported. Actors replace the random weights with the
+is downloaded and transformers is not even imported. With `lora.rank` > 0 either one gets peft's LoRA adapters
+(`streamrl.models.lora`) on a frozen base. Actors replace the random weights with the
 learner's before they generate anything.
 
 `model.path` is a local Hugging Face folder, or a hub id (`Qwen/Qwen3-8B`) where the machine may
@@ -73,6 +74,11 @@ def build(cfg, task_words: list[str] | None = None):
             model = TinyLlamaForCausalLM(config).to(dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    lcfg = getattr(cfg, "lora", None)
+    if lcfg is not None and lcfg.rank > 0:  # the same adapters, by name, on the learner and every actor
+        from streamrl.models import lora
+
+        lora.apply(model, lcfg, cfg.seed)
     return model, tokenizer
 
 

@@ -18,6 +18,13 @@ from typing import Optional
 import torch
 
 
+class LoRAUpdateOutput:
+    """srt/managers/io_struct.py's answer to every LoRA load and unload (a msgspec struct there)."""
+
+    def __init__(self, success: bool, error_message: Optional[str] = None, loaded_adapters: Optional[dict] = None):
+        self.success, self.error_message, self.loaded_adapters = success, error_message, loaded_adapters
+
+
 class Engine:
     instances: list["Engine"] = []
 
@@ -26,6 +33,7 @@ class Engine:
         self.session = False  # a weight-update session is open
         self.weights: dict[str, torch.Tensor] = {}  # what the model holds after the updates so far
         self.fail: dict[str, str] = {}  # method name → the message it fails with (tests set this)
+        self.adapters: dict[str, dict] = {}  # LoRA: loaded adapter name → its tensors
         Engine.instances.append(self)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
@@ -37,7 +45,9 @@ class Engine:
                  kv_hints=None, data_parallel_rank=None, external_trace_header=None, rid=None, session_params=None,
                  priority=None, session_id=None, *, cache_salt=None):
         self.calls.append(("generate", {"input_ids": input_ids, "sampling_params": sampling_params,
-                                        "return_logprob": return_logprob}))
+                                        "return_logprob": return_logprob, "lora_path": lora_path}))
+        if lora_path is not None and any(p is not None and p not in self.adapters for p in lora_path):
+            raise ValueError(f"The following requested LoRA adapters are not loaded: {lora_path}")
         out = []
         for i, ids in enumerate(input_ids):
             n = 1 + i % 3
@@ -71,6 +81,23 @@ class Engine:
         if "update_weights_from_tensor" not in self.fail:
             self.weights.update((name, t.clone()) for name, t in named_tensors)
         return self._answer("update_weights_from_tensor", "Success")
+
+    def load_lora_adapter_from_tensors(self, lora_name: str, tensors, config_dict, load_format=None):
+        self.calls.append(("load_lora_adapter_from_tensors", dict(lora_name=lora_name, tensors=tensors,
+                                                                  config_dict=config_dict, load_format=load_format)))
+        if not self.kwargs.get("enable_lora"):
+            return LoRAUpdateOutput(success=False,
+                                    error_message="LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if "load_lora_adapter_from_tensors" in self.fail:
+            return LoRAUpdateOutput(success=False, error_message=self.fail["load_lora_adapter_from_tensors"])
+        self.adapters[lora_name] = {k: v.clone() for k, v in tensors.items()}
+        return LoRAUpdateOutput(success=True, loaded_adapters={k: "__tensor__" for k in self.adapters})
+
+    def unload_lora_adapter(self, lora_name: str):
+        self.calls.append(("unload_lora_adapter", dict(lora_name=lora_name)))
+        if self.adapters.pop(lora_name, None) is None:
+            return LoRAUpdateOutput(success=False, error_message=f"LoRA adapter {lora_name} is not loaded")
+        return LoRAUpdateOutput(success=True, loaded_adapters={k: "__tensor__" for k in self.adapters})
 
     def shutdown(self):
         self.calls.append(("shutdown", {}))

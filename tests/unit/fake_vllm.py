@@ -106,7 +106,8 @@ class LLM:
                  tokenization_kwargs=None, mm_processor_kwargs=None) -> list[RequestOutput]:
         """Sample i of a prompt has 1 + i % 3 tokens, counting up from 100 + the prompt's last id, then EOS
         unless that reaches max_tokens; each position's log-probs hold a decoy token beside the sampled one."""
-        self.calls.append(("generate", {"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm}))
+        self.calls.append(("generate", {"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm,
+                                        "lora_request": lora_request}))
         p = sampling_params
         out = []
         for r, prompt in enumerate(prompts):
@@ -130,6 +131,17 @@ class LLM:
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         self.calls.append(("reset_prefix_cache", {}))
         return True
+
+
+@dataclasses.dataclass
+class LoRARequest:
+    """vllm/lora/request.py's LoRARequest (a msgspec Struct there): the fields the backend sets, in vLLM's order."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    long_lora_max_len: int | None = None
+    base_model_name: str | None = None
 
 
 class GPUModelRunner:
@@ -171,7 +183,10 @@ def install(monkeypatch, cpu: bool = True, logprobs_mode: bool = True) -> type[L
     arg_utils.EngineArgs = EngineArgs if logprobs_mode else dataclasses.make_dataclass("EngineArgs", [("seed", int, 0)])
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = Platform(cpu)
+    lora_request = types.ModuleType("vllm.lora.request")
+    lora_request.LoRARequest = LoRARequest
     for name, mod in [("vllm", root), ("vllm.engine", types.ModuleType("vllm.engine")),
+                      ("vllm.lora", types.ModuleType("vllm.lora")), ("vllm.lora.request", lora_request),
                       ("vllm.engine.arg_utils", arg_utils), ("vllm.platforms", platforms)]:
         monkeypatch.setitem(sys.modules, name, mod)
     LLM.instances.clear()

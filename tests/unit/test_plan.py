@@ -92,3 +92,25 @@ def test_an_engines_gpu_memory_share_is_what_the_plan_fits_its_weights_and_kv_in
     part = plan.actor_part(cfg, s, 4096, 80.0)  # 8 B parameters in bf16 (16 GB) in 8 GB of an 80 GB GPU
     assert part.fits is False and any("8.0 GB of the GPU's 80 (actors.gpu_memory_fraction=0.1)" in x for x in part.lines)
     assert plan.actor_part(config.load(PAPER), s, 4096, 80.0).fits is True
+
+
+def test_lora_adapters_are_counted_by_peft_on_the_meta_model_and_match_the_formula():
+    s = plan.shape(config.load(PAPER, ["lora.rank=16"]))
+    h, layers, q, kv, inter, r = 4096, 36, 32 * 128, 8 * 128, 12288, 16
+    # r x (in + out) per adapted projection: q, k, v, o and gate, up, down
+    per_layer = r * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h))
+    assert s.adapter_params == layers * per_layer == 43_646_976
+    assert s.params == 8_190_735_360  # the base, as without LoRA
+
+
+def test_lora_shrinks_the_learners_model_states_to_a_frozen_base_plus_fp32_adapters(capsys):
+    P, L, A = 8_190_735_360, 622_329_856, 43_646_976
+    base, adapters = plan.lora_model_states_bytes(P, L, A, 0, 1, "bfloat16")
+    assert (base, adapters) == (2 * P, 16 * A)
+    base, adapters = plan.lora_model_states_bytes(P, L, A, 3, 8, "bfloat16")
+    assert (base, adapters) == (2 * L + 2 * P // 8, 4 * 4 * 0 + 16 * A // 8)
+    rc, out = _plan(capsys, PAPER, "lora.rank=16", "learner.micro_batch_tokens=16384",
+                    "learner.activation_checkpointing=true")
+    assert "LoRA rank 16: frozen base 17.63 GB (bfloat16, no gradients or Adam state) + 43.65 M adapter" in out
+    assert "full fine-tuning: 149.92 GB" in out and "8.2x smaller" in out
+    assert "publish          174.6 MB per version (the fp32 adapters), against 16,381.5 MB of full weights" in out

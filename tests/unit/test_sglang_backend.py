@@ -144,3 +144,39 @@ def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypa
     del m
     gc.collect()
     assert alive() is None and backend is not None
+
+
+def test_with_lora_each_version_is_a_new_adapter_from_tensors_named_in_every_request(monkeypatch):
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from streamrl.models import lora
+
+    b, engine, _ = _build(monkeypatch, "lora.rank=4")
+    kw = engine.kwargs
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["max_loras_per_batch"]) == (True, 4, 1)
+    base = load_file(str(next(Path(kw["model_path"]).glob("*.safetensors"))))
+    assert not lora.has_adapters(base)  # the engine starts on the plain base
+    m, _ = model.build(config.load(None, ["lora.rank=4"]))
+    adapters = lora.published(m.state_dict())
+    for version in (1, 2):
+        state = {k: v + version for k, v in adapters.items()}
+        b.load_weights(state)
+        call = [c for c in engine.calls if c[0] == "load_lora_adapter_from_tensors"][-1][1]
+        assert call["lora_name"] == f"streamrl-{version}" and call["config_dict"]["r"] == 4
+        assert lora.from_peft_keys(call["tensors"]).keys() == state.keys()
+        assert list(engine.adapters) == [f"streamrl-{version}"]  # the previous version was unloaded
+        b.generate([[5, 6]], 2)
+        assert engine.calls[-1][1]["lora_path"] == [f"streamrl-{version}"] * 2
+    assert not any(c[0] == "update_weights_from_tensor" for c in engine.calls)  # nothing of the base reloads
+
+
+def test_a_refused_adapter_load_stops_the_actor_with_sglangs_message(monkeypatch):
+    from streamrl.models import lora
+
+    b, engine, _ = _build(monkeypatch, "lora.rank=4")
+    engine.fail["load_lora_adapter_from_tensors"] = "out of adapter memory"
+    m, _ = model.build(config.load(None, ["lora.rank=4"]))
+    with pytest.raises(WeightUpdateError, match="load_lora_adapter_from_tensors failed: out of adapter memory"):
+        b.load_weights(lora.published(m.state_dict()))

@@ -130,3 +130,37 @@ def test_the_log_prob_setting_the_backend_refuses_is_sglangs(wheel):
 def test_pyproject_pins_the_checked_release():
     text = (REPO / "pyproject.toml").read_text()
     assert f'sglang = ["sglang=={SGLANG}"]' in text
+
+
+LORA_USED = ("load_lora_adapter_from_tensors", "unload_lora_adapter")
+
+
+def test_the_fakes_lora_methods_and_answer_have_the_released_shapes(wheel):
+    real = _methods(_class(_module(wheel, ENGINE), "Engine"))
+    for name in LORA_USED:
+        assert _fake_params(getattr(fake_sglang.Engine, name)) == _params(real[name]), name
+    # both return the tokenizer manager's LoRAUpdateOutput (success, error_message, loaded_adapters), never raise
+    io = _class(_module(wheel, "sglang/srt/managers/io_struct.py"), "LoRAUpdateOutput")
+    fields = [n.target.id for n in io.body if isinstance(n, ast.AnnAssign)]
+    assert fields == list(inspect.signature(fake_sglang.LoRAUpdateOutput).parameters)
+    mixin = _module(wheel, "sglang/srt/managers/tokenizer_control_mixin.py")
+    source = ast.unparse(next(n for n in ast.walk(mixin) if isinstance(n, ast.AsyncFunctionDef)
+                              and n.name == "load_lora_adapter_from_tensors"))
+    assert "except ValueError as e:" in source and "success=False" in source
+    assert "LoRA is not enabled. Please set `--enable-lora` to enable LoRA." in _strings(mixin)
+    # generate takes the adapter's name per request
+    assert ("lora_path", "None") in _params(real["generate"])
+
+
+def test_the_lora_engine_arguments_the_backend_passes_are_server_args(wheel, monkeypatch):
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.models import model
+
+    engine_cls = fake_sglang.install(monkeypatch)
+    cfg = config.load(None, ["actors.backend=sglang", "lora.rank=8"])
+    build("sglang", cfg, *model.build(cfg))
+    lora_fields = {n.target.id for n in ast.walk(_module(wheel, "sglang/srt/arg_groups/fields/lora.py"))
+                   if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    used = {k for k in engine_cls.instances[-1].kwargs if "lora" in k}
+    assert used == {"enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch"} <= lora_fields

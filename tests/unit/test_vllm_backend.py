@@ -263,3 +263,44 @@ def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypa
     del m
     gc.collect()
     assert alive() is None and backend is not None
+
+
+def test_the_fake_lora_request_and_engine_lora_switches_exist_in_the_real_vllm_where_installed():
+    _real_vllm()
+    import fake_vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.lora.request import LoRARequest
+
+    fields = getattr(LoRARequest, "__struct_fields__", None) or tuple(f.name for f in dataclasses.fields(LoRARequest))
+    assert [f.name for f in dataclasses.fields(fake_vllm.LoRARequest)][:3] == list(fields)[:3]
+    assert {"enable_lora", "max_lora_rank", "max_loras"} <= set(EngineArgs.__dataclass_fields__)
+
+
+def test_with_lora_the_engine_starts_on_the_base_and_each_version_is_a_new_lora_request(monkeypatch):
+    from safetensors.torch import load_file
+
+    from streamrl.models import lora
+
+    backend, llm, tok = _build(monkeypatch, overrides=("lora.rank=4", "actors.top_p=1.0"))
+    kw = llm.kwargs
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["max_loras"]) == (True, 8, 1)  # 4 -> vLLM's next allowed rank
+    base = load_file(str(next(Path(kw["model"]).glob("*.safetensors"))))
+    assert not lora.has_adapters(base) and "model.layers.0.self_attn.q_proj.weight" in base  # the plain base
+    cfg = config.load(None, ["lora.rank=4"])
+    m, _ = model.build(cfg)
+    adapters = lora.published(m.state_dict())
+    folders = []
+    for version in (1, 2):
+        state = {k: v + version for k, v in adapters.items()}
+        backend.load_weights(state)
+        req = backend.lora_request
+        assert (req.lora_name, req.lora_int_id) == (f"streamrl-{version}", version)
+        read, adapter_cfg = lora.read_adapter_folder(req.lora_path)
+        assert adapter_cfg["r"] == 4 and adapter_cfg["peft_type"] == "LORA"
+        assert set(read) == set(state) and all(torch.equal(read[k], state[k]) for k in state)
+        folders.append(Path(req.lora_path))
+        backend.generate([[5, 6]], 2)
+        assert llm.calls[-1][1]["lora_request"] is req  # every generate call names the newest adapter
+    assert not folders[0].exists() and folders[1].exists()  # the superseded version's folder is gone
+    assert not any(c[0] == "collective_rpc" for c in llm.calls)  # nothing of the base reloads
+    backend.close()
