@@ -277,8 +277,9 @@ def _finish(prompts, ids, chosen, corrections, opts: RolloutOptions, policy_vers
             stats.filtered_zero_variance += 1
             continue
         groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
-    if opts.estimator:  # the paper's census before and after dynamic filtering
-        for stage, rows in (("before", [[r for _, _, r in c] for c in chosen]), ("after", [g.rewards for g in groups])):
+    if opts.estimator:  # the paper's census before and after dynamic filtering, over the groups that were scored
+        scored = [[r for _, _, r in c] for c in chosen if not any(math.isnan(r) for _, _, r in c)]
+        for stage, rows in (("before", scored), ("after", [g.rewards for g in groups])):
             for cell, n in learning_signal.census_counts(rows, opts.estimator, opts.r_min_correct,
                                                          opts.std_normalize).items():
                 setattr(stats, f"census_{stage}_{cell}", n)

@@ -112,4 +112,9 @@ def build(cfg) -> Reward:
     """The shaped reward of a run `Config`."""
     from streamrl import tasks
 
+    references = [cfg.task.reward] if isinstance(cfg.task.reward, str) else cfg.task.reward or []
+    if any(r.startswith("streamrl.tasks.graders:") for r in references):  # the rubric grader reads the run's section
+        from streamrl.tasks import graders
+
+        graders.configure(cfg.grader)
     return Reward(tasks.build(cfg.task), cfg.reward.bucket_edges, cfg.reward.bucket_values)
