@@ -13,6 +13,7 @@
   streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
   streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
+  streamrl export RUN_DIR OUT [--step N]       a checkpoint as a Hugging Face folder (transformers, vllm serve)
 
 Any config error, or a problem found before start (run_dir, ports, keys, a run name that already
 holds results), is one line on stderr and exit status 2 (`streamrl.run.preflight`).
@@ -104,6 +105,13 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
     up.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
     up.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
+    ex = sub.add_parser("export", help="a checkpoint as a Hugging Face model folder (transformers, vllm serve)")
+    ex.add_argument("run", metavar="RUN_DIR", help="runs/<name>, or one checkpoint folder runs/<name>/checkpoints/<tag>")
+    ex.add_argument("out", metavar="OUT", help="folder to write (must not exist)")
+    ex.add_argument("--step", type=int, default=None, help="the checkpoint at this step (default: the newest complete)")
+    ex.add_argument("--merge", action="store_true",
+                    help="LoRA: merge the adapters into the base weights (a full-weight checkpoint is already merged)")
+    ex.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     return p
 
 
@@ -158,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("eval", "difficulty", "uplift"):
         return _tool(args)
+    if args.command == "export":
+        return _export(args)
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check", "reproduce", "plan"):
@@ -313,6 +323,20 @@ def _tool(args) -> int:
         print(f"streamrl {args.command}: interrupted", file=sys.stderr)
         return 130
     raise AssertionError(args.command)
+
+
+def _export(args) -> int:
+    from streamrl.run import export
+
+    try:
+        done = export.export(args.run, args.out, args.step, args.merge, export.parse_size(args.max_shard_size))
+    except (export.ExportError, config_lib.ConfigError) as e:
+        print(f"streamrl export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"streamrl export: wrote step {done.step} ({done.kind} model, {done.parameters:,} parameters, "
+          f"{len(done.shards)} shard(s)) from {done.checkpoint} to {done.out}; load it with "
+          f"AutoModelForCausalLM.from_pretrained({str(done.out)!r}) or `vllm serve {done.out}`")
+    return 0
 
 
 def _run_dir(path: str) -> Path:
