@@ -117,12 +117,12 @@ class VLLMBackend:
         engine = self.llm.llm_engine
         self._label(engine, between_steps())
         ids = self.llm.enqueue(requests, params, use_tqdm=False)
-        done: dict[str, object] = {}
+        done: list = []
         loads = self.inflight_loads
         self.generating = True
         try:
             while engine.has_unfinished_requests():
-                done.update((o.request_id, o) for o in engine.step() if o.finished)
+                done.extend(o for o in engine.step() if o.finished)
                 version = between_steps()
                 if self.paused:  # load_weights paused the engine (keep) and loaded `version`
                     self._label(engine, version)
@@ -133,7 +133,11 @@ class VLLMBackend:
                 self._resume()
         if self.inflight_loads != loads:  # no request holds the cache now: drop what older weights computed
             self.llm.reset_prefix_cache()
-        return [done[i] for i in ids]
+        if len(done) != len(ids):
+            raise RuntimeError(f"vllm in-flight generate: {len(done)} of {len(ids)} requests came back")
+        # enqueue returns the engine's internal ids; outputs carry the counter LLM numbered them with, and
+        # LLM.generate orders them by it (requests finish in any order)
+        return sorted(done, key=lambda o: int(o.request_id))
 
     def _label(self, engine, version: int) -> None:
         if version != self.label:

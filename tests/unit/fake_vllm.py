@@ -117,7 +117,7 @@ class LLMEngine:
         self.steps += 1
         loads = len(self.llm.workers[0].model_runner.reloads)
         finished = []
-        for rid, (prompt, p, drawn) in list(self.pending.items()):
+        for rid, (prompt, p, drawn) in reversed(list(self.pending.items())):  # outputs in any order, as vLLM's
             for i, sample in enumerate(drawn):
                 full = _sample_tokens(prompt, i, p.max_tokens)
                 if len(sample) < len(full):
@@ -188,7 +188,8 @@ class LLM:
 
     def enqueue(self, prompts, sampling_params=None, lora_request=None, priority=None, use_tqdm=True,
                 tokenization_kwargs=None, mm_processor_kwargs=None) -> list[str]:
-        """Adds the requests (one per prompt, n samples each) to the engine loop; returns their ids."""
+        """Adds the requests (one per prompt, n samples each) to the engine loop; returns their internal ids
+        (vLLM's `llm_engine.add_request` appends a random suffix to the counter its outputs carry)."""
         self.calls.append(("enqueue", {"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm}))
         ids = []
         for prompt in prompts:
@@ -196,7 +197,7 @@ class LLM:
             self.next_request += 1
             self.llm_engine.pending[rid] = (prompt["prompt_token_ids"], sampling_params,
                                             [[] for _ in range(sampling_params.n)])
-            ids.append(rid)
+            ids.append(f"{rid}-5ca1ab1e")  # the engine's internal id; outputs carry the external `rid`
         return ids
 
     def sleep(self, level: int = 1, mode="abort"):
