@@ -130,7 +130,8 @@ def test_strict_mode_requires_publishing_every_step():
 
 def test_inflight_updates_are_refused_in_strict_mode_and_on_backends_that_cannot_pause():
     assert "strict forbids it" in _error("on_policy=strict", "actors.inflight_updates=true")
-    assert "need actors.backend=hf" in _error("actors.backend=sglang", "actors.inflight_updates=true")
+    assert "need actors.backend=hf or vllm" in _error("actors.backend=sglang", "actors.inflight_updates=true")
+    assert load(None, ["actors.backend=vllm", "actors.inflight_updates=true"]).actors.inflight_updates
     assert load(None, ["actors.inflight_updates=true"]).actors.inflight_updates
 
 

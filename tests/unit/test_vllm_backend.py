@@ -170,12 +170,13 @@ def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
         shm_weights.remove(folder)
 
 
-def test_config_takes_the_vllm_backend_but_not_collective_sync_or_inflight_updates():
+def test_config_takes_the_vllm_backend_with_inflight_updates_but_not_collective_sync():
     assert config.load(None, ["actors.backend=vllm"]).actors.backend == "vllm"
     with pytest.raises(config.ConfigError, match="collective"):
         config.load(None, ["actors.backend=vllm", "transport.weight_sync=collective"])
-    with pytest.raises(config.ConfigError, match="inflight_updates"):
-        config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true"])
+    assert config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true"]).actors.inflight_updates
+    with pytest.raises(config.ConfigError, match="inflight_updates=true: on_policy strict forbids it"):
+        config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true", "on_policy=strict"])
 
 
 def _between_steps_loading(b, at_call: int, state: dict):
