@@ -103,7 +103,8 @@ class VLLMBackend:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         else:
             outputs = self._generate_in_flight(requests, params, between_steps)
-        groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
+        in_flight = between_steps is not None
+        groups = [[self._completion(o, in_flight) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
         if self.first_generate_s is None:  # one-time warm-up: kept out of the throughput figure
             self.first_generate_s = time.perf_counter() - t0
         else:
@@ -149,12 +150,13 @@ class VLLMBackend:
         self.paused = False
 
     @staticmethod
-    def _completion(out) -> Completion:
+    def _completion(out, in_flight: bool = False) -> Completion:
         """out: a vllm CompletionOutput; out.logprobs[t] maps token id → Logprob at position t;
-        out.weight_versions (in-flight updates): [start, end) token spans and the weight label that sampled them."""
+        out.weight_versions: [start, end) token spans and the weight label that sampled them, read under
+        in-flight updates only (the labels are versions then; otherwise vLLM's own "default")."""
         tokens = list(out.token_ids)
         logprobs = [float(out.logprobs[t][tok].logprob) for t, tok in enumerate(tokens)]
-        spans = [s for s in (getattr(out, "weight_versions", None) or []) if s.end > s.start]
+        spans = [s for s in (getattr(out, "weight_versions", None) or []) if s.end > s.start] if in_flight else []
         versions = (int(spans[0].version), int(spans[-1].version)) if spans else None
         return Completion(tokens, logprobs, "length" if out.finish_reason == "length" else "stop", versions)
 

@@ -97,8 +97,8 @@ def _inflight_probe() -> dict:
     spans = {}  # (prompt tokens, completion tokens) -> vLLM's [(version, start, end)]
     plain = vllm_backend.VLLMBackend._completion
 
-    def completion(out):
-        c = plain(out)
+    def completion(out, in_flight=False):
+        c = plain(out, in_flight)
         spans[tuple(c.tokens)] = [(s.version, s.start, s.end) for s in (out.weight_versions or [])]
         return c
 
@@ -300,14 +300,15 @@ def test_in_flight_a_version_loaded_between_decoding_steps_reaches_the_running_r
 
 def test_a_vllm_actor_with_in_flight_updates_trains_and_its_samples_span_versions(tmp_path, capsys, monkeypatch):
     """The loop, async, a vllm actor loading each version between decoding steps. A generate call makes two
-    learner batches (8 prompts, batches of 4 groups) of long completions (48 tokens at temperature 2), so the
-    learner steps and publishes while the actor's next call runs, not while the actor waits for a version."""
+    learner batches (8 prompts, batches of 4 groups) of long completions (up to 160 tokens at temperature 2: a
+    call is 160 engine steps, while the learner trains a batch in a few batched passes), so the learner steps and
+    publishes while the actor's next call runs, not while the actor waits for a version."""
     pytest.importorskip("vllm")
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
     t0 = time.perf_counter()
     streamrl("run", str(REPO / "configs" / "tiny.yaml"), *VLLM_MODEL, "actors.inflight_updates=true", "actors.num=1",
-             f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=48", "actors.prompts_per_generate=8",
+             f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=160", "actors.prompts_per_generate=8",
              "learner.batch_groups=4", "max_staleness=4", "steps=8", "actors.weights_timeout_s=600",
              "name=inflight", f"run_dir={tmp_path / 'runs'}", "monitoring.learner_port=0", "monitoring.actor_port=0",
              *FREE_PORTS, cwd=tmp_path, timeout=900)

@@ -182,7 +182,9 @@ class LLM:
                 tokens = _sample_tokens(ids, i, p.max_tokens)
                 logprobs = [{t: Logprob(-0.5 - k, rank=1), 999: Logprob(-9.0, rank=2)} for k, t in enumerate(tokens)]
                 finish = "stop" if tokens[-1] == EOS else "length"
-                samples.append(CompletionOutput(i, "", tokens, None, logprobs, finish))
+                # vLLM labels every output, "default" until set_weight_version is called
+                spans = [WeightVersionSpan(self.llm_engine.label, 0, len(tokens))]
+                samples.append(CompletionOutput(i, "", tokens, None, logprobs, finish, spans))
             out.append(RequestOutput(str(r), ids, samples[::-1]))  # vLLM may list samples in any order
         return out
 
