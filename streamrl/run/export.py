@@ -121,7 +121,7 @@ def export(path: str | Path, out: str | Path, step: int | None = None, merge: bo
     state = _state(folder)
     try:
         cfg = checkpoints.run_config(folder)
-    except Exception as e:  # a config.yaml this version cannot read
+    except (ValueError, OSError) as e:  # a config.yaml this version cannot read (ConfigError is a ValueError)
         raise ExportError(f"{checkpoints.run_dir_of(folder) / 'config.yaml'}: cannot be read ({e})") from None
     tensors = policy_tensors(folder, cfg, merge)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

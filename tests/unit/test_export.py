@@ -35,7 +35,7 @@ def run(tmp_path):
     run = tmp_path / "runs" / "tiny"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(config.dump(cfg))
-    m, tok = model.build(cfg)
+    m, _ = model.build(cfg)
     _checkpoint(run, 2, m)
     with torch.no_grad():
         for p in m.parameters():
