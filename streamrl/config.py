@@ -305,7 +305,7 @@ class ActorConfig(_Section):
     send_timeout_s: PositiveFloat = 600.0
     """Fail with a clear error if the learner takes no group for this long (backpressure longer than any step)."""
     inflight_updates: bool = False
-    """Load new weights between decoding steps too, not only between generate calls (hf); samples record versions."""
+    """Load new weights between decoding steps too, not only between generate calls (hf, vllm); samples record versions."""
 
 
 class TransportConfig(_Section):
@@ -508,9 +508,13 @@ class Config(_Section):
         if self.actors.inflight_updates and self.strict:
             raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
                              "from two policy versions); use on_policy=async")
-        if self.actors.inflight_updates and self.actors.backend != "hf":
+        if self.actors.inflight_updates and self.actors.backend not in ("hf", "vllm"):
             raise ValueError(f"actors.inflight_updates=true: the {self.actors.backend} backend loads weights between "
-                             "generate calls only; in-flight updates need actors.backend=hf")
+                             "generate calls only; in-flight updates need actors.backend=hf or vllm")
+        if self.actors.inflight_updates and self.actors.backend == "vllm" and self.lora.rank:
+            raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
+                             "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
+                             "in flight; use inflight_updates=false, or the hf backend")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

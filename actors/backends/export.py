@@ -1,9 +1,11 @@
 """An engine that loads models from a folder (vLLM, SGLang) gets the tiny random-init model saved
-to one: config, weights (safetensors) and the offline tokenizer, in Hugging Face layout."""
+to one, in Hugging Face layout (streamrl.models.hf_folder: the same writer as `streamrl export`)."""
 
 from __future__ import annotations
 
 import tempfile
+
+from streamrl.models import hf_folder as hf_folder_lib
 
 
 def hf_folder(cfg, model, tokenizer) -> str:
@@ -11,12 +13,7 @@ def hf_folder(cfg, model, tokenizer) -> str:
     if cfg.model.path:
         return cfg.model.path
     folder = tempfile.mkdtemp(prefix="streamrl-model-")
-    if not hasattr(model, "save_pretrained"):  # streamrl's tiny Llama: saved as transformers' Llama it mirrors
-        from streamrl.models.tiny_llama import to_transformers
-
-        model = to_transformers(_base_of(model, cfg))
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    hf_folder_lib.save(folder, _base_of(model, cfg), tokenizer)  # with LoRA the base alone
     return folder
 
 

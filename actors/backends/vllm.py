@@ -19,6 +19,18 @@ the old weights must not be reused.
 With LoRA (`lora.rank` > 0) the engine starts on the frozen base with `enable_lora` and each version is the
 adapters only: written as a PEFT folder in the same shared-memory folder and named by a new `LoRARequest` that every
 generate call passes (vLLM's own LoRA path; nothing of the base is reloaded).
+
+In-flight updates (`actors.inflight_updates`, as PipelineRL, prime-rl, SkyRL and TRL do it): generate enqueues
+the call's requests (`LLM.enqueue`) and runs the engine's steps itself, the way `LLM.generate` does
+(`llm_engine.step()` until no request is unfinished), calling `between_steps` after each step. A new version
+arriving then pauses the engine with `mode="keep"` (`LLM.sleep(level=0, mode="keep")`: the scheduler stops
+between decoding steps, every request stays in its queue with its KV cache), loads it through the same shared
+memory path, labels the engine's weights with the version (`llm_engine.set_weight_version`) and resumes
+(`LLM.wake_up(tags=["scheduling"])`). vLLM itself records which weight label sampled each output token
+(`CompletionOutput.weight_versions`, spans over token indexes), so each completion's version span is the
+engine's own account, not a guess from when outputs arrived. The prefix cache cannot be reset while requests
+hold it; it is reset when the call ends (the KV the kept requests computed with older weights is what an
+in-flight update keeps, by design; the behaviour log-probs record what sampled each token).
 Every vLLM call here is pinned by tests against a fake with the same signatures
 (tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
 GPU in tests/gpu/test_vllm_engine.py.
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import streamrl.actors.backends.shm_weights as shm_weights
 from streamrl.actors.backends.base import BACKENDS, Completion
@@ -76,24 +89,33 @@ class VLLMBackend:
         self.lora_versions = 0
         self.start_s = time.perf_counter() - t0
         self.update_s: list[float] = []
+        self.generating = self.paused = False  # inside an in-flight generate call; paused by load_weights
+        self.label: int | None = None  # the version the engine labels its outputs with (in-flight updates)
+        self.inflight_loads = 0
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
         self.first_generate_s: float | None = None
         log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s, seed %d); new weights load in place "
                  "from shared memory (%s)", self.start_s, cfg.actors.tensor_parallel_size,
                  "CPU build" if cpu else "GPU", cfg.seed, self.weights_dir)
 
-    def generate(self, prompts: list[list[int]], n: int, seed: int | None = None) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, between_steps: Callable[[], int] | None = None,
+                 seed: int | None = None) -> list[list[Completion]]:
         """n completions for each prompt (outer list follows `prompts`). seed: this call's sampling seed
-        (sample i draws with seed + i); None: the engine's own seeded stream."""
+        (sample i draws with seed + i); None: the engine's own seeded stream. between_steps: in-flight
+        updates (see the module's docstring); completions then carry their version span."""
         from vllm import SamplingParams, TokensPrompt
 
         c = self.cfg
         params = SamplingParams(n=n, temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens,
                                 stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
         t0 = time.perf_counter()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
-                                    lora_request=self.lora_request)
-        groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        if between_steps is None:
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+        else:
+            outputs = self._generate_in_flight(requests, params, between_steps)
+        in_flight = between_steps is not None
+        groups = [[self._completion(o, in_flight) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
         if self.first_generate_s is None:  # one-time warm-up: kept out of the throughput figure
             self.first_generate_s = time.perf_counter() - t0
         else:
@@ -101,16 +123,58 @@ class VLLMBackend:
             self.tokens += sum(len(s.tokens) for g in groups for s in g)
         return groups
 
+    def _generate_in_flight(self, requests: list, params, between_steps: Callable[[], int]) -> list:
+        """LLM.generate's engine loop (vllm/entrypoints/common/offline.py `_run_engine`), with between_steps
+        after every engine step; a version load_weights loaded meanwhile is labelled, then the engine resumes."""
+        engine = self.llm.llm_engine
+        self._label(engine, between_steps())
+        ids = self.llm.enqueue(requests, params, lora_request=self.lora_request, use_tqdm=False)
+        done: list = []
+        loads = self.inflight_loads
+        self.generating = True
+        try:
+            while engine.has_unfinished_requests():
+                done.extend(o for o in engine.step() if o.finished)
+                version = between_steps()
+                if self.paused:  # load_weights paused the engine (keep) and loaded `version`
+                    self._label(engine, version)
+                    self._resume()
+        finally:
+            self.generating = False
+            if self.paused:  # between_steps raised after a load: never leave the engine paused
+                self._resume()
+        if self.inflight_loads != loads:  # no request holds the cache now: drop what older weights computed
+            self.llm.reset_prefix_cache()
+        if len(done) != len(ids):
+            raise RuntimeError(f"vllm in-flight generate: {len(done)} of {len(ids)} requests came back")
+        # enqueue returns the engine's internal ids; outputs carry the counter LLM numbered them with, and
+        # LLM.generate orders them by it (requests finish in any order)
+        return sorted(done, key=lambda o: int(o.request_id))
+
+    def _label(self, engine, version: int) -> None:
+        if version != self.label:
+            engine.set_weight_version(str(version))
+            self.label = version
+
+    def _resume(self) -> None:
+        self.llm.wake_up(tags=["scheduling"])
+        self.paused = False
+
     @staticmethod
-    def _completion(out) -> Completion:
-        """out: a vllm CompletionOutput; out.logprobs[t] maps token id → Logprob at position t."""
+    def _completion(out, in_flight: bool = False) -> Completion:
+        """out: a vllm CompletionOutput; out.logprobs[t] maps token id → Logprob at position t;
+        out.weight_versions: [start, end) token spans and the weight label that sampled them, read under
+        in-flight updates only (the labels are versions then; otherwise vLLM's own "default")."""
         tokens = list(out.token_ids)
         logprobs = [float(out.logprobs[t][tok].logprob) for t, tok in enumerate(tokens)]
-        return Completion(tokens, logprobs, "length" if out.finish_reason == "length" else "stop")
+        spans = [s for s in (getattr(out, "weight_versions", None) or []) if s.end > s.start] if in_flight else []
+        versions = (int(spans[0].version), int(spans[-1].version)) if spans else None
+        return Completion(tokens, logprobs, "length" if out.finish_reason == "length" else "stop", versions)
 
     def load_weights(self, state: dict) -> None:
         """state: {Hugging Face name: full tensor}, as the learner publishes it. Raises when a worker
-        fails: the engine may then hold a partly loaded version and must not generate again."""
+        fails: the engine may then hold a partly loaded version and must not generate again. Inside an
+        in-flight generate call the engine is paused first (mode="keep"); generate labels and resumes it."""
         t0 = time.perf_counter()
         if self.lora is not None:
             self._load_adapter(state)
@@ -118,10 +182,15 @@ class VLLMBackend:
             return
         self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
         buckets = shm_weights.write(state, self.plan, self.weights_dir)
+        if self.generating and not self.paused:
+            self.llm.sleep(level=0, mode="keep")  # stops between decoding steps; requests and KV stay
+            self.paused = True
+            self.inflight_loads += 1
         counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
         if any(c != len(state) for c in counts):
             raise RuntimeError(f"vllm weight update: the workers read {counts} tensors of {len(state)}")
-        self.llm.reset_prefix_cache()
+        if not self.generating:  # in flight, requests hold the cache: reset when the call ends
+            self.llm.reset_prefix_cache()
         self.update_s.append(time.perf_counter() - t0)
 
     def _load_adapter(self, state: dict) -> None:
@@ -147,7 +216,7 @@ class VLLMBackend:
         ms = [s * 1000 for s in self.update_s]
         return {"backend": "vllm", "update_mode": "lora_request" if self.lora is not None else UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
-                "update_ms_max": round(max(ms), 1) if ms else None,
+                "update_ms_max": round(max(ms), 1) if ms else None, "inflight_loads": self.inflight_loads,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),
                 "tokens": self.tokens,
                 "tok_per_s": round(self.tokens / self.generate_s, 1) if self.generate_s else None}

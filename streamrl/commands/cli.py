@@ -14,6 +14,7 @@
   streamrl eval --live [CONFIG] [--watch N]    the same for a running learner's newest weights
   streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
+  streamrl export RUN_DIR OUT [--step N]       a checkpoint as a Hugging Face folder (transformers, vllm serve)
   streamrl init DIR [--force]                  copy the shipped recipes and monitoring bundle into DIR
 
 CONFIG is a YAML file, or the name of a shipped recipe (`tiny.yaml`, `paper/corpo.yaml`). Every command takes
@@ -127,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="replace files already there (default: refuse)")
     for command in sub.choices.values():  # SUPPRESS: `streamrl --log-level debug run` stays debug
         _log_level_option(command, argparse.SUPPRESS)
+    ex = sub.add_parser("export", help="a checkpoint as a Hugging Face model folder (transformers, vllm serve)")
+    ex.add_argument("run", metavar="RUN_DIR", help="runs/<name>, or one checkpoint folder runs/<name>/checkpoints/<tag>")
+    ex.add_argument("out", metavar="OUT", help="folder to write (must not exist)")
+    ex.add_argument("--step", type=int, default=None, help="the checkpoint at this step (default: the newest complete)")
+    ex.add_argument("--merge", action="store_true",
+                    help="LoRA: merge the adapters into the base weights (a full-weight checkpoint is already merged)")
+    ex.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     return p
 
 
@@ -216,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tool(args)
     if args.command == "tasks":
         return list_tasks()
+    if args.command == "export":
+        return _export(args)
     try:
         path, overrides = split_args(args.args)
         if path is None and args.command in ("run", "check", "reproduce", "plan"):
@@ -426,6 +436,20 @@ def _tool(args) -> int:
         print(f"streamrl {args.command}: interrupted", file=sys.stderr)
         return 130
     raise AssertionError(args.command)
+
+
+def _export(args) -> int:
+    from streamrl.run import export
+
+    try:
+        done = export.export(args.run, args.out, args.step, args.merge, export.parse_size(args.max_shard_size))
+    except (export.ExportError, config_lib.ConfigError) as e:
+        print(f"streamrl export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"streamrl export: wrote step {done.step} ({done.kind} model, {done.parameters:,} parameters, "
+          f"{len(done.shards)} shard(s)) from {done.checkpoint} to {done.out}; load it with "
+          f"AutoModelForCausalLM.from_pretrained({str(done.out)!r}) or `vllm serve {done.out}`")
+    return 0
 
 
 def _run_dir(path: str) -> Path:

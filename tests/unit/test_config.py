@@ -130,7 +130,8 @@ def test_strict_mode_requires_publishing_every_step():
 
 def test_inflight_updates_are_refused_in_strict_mode_and_on_backends_that_cannot_pause():
     assert "strict forbids it" in _error("on_policy=strict", "actors.inflight_updates=true")
-    assert "need actors.backend=hf" in _error("actors.backend=sglang", "actors.inflight_updates=true")
+    assert "need actors.backend=hf or vllm" in _error("actors.backend=sglang", "actors.inflight_updates=true")
+    assert load(None, ["actors.backend=vllm", "actors.inflight_updates=true"]).actors.inflight_updates
     assert load(None, ["actors.inflight_updates=true"]).actors.inflight_updates
 
 
@@ -334,3 +335,8 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
     bad.write_text("steps: 3\n  name: x\n")
     with pytest.raises(config.ConfigError, match=r"bad.yaml:2:7: not valid YAML: mapping values are not allowed"):
         config.load(bad)
+
+
+def test_inflight_updates_with_lora_on_vllm_are_refused_naming_why():
+    msg = _error("actors.backend=vllm", "actors.inflight_updates=true", "lora.rank=8")
+    assert "lora.rank > 0 on vllm" in msg and "LoRARequest" in msg

@@ -170,12 +170,88 @@ def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
         shm_weights.remove(folder)
 
 
-def test_config_takes_the_vllm_backend_but_not_collective_sync_or_inflight_updates():
+def test_config_takes_the_vllm_backend_with_inflight_updates_but_not_collective_sync():
     assert config.load(None, ["actors.backend=vllm"]).actors.backend == "vllm"
     with pytest.raises(config.ConfigError, match="collective"):
         config.load(None, ["actors.backend=vllm", "transport.weight_sync=collective"])
-    with pytest.raises(config.ConfigError, match="inflight_updates"):
-        config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true"])
+    assert config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true"]).actors.inflight_updates
+    with pytest.raises(config.ConfigError, match="inflight_updates=true: on_policy strict forbids it"):
+        config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true", "on_policy=strict"])
+
+
+def _between_steps_loading(b, at_call: int, state: dict):
+    """between_steps that loads `state` as version 1 on its `at_call`-th call (the first is before any step)."""
+    calls = []
+
+    def between_steps() -> int:
+        calls.append(len(calls) + 1)
+        if len(calls) == at_call:
+            b.load_weights(state)
+        return 1 if len(calls) >= at_call else 0
+
+    return between_steps, calls
+
+
+def test_in_flight_a_new_version_pauses_with_keep_loads_labels_and_resumes_between_decoding_steps(cpu_backend):
+    b, llm, _ = cpu_backend
+    between_steps, calls = _between_steps_loading(b, 3, {"w": torch.ones(2)})  # after the second step
+    out = b.generate([[5]], 3, between_steps)
+    names = [c[0] for c in llm.calls]
+    assert names == ["set_weight_version", "enqueue", "sleep", "collective_rpc", "set_weight_version", "wake_up",
+                     "reset_prefix_cache"]
+    assert llm.calls[0][1] == {"weight_version": "0"} and llm.calls[4][1] == {"weight_version": "1"}
+    assert llm.calls[2][1] == {"level": 0, "mode": "keep"} and llm.calls[5][1] == {"tags": ["scheduling"]}
+    assert llm.calls[1][1]["use_tqdm"] is False and llm.calls[1][1]["prompts"] == [{"prompt_token_ids": [5]}]
+    assert len(calls) == llm.llm_engine.steps + 1  # before the first step and after every step
+    # sample 0 ended at step 2 (old weights only); samples 1 and 2 sampled their third token with version 1,
+    # and its log-prob is the new weights' (the fake's -0.25 per reload)
+    (group,) = out
+    assert [c.versions for c in group] == [(0, 0), (0, 1), (0, 1)]
+    assert group[2].tokens == [105, 106, 107] and group[2].logprobs == [-0.5, -1.5, -2.75]
+    assert b.engine_stats()["inflight_loads"] == 1 and not llm.paused
+
+
+def test_in_flight_without_a_new_version_never_pauses_and_keeps_the_prefix_cache(cpu_backend):
+    b, llm, _ = cpu_backend
+    out = b.generate([[5], [7]], 2, lambda: 4)
+    assert [c[0] for c in llm.calls] == ["set_weight_version", "enqueue"]
+    assert [[c.versions for c in g] for g in out] == [[(4, 4), (4, 4)]] * 2
+    b.generate([[5]], 2, lambda: 4)  # the same label: not set again
+    assert [c[0] for c in llm.calls] == ["set_weight_version", "enqueue", "enqueue"]
+
+
+def test_in_flight_completions_match_a_plain_generate_call_when_no_version_arrives(cpu_backend):
+    b, _, _ = cpu_backend
+    plain = b.generate([[5, 6], [7]], 3)
+    flight = b.generate([[5, 6], [7]], 3, lambda: 0)
+    assert [[(c.tokens, c.logprobs, c.finish_reason) for c in g] for g in flight] == \
+        [[(c.tokens, c.logprobs, c.finish_reason) for c in g] for g in plain]
+    assert all(c.versions is None for g in plain for c in g)
+
+
+def test_a_failure_after_an_in_flight_load_never_leaves_the_engine_paused(cpu_backend):
+    b, llm, _ = cpu_backend
+
+    def between_steps():
+        if llm.llm_engine.steps == 1:
+            b.load_weights({"w": torch.ones(2)})
+            raise RuntimeError("the subscriber broke")
+        return 0
+
+    with pytest.raises(RuntimeError, match="the subscriber broke"):
+        b.generate([[5]], 2, between_steps)
+    assert not llm.paused and llm.calls[-1][0] == "wake_up"
+
+
+def test_the_rollout_passes_between_steps_to_the_vllm_backend_as_it_does_to_hf(cpu_backend):
+    import inspect as _inspect
+
+    from streamrl.actors.backends.hf import HFBackend
+    from streamrl.actors.backends.vllm import VLLMBackend
+
+    # rollout calls backend.generate(ids, n, between_steps): the third parameter must be between_steps on both
+    assert list(_inspect.signature(VLLMBackend.generate).parameters)[:4] == \
+        list(_inspect.signature(HFBackend.generate).parameters)[:4] == ["self", "prompts", "n", "between_steps"]
 
 
 # Where vLLM is installed (the .venv-vllm of tests/integration/test_vllm_cpu.py), the fake must match it.
@@ -200,6 +276,33 @@ def test_the_fake_mirrors_the_real_llm_signatures_where_vllm_is_installed():
     assert list(inspect.signature(fake_vllm.GPUModelRunner.reload_weights).parameters) == \
         list(inspect.signature(GPUModelRunner.reload_weights).parameters)
     assert "self.model_runner.reload_weights(*args, **kwargs)" in inspect.getsource(Worker.reload_weights)
+
+
+def test_the_fakes_in_flight_parts_mirror_vllms_pause_keep_and_weight_version_api_where_vllm_is_installed():
+    real = _real_vllm()
+    import fake_vllm
+    from vllm.outputs import CompletionOutput, WeightVersionSpan
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    for method in ("enqueue", "sleep", "wake_up"):
+        assert list(inspect.signature(getattr(fake_vllm.LLM, method)).parameters) == \
+            list(inspect.signature(getattr(real.LLM, method)).parameters), method
+    for method in ("step", "has_unfinished_requests", "set_weight_version"):
+        assert list(inspect.signature(getattr(fake_vllm.LLMEngine, method)).parameters) == \
+            list(inspect.signature(getattr(LLMEngine, method)).parameters), method
+    assert [f.name for f in dataclasses.fields(fake_vllm.WeightVersionSpan)] == \
+        [f.name for f in dataclasses.fields(WeightVersionSpan)]
+    assert "weight_versions" in {f.name for f in dataclasses.fields(CompletionOutput)}
+    # LLM.sleep(level=0, mode) is the scheduler's pause in that mode, keeping the caches; wake_up with
+    # "scheduling" alone resumes it; "keep" leaves requests in the scheduler (not aborted).
+    sleep = inspect.getsource(EngineCore.sleep)
+    assert "self.pause_scheduler(mode=mode, clear_cache=clear_prefix_cache)" in sleep and "level >= 1" in sleep
+    assert "self.resume_scheduler()" in inspect.getsource(EngineCore.wake_up)
+    pause = inspect.getsource(EngineCore.pause_scheduler)
+    assert 'PauseState.PAUSED_ALL if mode == "keep"' in pause
+    # the engine labels each step's outputs with the weight version set last
+    assert "eco.weight_version = self._weight_version" in inspect.getsource(EngineCore._attach_weight_version)
 
 
 def test_the_worker_extension_shadows_no_worker_method_where_vllm_is_installed():
