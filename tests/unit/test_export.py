@@ -1,7 +1,7 @@
 """`streamrl export` on run directories laid out as the learner leaves them (config.yaml, checkpoints/<tag>/ with
 policy.safetensors and streamrl.json, `latest`): which checkpoint it picks, the folder it writes (shards, index,
 config, tokenizer), that transformers loads it with the learner's logits, and its one-line errors.
-A real run's checkpoint, and a release-shaped one, are exported in tests/integration/test_export.py."""
+A real run's checkpoint, and a release-shaped one, are exported in tests/integration/test_export_run.py."""
 
 from __future__ import annotations
 
