@@ -126,8 +126,6 @@ def _parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="copy the shipped recipes, Slurm scripts and monitoring bundle into DIR")
     init.add_argument("directory", help="project folder to write (DIR/configs/, DIR/monitoring/; made if missing)")
     init.add_argument("--force", action="store_true", help="replace files already there (default: refuse)")
-    for command in sub.choices.values():  # SUPPRESS: `streamrl --log-level debug run` stays debug
-        _log_level_option(command, argparse.SUPPRESS)
     ex = sub.add_parser("export", help="a checkpoint as a Hugging Face model folder (transformers, vllm serve)")
     ex.add_argument("run", metavar="RUN_DIR", help="runs/<name>, or one checkpoint folder runs/<name>/checkpoints/<tag>")
     ex.add_argument("out", metavar="OUT", help="folder to write (must not exist)")
@@ -135,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--merge", action="store_true",
                     help="LoRA: merge the adapters into the base weights (a full-weight checkpoint is already merged)")
     ex.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    for command in sub.choices.values():  # SUPPRESS: `streamrl --log-level debug run` stays debug
+        _log_level_option(command, argparse.SUPPRESS)
     return p
 
 
@@ -320,6 +320,10 @@ def _task_report(cfg: config_lib.Config) -> str | None:
 def before_start(cfg: config_lib.Config, args, name: str) -> bool:
     """The checks of `streamrl.run.preflight` for this command: each problem one line on stderr; False stops it."""
     errors, warnings = preflight.problems(cfg, args.command, getattr(args, "index", 0))
+    if args.command in ("check", "run"):  # before the claim: a refused run leaves no run directory behind
+        data_errors, data_warnings = data_problems(cfg, every_row=args.command == "check")
+        errors += data_errors
+        warnings += data_warnings
     claim = None if errors else run_claim(cfg, args)
     if claim:
         errors.append(claim)
@@ -335,10 +339,6 @@ def before_start(cfg: config_lib.Config, args, name: str) -> bool:
             errors.append(refusal)
     if args.command == "check" and (refusal := preflight.existing_run(cfg)):
         errors.append(refusal.replace("pass --overwrite", "pass `streamrl run --overwrite`"))
-    if args.command in ("check", "run"):
-        data_errors, data_warnings = data_problems(cfg, every_row=args.command == "check")
-        errors += data_errors
-        warnings += data_warnings
     for w in warnings:
         print(f"streamrl {name}: warning: {w}", file=sys.stderr)
     for e in errors:

@@ -3,9 +3,15 @@ worker, and a child of a process that ran cuInit fails with "CUDA error: initial
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
-import conftest
+# tests/conftest.py by its path: with tests/integration collected too, `import conftest` may find the other one
+_spec = importlib.util.spec_from_file_location("tests_root_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 
 
 class _Item:

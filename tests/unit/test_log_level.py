@@ -14,7 +14,8 @@ from streamrl.commands import cli
 
 @pytest.fixture(autouse=True)
 def no_level(monkeypatch):
-    monkeypatch.delenv(cli.LOG_LEVEL_ENV, raising=False)
+    monkeypatch.setenv(cli.LOG_LEVEL_ENV, "")  # recorded, so what main() exports is undone after the test
+    monkeypatch.delenv(cli.LOG_LEVEL_ENV)
 
 
 def test_every_command_takes_log_level():
