@@ -5,6 +5,7 @@ third-party module the code imports is declared."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from importlib import metadata
@@ -101,10 +102,15 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
     return root(at_import), root(every)
 
 
+@functools.cache
+def _packages_distributions() -> dict:
+    return metadata.packages_distributions()  # reads every installed distribution's file list: once, not per import
+
+
 def _distribution(module: str) -> str:
     if module in DISTRIBUTION_OF:
         return DISTRIBUTION_OF[module]
-    return (metadata.packages_distributions().get(module) or [module])[0]
+    return (_packages_distributions().get(module) or [module])[0]
 
 
 def test_every_third_party_import_is_declared():
