@@ -19,13 +19,7 @@ import json
 import multiprocessing as mp
 import tempfile
 
-
-def _vm(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
+from streamrl.learner.peak_memory import _vm  # /proc/self/status figures in bytes
 
 
 def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
