@@ -72,11 +72,14 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
 
 
 def _concat(outs: list[losses.LossOutput], width: int) -> losses.LossOutput:
-    """Micro-batches' outputs, each (b_i, l_i - 1), as one (B, width) output in row order."""
-    def cat(ts: list[torch.Tensor], fill) -> torch.Tensor:
-        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in ts])
+    """Micro-batches' outputs, each (b_i, l_i - 1), as one (B, width) output in row order, on the host.
 
-    return losses.LossOutput(loss=torch.stack([o.loss for o in outs]).sum(),
+    The step's records, the strict check and the histograms read them beside the batch's masks, which
+    stay on the host: on a GPU, mixing the two failed the first step (tests/gpu/test_learner_step_cuda.py)."""
+    def cat(ts: list[torch.Tensor], fill) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill).cpu() for t in ts])
+
+    return losses.LossOutput(loss=torch.stack([o.loss for o in outs]).sum().cpu(),
                              token_loss=cat([o.token_loss for o in outs], 0.0),
                              ratio=cat([o.ratio for o in outs], 1.0),
                              clipped=cat([o.clipped.to(torch.uint8) for o in outs], 0).bool())
