@@ -190,12 +190,14 @@ class Group:
         self._broadcast(t, what)
 
     def _broadcast(self, t: torch.Tensor, what: str) -> None:
+        t0 = time.monotonic()
         try:
             work = self.pg.broadcast(t, 0)
             done = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:  # torch's DistBackendError and DistError derive from it
-            raise WeightSyncError(f"weight sync: {what} failed or timed out after {self.timeout_s:.0f}s "
-                                  f"(rank {self.rank} of {self.world}): {e}") from None
+            # "after N s" is when it failed: NCCL refuses a duplicate GPU at once, a lost peer at the timeout
+            raise WeightSyncError(f"weight sync: {what} failed after {time.monotonic() - t0:.1f}s (limit "
+                                  f"{self.timeout_s:.0f}s; rank {self.rank} of {self.world}): {e}") from None
         if done is False:
             raise WeightSyncError(f"weight sync: {what} did not finish in {self.timeout_s:.0f}s "
                                   f"(rank {self.rank} of {self.world})")
