@@ -180,10 +180,10 @@ def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(rank
         ctx.term()
 
 
-def test_an_actors_budget_counts_layer1_groups_and_its_layer2_groups_are_all_sent():
-    """Generation returns every layer-2 group a call made (no share of the budget, no trim) and the throttle is
-    charged for the layer-1 groups only: at the paper's shape (4 groups per actor and version) a step trains 32
-    layer-1 groups and every verified correction's group."""
+def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
+    """Generation returns every layer-2 group a call made (no share of the budget, no trim), ahead of the call's
+    layer-1 groups; the actor charges its throttle for the layer-1 ones only (tests/integration/test_mgrpo_runs.py:
+    every strict step holds batch_groups layer-1 groups and one layer-2 group per verified correction)."""
     from streamrl import config
     from streamrl.actors.generation import Generation
     from streamrl.telemetry import prometheus_metrics
