@@ -106,5 +106,10 @@ def test_offline_filtering_refuses_prompts_without_room_and_cuts_completions_whe
 def test_max_prompt_tokens_refuses_a_longer_prompt_in_the_actors_rule():
     from streamrl.models import prompting
 
+    from streamrl.actors import rollout
+
     assert prompting.room(10, 8, None, max_prompt_tokens=9) == 0
     assert prompting.room(9, 8, 16, max_prompt_tokens=9) == 7
+    opts = rollout.RolloutOptions(group_size=1, r_min_correct=1.0, max_new_tokens=8, max_prompt_tokens=9)
+    assert opts.room([0] * 10) == 0 and opts.room([0] * 9) == 8   # the actors skip and count a longer prompt
+    assert opts.room([0] * 10, prompt=False) == 8                 # an MGRPO layer-2 query is not a task prompt
