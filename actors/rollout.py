@@ -335,7 +335,7 @@ def _layer2(backend, tokenizer, reward, prompts, prompt_ids: list[list[int]], ch
             stats.query_tokens_cut += cut
             q_ids.append(ids)
             owners.append(prompt)
-    # A correction ends where the model's context does, whatever max_seq_len says (the engine's own limit).
+    # A correction ends where the model's context does (the engine's limit, also where model.max_seq_len is unset).
     caps = [min(opts.room(q, prompt=False), opts.context - len(q)) if opts.context else opts.room(q, prompt=False)
             for q in q_ids]
     stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
