@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from streamrl.actors import rollout
-from streamrl.algo import difficulty, mgrpo
+from streamrl.algo import difficulty
 from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.wire import FilteredCensus, ScoredGroup
 from streamrl.config import Config
@@ -49,7 +49,6 @@ class Generation:
         # Online difficulty filtering: prompts almost always or almost never solved stop being drawn.
         self.tracker = difficulty.SuccessTracker.from_config(cfg) if cfg.difficulty.online else None
         self.r_min_correct = cfg.advantage.r_min_correct
-        self.layer2_share = cfg.mgrpo.layer2_share
         self.timed = _Timed(backend)
         self.totals: dict = {"generate_s": 0.0}
         self.filtered_in_a_row = 0
@@ -62,7 +61,9 @@ class Generation:
         self.pending: rollout.Started | None = None
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
-        """Up to `budget` groups made with the weights of `version` (between_steps: in-flight updates)."""
+        """Up to `budget` layer-1 groups made with the weights of `version` (between_steps: in-flight updates),
+        after the layer-2 groups of their responses (multi-layer GRPO), which the budget does not count: they join
+        the batch beside them."""
         t0 = time.perf_counter()
         tracker = self.tracker
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
@@ -74,7 +75,7 @@ class Generation:
             groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
                                                self.actor_id, self.phrase_rng, observe=observe,
                                                between_steps=between_steps)
-        return self._finish_call(groups, done, budget, t0)
+        return self._finish_call(groups, done, t0)
 
     def _prompts(self, k: int) -> list:
         keep = self.tracker.keep if self.tracker else None
@@ -118,9 +119,7 @@ class Generation:
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
 
-    def _finish_call(self, groups, done, budget: int, t0: float) -> list[ScoredGroup]:
-        if len(groups) > budget:  # layer-2 groups can outgrow the budget: the layers share it (mgrpo.fill_budget)
-            done.over_budget, groups = len(groups) - budget, mgrpo.fill_budget(groups, budget, self.layer2_share)
+    def _finish_call(self, groups, done, t0: float) -> list[ScoredGroup]:
         self.totals["generate_s"] += (gen_s := time.perf_counter() - t0)
         self.telemetry.observe_generate(groups, gen_s)
         self._account(groups, done)

@@ -65,7 +65,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
     telemetry.share.set(throttle.share)
     phases.mark("ready")
     generate = None
-    stats: dict = {"actor_id": actor_id, "groups_sent": 0}
+    stats: dict = {"actor_id": actor_id, "groups_generated": 0, "groups_sent": 0}
     started = time.perf_counter()
     try:
         weights.first(stopping)                                        # never generate before holding weights
@@ -84,7 +84,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
                     telemetry.share.set(throttle.share)
                 continue
             groups = generate(budget, weights.version, weights.in_flight)  # prompts → G samples each → score
-            throttle.made(len(groups))
+            throttle.made(sum(g.layer == 1 for g in groups))           # layer-2 groups ride beside them
+            stats["groups_generated"] += len(groups)
             stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)             # → PUSH to the learner
             if sent and not phases.written:
@@ -98,7 +99,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         # The report closes this session's accounting at the learner; lingering lets it and any
         # queued groups reach a learner that is draining (a learner already gone costs the wait).
         reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"
-        stats["reported"] = sender.report(throttle.total, reason, reward_failures={
+        stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
             k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
         sender.close(linger_s=2.0)
         weights.close()

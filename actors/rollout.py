@@ -36,6 +36,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """H: further samples of each kept correction's query."""
     query_limit: int = 0
     """Most tokens of a layer-2 query (0: no cap); see mgrpo.query_limit."""
+    context: int = 0
+    """The model's context (mgrpo.context): a correction is cut where it ends (0: unknown here)."""
     estimator: str = ""
     """The run's advantage estimator: the census of layer-1 groups before and after filtering ('': not counted)."""
     std_normalize: bool = False
@@ -48,6 +50,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """Completion cap (actors.max_new_tokens); None: the backend's own cap only."""
     max_seq_len: int | None = None
     """Cap on prompt + completion tokens (model.max_seq_len); None: none."""
+    max_prompt_tokens: int | None = None
+    """A longer prompt is skipped and counted (model.max_prompt_tokens; not layer-2 queries); None: none."""
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutOptions":
@@ -57,17 +61,22 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    phrases=tuple(m.phrases) if m.enabled else (),
                    augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
                    query_limit=mgrpo.query_limit(cfg) if m.enabled else 0,
+                   context=mgrpo.context(cfg) if m.enabled else 0,
                    estimator=cfg.advantage.estimator, std_normalize=cfg.advantage.std_normalize,
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
-                   max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len)
+                   max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len,
+                   max_prompt_tokens=cfg.model.max_prompt_tokens)
 
     def encode(self, tokenizer, text: str | Prompt) -> list[int]:
         """Token ids of a prompt (its chat messages where it has them) or of a text."""
         return prompting.encode(tokenizer, prompting.content(text),
                                 prompting.uses_chat_template(tokenizer, self.chat_template), self.enable_thinking)
 
-    def room(self, ids: list[int]) -> int:
-        """Completion tokens the prompt `ids` leaves under the caps (≤ 0: none)."""
+    def room(self, ids: list[int], prompt: bool = True) -> int:
+        """Completion tokens the prompt `ids` leaves under the caps (≤ 0: none). prompt: a task's prompt, which
+        max_prompt_tokens also bounds (a layer-2 query holds a response as well: it is not)."""
+        if prompt and self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            return 0
         if self.max_new_tokens is None:
             return 1 << 30 if self.max_seq_len is None else self.max_seq_len - len(ids)
         return prompting.room(len(ids), self.max_new_tokens, self.max_seq_len)
@@ -86,8 +95,6 @@ class RolloutStats(msgspec.Struct):
     """Multi-layer GRPO: layer-2 corrections sampled (one per layer-1 response)."""
     corrections_kept: int = 0
     """Corrections the verifier found correct, each the seed of a layer-2 group."""
-    over_budget: int = 0
-    """Groups not sent because they exceeded the actor's staleness budget (the actor sets this)."""
     queries_capped: int = 0
     """Multi-layer GRPO: layer-2 queries cut to fit the model's context."""
     query_tokens_cut: int = 0
@@ -103,7 +110,7 @@ class RolloutStats(msgspec.Struct):
     census_after_passed_pos: int = 0
     census_after_passed_nonpos: int = 0
     prompts_too_long: int = 0
-    """Prompts (and layer-2 queries) skipped because they leave no room under model.max_seq_len."""
+    """Prompts (and layer-2 queries) skipped: no room under model.max_seq_len, or over model.max_prompt_tokens."""
     # Reward functions by reference (streamrl.tasks.reward_functions): samples left unscored, by reason.
     reward_raised: int = 0
     reward_timeout: int = 0
@@ -193,7 +200,8 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
                 policy_version: int, actor_id: str, rng: random.Random | None = None,
                 observe: Callable[[str, list[float]], None] | None = None,
                 between_steps: Callable[[], int] | None = None) -> tuple[list[ScoredGroup], RolloutStats]:
-    """Layer-1 groups first, then (multi-layer GRPO) layer-2 groups. rng draws the guiding phrases;
+    """Layer-1 groups, after (multi-layer GRPO) the layer-2 groups of their responses: sent in this order, a
+    layer-2 group reaches the learner before the layer-1 group whose batch it joins. rng draws the guiding phrases;
     observe(prompt_id, rewards) sees every prompt's layer-1 rewards, filtered groups included.
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
@@ -205,11 +213,11 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
     corrections: list[list[float] | None] = [None] * len(prompts)
     layer2: list[ScoredGroup] = []
     if opts.phrases:
-        corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, chosen, opts, policy_version, actor_id,
-                                      rng or random.Random(), stats, between_steps, prompt_ids=ids)
+        corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, ids, chosen, opts, policy_version, actor_id,
+                                      rng or random.Random(), stats, between_steps)
     groups = _finish(prompts, ids, chosen, corrections, opts, policy_version, actor_id, stats, observe)
     stats.unparseable = reward.unparseable - unparseable_before
-    return groups + layer2, stats
+    return layer2 + groups, stats
 
 
 class Started(msgspec.Struct):
@@ -255,8 +263,9 @@ def _fitting(tokenizer, prompts: list[Prompt], opts: RolloutOptions, stats: Roll
     fits = [opts.room(i) > 0 for i in ids]
     if not all(fits):
         stats.prompts_too_long += fits.count(False)
-        log.warning("%s: %d prompt(s) skipped: no room for a completion under model.max_seq_len=%s (longest %d tokens)",
-                    actor_id, fits.count(False), opts.max_seq_len, max(map(len, ids)))
+        log.warning("%s: %d prompt(s) skipped: longer than model.max_prompt_tokens=%s or no room for a completion "
+                    "under model.max_seq_len=%s (longest %d tokens)", actor_id, fits.count(False),
+                    opts.max_prompt_tokens, opts.max_seq_len, max(map(len, ids)))
         prompts = [p for p, ok in zip(prompts, fits) if ok]
         ids = [i for i, ok in zip(ids, fits) if ok]
     return prompts, ids
@@ -309,25 +318,26 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
     return chosen
 
 
-def _layer2(backend, tokenizer, reward, prompts, chosen: list[list[Sample]], opts: RolloutOptions, version: int,
-            actor_id: str, rng: random.Random, stats: RolloutStats,
-            between_steps=None, prompt_ids=None) -> tuple[list[list[float]], list[ScoredGroup]]:
+def _layer2(backend, tokenizer, reward, prompts, prompt_ids: list[list[int]], chosen: list[list[Sample]],
+            opts: RolloutOptions, version: int, actor_id: str, rng: random.Random, stats: RolloutStats,
+            between_steps=None) -> tuple[list[list[float]], list[ScoredGroup]]:
     """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
-    query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups."""
-    queries, owners = [], []  # owners[j]: the original prompt of layer-2 query j
-    for prompt, samples in zip(prompts, chosen):
-        for _, text, _ in samples:
-            queries.append(Prompt(id="", text=mgrpo.layer2_query(prompt.text, text,
-                                                                 mgrpo.pick_phrase(opts.phrases, rng))))
-            owners.append(prompt)
-    q_ids = [opts.encode(tokenizer, q.text) for q in queries]
-    if opts.query_limit:  # a query longer than the context would fail the engine: keep its ends, count the cut
-        heads = [len(i) for i in prompt_ids for _ in range(opts.group_size)] if prompt_ids else [0] * len(q_ids)
-        for j, head in enumerate(heads):
-            q_ids[j], cut = mgrpo.cap_query(q_ids[j], opts.query_limit, head)
+    query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups.
+    A query continues the response's own tokens (mgrpo.layer2_ids); one longer than `query_limit` keeps the
+    original prompt and the end of the response with the phrase, and is counted."""
+    owners, q_ids = [], []  # owners[j]: the original prompt of layer-2 query j
+    for prompt, p_ids, samples in zip(prompts, prompt_ids, chosen):
+        for completion, _, _ in samples:
+            phrase = mgrpo.phrase_ids(tokenizer, mgrpo.pick_phrase(opts.phrases, rng))
+            ids = mgrpo.layer2_ids(p_ids, completion.tokens, completion.finish_reason == "stop", phrase)
+            ids, cut = mgrpo.cap_query(ids, opts.query_limit, len(p_ids))
             stats.queries_capped += bool(cut)
             stats.query_tokens_cut += cut
-    caps = [opts.room(q) for q in q_ids]
+            q_ids.append(ids)
+            owners.append(prompt)
+    # A correction ends where the model's context does (the engine's limit, also where model.max_seq_len is unset).
+    caps = [min(opts.room(q, prompt=False), opts.context - len(q)) if opts.context else opts.room(q, prompt=False)
+            for q in q_ids]
     stats.prompts_too_long += sum(c <= 0 for c in caps)  # sampled with no room: an empty correction, never kept
     # The verifier of a correction is the original prompt's reward: score against `owners`, not the query.
     first = [s[0] for s in _sample(backend, tokenizer, reward, owners, q_ids, 1, between_steps, caps, stats)]

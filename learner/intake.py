@@ -23,8 +23,10 @@ log = logging.getLogger("streamrl.learner")
 
 class Intake:
     def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int,
-                 demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0, strict: bool = False):
+                 demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0, strict: bool = False,
+                 ranks: int = 1):
         self.receiver = receiver
+        self.ranks = ranks  # learner ranks: each trains on an equal share of a batch's groups
         self.strict = strict  # on_policy=strict: a stale group is an error, never a silent drop
         self.publisher = publisher
         self.group_size = group_size
@@ -50,7 +52,10 @@ class Intake:
         return self.receiver.received
 
     def collect(self, version: int, n: int, timeout_s: float, stop=lambda: False) -> tuple[list[ScoredGroup], float]:
-        """n groups that pass the gate at `version`, and the seconds spent waiting for them.
+        """n layer-1 groups that pass the gate at `version`, with the multi-layer GRPO layer-2 groups that came
+        before them (an actor sends a call's layer-2 groups first, so each batch holds the corrections of its
+        layer-1 groups' responses, beside them as in MGRPO), and the seconds spent waiting for them. Layer-2
+        groups past a multiple of the learner's ranks are dropped and counted (`layer2_uneven_ranks`).
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
         arrives for `timeout_s`. When no group has come for clearly longer than groups usually
@@ -59,11 +64,12 @@ class Intake:
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
+        have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
-        while len(batch) < n and not stop():
+        while have < n and not stop():
             self.poller.poll(0 if self.receiver.pending else 100)  # groups of a batch message already wait
             self.publisher.serve_requests()
-            while len(batch) < n:
+            while have < n:
                 group = self.receiver.take()
                 if group is None:
                     break
@@ -74,31 +80,42 @@ class Intake:
                 verdict = self._verdict(group, version)
                 if verdict == "ok":
                     batch.append(group)
+                    have += group.layer == 1
                 else:
                     self.dropped[verdict] += 1
             now = time.monotonic()
             # No demand before the first group of the run: how long groups take is unknown until then (an engine's
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
             if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
-                    and len(batch) < n):
-                self.publisher.demand(version, n - len(batch))
+                    and have < n):
+                self.publisher.demand(version, n - have)
                 self.demands_sent += 1
                 if self.first_demand_version is None:
                     self.first_demand_version = version
                 last_demand = now
             if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
                 log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
-                            "(learner.data_timeout_s)", now - last_arrival, version, len(batch), n, timeout_s)
+                            "(learner.data_timeout_s)", now - last_arrival, version, have, n, timeout_s)
                 last_note = now
             if now - last_arrival > timeout_s:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
-                    f"(have {len(batch)}/{n} for this batch); are the actors alive and pointed at this learner?")
-        if len(batch) < n:  # stopping: a partial batch is never trained on
+                    f"(have {have}/{n} for this batch); are the actors alive and pointed at this learner?")
+        if have < n:  # stopping: a partial batch is never trained on
             self.dropped["lost_at_shutdown"] += len(batch)
             batch = []
+        batch = self._even(batch)
         self.used += len(batch)
         return batch, time.perf_counter() - t0
+
+    def _even(self, batch: list[ScoredGroup]) -> list[ScoredGroup]:
+        """The batch with as many groups as the ranks divide evenly: the last layer-2 groups over are dropped."""
+        over = len(batch) % self.ranks
+        if not over:
+            return batch
+        drop = {id(g) for g in [g for g in batch if g.layer != 1][-over:]}
+        self.dropped["layer2_uneven_ranks"] += len(drop)
+        return [g for g in batch if id(g) not in drop]
 
     def drain(self, timeout_s: float) -> None:
         """At shutdown, after actors were told to stop: take what is still on the way, counting it as

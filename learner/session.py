@@ -64,7 +64,7 @@ class Session:
         gate = self.gate
         self.intake = Intake(self.receiver, self.weights.publisher, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
-                             strict=cfg.strict)
+                             strict=cfg.strict, ranks=cfg.learner.ranks)
         self.started = time.time()
 
     def checkpoint(self) -> None:

@@ -101,7 +101,7 @@ def mgrpo_metrics(batch: Batch, r_min_correct: float) -> dict:
         return {}
     t1 = (batch.rewards[has] >= r_min_correct).tolist()
     t2 = (batch.corrections[has] >= r_min_correct).tolist()
-    # a batch of layer-2 groups alone (mgrpo.layer2_share=1) has no pairs: its accuracies are 0 of 0, left out
+    # a batch whose layer-1 groups carry no corrections has no pairs: its accuracies are 0 of 0, left out
     return {**mgrpo.accuracy(t1, t2), "layer2_groups": int(layer2.sum()),
             "layer2_reward_mean": float(batch.rewards[layer2].mean()) if bool(layer2.any()) else None}
 

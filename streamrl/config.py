@@ -48,6 +48,8 @@ class ModelConfig(_Section):
     """Chat template's thinking switch (Qwen3: false pre-fills an empty think block); null: the template's default."""
     max_seq_len: PositiveInt | None = None
     """Cap on prompt + completion tokens (a prompt leaving no room is skipped and counted); null: completion cap only."""
+    max_prompt_tokens: PositiveInt | None = None
+    """Cap on a prompt's tokens (a longer one is skipped and counted, as verl's filter_overlong_prompts); null: none."""
     hidden_size: PositiveInt = 64
     """Tiny model: hidden size."""
     num_layers: PositiveInt = 2
@@ -103,6 +105,10 @@ class TaskConfig(_Section):
     """code_verifier: single-response template with {question} {response_a}; null: the built-in one."""
     reward_form: Literal["bce", "exp"] = "bce"
     """code_verifier: trained reward of a level q: bce = -BCE = ln q (the paper's, <= 0) or exp = exp(-BCE) = q."""
+    bce_floor: Annotated[float, Meta(gt=0, lt=1)] = 1e-3
+    """code_verifier, bce form: q is floored here before the log, so q = 0 trains on ln(bce_floor), not -inf."""
+    rounding: Literal["half_up", "half_down"] = "half_up"
+    """code_verifier: q onto the scale rounds half up (0.45 -> 0.5 on 10 steps: a tie) or half down (0.45 -> 0.4)."""
     dataset: str | None = None
     """reasoning_gym: the reasoning-gym dataset name (e.g. spell_backward, leg_counting, basic_arithmetic)."""
     options: dict[str, Any] = {}
@@ -121,6 +127,9 @@ class TaskConfig(_Section):
             raise ValueError(f"reward_weights={self.reward_weights}: needs one weight per task.reward ({len(refs)})")
         if any(b <= a for a, b in zip(self.reward_levels, self.reward_levels[1:])):
             raise ValueError(f"reward_levels={self.reward_levels}: must be strictly increasing (an ordinal scale)")
+        if self.name == "code_verifier" and self.bce_floor >= 1 / self.scale_steps:  # would merge the lowest levels
+            raise ValueError(f"bce_floor={self.bce_floor}: must be below the scale's first step 1/scale_steps "
+                             f"({1 / self.scale_steps:g})")
 
 
 class GraderConfig(_Section):
@@ -370,10 +379,10 @@ class MGRPOConfig(_Section):
     """Guiding phrases appended to a layer-1 response to make a layer-2 query (one drawn at random)."""
     augment: NonNegInt | None = None
     """H: further samples of a kept correction's query; null: group_size - 1, so every group holds G samples."""
-    layer2_share: Fraction = 0.5
-    """Share of an actor's budget for layer-2 groups when a generate call makes more groups than it (rest: layer 1)."""
+    min_correction_tokens: PositiveInt = 512
+    """Room a correction is always left (at most actors.max_new_tokens): a longer layer-2 query is cut to fit."""
     max_query_tokens: PositiveInt | None = None
-    """Cap on a layer-2 query's tokens (cut and counted); null: model.path's context minus actors.max_new_tokens."""
+    """Cap on a layer-2 query's tokens (cut and counted); null: the model's context minus min_correction_tokens."""
 
     def __post_init__(self) -> None:
         if not self.phrases or not all(p.strip() for p in self.phrases):

@@ -79,17 +79,20 @@ def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequ
 
 
 def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                   seed: int, encode=None) -> list[list[float]]:
+                   seed: int, encode=None, caps: list[int] | None = None) -> list[list[float]]:
     """(len(prompts), n) shaped rewards of n fresh samples per prompt, seeded inside a forked RNG."""
     return sample_scored(model, tokenizer, reward, prompts, n, temperature=temperature,
-                         max_new_tokens=max_new_tokens, seed=seed, encode=encode)[0]
+                         max_new_tokens=max_new_tokens, seed=seed, encode=encode, caps=caps)[0]
 
 
 @torch.no_grad()
 def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
-                  seed: int, encode=None) -> tuple[list[list[float]], list[list[str]]]:
+                  seed: int, encode=None, drawn: list | None = None,
+                  caps: list[int] | None = None) -> tuple[list[list[float]], list[list[str]]]:
     """(rewards, texts), each (len(prompts), n): n fresh samples per prompt, seeded inside a forked RNG.
-    encode(text) → prompt ids as the actors make them (streamrl.models.prompting.PromptEncoder); None: raw text."""
+    encode(text) → prompt ids as the actors make them (streamrl.models.prompting.PromptEncoder); None: raw text.
+    drawn: when given, gets (prompt ids, sampling.Completion) of every sample, in the order of the table's rows.
+    caps: per prompt, its completions' cap under model.max_seq_len (cut where its room ends, as the actors cut)."""
     from streamrl.models.model import end_token_ids
 
     device = next(model.parameters()).device
@@ -103,30 +106,36 @@ def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: flo
             groups = sampling.generate(model, ids[start:start + per_call], n, temperature=temperature,
                                        max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
                                        eos_id=end_token_ids(model, tokenizer), device=device)
-            for prompt, group in zip(prompts[start:start + per_call], groups):
+            if caps is not None:
+                groups = [[sampling.capped(c, max(0, cap)) for c in group]
+                          for cap, group in zip(caps[start:start + per_call], groups)]
+            for prompt, p_ids, group in zip(prompts[start:start + per_call], ids[start:start + per_call], groups):
+                if drawn is not None:
+                    drawn.extend((p_ids, c) for c in group)
                 texts.append([tokenizer.decode(c.tokens, skip_special_tokens=True) for c in group])
                 table.append([reward(prompt, t) for t in texts[-1]])
     return table, texts
 
 
-def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[float]], texts: list[list[str]], cfg,
+def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[float]], drawn: list, cfg,
                         seed: int) -> dict:
-    """Multi-layer GRPO in eval: one correction per sample (query + response + a guiding phrase),
-    scored by the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas."""
+    """Multi-layer GRPO in eval: one correction per sample, its query made as the actors make it (the prompt's
+    tokens, the response's own tokens and a guiding phrase in one assistant turn: mgrpo.layer2_ids), scored by
+    the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas. drawn: (prompt ids, Completion)
+    of each sample (sample_scored's), row by row."""
     import random
 
     from streamrl.algo import mgrpo
-    from streamrl.tasks import Prompt
 
     rng = random.Random(seed)
-    owners = [p for p, row in zip(prompts, texts) for _ in row]
-    queries = [Prompt(id=p.id, text=mgrpo.layer2_query(p.text, t, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng)))
-               for p, row in zip(prompts, texts) for t in row]
-    from streamrl.models.prompting import PromptEncoder
-
+    owners = [p for p, row in zip(prompts, rewards) for _ in row]
+    limit = mgrpo.query_limit(cfg)
+    queries = [mgrpo.cap_query(mgrpo.layer2_ids(p_ids, c.tokens, c.finish_reason == "stop",
+                                                mgrpo.phrase_ids(tokenizer, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng))),
+                               limit, len(p_ids))[0] for p_ids, c in drawn]
     _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
                              max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1,
-                             encode=PromptEncoder.from_config(cfg, tokenizer))
+                             encode=list)
     t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
     t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
     return {f"eval/{k}": v for k, v in mgrpo.accuracy(t1, t2).items()}
@@ -164,14 +173,15 @@ class Evaluator:
             self.load(state)
         before = self.reward.unparseable
         e = self.cfg.eval
-        table, texts = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
-                                     temperature=e.temperature,
-                                     max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
-                                     encode=self.encode)
+        drawn: list = []
+        table, _ = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
+                                 temperature=e.temperature,
+                                 max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
+                                 encode=self.encode, drawn=drawn)
         out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks, self.categories)
         out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
         if self.cfg.mgrpo.enabled:
-            out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, texts,
+            out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, drawn,
                                            self.cfg, e.seed))
         out["eval/samples"] = self.cfg.eval.samples
         out["eval_s"] = time.perf_counter() - t0

@@ -1,12 +1,14 @@
 """Multi-layer GRPO (Ding et al., "Multi-Layer GRPO"): a self-correction layer in the rollout.
 
-Layer 1 is the usual group. In layer 2 each layer-1 response becomes a new query: the original
-query, the response, and a guiding phrase drawn from a pool. The actor samples one correction per
-query; a rule-based verifier (the task's own reward) keeps the corrections that end correct and
-discards the rest; each kept correction plus H further samples of its query form a layer-2 group
-with advantages of its own. This module holds the parts both sides need: the query (and its cap at
-the model's context), the phrase words (the tiny model's vocabulary), how the two layers share an
-actor's budget, and the five accuracy metrics.
+Layer 1 is the usual group. In layer 2 each layer-1 response becomes a new query that continues the
+assistant's turn, as the paper's template does: the layer-1 prompt's token ids, the response's own
+token ids (its end token dropped, never re-tokenised: what the model sampled is what it reads) and a
+guiding phrase drawn from a pool. The actor samples one correction per query; a rule-based verifier
+(the task's own reward) keeps the corrections that end correct and discards the rest; each kept
+correction plus H further samples of its query form a layer-2 group with advantages of its own,
+trained in the same step beside the layer-1 groups (added to the batch, not taking their places).
+This module holds the parts both sides need: the query's tokens and their cap at the model's
+context, the phrase words (the tiny model's vocabulary) and the five accuracy metrics.
 """
 
 from __future__ import annotations
@@ -14,20 +16,31 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import Sequence
 
-G = TypeVar("G")
-
-# The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`.
+# The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`. The paper speaks
+# of a pool of seven; their exact text could not be read here (docs/mgrpo.md says what was found).
 DEFAULT_PHRASES = (
     "Wait, let me double-check that.",
     "Where might I have gone wrong this time? Let me double-check carefully.",
 )
 
+PHRASE_SEPARATOR = "\n"
+"""What goes between the first answer and the guiding phrase (the phrase starts a new line of the same turn)."""
 
-def layer2_query(query: str, response: str, phrase: str) -> str:
-    """The text a correction is sampled from: original query, the layer-1 response, the phrase."""
-    return f"{query} {response}\n{phrase}"
+
+def phrase_ids(tokenizer, phrase: str) -> list[int]:
+    """The tokens a guiding phrase adds after a response: the separator and the phrase, no special tokens."""
+    return list(tokenizer(PHRASE_SEPARATOR + phrase, add_special_tokens=False)["input_ids"])
+
+
+def layer2_ids(prompt_ids: Sequence[int], response: Sequence[int], stopped: bool, phrase: Sequence[int]) -> list[int]:
+    """A layer-2 query's token ids: the layer-1 prompt (P,), the response's own tokens (T,) without its end token
+    when it ended on one (`stopped`: the turn goes on, it is not closed), then the phrase's tokens.
+    Under a chat template the prompt ends with the assistant's generation prompt, so the first answer and the
+    phrase sit in one assistant turn, as in the paper; nothing is rendered or tokenised again."""
+    body = list(response[:-1]) if stopped and len(response) else list(response)
+    return [*prompt_ids, *body, *phrase]
 
 
 def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int]:
@@ -42,45 +55,31 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
     return [*ids[:head], *ids[len(ids) - (limit - head):]], len(ids) - limit
 
 
-def query_limit(cfg) -> int:
-    """Most tokens a layer-2 query may hold so that it and a completion fit the model's context:
-    `mgrpo.max_query_tokens`, else model.max_seq_len (or the model's context: the folder's
-    max_position_embeddings, the tiny model's model.context) minus actors.max_new_tokens (0: no cap,
-    a folder that names no context)."""
-    if cfg.mgrpo.max_query_tokens:
-        return cfg.mgrpo.max_query_tokens
+def context(cfg) -> int:
+    """The model's context in tokens: model.max_seq_len, else the tiny model's model.context, else model.path's
+    config.json max_position_embeddings; 0 where unknown here (a hub id: its engine reads it)."""
     if getattr(cfg.model, "max_seq_len", None):
-        return max(1, cfg.model.max_seq_len - cfg.actors.max_new_tokens)
+        return cfg.model.max_seq_len
     if not cfg.model.path:
-        return max(1, cfg.model.context - cfg.actors.max_new_tokens)
+        return cfg.model.context
     path = Path(cfg.model.path) / "config.json"
     if not path.is_file():
-        return 0  # a hub id: its context is read by the engine; set mgrpo.max_query_tokens to cap here
-    context = json.loads(path.read_text()).get("max_position_embeddings") or 0
-    return max(1, context - cfg.actors.max_new_tokens) if context else 0
+        return 0
+    return json.loads(path.read_text()).get("max_position_embeddings") or 0
 
 
-def fill_budget(groups: Sequence[G], budget: int, layer2_share: float) -> list[G]:
-    """The groups of one generate call an actor sends when they outnumber its budget.
+def correction_room(cfg) -> int:
+    """Tokens a correction is always left: mgrpo.min_correction_tokens, at most actors.max_new_tokens."""
+    return min(cfg.mgrpo.min_correction_tokens, cfg.actors.max_new_tokens)
 
-    Layer-2 groups (`.layer == 2`) get round(budget × layer2_share) slots, at least one when the
-    budget holds two or more and the share is above 0; layer-1 groups take the rest; slots one
-    layer cannot fill go to the other. Within a layer the order is kept. The mix is a property of
-    the config, not of the batch shape: a layer-1-first trim starved layer 2 whenever the prompts
-    of one call filled the budget (MGRPO's paper shape: 32 groups over 8 actors is 4 per actor).
-    """
-    if len(groups) <= budget:
-        return list(groups)
-    first = [g for g in groups if getattr(g, "layer", 1) == 1]
-    second = [g for g in groups if getattr(g, "layer", 1) != 1]
-    want = round(budget * layer2_share)
-    if layer2_share > 0 and budget >= 2:
-        want = max(1, want)
-    n2 = min(len(second), want)
-    n1 = min(len(first), budget - n2)
-    n2 = min(len(second), budget - n1)
-    keep = {id(g) for g in first[:n1]} | {id(g) for g in second[:n2]}
-    return [g for g in groups if id(g) in keep]
+
+def query_limit(cfg) -> int:
+    """Most tokens a layer-2 query may hold: `mgrpo.max_query_tokens`, else the model's context (`context`) minus
+    the correction's minimum room (`correction_room`); 0: no cap (the context is unknown here)."""
+    if cfg.mgrpo.max_query_tokens:
+        return cfg.mgrpo.max_query_tokens
+    ctx = context(cfg)
+    return max(1, ctx - correction_room(cfg)) if ctx else 0
 
 
 def pick_phrase(phrases: Sequence[str], rng: random.Random) -> str:

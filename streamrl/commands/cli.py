@@ -412,7 +412,8 @@ def _tool(args) -> int:
                                           args.checkpoint, args.prompts)
             print(f"streamrl difficulty: kept {c['kept']} of {c['prompts']} prompts ({c['source']}); dropped "
                   f"{c['too_easy']} too easy (rate > {cfg.difficulty.high}), {c['too_hard']} too hard "
-                  f"(rate < {cfg.difficulty.low}) -> {c['out']}")
+                  f"(rate < {cfg.difficulty.low}), {c['too_long']} too long (no room under model.max_seq_len, or "
+                  f"over model.max_prompt_tokens: not sampled) -> {c['out']}")
             return 0
         if args.command == "uplift":
             from streamrl.commands import uplift

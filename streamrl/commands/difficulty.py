@@ -1,7 +1,10 @@
 """`streamrl difficulty`: offline difficulty filtering (see `streamrl.algo.difficulty` for the rule).
 
 Samples N rollouts per prompt with the initial (or a saved) policy and writes the prompts whose
-success rate lies in [difficulty.low, difficulty.high].
+success rate lies in [difficulty.low, difficulty.high]. Prompts are encoded, capped and refused as the
+actors do (`streamrl.models.prompting`): a completion is cut where its prompt's room under
+`model.max_seq_len` ends, and a prompt that leaves no room (or is longer than `model.max_prompt_tokens`)
+is not sampled, not written, and counted (`too_long`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     a = cfg.actors
     # prompts as the actors encode them (the chat template where the model has one): the success rate is theirs
     encode = prompting.PromptEncoder.from_config(cfg, tokenizer)
-    table = evaluation.sample_rewards(model.eval(), tokenizer, reward, items, rollouts, temperature=a.temperature,
-                                      max_new_tokens=a.max_new_tokens, seed=cfg.seed, encode=encode)
+    ids = [encode(p) for p in items]
+    fits = [i for i, p_ids in enumerate(ids) if encode.room(p_ids) > 0]
+    table = evaluation.sample_rewards(model.eval(), tokenizer, reward, [items[i] for i in fits], rollouts,
+                                      temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=cfg.seed,
+                                      encode=encode, caps=[encode.room(ids[i]) for i in fits])
     r_min, d = cfg.advantage.r_min_correct, cfg.difficulty
-    rates = [sum(r >= r_min for r in row) / len(row) for row in table]
-    kept = [i for i, rate in enumerate(rates) if in_band(rate, d.low, d.high)]
+    rates: dict[int, float] = {i: sum(r >= r_min for r in row) / len(row) for i, row in zip(fits, table)}
+    kept = [i for i, rate in rates.items() if in_band(rate, d.low, d.high)]
     out.parent.mkdir(parents=True, exist_ok=True)
     if rows:
         from streamrl.tasks import data
@@ -48,6 +54,7 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     else:
         out.write_text("".join(json.dumps({"id": items[i].id, "text": items[i].text, "success_rate": rates[i]}) + "\n"
                                for i in kept))
-    return {"prompts": len(items), "kept": len(kept), "too_easy": sum(r > d.high for r in rates),
-            "too_hard": sum(r < d.low for r in rates), "source": "task.data rows" if rows else "task.eval_set",
+    return {"prompts": len(items), "kept": len(kept), "too_easy": sum(r > d.high for r in rates.values()),
+            "too_hard": sum(r < d.low for r in rates.values()), "too_long": len(items) - len(fits),
+            "source": "task.data rows" if rows else "task.eval_set",
             "out": str(out)}

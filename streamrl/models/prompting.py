@@ -5,8 +5,8 @@ messages a dataset row holds, system message included) through
 the tokenizer's chat template (`model.chat_template`: auto uses it when the tokenizer has one),
 with the generation prompt appended and Qwen3's thinking switch passed through
 (`model.enable_thinking`). The length cap is on the whole sequence: a completion may add
-min(actors.max_new_tokens, model.max_seq_len - prompt tokens); a prompt that leaves no room is
-skipped by the caller and counted.
+min(actors.max_new_tokens, model.max_seq_len - prompt tokens); a prompt that leaves no room, or is longer
+than `model.max_prompt_tokens`, is skipped by the caller and counted (actors, `streamrl difficulty`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,11 @@ def encode(tokenizer, text: str | list[dict], chat: bool, enable_thinking: bool 
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def room(prompt_tokens: int, max_new_tokens: int, max_seq_len: int | None) -> int:
-    """Completion tokens allowed after a prompt of this length (≤ 0: the prompt leaves no room)."""
+def room(prompt_tokens: int, max_new_tokens: int, max_seq_len: int | None, max_prompt_tokens: int | None = None) -> int:
+    """Completion tokens allowed after a prompt of this length (≤ 0: the prompt leaves no room, or is longer than
+    max_prompt_tokens: skip it)."""
+    if max_prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
+        return 0
     return max_new_tokens if max_seq_len is None else min(max_new_tokens, max_seq_len - prompt_tokens)
 
 
@@ -57,6 +60,7 @@ class PromptEncoder:
         self.chat = uses_chat_template(tokenizer, model_cfg.chat_template)
         self.enable_thinking = model_cfg.enable_thinking
         self.max_new_tokens, self.max_seq_len = max_new_tokens, model_cfg.max_seq_len
+        self.max_prompt_tokens = getattr(model_cfg, "max_prompt_tokens", None)
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> "PromptEncoder":
@@ -67,4 +71,4 @@ class PromptEncoder:
         return encode(self.tokenizer, content(text), self.chat, self.enable_thinking)
 
     def room(self, ids: list[int]) -> int:
-        return room(len(ids), self.max_new_tokens, self.max_seq_len)
+        return room(len(ids), self.max_new_tokens, self.max_seq_len, self.max_prompt_tokens)

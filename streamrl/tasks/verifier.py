@@ -12,10 +12,11 @@ explains, then rates each response in [0, 10] ending with `A: <v_A> B: <v_B>` (s
   mean of the two).
 
 The BCE between the implied preference and the label is -ln q. q is computed exactly from the
-decimal ratings (fractions, no float noise) and rounded half up onto `scale_steps` steps: that is
-the task's ordinal scale on [0, 1], which `reward.bucket_edges` may condense further. The trained
-reward is then `task.reward_form`: `bce` = -BCE = ln q (the paper's form: <= 0, ln 1e-3 for q = 0)
-or `exp` = exp(-BCE) = q. Unparseable output gets the lowest level and is counted.
+decimal ratings (fractions, no float noise) and rounded onto `scale_steps` steps, half up by default
+(`task.rounding`; the paper does not say): that is the task's ordinal scale on [0, 1], which
+`reward.bucket_edges` may condense further. The trained reward is then `task.reward_form`: `bce` =
+-BCE = ln q (the paper's form: <= 0; q is floored at `task.bce_floor`, 1e-3, so q = 0 trains on
+ln 1e-3) or `exp` = exp(-BCE) = q. Unparseable output gets the lowest level and is counted.
 
 Data: a JSONL file of `{question, response_a, response_b, label_a, label_b}` rows (`response_b`
 and `label_b` left out for a single-response sample), or, with no file, a synthetic arithmetic
@@ -40,7 +41,8 @@ PAIR_TEMPLATE = ("Question: {question}\nResponse A: {response_a}\nResponse B: {r
 SINGLE_TEMPLATE = ("Question: {question}\nResponse: {response_a}\n"
                    "Explain whether the response is correct, then rate it from 0 to 10 as Rating: <rating>")
 MAX_RATING = 10.0
-EPS = 1e-3  # the bce form takes ln(max(q, EPS)): a confident wrong rating costs a finite BCE (ln 1e-3 = -6.9)
+EPS = 1e-3  # task.bce_floor's default: ln(max(q, EPS)), a confident wrong rating costs a finite BCE (ln 1e-3 = -6.9)
+ROUNDINGS = ("half_up", "half_down")
 FORMS = ("bce", "exp")
 CATEGORIES = ("first_correct", "second_correct", "both_correct", "both_incorrect", "single")
 _NUM = r"(-?\d+(?:\.\d+)?)"
@@ -110,17 +112,23 @@ def bce(ratings: tuple[float, ...], labels: tuple[float, ...]) -> float:
     return -math.log(q) / (2 if root else 1)
 
 
-def quantise(q: Fraction, steps: int, root: bool = False) -> Fraction:
-    """q (or sqrt(q) when root) rounded half up to the nearest of 0, 1/steps, ..., 1, in integer arithmetic."""
+def quantise(q: Fraction, steps: int, root: bool = False, rounding: str = "half_up") -> Fraction:
+    """q (or sqrt(q) when root) rounded to the nearest of 0, 1/steps, ..., 1, in integer arithmetic; a value
+    exactly halfway goes up (half_up) or down (half_down)."""
     if not root:
-        return Fraction(math.floor(q * steps + Fraction(1, 2)), steps)
-    # floor(sqrt(x) + 1/2) = (isqrt(floor(4x)) + 1) // 2 for x = q steps^2 >= 0
-    return Fraction((math.isqrt(math.floor(4 * q * steps * steps)) + 1) // 2, steps)
+        n = math.floor(q * steps + Fraction(1, 2))
+        halfway = (2 * q * steps).denominator == 1 and (2 * q * steps) % 2 == 1
+    else:
+        # floor(sqrt(x) + 1/2) = (isqrt(floor(4x)) + 1) // 2 for x = q steps^2 >= 0
+        x = q * steps * steps
+        n = (math.isqrt(math.floor(4 * x)) + 1) // 2
+        halfway = n > 0 and 4 * x == (2 * n - 1) ** 2   # sqrt(x) = n - 1/2 exactly
+    return Fraction(n - 1 if halfway and rounding == "half_down" else n, steps)
 
 
-def to_reward(level: float, form: str) -> float:
-    """The trained reward of a level q on [0, 1]: bce -> ln(max(q, EPS)) = -BCE; exp -> q = exp(-BCE)."""
-    return math.log(max(float(level), EPS)) if form == "bce" else float(level)
+def to_reward(level: float, form: str, floor: float = EPS) -> float:
+    """The trained reward of a level q on [0, 1]: bce -> ln(max(q, floor)) = -BCE; exp -> q = exp(-BCE)."""
+    return math.log(max(float(level), floor)) if form == "bce" else float(level)
 
 
 def parse(text: str, pair: bool) -> tuple[Fraction, ...] | None:
@@ -153,9 +161,12 @@ class CodeVerifier(RowsTask):
 
     def __init__(self, data: str | None = None, eval_data: str | None = None, scale_steps: int = 10,
                  single_fraction: float = 0.1, template: str = PAIR_TEMPLATE, single_template: str = SINGLE_TEMPLATE,
-                 reward_form: str = "bce"):
+                 reward_form: str = "bce", bce_floor: float = EPS, rounding: str = "half_up"):
         if reward_form not in FORMS:
             raise ValueError(f"reward_form={reward_form!r}: must be one of {', '.join(FORMS)}")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding={rounding!r}: must be one of {', '.join(ROUNDINGS)}")
+        self.bce_floor, self.rounding = bce_floor, rounding
         self.train = read_jsonl(data) if data else None
         self.eval_rows = read_jsonl(eval_data) if eval_data else None
         self.scale_steps = scale_steps
@@ -172,7 +183,8 @@ class CodeVerifier(RowsTask):
     @classmethod
     def from_config(cls, cfg) -> "CodeVerifier":
         return cls(cfg.data, cfg.eval_data, cfg.scale_steps, cfg.single_fraction,
-                   cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE, cfg.reward_form)
+                   cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE, cfg.reward_form,
+                   cfg.bce_floor, cfg.rounding)
 
     @staticmethod
     def levels(cfg) -> list[float]:
@@ -182,10 +194,10 @@ class CodeVerifier(RowsTask):
     @staticmethod
     def reward_map(cfg):
         """The map from a (shaped) level q to the trained reward under `cfg.reward_form`."""
-        return lambda q: to_reward(q, cfg.reward_form)
+        return lambda q: to_reward(q, cfg.reward_form, cfg.bce_floor)
 
     def to_reward(self, q: float) -> float:
-        return to_reward(q, self.reward_form)
+        return to_reward(q, self.reward_form, self.bce_floor)
 
     def prompt(self, ex: Example) -> Prompt:
         pair = ex.response_b is not None
@@ -211,7 +223,7 @@ class CodeVerifier(RowsTask):
             self.unparseable += 1
             return 0.0
         q, root = implied(ratings, prompt.labels)
-        return float(quantise(q, self.scale_steps, root))
+        return float(quantise(q, self.scale_steps, root, self.rounding))
 
     @property
     def reward_levels(self) -> list[float]:

@@ -271,14 +271,25 @@ def test_paper_configs_follow_the_paper():
         assert filtered.reward == rollouts.reward == four.reward
 
 
-def test_every_paper_config_names_its_table_row_and_column():
+def test_every_paper_config_names_its_table_cell_or_says_it_is_a_comparison_run():
     paper = sorted((REPO / "configs" / "paper").glob("*.yaml"))
-    assert len(paper) == 3 + 6 + 6   # Table 1: 3 cells; Tables 2 and 3: 2 rows x 3 estimators each
+    assert len(paper) == 3 + 4 + 8   # Table 1: 3 cells; Tables 2-3: 4 CoRPO cells, and 8 GRPO/static comparisons
+    cells, comparisons = [], []
     for path in paper:
         first = path.read_text().splitlines()[0]
-        assert re.match(r'# Table [123], row "[^"]+", column "(GRPO|static|CoRPO)"', first), path.name
-        est = {"GRPO": "grpo", "static": "static", "CoRPO": "corpo"}[re.search(r'column "(\w+)"', first)[1]]
+        if cell := re.match(r'# Table ([123]), row "[^"]+", column "(GRPO|static|CoRPO)"', first):
+            cells.append(path.name)
+            assert cell[1] == "1" or cell[2] == "CoRPO", path.name   # Tables 2-3 report CoRPO only
+            est = cell[2]
+        else:
+            comparison = re.match(r'# Comparison run, not a cell of Tables 2–3 \(they report CoRPO only\): '
+                                  r'(GRPO|static) at the setting of Table [23], row "[^"]+"', first)
+            assert comparison, path.name
+            comparisons.append(path.name)
+            est = comparison[1]
+        est = {"GRPO": "grpo", "static": "static", "CoRPO": "corpo"}[est]
         assert config.load(path).advantage.estimator == est and path.name.startswith(est)
+    assert len(cells) == 7 and len(comparisons) == 8
 
 
 def test_lr_schedule_warms_up_then_decays_by_cosine_to_zero():
@@ -297,6 +308,17 @@ def test_mgrpo_paper_config_follows_the_paper():
     assert (cfg.optim.lr, cfg.optim.schedule, cfg.optim.warmup_ratio, cfg.loss.kl_coef) == (5e-7, "cosine", 0.03, 0.001)
     assert (cfg.actors.max_new_tokens, cfg.actors.group_size, cfg.learner.batch_groups) == (8196, 8, 32)
     assert cfg.actors.temperature == cfg.eval.temperature == 0.7
+    assert cfg.model.max_seq_len == 4096   # the paper's context
+    assert (cfg.eval.prompts, cfg.eval.samples, cfg.eval.ks) == ("all", 1, [1])   # whole benchmarks, accuracy
+
+
+def test_the_paper_configs_set_every_open_choice_to_what_the_recipe_page_says():
+    cfg = config.load(REPO / "configs" / "paper" / "grpo.yaml")
+    assert cfg.advantage.std_normalize is False
+    assert (cfg.task.bce_floor, cfg.task.rounding, cfg.model.max_prompt_tokens) == (1e-3, "half_up", 4096)
+    page = (REPO / "docs" / "paper-recipe.md").read_text()
+    for key in ("advantage.std_normalize", "task.bce_floor", "task.rounding", "model.max_prompt_tokens"):
+        assert f"`{key}`" in page, key
 
 
 def test_eval_ks_above_the_sample_count_are_refused_with_the_key_and_the_limit():

@@ -65,3 +65,51 @@ def test_offline_filtering_of_a_dataset_writes_the_kept_rows_verbatim(tmp_path, 
     counts = offline_difficulty.filter_offline(cfg, rollouts=4, out=tmp_path / "kept.jsonl")
     assert (counts["prompts"], counts["kept"], counts["too_easy"], counts["too_hard"]) == (3, 1, 1, 1)
     assert [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()] == [rows[2]]
+
+
+def test_offline_filtering_refuses_prompts_without_room_and_cuts_completions_where_the_actors_do(tmp_path,
+                                                                                             monkeypatch):
+    """model.max_seq_len bounds difficulty sampling as it bounds the actors (streamrl.models.prompting.room): a
+    prompt that leaves no room is not sampled and is counted as too long; the others' completions are cut at their
+    room. Real sampling of the tiny model, which writes whatever it samples."""
+    from streamrl import evaluation
+    from streamrl.models import model as model_lib
+    from streamrl.models import prompting
+    from streamrl.tasks import rewards
+
+    def cfg(*extra):
+        return config.load(None, ["task.length=4", "actors.max_new_tokens=8", "difficulty.low=0", "difficulty.high=1",
+                                  *extra])
+
+    reward = rewards.build(cfg())
+    _, tokenizer = model_lib.build(cfg(), reward.task.vocabulary)
+    encode = prompting.PromptEncoder.from_config(cfg(), tokenizer)
+    (length,) = {len(encode(p)) for p in reward.task.eval_set(4, cfg().eval.seed)}   # copy prompts: one length
+    counts = offline_difficulty.filter_offline(cfg(f"model.max_seq_len={length}"), rollouts=2,
+                                               out=tmp_path / "kept.jsonl", prompts=4)
+    assert (counts["prompts"], counts["too_long"], counts["kept"]) == (4, 4, 0)
+    assert (tmp_path / "kept.jsonl").read_text() == ""
+
+    seen: list = []
+    real = evaluation.sample_scored
+    monkeypatch.setattr(evaluation, "sample_scored", lambda *a, **kw: real(*a, drawn=seen, **kw))
+    counts = offline_difficulty.filter_offline(cfg(f"model.max_seq_len={length + 2}"), rollouts=2,
+                                               out=tmp_path / "kept.jsonl", prompts=4)
+    assert counts["too_long"] == 0 and counts["kept"] == 4 and len(seen) == 8
+    assert all(len(p) + len(c.tokens) <= length + 2 for p, c in seen)    # no sample past the whole-sequence cap
+    assert any(len(c.tokens) == 2 and c.finish_reason == "length" for _, c in seen)   # cut there, not at 8
+    counts = offline_difficulty.filter_offline(cfg(f"model.max_prompt_tokens={length - 1}"), rollouts=2,
+                                               out=tmp_path / "kept.jsonl", prompts=4)
+    assert counts["too_long"] == 4
+
+
+def test_max_prompt_tokens_refuses_a_longer_prompt_in_the_actors_rule():
+    from streamrl.models import prompting
+
+    from streamrl.actors import rollout
+
+    assert prompting.room(10, 8, None, max_prompt_tokens=9) == 0
+    assert prompting.room(9, 8, 16, max_prompt_tokens=9) == 7
+    opts = rollout.RolloutOptions(group_size=1, r_min_correct=1.0, max_new_tokens=8, max_prompt_tokens=9)
+    assert opts.room([0] * 10) == 0 and opts.room([0] * 9) == 8   # the actors skip and count a longer prompt
+    assert opts.room([0] * 10, prompt=False) == 8                 # an MGRPO layer-2 query is not a task prompt

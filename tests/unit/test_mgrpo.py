@@ -29,7 +29,11 @@ class Words:
 
     def decode(self, tokens, skip_special_tokens=True):
         inv = {i: w for w, i in self.vocab.items()}
-        return " ".join(inv[t] for t in tokens)
+        return " ".join(inv[t] for t in tokens if t != EOS)
+
+
+EOS = 999
+"""The scripted model's end token: a completion that stops ends with it, as a real backend's does."""
 
 
 class Scripted:
@@ -44,7 +48,8 @@ class Scripted:
         for _ in prompts:
             texts = self.script.pop(0)
             assert len(texts) == n, (texts, n)
-            out.append([Completion(self.tok(t)["input_ids"], [-0.5] * len(t.split()), "stop") for t in texts])
+            out.append([Completion(self.tok(t)["input_ids"] + [EOS], [-0.5] * (len(t.split()) + 1), "stop")
+                        for t in texts])
         return out
 
 
@@ -62,16 +67,14 @@ LAYER1 = ["a b", "a x", "x x", "b a"]          # rewards 1, 0.5, 0, 0
 CORRECTIONS = [["a b"], ["a b"], ["x b"], ["a b"]]  # responses 0, 1, 3 corrected right; 2 not
 
 
-def test_layer2_queries_are_query_response_and_a_phrase_from_the_pool():
+def test_layer2_queries_are_the_prompts_and_responses_own_tokens_and_a_phrase_from_the_pool():
     groups, _, _, tok = _run([LAYER1, *CORRECTIONS, ["a b", "a a", "b b"], ["a b"] * 3, ["x x"] * 3])
-    queries = [t for t in tok.encoded if "\n" in t]
-    assert len(queries) == 4
-    for response, q in zip(LAYER1, queries):
-        head, phrase = q.split("\n")
-        assert head == f"copy : a b = {response}" and phrase in PHRASES
+    phrases = [t for t in tok.encoded if t.startswith(mgrpo.PHRASE_SEPARATOR)]
+    assert len(phrases) == 4 and all(p.removeprefix(mgrpo.PHRASE_SEPARATOR) in PHRASES for p in phrases)
     layer2 = [g for g in groups if g.layer == 2]
-    expected = [tok(q)["input_ids"] for q in (queries[0], queries[1], queries[3])]
-    assert [g.prompt_tokens.tolist() for g in layer2] == expected
+    prompt = tok("copy : a b =")["input_ids"]
+    expected = [prompt + tok(LAYER1[i])["input_ids"] + tok(phrases[i])["input_ids"] for i in (0, 1, 3)]
+    assert [g.prompt_tokens.tolist() for g in layer2] == expected   # the end token (EOS) dropped: the turn goes on
 
 
 def test_only_verified_corrections_are_kept_and_each_is_augmented_h_times():
@@ -139,54 +142,64 @@ def test_eval_reports_the_five_metrics_under_mgrpo():
     assert out["eval/acc_t1"] == pytest.approx(out["eval/pass@1"])  # the same samples, counted the same way
 
 
-# --- how the two layers share an actor's budget (issue 17, item 1) ---------------------------------
+# --- layer-2 groups join the batch beside the layer-1 groups (issue 26, item 5) -----------------------
 
-class _G:
-    def __init__(self, layer, name):
-        self.layer, self.name = layer, name
+def _wire_group(layer: int, version: int = 0):
+    from streamrl.comm.wire import ScoredGroup
 
-
-def _call(prompts: int, kept_per_prompt: int) -> list:
-    """One generate call's groups as rollout.make_groups returns them: layer 1 first, then layer 2."""
-    return ([_G(1, f"p{i}") for i in range(prompts)]
-            + [_G(2, f"p{i}/t2/{j}") for i in range(prompts) for j in range(kept_per_prompt)])
+    return ScoredGroup.from_samples(prompt_id=f"p/{layer}", policy_version=version, actor_id="a", prompt_tokens=[1],
+                                    completions=[[2]] * 2, logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0],
+                                    finish_reasons=["stop"] * 2, layer=layer)
 
 
-def test_layer2_trains_at_the_mgrpo_papers_batch_shape():
-    from pathlib import Path
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ranks, dropped", [(1, 0), (2, 1)])
+def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(ranks, dropped):
+    import zmq
 
+    from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
+    from streamrl.learner.intake import Intake
+
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, "tcp://127.0.0.1:*", hwm=64, max_bytes=1 << 20, vocab_size=32)
+    publisher = WeightPublisher(ctx, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 1 << 20)
+    sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
+    try:
+        intake = Intake(receiver, publisher, group_size=2, max_staleness=0, strict=True, ranks=ranks)
+        # two generate calls at version 0, each as an actor sends it: its layer-2 groups, then its layer-1 groups
+        for layers in ([2, 2, 2, 1, 1], [2, 2, 1, 1]):
+            assert sender.send_batch([_wire_group(layer) for layer in layers], timeout_s=2)
+        batch, _ = intake.collect(version=0, n=4, timeout_s=10)
+        assert sum(g.layer == 1 for g in batch) == 4                  # the batch's layer-1 groups: n, as before
+        assert sum(g.layer == 2 for g in batch) == 5 - dropped        # every correction group added, none displacing
+        assert len(batch) % ranks == 0 and intake.dropped["layer2_uneven_ranks"] == dropped
+        assert intake.used == len(batch)
+    finally:
+        for sock in (sender, receiver, publisher):
+            sock.close()
+        ctx.term()
+
+
+def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
+    """Generation returns every layer-2 group a call made (no share of the budget, no trim), ahead of the call's
+    layer-1 groups; the actor charges its throttle for the layer-1 ones only (tests/integration/test_mgrpo_runs.py:
+    every strict step holds batch_groups layer-1 groups and one layer-2 group per verified correction)."""
     from streamrl import config
-    from streamrl.algo import staleness
+    from streamrl.actors.generation import Generation
+    from streamrl.telemetry import prometheus_metrics
 
-    cfg = config.load(Path(__file__).resolve().parents[2] / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml")
-    assert cfg.strict and (cfg.learner.batch_groups, cfg.actors.num, cfg.actors.prompts_per_generate) == (32, 8, 8)
-    step = []
-    for index in range(cfg.actors.num):   # strict: each actor makes exactly its share of one batch per version
-        budget = staleness.planned_share(cfg.learner.batch_groups, cfg.actors.num, index)
-        groups = _call(min(cfg.actors.prompts_per_generate, budget), kept_per_prompt=3)
-        sent = mgrpo.fill_budget(groups, budget, cfg.mgrpo.layer2_share)
-        assert len(sent) == budget == 4
-        step += sent
-    layer2 = sum(g.layer == 2 for g in step)
-    assert len(step) == 32 and layer2 == 16   # a layer-1-first trim sent 0 here: every budget held 4 layer-1 groups
-    # one correction kept in the whole call still trains
-    assert [g.layer for g in mgrpo.fill_budget(_call(4, 0) + [_G(2, "x")], 4, 0.5)] == [1, 1, 1, 2]
-
-
-@pytest.mark.parametrize("budget, prompts, kept, share, layers", [
-    (4, 4, 3, 0.5, [1, 1, 2, 2]),
-    (4, 4, 3, 0.25, [1, 1, 1, 2]),
-    (4, 4, 3, 0.0, [1, 1, 1, 1]),
-    (4, 4, 3, 1.0, [2, 2, 2, 2]),
-    (4, 1, 3, 0.5, [1, 2, 2, 2]),    # layer 1 cannot fill its two slots: layer 2 takes the spare one
-    (1, 1, 3, 0.5, [1]),             # a budget of one cannot be split: layer 1
-    (8, 2, 1, 0.5, [1, 1, 2, 2]),    # everything fits: nothing is cut
-])
-def test_fill_budget_shares_slots_by_the_configured_share(budget, prompts, kept, share, layers):
-    sent = mgrpo.fill_budget(_call(prompts, kept), budget, share)
-    assert [g.layer for g in sent] == layers
-    names = [g.name for g in sent]
-    assert names == sorted(names, key=[g.name for g in _call(prompts, kept)].index)   # order kept
+    cfg = config.load(None, ["mgrpo.enabled=true", "task.num_symbols=2", "task.length=2", "actors.group_size=4",
+                             "actors.prompts_per_generate=4", "advantage.r_min_correct=1.0"])
+    tok = Words()
+    script = [["a b", "a x", "x x", "b a"]] * 4 + [["a b"]] * 16 + [["a b"] * 3] * 16
+    backend = Scripted(tok, script)
+    reward = rewards.Reward(symbols.Copy(2, 2))
+    reward.task.sample = lambda rng: tasks.Prompt(id="p", text="copy : a b =", target=("a", "b"))
+    gen = Generation(cfg, 0, 0, backend, tok, reward,
+                     prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0"))
+    groups = gen(4, 0, None)
+    assert [g.layer for g in groups] == [2] * 16 + [1] * 4   # corrections first: they reach the learner before
+    assert "over_budget" not in gen.report()
 
 
 # --- a layer-2 query longer than the model's context (issue 17, item 6) ----------------------------
@@ -214,17 +227,22 @@ def test_layer2_queries_over_the_limit_are_capped_in_the_rollout_and_counted():
             assert len(g.prompt_tokens) == 7 and tok.decode(g.prompt_tokens[:3].tolist()) == "copy : a"
 
 
-def test_query_limit_comes_from_the_model_folder_or_the_config(tmp_path):
+def test_query_limit_is_the_context_minus_the_corrections_minimum_room(tmp_path):
     import json
 
     from streamrl import config
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
-    cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=1000"])
+    cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=8196"])
+    assert mgrpo.context(cfg) == 4096 and mgrpo.query_limit(cfg) == 4096 - 512   # not 4096 - 8196 floored at 1
+    cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "mgrpo.min_correction_tokens=1000",
+                              "actors.max_new_tokens=8196"])
     assert mgrpo.query_limit(cfg) == 3096
     assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
-    # the tiny model: its context (256) minus the completion cap
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "model.max_seq_len=200"])) == 200 - 4
+    # the tiny model: its context (256) minus the room, which is at most the completion cap
     assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "actors.max_new_tokens=6"])) == 250
+    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "model.path=org/hub-id"])) == 0
 
 
 def test_layer2_coverage_counts_steps_from_the_first_verified_correction_on():

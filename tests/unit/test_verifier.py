@@ -137,3 +137,38 @@ def test_the_documented_sample_file_reads():
     assert {r.response_b is None for r in rows} == {True, False}
     t = verifier.CodeVerifier(data=str(path))
     assert "def f(xs)" in t.prompt(rows[0]).text and "def f(xs)" in " ".join(t.vocabulary)
+
+
+# --- the choices the paper leaves open, each with its key (issue 29, item 3) -----------------------
+
+@pytest.mark.parametrize("a, b, up, down", [
+    (5.5, 4.5, 0.5, 0.4),   # q = 0.45, exactly halfway: a verdict one point wrong is a tie only when rounding up
+    (7.5, 2.5, 0.3, 0.2),   # q = 0.25
+    (6, 4, 0.4, 0.4),       # q = 0.40 is a level: no rounding either way
+    (6.2, 3.8, 0.4, 0.4),   # q = 0.38: nearest, not halfway
+])
+def test_task_rounding_says_where_a_q_exactly_halfway_goes(a, b, up, down):
+    half_down = verifier.CodeVerifier(rounding="half_down")
+    assert task().score(PAIR_B_RIGHT, f"A: {a} B: {b}") == up
+    assert half_down.score(PAIR_B_RIGHT, f"A: {a} B: {b}") == down
+
+
+def test_task_rounding_half_down_also_applies_to_ties_judged_response_by_response():
+    # labels tie (both correct): q = sqrt(q_A q_B); ratings 5 and 4.5 give sqrt(0.5 * 0.45) = 0.474... (not halfway),
+    # sqrt(0.81 * 0.25) = 0.45 exactly: halfway between 0.4 and 0.5
+    both = Prompt(id="t", text="", labels=(1.0, 1.0))
+    assert task().score(both, "A: 8.1 B: 2.5") == 0.5
+    assert verifier.CodeVerifier(rounding="half_down").score(both, "A: 8.1 B: 2.5") == 0.4
+    assert verifier.CodeVerifier(rounding="half_down").score(both, "A: 5 B: 4.5") == 0.5
+
+
+def test_task_bce_floor_sets_the_reward_of_q_zero_and_is_checked_against_the_scale():
+    from streamrl import config
+
+    cfg = config.load(None, ["task.name=code_verifier", "advantage.r_min_correct=-0.5108256237659907",
+                             "task.bce_floor=0.01"])
+    reward = rewards.build(cfg)
+    assert reward(PAIR_B_RIGHT, "A: 10 B: 0") == pytest.approx(math.log(0.01))   # not ln 1e-3
+    assert reward.levels[0] == pytest.approx(math.log(0.01))
+    with pytest.raises(config.ConfigError, match=r"task.bce_floor=0.1: must be below the scale's first step"):
+        config.load(None, ["task.name=code_verifier", "task.bce_floor=0.1"])
