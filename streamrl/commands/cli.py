@@ -520,5 +520,5 @@ def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
         if not got.usable:
             errors.append(f"task.{key}={source}: no usable row of {total:,}")
         elif got.count:
-            warnings.append(f"task.{key}={source}: {got.count:,} of {total:,} rows are malformed; a run skips them")
+            warnings.append(f"task.{key}={source}: {got.count:,} of {total:,} rows have a problem; a run skips them")
     return errors, warnings

@@ -5,8 +5,8 @@ tokens, prompt and completion together, and with `model.max_seq_len` unset at mo
 tiny model's `model.context`; a folder's `max_position_embeddings`; a hub id that is not in a local folder is
 not read here, and its engine applies its own). A prompt that leaves no room for one completion token is
 skipped before generation and counted (`prompts_too_long`); a completion is cut at
-min(actors.max_new_tokens, cap - prompt tokens). A config whose completion cap alone fills the model's
-positions could never generate, and is refused before anything starts (`problems`).
+min(actors.max_new_tokens, cap - prompt tokens). A model.max_seq_len above the model's positions, or (without
+it) a completion cap that alone fills them, is refused before anything starts (`problems`).
 """
 
 from __future__ import annotations
@@ -39,21 +39,18 @@ def seq_cap(model_cfg) -> int | None:
 
 
 def problems(cfg) -> list[str]:
-    """A cap at or beyond the model's positions, one line each: model.max_seq_len above them, and a completion
-    cap (actors.max_new_tokens, eval.max_new_tokens) that leaves no room for a prompt token."""
+    """Caps beyond the model's positions, one line each: model.max_seq_len above them; with model.max_seq_len
+    unset, a completion cap (actors.max_new_tokens, eval.max_new_tokens) that leaves no room for a prompt token.
+    (With model.max_seq_len set, it bounds prompt + completion, and a completion cap as large is allowed: the
+    paper's recipes set both to 16,384.)"""
     known = positions(cfg.model)
     if known is None:
         return []
     n, where = known
-    out = []
-    if cfg.model.max_seq_len and cfg.model.max_seq_len > n:
-        out.append(f"model.max_seq_len={cfg.model.max_seq_len}: the model has {n} positions ({where}); "
-                   f"give at most {n}")
-    cap, cap_name = (cfg.model.max_seq_len, "model.max_seq_len") if cfg.model.max_seq_len else (n, where)
-    for name, value in (("actors.max_new_tokens", cfg.actors.max_new_tokens), ("eval.max_new_tokens",
-                                                                              cfg.eval.max_new_tokens)):
-        if value and value >= min(cap, n):
-            room = f"{cap_name}={cap}" if cap < n else f"the model has {n} positions ({where})"
-            out.append(f"{name}={value}: {room}, prompt and completion together; give at most {min(cap, n) - 1} "
-                       "so a prompt token fits")
-    return out
+    if cfg.model.max_seq_len:
+        return [] if cfg.model.max_seq_len <= n else [
+            f"model.max_seq_len={cfg.model.max_seq_len}: the model has {n} positions ({where}); give at most {n}"]
+    return [f"{name}={value}: the model has {n} positions ({where}), prompt and completion together; give at most "
+            f"{n - 1} so a prompt token fits, or set model.max_seq_len"
+            for name, value in (("actors.max_new_tokens", cfg.actors.max_new_tokens),
+                                ("eval.max_new_tokens", cfg.eval.max_new_tokens)) if value and value >= n]

@@ -133,16 +133,15 @@ def _not_utf8(data: bytes, base: int, whole_file: bool = False) -> str:
 def _jsonl(p: Path, limit: int) -> Iterator[tuple[int, Any] | Problem]:
     src = str(p)
     with open(p, "rb") as f:
-        _refuse_other_bom(src, f.read(4))
-        f.seek(0)
-        offset = 0
+        head = f.read(4)
+        _refuse_other_bom(src, head)
+        offset = len(UTF8_BOM) if head.startswith(UTF8_BOM) else 0
+        f.seek(offset)
         for n in itertools.count(1):
-            line = f.readline(limit + 2)  # a line of `limit` bytes, its newline, and one byte to tell it is longer
+            line = f.readline(limit + 2)  # `limit` bytes, a \r\n, or one byte more to tell that the line is longer
             if not line:
                 return
             start, offset = offset, offset + len(line)
-            if n == 1 and line.startswith(UTF8_BOM):
-                line, start = line[len(UTF8_BOM):], start + len(UTF8_BOM)
             if len(line.rstrip(b"\r\n")) > limit:
                 rest = _skip_line(f) if not line.endswith(b"\n") else 0
                 offset += rest
@@ -278,7 +277,7 @@ def load(source: str | Path, convert: Callable[[Any], T], what: str, max_row_byt
         first = "; ".join(map(str, rows.problems[:3])) or "the source is empty"
         raise ValueError(f"{source}: no usable row ({len(rows.problems)} malformed; a row is {what}): {first}")
     if rows.problems:
-        log.warning("%s: skipped %d malformed row(s) of %d (streamrl check lists them): %s", source,
+        log.warning("%s: skipped %d row(s) of %d with a problem (streamrl check lists them): %s", source,
                     len(rows.problems), len(rows.problems) + len(rows.items), "; ".join(map(str, rows.problems[:3])))
     return rows.items
 

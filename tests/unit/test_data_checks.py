@@ -152,3 +152,22 @@ def test_a_prompt_longer_than_the_models_context_leaves_no_room_without_max_seq_
 
     opts = RolloutOptions.from_config(config.load(None, []))  # model.max_seq_len unset: the tiny model's 256
     assert opts.room([1] * 200) == 4 and opts.room([1] * 254) == 2 and opts.room([1] * 256) <= 0
+
+
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"])
+def test_a_row_of_exactly_max_row_bytes_is_read_and_one_byte_more_is_not(tmp_path, bom, eol):
+    path = tmp_path / "edge.jsonl"
+    path.write_bytes(bom + GOOD.rstrip() + eol + GOOD.rstrip() + eol)
+    size = len(GOOD.rstrip())
+    assert data.read(path, math_answer.ROW, max_row_bytes=size).numbers == [1, 2]
+    rows = data.read(path, math_answer.ROW, max_row_bytes=size - 1)
+    assert rows.items == [] and [(p.row, f"is {size} bytes" in p.message) for p in rows.problems] == [(1, True), (2, True)]
+
+
+def test_a_json_file_names_a_non_utf8_byte_by_line_and_offset(tmp_path):
+    path = tmp_path / "rows.json"
+    head = b'[\n{"problem": "1+1", "answer": "2"},\n{"problem": "caf'
+    path.write_bytes(head + b'\xe9", "answer": "2"}\n]\n')
+    with pytest.raises(ValueError, match=rf"rows.json: not UTF-8: byte 0xe9 at byte {len(head)} of the file \(line 3\)"):
+        data.read(path, math_answer.ROW)
