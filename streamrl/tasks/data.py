@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -106,9 +107,9 @@ def raw_rows(source: str | Path, max_row_bytes: int = MAX_ROW_BYTES) -> tuple[li
     return good, problems
 
 
-def _too_long(src: str, n: int, size: int, limit: int) -> Problem:
-    return Problem(src, n, f"the row is {size:,} bytes, above task.max_row_bytes={limit:,}; skipped unread "
-                           "(shorten the row, or raise task.max_row_bytes)")
+def _too_long(src: str, n: int, size: int, limit: int, unread: bool = False) -> Problem:
+    return Problem(src, n, f"the row is {size:,} bytes, above task.max_row_bytes={limit:,}; skipped"
+                           f"{' unread' if unread else ''} (shorten the row, or raise task.max_row_bytes)")
 
 
 def _refuse_other_bom(src: str, head: bytes) -> None:
@@ -145,7 +146,7 @@ def _jsonl(p: Path, limit: int) -> Iterator[tuple[int, Any] | Problem]:
             if len(line.rstrip(b"\r\n")) > limit:
                 rest = _skip_line(f) if not line.endswith(b"\n") else 0
                 offset += rest
-                yield _too_long(src, n, len(line.rstrip(b"\r\n")) + rest, limit)
+                yield _too_long(src, n, len(line.rstrip(b"\r\n")) + rest, limit, unread=True)
                 continue
             if not line.strip():
                 continue
@@ -201,7 +202,7 @@ def _parquet(p: Path):
                          "(a dependency of streamrl), or give the rows as .jsonl") from None
     try:
         f = pq.ParquetFile(p)
-    except Exception as e:  # pyarrow's ArrowInvalid / OSError: the file is no Parquet
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (a ValueError): the file is no Parquet
         raise ValueError(f"{p}: not a Parquet file ({e}); a .parquet file is Apache Parquet (pandas.DataFrame."
                          "to_parquet, datasets.Dataset.to_parquet); rows of JSON go in .jsonl") from None
     return (row for batch in f.iter_batches(batch_size=_BATCH) for row in batch.to_pylist())

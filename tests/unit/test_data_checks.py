@@ -171,3 +171,15 @@ def test_a_json_file_names_a_non_utf8_byte_by_line_and_offset(tmp_path):
     path.write_bytes(head + b'\xe9", "answer": "2"}\n]\n')
     with pytest.raises(ValueError, match=rf"rows.json: not UTF-8: byte 0xe9 at byte {len(head)} of the file \(line 3\)"):
         data.read(path, math_answer.ROW)
+
+
+def test_a_table_row_above_max_row_bytes_is_named_too(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"problem": "1+1", "answer": "2"}, {"problem": "x" * 5000, "answer": "2"}]),
+                   path)
+    rows = data.read(path, math_answer.ROW, max_row_bytes=1000)
+    assert rows.numbers == [1] and [p.row for p in rows.problems] == [2]
+    assert "above task.max_row_bytes=1,000; skipped (" in rows.problems[0].message
