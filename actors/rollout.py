@@ -3,8 +3,9 @@ ScoredGroups stamped with the policy version that generated them, minus the filt
 multi-layer GRPO, then each response → a correction → the verified corrections' layer-2 groups.
 
 Prompts are encoded as the model expects (`streamrl.models.prompting`: the chat template when there is
-one) and the length cap is on prompt + completion (`model.max_seq_len`): completions are cut at
-their prompt's room, and a prompt with no room is skipped and counted (`prompts_too_long`)."""
+one) and the length cap is on prompt + completion (`model.max_seq_len`, else the model's positions:
+`streamrl.models.context`): completions are cut at their prompt's room, and a prompt with no room is skipped
+and counted (`prompts_too_long`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import msgspec
 from streamrl.actors.backends import Backend, Completion
 from streamrl.algo import group_filters, learning_signal, mgrpo
 from streamrl.comm.wire import ScoredGroup
-from streamrl.models import prompting
+from streamrl.models import context, prompting
 from streamrl.models.sampling import capped
 from streamrl.tasks import Prompt
 from streamrl.tasks.rewards import Reward
@@ -49,7 +50,7 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     max_new_tokens: int | None = None
     """Completion cap (actors.max_new_tokens); None: the backend's own cap only."""
     max_seq_len: int | None = None
-    """Cap on prompt + completion tokens (model.max_seq_len); None: none."""
+    """Cap on prompt + completion tokens (model.max_seq_len, else the model's positions); None: not known."""
     max_prompt_tokens: int | None = None
     """A longer prompt is skipped and counted (model.max_prompt_tokens; not layer-2 queries); None: none."""
 
@@ -64,7 +65,7 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    context=mgrpo.context(cfg) if m.enabled else 0,
                    estimator=cfg.advantage.estimator, std_normalize=cfg.advantage.std_normalize,
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
-                   max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=cfg.model.max_seq_len,
+                   max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=context.seq_cap(cfg.model),
                    max_prompt_tokens=cfg.model.max_prompt_tokens)
 
     def encode(self, tokenizer, text: str | Prompt) -> list[int]:
@@ -264,8 +265,8 @@ def _fitting(tokenizer, prompts: list[Prompt], opts: RolloutOptions, stats: Roll
     if not all(fits):
         stats.prompts_too_long += fits.count(False)
         log.warning("%s: %d prompt(s) skipped: longer than model.max_prompt_tokens=%s or no room for a completion "
-                    "under model.max_seq_len=%s (longest %d tokens)", actor_id, fits.count(False),
-                    opts.max_prompt_tokens, opts.max_seq_len, max(map(len, ids)))
+                    "in %s tokens (model.max_seq_len, else the model's positions; longest prompt %d tokens)",
+                    actor_id, fits.count(False), opts.max_prompt_tokens, opts.max_seq_len, max(map(len, ids)))
         prompts = [p for p, ok in zip(prompts, fits) if ok]
         ids = [i for i, ok in zip(ids, fits) if ok]
     return prompts, ids

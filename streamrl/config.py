@@ -79,6 +79,8 @@ class TaskConfig(_Section):
     """Training rows (.jsonl, .json, .parquet, a save_to_disk folder or hub id): dataset, code_verifier, math."""
     eval_data: str | None = None
     """Evaluation rows in the same form (null: drawn from the training stream, or the synthetic set)."""
+    max_row_bytes: PositiveInt = 1 << 20
+    """Largest data row in bytes (a JSONL line; a table row as JSON): a longer one is named and skipped unread."""
     prompt_field: str = "prompt"
     """dataset: the column holding the prompt, a string or a list of chat messages (the rest go to the reward)."""
     reward: str | list[str] | None = None

@@ -321,7 +321,7 @@ def before_start(cfg: config_lib.Config, args, name: str) -> bool:
     """The checks of `streamrl.run.preflight` for this command: each problem one line on stderr; False stops it."""
     errors, warnings = preflight.problems(cfg, args.command, getattr(args, "index", 0))
     if args.command in ("check", "run"):  # before the claim: a refused run leaves no run directory behind
-        data_errors, data_warnings = data_problems(cfg, every_row=args.command == "check")
+        data_errors, data_warnings = data_problems(cfg)
         errors += data_errors
         warnings += data_warnings
     claim = None if errors else run_claim(cfg, args)
@@ -485,10 +485,11 @@ def list_tasks() -> int:
     return 0
 
 
-def data_problems(cfg: config_lib.Config, every_row: bool) -> tuple[list[str], list[str]]:
-    """(errors, warnings) of the task's reward functions (each must import) and data files, read through its row
-    check: every malformed row (check) or their count (run) is a warning, since a run skips them; a file with no
-    usable row, or none at all, is an error."""
+def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the task's reward functions (each must import) and data files, every row read through
+    its row check (streaming, `streamrl.tasks.data.scan`): each malformed row is a warning naming its file and row
+    (the first `data.SHOWN`, then how many more), since a run skips them; a source that cannot be read or holds
+    no usable row is an error. `check` and `run` both print these, before the run directory is claimed."""
     from streamrl.tasks import TASKS, data
 
     errors, warnings = [], []
@@ -508,17 +509,17 @@ def data_problems(cfg: config_lib.Config, every_row: bool) -> tuple[list[str], l
         if not source:
             continue
         try:
-            rows = data.read(source, cls.row_converter(cfg.task))
+            got = data.scan(source, cls.row_converter(cfg.task), cfg.task.max_row_bytes)
         except (ValueError, OSError) as e:
             errors.append(f"task.{key}: {e}")
             continue
-        total = len(rows.items) + len(rows.problems)
-        if every_row:
-            warnings += [str(p) for p in rows.problems]
-        if not rows.items:
-            errors.append(f"task.{key}={source}: no usable row of {total}" + ("" if every_row else
-                          f"; first: {rows.problems[0]}" if rows.problems else ""))
-        elif rows.problems:
-            warnings.append(f"task.{key}={source}: {len(rows.problems)} of {total} rows are malformed; a run skips "
-                            "them" + ("" if every_row else " (`streamrl check` lists each)"))
+        warnings += [str(p) for p in got.problems]
+        if got.count > len(got.problems):
+            warnings.append(f"task.{key}={source}: and {got.count - len(got.problems):,} more malformed rows "
+                            "(fix those above and check again)")
+        total = got.usable + got.count
+        if not got.usable:
+            errors.append(f"task.{key}={source}: no usable row of {total:,}")
+        elif got.count:
+            warnings.append(f"task.{key}={source}: {got.count:,} of {total:,} rows have a problem; a run skips them")
     return errors, warnings

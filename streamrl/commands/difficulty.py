@@ -48,8 +48,8 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
         from streamrl.tasks import data
 
         # task.train holds the usable rows in file order; `numbers` says which source row each one is
-        numbers = data.read(cfg.task.data, type(task).row_converter(cfg.task)).numbers
-        raw = dict(data.raw_rows(cfg.task.data)[0])
+        numbers = data.read(cfg.task.data, type(task).row_converter(cfg.task), cfg.task.max_row_bytes).numbers
+        raw = dict(data.raw_rows(cfg.task.data, cfg.task.max_row_bytes)[0])
         out.write_text("".join(json.dumps(raw[numbers[i]], default=str) + "\n" for i in kept))
     else:
         out.write_text("".join(json.dumps({"id": items[i].id, "text": items[i].text, "success_rate": rates[i]}) + "\n"

@@ -5,12 +5,14 @@ messages a dataset row holds, system message included) through
 the tokenizer's chat template (`model.chat_template`: auto uses it when the tokenizer has one),
 with the generation prompt appended and Qwen3's thinking switch passed through
 (`model.enable_thinking`). The length cap is on the whole sequence: a completion may add
-min(actors.max_new_tokens, model.max_seq_len - prompt tokens); a prompt that leaves no room, or is longer
-than `model.max_prompt_tokens`, is skipped by the caller and counted (actors, `streamrl difficulty`).
+min(actors.max_new_tokens, model.max_seq_len - prompt tokens), model.max_seq_len unset meaning the model's
+positions (`streamrl.models.context`); a prompt that leaves no room, or is longer than
+`model.max_prompt_tokens`, is skipped by the caller and counted (actors, `streamrl difficulty`).
 """
 
 from __future__ import annotations
 
+from streamrl.models.context import seq_cap
 from streamrl.tasks.base import render
 
 
@@ -59,7 +61,7 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.chat = uses_chat_template(tokenizer, model_cfg.chat_template)
         self.enable_thinking = model_cfg.enable_thinking
-        self.max_new_tokens, self.max_seq_len = max_new_tokens, model_cfg.max_seq_len
+        self.max_new_tokens, self.max_seq_len = max_new_tokens, seq_cap(model_cfg)
         self.max_prompt_tokens = getattr(model_cfg, "max_prompt_tokens", None)
 
     @classmethod

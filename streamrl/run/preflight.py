@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from streamrl.config import Config
+from streamrl.models import context
 from streamrl.telemetry import trackers
 
 ROLES = ("check", "run", "learner", "actor")
@@ -39,6 +40,7 @@ def problems(cfg: Config, role: str, index: int = 0) -> tuple[list[str], list[st
         warnings += trackers.start_warnings(cfg.monitoring.report_to)
     warnings += metrics_port_warnings(cfg, role, index) if rank0 or role == "actor" else []
     errors += key_problems(cfg, role, index)
+    errors += context.problems(cfg)  # a completion cap the model's positions cannot hold, in every process
     return errors, warnings
 
 

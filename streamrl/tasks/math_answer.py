@@ -34,10 +34,10 @@ class Problem(msgspec.Struct):
 ROW = data.struct_row(Problem, "a row is problem, answer")
 
 
-def read_jsonl(path: str | Path) -> list[Problem]:
+def read_jsonl(path: str | Path, max_row_bytes: int = data.MAX_ROW_BYTES) -> list[Problem]:
     """The usable rows of a data source (any format `streamrl.tasks.data` reads); bad rows are skipped and logged,
     a source without one usable row raises ValueError naming the file, row and problem."""
-    return data.load(path, ROW, "problem, answer")
+    return data.load(path, ROW, "problem, answer", max_row_bytes)
 
 
 def last_boxed(text: str) -> str | None:
@@ -91,11 +91,12 @@ def final_answer(text: str) -> str | None:
 class MathAnswer(RowsTask):
     """Binary reward: the final answer equals the reference."""
 
-    def __init__(self, data: str | None, eval_data: str | None = None, template: str = TEMPLATE):
+    def __init__(self, data: str | None, eval_data: str | None = None, template: str = TEMPLATE,
+                 max_row_bytes: int = data.MAX_ROW_BYTES):
         if not data:
             raise ValueError("task math needs task.data: a JSONL file of {problem, answer} rows")
-        self.train = read_jsonl(data)
-        self.eval_rows = read_jsonl(eval_data) if eval_data else None
+        self.train = read_jsonl(data, max_row_bytes)
+        self.eval_rows = read_jsonl(eval_data, max_row_bytes) if eval_data else None
         self.template = template
         self.unparseable = 0
 
@@ -106,7 +107,7 @@ class MathAnswer(RowsTask):
 
     @classmethod
     def from_config(cls, cfg) -> "MathAnswer":
-        return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE)
+        return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE, cfg.max_row_bytes)
 
     def prompt(self, row: Problem) -> Prompt:
         from streamrl.tasks.verifier import hash_text

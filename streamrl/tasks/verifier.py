@@ -72,10 +72,10 @@ ROW_HINT = "a row is question, response_a, label_a[, response_b, label_b]"
 ROW = data.struct_row(Example, ROW_HINT)
 
 
-def read_jsonl(path: str | Path) -> list[Example]:
+def read_jsonl(path: str | Path, max_row_bytes: int = data.MAX_ROW_BYTES) -> list[Example]:
     """The usable rows of a data source (any format `streamrl.tasks.data` reads); bad rows are skipped and logged,
     a source without one usable row raises ValueError naming the file, row and problem."""
-    return data.load(path, ROW, "question, response_a, label_a[, response_b, label_b]")
+    return data.load(path, ROW, "question, response_a, label_a[, response_b, label_b]", max_row_bytes)
 
 
 def category(labels: tuple[float, ...]) -> str:
@@ -161,14 +161,15 @@ class CodeVerifier(RowsTask):
 
     def __init__(self, data: str | None = None, eval_data: str | None = None, scale_steps: int = 10,
                  single_fraction: float = 0.1, template: str = PAIR_TEMPLATE, single_template: str = SINGLE_TEMPLATE,
-                 reward_form: str = "bce", bce_floor: float = EPS, rounding: str = "half_up"):
+                 reward_form: str = "bce", bce_floor: float = EPS, rounding: str = "half_up",
+                 max_row_bytes: int = data.MAX_ROW_BYTES):
         if reward_form not in FORMS:
             raise ValueError(f"reward_form={reward_form!r}: must be one of {', '.join(FORMS)}")
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding={rounding!r}: must be one of {', '.join(ROUNDINGS)}")
         self.bce_floor, self.rounding = bce_floor, rounding
-        self.train = read_jsonl(data) if data else None
-        self.eval_rows = read_jsonl(eval_data) if eval_data else None
+        self.train = read_jsonl(data, max_row_bytes) if data else None
+        self.eval_rows = read_jsonl(eval_data, max_row_bytes) if eval_data else None
         self.scale_steps = scale_steps
         self.single_fraction = single_fraction
         self.template, self.single_template = template, single_template
@@ -184,7 +185,7 @@ class CodeVerifier(RowsTask):
     def from_config(cls, cfg) -> "CodeVerifier":
         return cls(cfg.data, cfg.eval_data, cfg.scale_steps, cfg.single_fraction,
                    cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE, cfg.reward_form,
-                   cfg.bce_floor, cfg.rounding)
+                   cfg.bce_floor, cfg.rounding, cfg.max_row_bytes)
 
     @staticmethod
     def levels(cfg) -> list[float]:

@@ -107,11 +107,12 @@ def test_check_names_every_malformed_row_and_a_file_without_one_is_refused_befor
     assert [line.split("broken.jsonl:")[1].split(":")[0] for line in lines] == ["2", "3", "5", "6"], out.stderr
     assert "must be a string or a non-empty list of messages" in lines[0] and "not valid JSON" in lines[1]
     assert "a system message comes first" in lines[2] and "no 'prompt' field" in lines[3]
-    assert "4 of 7 rows are malformed; a run skips them" in out.stderr
+    assert "4 of 7 rows have a problem; a run skips them" in out.stderr
     (tmp_path / "hopeless.jsonl").write_text("nope\n" + json.dumps({"text": "x"}) + "\n")
     refused = streamrl("run", "task.data=hopeless.jsonl", "name=hopeless", *task, *QUIET, cwd=tmp_path, check=False)
     assert refused.returncode == 2, refused.stderr
-    assert "task.data=hopeless.jsonl: no usable row of 2; first: hopeless.jsonl:1: not valid JSON" in refused.stderr
+    assert "task.data=hopeless.jsonl: no usable row of 2" in refused.stderr  # after each row's problem, as check
+    assert "streamrl run: warning: hopeless.jsonl:1: not valid JSON" in refused.stderr
     assert not (tmp_path / "runs" / "hopeless").exists()  # refused before anything started
     missing = streamrl("check", "task.data=broken.jsonl", *task, "task.reward=reward.py:nope", cwd=tmp_path,
                        check=False)
