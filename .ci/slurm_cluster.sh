@@ -131,6 +131,7 @@ stop() {
 }
 
 case ${1:-} in
+  start|stop) (( EUID == 0 )) || { say "$1: run as root (the daemons run as root here)"; exit 1; } ;;&
   start) start ;;
   stop) stop; stop_one /run/munge/munged.pid ;;
   status) sinfo ;;
