@@ -295,3 +295,27 @@ def test_multinode_deepspeed_starts_one_launcher_per_node_without_ssh(slurm, mon
         assert "--module" in cmd and "--no_local_rank" in cmd
         world = json.loads(base64.urlsafe_b64decode(next(a for a in cmd if a.startswith("--world_info="))[13:]))
         assert world == {"node-a": list(range(8)), "node-b": list(range(8))}
+
+
+
+def test_actors_for_a_learner_job_submit_only_an_actor_job_that_rejoins_it(slurm):
+    (slurm.work / "keys").mkdir()
+    for i in range(8):
+        (slurm.work / "keys" / f"actor-{i}.key_secret").touch()
+    submit = (str(CLUSTER / "submit.sh"), "--actor-nodes", "2", "--actors-for", "77", CONFIG,
+              "actors.tensor_parallel_size=2")
+    for state, says in (("COMPLETED", "is COMPLETED"), ("UNKNOWN", "is unknown to scontrol")):
+        slurm.state.write_text(state)
+        ended = slurm.bash(*submit)
+        assert ended.returncode == 2 and f"--actors-for 77: that learner job {says}" in ended.stderr, ended.stderr
+    assert slurm.bash(*submit[:4], "latest", *submit[5:]).returncode == 2  # not a job id
+    assert not slurm.calls("sbatch")
+
+    slurm.state.write_text("RUNNING")
+    done = slurm.bash(*submit)
+    assert done.returncode == 0, done.stderr
+    assert "actors job 1001 (8 actors" in done.stdout and "rejoins learner job 77" in done.stdout
+    (actors,) = (sbatch_options(c) for c in slurm.calls("sbatch"))  # no second learner
+    assert actors["script"].name == "actors.sbatch" and actors["args"] == list(submit[5:])
+    assert actors["options"]["--dependency"] == "after:77" and "LEARNER_JOB=77" in actors["options"]["--export"]
+    assert (actors["options"]["--nodes"], actors["options"]["--ntasks-per-node"]) == ("2", "4")
