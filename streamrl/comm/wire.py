@@ -28,9 +28,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-# 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused
-# (`schema_version`, naming both): an old learner would read a mask frame as a malformed message, an old
-# actor's log-probs would be taken for a build whose meaning of them it does not share.
+# 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
+# message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
 SCHEMA_VERSION = 2
 
 TOKEN_DTYPE = np.int32
@@ -377,12 +376,13 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
+        if first.model_token_mask is not None:
+            arrays.append(first.model_token_mask.view(MASK_DTYPE))
     else:
         arrays = [np.concatenate([getattr(g, name) for g in groups], dtype=dtype) for name, dtype in _ARRAYS]
-    if any(g.model_token_mask is not None for g in groups):
-        arrays.append(first.model_token_mask.view(MASK_DTYPE) if len(groups) == 1 else np.concatenate(
-            [g.model_token_mask if g.model_token_mask is not None else np.ones(g.completion_tokens.size, bool)
-             for g in groups]).view(MASK_DTYPE))
+        if any(g.model_token_mask is not None for g in groups):
+            arrays.append(np.concatenate([g.model_token_mask if g.model_token_mask is not None
+                                          else np.ones(g.completion_tokens.size, bool) for g in groups]).view(MASK_DTYPE))
     return [_encoder.encode(header), *arrays]
 
 
@@ -541,17 +541,17 @@ def _check_mask(frame, groups: Sequence[GroupEntry], num_tokens: int) -> np.ndar
     raw = _array(frame, MASK_DTYPE, num_tokens, "model-token mask")
     if not raw.size:
         return raw.view(bool)
-    lengths = np.array([s.num_tokens for g in groups for s in g.samples])
-    starts = np.cumsum(lengths) - lengths
-    nonempty = np.flatnonzero(lengths)
-    # One pass for both checks: each non-empty sample's largest byte (its segments tile the frame, empty
-    # samples having none), a cumulative sum's int64 widening costs ~100× more.
-    peak = np.maximum.reduceat(raw, starts[nonempty])
-    if not (peak == 1).all():
+    lengths = [s.num_tokens for g in groups for s in g.samples]
+    nonempty = [i for i, n in enumerate(lengths) if n]
+    starts = list(accumulate(lengths, initial=0))
+    # One pass for both checks: each non-empty sample's largest byte (their segments tile the frame, empty
+    # samples having none); a cumulative sum's int64 widening costs ~100× more at 128k tokens.
+    peak = np.maximum.reduceat(raw, [starts[i] for i in nonempty])
+    if not peak.min() == 1 == peak.max():
         if peak.max() > 1:
             i = int(np.argmax(raw > 1))
             raise WireError("bad_mask", f"model-token mask byte {i} is {raw[i]}; allowed 0 (environment) or 1 (model)")
-        i = int(nonempty[np.argmin(peak)])
+        i = nonempty[int(np.argmin(peak))]
         raise WireError("no_model_tokens", f"sample {i}: all {lengths[i]} of its tokens are marked as environment "
                         "tokens; a sample needs at least one token the model sampled")
     return raw.view(bool)
