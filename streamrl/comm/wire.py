@@ -313,8 +313,8 @@ class ScoredGroup(Struct, kw_only=True):
 
         model_token_masks[i]: (T_i,) bool aligned with completions[i], True where the model sampled the
         token, False under an environment token; None: all the model's. logprobs stay aligned with
-        every token; entries under environment tokens are ignored (sent as 0). A mask of all True
-        is dropped, so a group without environment tokens travels as one without masks."""
+        every token; entries under environment tokens are ignored (sent as 0). A group whose masks are
+        all True travels as one without masks (and arrives with model_token_mask None)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -341,8 +341,7 @@ class ScoredGroup(Struct, kw_only=True):
 
 
 def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
-    """One flat (sum T_i,) bool mask from per-completion ones, checked; None when there are none or all
-    are True (nothing to mask)."""
+    """One flat (sum T_i,) bool mask from per-completion ones, checked; None when there are none."""
     if masks is None:
         return None
     if len(masks) != len(completions):
@@ -356,8 +355,7 @@ def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray
         if len(c) and not m.any():
             raise ValueError(f"model_token_masks[{i}]: none of the completion's {len(c)} tokens is the model's")
         flat.append(m)
-    mask = np.concatenate(flat) if flat else np.zeros(0, dtype=bool)
-    return None if mask.all() else mask
+    return np.concatenate(flat) if flat else np.zeros(0, dtype=bool)
 
 
 def encode_groups(groups: Sequence[ScoredGroup]) -> list:
@@ -376,14 +374,19 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
-        if first.model_token_mask is not None:
+        if _has_environment_tokens(first):
             arrays.append(first.model_token_mask.view(MASK_DTYPE))
     else:
         arrays = [np.concatenate([getattr(g, name) for g in groups], dtype=dtype) for name, dtype in _ARRAYS]
-        if any(g.model_token_mask is not None for g in groups):
+        masks = [g.model_token_mask for g in groups]
+        if masks.count(None) < len(masks) and any(map(_has_environment_tokens, groups)):  # C-level for the usual None
             arrays.append(np.concatenate([g.model_token_mask if g.model_token_mask is not None
                                           else np.ones(g.completion_tokens.size, bool) for g in groups]).view(MASK_DTYPE))
     return [_encoder.encode(header), *arrays]
+
+
+def _has_environment_tokens(group: ScoredGroup) -> bool:
+    return group.model_token_mask is not None and not group.model_token_mask.all()
 
 
 _ARRAYS = (("prompt_tokens", TOKEN_DTYPE), ("completion_tokens", TOKEN_DTYPE), ("behaviour_logprobs", LOGPROB_DTYPE))
@@ -391,9 +394,8 @@ _ARRAYS = (("prompt_tokens", TOKEN_DTYPE), ("completion_tokens", TOKEN_DTYPE), (
 
 def group_nbytes(group: ScoredGroup) -> int:
     """Bytes of a group's bulk arrays (what it adds to a message, headers aside)."""
-    mask = group.model_token_mask
     return (group.prompt_tokens.nbytes + group.completion_tokens.nbytes + group.behaviour_logprobs.nbytes
-            + (mask.nbytes if mask is not None else 0))
+            + (group.model_token_mask.nbytes if _has_environment_tokens(group) else 0))
 
 
 def encode(msg: WeightsCollective | WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:

@@ -748,11 +748,12 @@ def test_model_token_masks_round_trip_in_single_and_batch_messages_and_logprobs_
 def test_without_environment_tokens_a_group_travels_exactly_as_before_masks_existed():
     plain = make_group()
     all_model = masked_group([np.ones(n, bool) for n in (3, 1, 0, 2)])
-    assert all_model.model_token_mask is None and plain.model_token_mask is None
+    assert plain.model_token_mask is None and all_model.model_token_mask.all()
     a, b = to_bytes(encode_group(plain)), to_bytes(encode_group(all_model))
     assert len(a) == 4 and a[1:] == b[1:] and len(a[0]) == len(b[0])  # no fifth frame, no header byte more
+    assert len(to_bytes(wire.encode_groups([plain, all_model]))) == 4
     assert wire.group_nbytes(plain) == wire.group_nbytes(all_model)
-    assert decode_group(a).model_token_mask is None
+    assert decode_group(a).model_token_mask is None and decode_group(b).model_token_mask is None
     assert plain.sample_model_mask(0).tolist() == [True, True, True]
 
 
