@@ -378,8 +378,7 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
             arrays.append(first.model_token_mask.view(MASK_DTYPE))
     else:
         arrays = [np.concatenate([getattr(g, name) for g in groups], dtype=dtype) for name, dtype in _ARRAYS]
-        masks = [g.model_token_mask for g in groups]
-        if masks.count(None) < len(masks) and any(map(_has_environment_tokens, groups)):  # C-level for the usual None
+        if any(g.model_token_mask is not None and not g.model_token_mask.all() for g in groups):
             arrays.append(np.concatenate([g.model_token_mask if g.model_token_mask is not None
                                           else np.ones(g.completion_tokens.size, bool) for g in groups]).view(MASK_DTYPE))
     return [_encoder.encode(header), *arrays]
