@@ -439,7 +439,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
     prompt, tokens, logprobs = _check_arrays(frames, prompt_starts[-1], token_starts[-1], vocab_size)
     mask = _check_mask(frames[4], entries, token_starts[-1]) if len(frames) == 5 else None
     actor, sent_at, session = header.actor_id, header.sent_at, header.session
-    return [
+    groups = [
         ScoredGroup(
             prompt_id=e.prompt_id,
             policy_version=e.policy_version,
@@ -455,10 +455,13 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
             layer=e.layer,
             filtered=e.filtered,
             reward_failures=e.reward_failures,
-            model_token_mask=None if mask is None else mask[t0:t1],
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]
+    if mask is not None:  # set afterwards: the usual groups without one pay nothing per group
+        for g, t0, t1 in zip(groups, token_starts, token_starts[1:]):
+            g.model_token_mask = mask[t0:t1]
+    return groups
 
 
 def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
