@@ -138,10 +138,19 @@ def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_ac
         sub.fingerprint = fingerprint.of(cfg)
         sender = GroupSender(ctx, endpoint("127.0.0.1", g), cfg.transport.send_hwm, "actor-0")
         rng, sent = random.Random(0), []
-        try:
-            for version in range(steps):
+
+        def weights(version: int):
+            """The learner's weights of `version`. A demand for more groups at the version before (the learner
+            waited while this actor generated, slowly on a loaded machine) is answered already: keep waiting."""
+            while True:
                 got = sub.wait_for(version, timeout_s=240, ask_first=version == 0,
                                    stop=lambda: learner.poll() is not None)
+                if got is not None or sub.take_demand(version - 1) is None:
+                    return got
+
+        try:
+            for version in range(steps):
+                got = weights(version)
                 assert got is not None and got[0] == version, (tmp_path / "learner.log").read_text()[-3000:]
                 backend.load_weights(got[1])
                 groups = two_turn_groups(m, tok, task, rng, groups_per_step, cfg.actors.group_size, version)
