@@ -348,7 +348,7 @@ def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray
         raise ValueError(f"model_token_masks: {len(masks)} masks for {len(completions)} completions")
     flat = []
     for i, (c, m) in enumerate(zip(completions, masks)):
-        m = np.asarray(m)
+        m = np.asarray(m) if len(m) else np.zeros(0, dtype=bool)  # an empty list is float64 to numpy
         if m.dtype != np.bool_ or m.shape != (len(c),):
             raise ValueError(f"model_token_masks[{i}]: need a bool array of the completion's {len(c)} tokens, got "
                              f"{m.dtype} of shape {m.shape}")

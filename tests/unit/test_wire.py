@@ -790,6 +790,11 @@ def test_a_bad_mask_is_rejected_with_a_reason_that_says_what_is_wrong(mask, why,
     assert e.value.reason == why
 
 
+def test_masks_may_be_lists_of_bools_as_an_episode_collects_them():
+    g = masked_group([[True, True, False], [True], [], [False, True]])
+    assert g.model_token_mask.tolist() == [True, True, False, True, False, True]
+
+
 def test_an_empty_sample_needs_no_model_token_and_a_batch_mask_is_split_per_group():
     g = masked_group()  # sample 2 has no tokens at all: allowed with a mask as without
     batch = wire.decode_groups(to_bytes(wire.encode_groups([g, g])), vocab_size=VOCAB)
