@@ -1,4 +1,10 @@
-"""Scored groups → padded training tensors."""
+"""Scored groups → padded training tensors.
+
+A completion's environment tokens (ScoredGroup.model_token_mask False: tool results, turn markers of a
+multi-turn episode) go into input_ids as context but not into completion_mask, so everything that reads
+the mask (the positions whose log-probs are computed, the loss and its token counts, the importance ratio
+and the strict check's statistics) covers the tokens the model sampled, and those alone.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ class Batch(msgspec.Struct):
     attention_mask: torch.Tensor
     """(B, L) 1 on real tokens."""
     completion_mask: torch.Tensor
-    """(B, L-1) 1 where the next token is a sampled completion token."""
+    """(B, L-1) 1 where the next token is a completion token the model sampled (0 under environment tokens)."""
     behaviour_logprobs: torch.Tensor
     """(B, L-1) the actors' log-probs, aligned with completion_mask (0 elsewhere)."""
     rewards: torch.Tensor
@@ -118,6 +124,8 @@ def collate(groups: list[ScoredGroup], pad_id: int) -> Batch:
     blogp = np.zeros((B, L - 1), dtype=np.float32)
     fill = _fill_rows if end.mean() >= _ROW_LOOP_MIN_TOKENS else _fill_masked
     fill(groups, plen, end, ids, cmask, blogp)
+    if any(g.model_token_mask is not None for g in groups):
+        _mask_environment(groups, plen, end, cmask, blogp)
     return Batch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attn),
@@ -156,3 +164,13 @@ def _fill_rows(groups, plen, end, ids, cmask, blogp) -> None:
             cmask[row, p - 1:p + b - a - 1] = 1
             blogp[row, p - 1:p + b - a - 1] = g.behaviour_logprobs[a:b]
             row += 1
+
+
+def _mask_environment(groups, plen, end, cmask, blogp) -> None:
+    """Zero completion_mask and the behaviour log-probs where the next token is an environment token."""
+    col = np.arange(cmask.shape[1] + 1)
+    predicts = np.ascontiguousarray(((col >= plen) & (col < end))[:, 1:])  # (B, L-1), as _fill_masked's
+    model = np.concatenate([g.model_token_mask if g.model_token_mask is not None
+                            else np.ones(g.completion_tokens.size, dtype=bool) for g in groups])
+    cmask[predicts] = model
+    blogp *= cmask

@@ -93,7 +93,7 @@ MAKERS = {
     "truncated": lambda r: _group(r)[: r.randrange(1, 4)],
     "extra_frames": lambda r: _group(r) + [r.randbytes(8) for _ in range(r.randrange(1, 4))],
     "wrong_tag": lambda r: _group(r, type=r.choice(["nope", "weights", "", "scored_groupX"])),
-    "wrong_schema": lambda r: _group(r, schema=r.choice([0, 2, 99, -1])),
+    "wrong_schema": lambda r: _group(r, schema=r.choice([0, wire.SCHEMA_VERSION - 1, wire.SCHEMA_VERSION + 1, 99, -1])),
     "wrong_field_type": lambda r: _group(r, policy_version=r.choice(["3", None, 1.5, [1]])),
     "truncated_header": lambda r: [_group(r)[0][: r.randrange(1, 20)], *_group(r)[1:]],
     "length_mismatch": lambda r: _arrays(_group(r), tokens=[4, 5, 6, 7, 8]),
@@ -116,7 +116,7 @@ MAKERS = {
     "deep_nesting": lambda r: [b"\x91" * 5000 + b"\x00"],
     "batch_truncated": lambda r: _batch(r)[: r.randrange(1, 4)],
     "batch_extra_frames": lambda r: _batch(r) + [r.randbytes(8)],
-    "batch_empty": lambda r: [msgspec.msgpack.encode({"type": "scored_group_batch", "schema": 1, "actor_id": "f",
+    "batch_empty": lambda r: [msgspec.msgpack.encode({"type": "scored_group_batch", "schema": wire.SCHEMA_VERSION, "actor_id": "f",
                                                       "groups": []}), b"", b"", b""],
     "batch_frames_short": lambda r: _resize(_batch(r), r.randrange(1, 4), -4 * r.randrange(1, 3)),
     "batch_frames_long": lambda r: _resize(_batch(r), r.randrange(1, 4), 4 * r.randrange(1, 3)),
@@ -130,6 +130,11 @@ MAKERS = {
     "batch_bad_logprob": lambda r: _poke(r, _batch(r), 3, r.choice([math.nan, math.inf, 0.5])),
     "batch_token_too_big": lambda r: _poke(r, _batch(r), r.choice([1, 2]), r.choice([10**6, -5])),
     "weights_on_group_channel": lambda r: _chunk(r),
+    # model-token masks: _group's completions hold 2 + 1 tokens
+    "mask_short": lambda r: [*_group(r), bytes([1] * r.randrange(0, 3))],
+    "mask_long": lambda r: [*_group(r), bytes([1] * r.randrange(4, 9))],
+    "mask_not_0_or_1": lambda r: [*_group(r), bytes([1, r.randrange(2, 256), 1])],
+    "mask_all_environment": lambda r: [*_group(r), bytes(r.choice([[0, 0, 1], [1, 1, 0], [0, 0, 0]]))],
 }
 
 
@@ -153,7 +158,7 @@ def future_group(rng: random.Random, group_size: int) -> list[bytes]:
 
 def _chunk(rng: random.Random, payload: bytes | None = None, **changes) -> list[bytes]:
     """A weights chunk (2 float32 tensors, 64 bytes, one chunk) with `changes` made to its header."""
-    header = {"type": "weights_chunk", "schema": 1, "version": 1, "tensors": [["a", "float32", [4]],
+    header = {"type": "weights_chunk", "schema": wire.SCHEMA_VERSION, "version": 1, "tensors": [["a", "float32", [4]],
               ["b", "float32", [4]]], "offsets": [0, 16], "total": 64, "chunk_bytes": 1 << 20, "index": 0}
     header.update(changes)
     return [msgspec.msgpack.encode(header), bytes(64) if payload is None else payload]

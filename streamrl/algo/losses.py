@@ -1,7 +1,9 @@
 """Policy losses: small pure functions in a registry.
 
 All tensors are per token, shape (B, T) for B samples padded to T completion tokens, with `mask`
-(B, T) = 1 on real completion tokens. `advantages` is (B,), one value per sample.
+(B, T) = 1 on the completion tokens the model sampled: 0 on padding and on a multi-turn episode's
+environment tokens, which get no loss, no gradient and no place in any count. `advantages` is (B,),
+one value per sample.
 
 How a batch's token losses add up to one number is `aggregation` (`loss.aggregation`): "token"
 divides by the batch's token count, so every token weighs the same (DAPO); "sequence" takes the

@@ -8,6 +8,11 @@ paid once per batch rather than once per group. Weights have one layout: a versi
 byte buffer (every tensor at an aligned offset) that travels as chunks under the message cap
 (WeightsChunk; see streamrl.comm.chunks for the two ends).
 
+A completion may hold environment tokens (a multi-turn episode: tool results, the template's turn
+markers) between the model's own: a group then carries a model-token mask, one more frame, and the
+learner trains on the tokens the model sampled alone. A batch without environment tokens sends no
+mask frame and pays nothing for the feature.
+
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
 """
@@ -23,10 +28,13 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-SCHEMA_VERSION = 1
+# 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
+# message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
+SCHEMA_VERSION = 2
 
 TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float32
+MASK_DTYPE = np.uint8  # on the wire: 1 = a token the model sampled, 0 = an environment token
 
 
 class WireError(ValueError):
@@ -88,7 +96,9 @@ class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
 
     Frames 1..3 hold the groups' prompt tokens, completion tokens and behaviour log-probs
     concatenated in `groups` order: group k's slices start where group k-1's end. No offsets
-    travel, so none can disagree with the lengths; the lengths must add up to the frames.
+    travel, so none can disagree with the lengths; the lengths must add up to the frames. Frame 4,
+    present only when some group has environment tokens, is the model-token mask over the completion
+    tokens (uint8, 1 = sampled by the model, 0 = environment; all 1 for a group without any).
     """
 
     schema: int = SCHEMA_VERSION
@@ -214,7 +224,9 @@ class ScoredGroup(Struct, kw_only=True):
     """One prompt's G scored samples, as actors build them and the learner consumes them.
 
     Arrays are flat: sample i's completion is `completion_tokens[offsets[i]:offsets[i+1]]`.
-    Shapes: prompt_tokens (P,), completion_tokens (sum T_i,), behaviour_logprobs (sum T_i,).
+    Shapes: prompt_tokens (P,), completion_tokens (sum T_i,), behaviour_logprobs (sum T_i,),
+    model_token_mask (sum T_i,) or None. A completion is every token after the prompt; in a
+    multi-turn episode that interleaves the model's turns with the environment's.
     """
 
     prompt_id: str
@@ -236,6 +248,9 @@ class ScoredGroup(Struct, kw_only=True):
     """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
     reward_failures: dict[str, int] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    model_token_mask: np.ndarray | None = None
+    """(sum T_i,) bool, True where the model sampled the completion token, False under an environment token
+    (its behaviour log-prob is meaningless and ignored); None: every token is the model's."""
 
     @property
     def group_size(self) -> int:
@@ -269,6 +284,13 @@ class ScoredGroup(Struct, kw_only=True):
         o = self.offsets
         return self.behaviour_logprobs[o[i] : o[i + 1]]
 
+    def sample_model_mask(self, i: int) -> np.ndarray:
+        """(T_i,) bool: which of sample i's tokens the model sampled (all of them without a mask)."""
+        o = self.offsets
+        if self.model_token_mask is None:
+            return np.ones(o[i + 1] - o[i], dtype=bool)
+        return self.model_token_mask[o[i] : o[i + 1]]
+
     @classmethod
     def from_samples(
         cls,
@@ -284,31 +306,62 @@ class ScoredGroup(Struct, kw_only=True):
         corrections: Sequence[float] | None = None,
         layer: int = 1,
         last_versions: Sequence[int | None] | None = None,
+        model_token_masks: Sequence[np.ndarray] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
-        newer than policy_version, which stays the oldest and is what the staleness gate judges."""
+        newer than policy_version, which stays the oldest and is what the staleness gate judges.
+
+        model_token_masks[i]: (T_i,) bool aligned with completions[i], True where the model sampled the
+        token, False under an environment token; None: all the model's. logprobs stay aligned with
+        every token; entries under environment tokens are ignored (sent as 0). A group whose masks are
+        all True travels as one without masks (and arrives with model_token_mask None)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
+        logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
+        mask = _model_mask(completions, model_token_masks)
+        if mask is not None:
+            logprob_array[~mask] = 0.0  # a sampler's log-prob of a token it did not sample means nothing
         return cls(
             prompt_id=prompt_id,
             policy_version=policy_version,
             actor_id=actor_id,
             prompt_tokens=np.asarray(prompt_tokens, dtype=TOKEN_DTYPE),
             completion_tokens=np.concatenate([np.asarray(c, dtype=TOKEN_DTYPE) for c in completions]),
-            behaviour_logprobs=np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs]),
+            behaviour_logprobs=logprob_array,
             samples=[
                 SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
                            correction=None if corrections is None else float(corrections[i]), last_version=last[i])
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
+            model_token_mask=mask,
         )
+
+    make = from_samples  # the name issue 26's multi-turn episodes build groups by
+
+
+def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
+    """One flat (sum T_i,) bool mask from per-completion ones, checked; None when there are none."""
+    if masks is None:
+        return None
+    if len(masks) != len(completions):
+        raise ValueError(f"model_token_masks: {len(masks)} masks for {len(completions)} completions")
+    flat = []
+    for i, (c, m) in enumerate(zip(completions, masks)):
+        m = np.asarray(m) if len(m) else np.zeros(0, dtype=bool)  # an empty list is float64 to numpy
+        if m.dtype != np.bool_ or m.shape != (len(c),):
+            raise ValueError(f"model_token_masks[{i}]: need a bool array of the completion's {len(c)} tokens, got "
+                             f"{m.dtype} of shape {m.shape}")
+        if len(c) and not m.any():
+            raise ValueError(f"model_token_masks[{i}]: none of the completion's {len(c)} tokens is the model's")
+        flat.append(m)
+    return np.concatenate(flat) if flat else np.zeros(0, dtype=bool)
 
 
 def encode_groups(groups: Sequence[ScoredGroup]) -> list:
     """Frames for one or more groups of one actor session: [GroupBatchHeader, prompt tokens, completion
-    tokens, log-probs]. A single group's frames are its own arrays (no copy); several groups' arrays are
-    concatenated (one copy, into fresh arrays)."""
+    tokens, log-probs, and the model-token mask if some group has one]. A single group's frames are its own
+    arrays (no copy); several groups' arrays are concatenated (one copy, into fresh arrays)."""
     first = groups[0]
     if any(g.actor_id != first.actor_id or g.session != first.session for g in groups):
         raise ValueError("a group batch carries the groups of one actor session")
@@ -321,9 +374,18 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
+        if _has_environment_tokens(first):
+            arrays.append(first.model_token_mask.view(MASK_DTYPE))
     else:
         arrays = [np.concatenate([getattr(g, name) for g in groups], dtype=dtype) for name, dtype in _ARRAYS]
+        if any(g.model_token_mask is not None and not g.model_token_mask.all() for g in groups):
+            arrays.append(np.concatenate([g.model_token_mask if g.model_token_mask is not None
+                                          else np.ones(g.completion_tokens.size, bool) for g in groups]).view(MASK_DTYPE))
     return [_encoder.encode(header), *arrays]
+
+
+def _has_environment_tokens(group: ScoredGroup) -> bool:
+    return group.model_token_mask is not None and not group.model_token_mask.all()
 
 
 _ARRAYS = (("prompt_tokens", TOKEN_DTYPE), ("completion_tokens", TOKEN_DTYPE), ("behaviour_logprobs", LOGPROB_DTYPE))
@@ -331,7 +393,8 @@ _ARRAYS = (("prompt_tokens", TOKEN_DTYPE), ("completion_tokens", TOKEN_DTYPE), (
 
 def group_nbytes(group: ScoredGroup) -> int:
     """Bytes of a group's bulk arrays (what it adds to a message, headers aside)."""
-    return group.prompt_tokens.nbytes + group.completion_tokens.nbytes + group.behaviour_logprobs.nbytes
+    return (group.prompt_tokens.nbytes + group.completion_tokens.nbytes + group.behaviour_logprobs.nbytes
+            + (group.model_token_mask.nbytes if _has_environment_tokens(group) else 0))
 
 
 def encode(msg: WeightsCollective | WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
@@ -365,16 +428,18 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
         header = decode_header(frames)
     if not isinstance(header, GroupBatchHeader):
         raise WireError("unexpected_type", f"expected a scored_group_batch, got {type(header).__name__}")
-    if len(frames) != 4:
-        raise WireError("frame_count", f"scored_group_batch needs 4 frames, got {len(frames)}")
+    if len(frames) not in (4, 5):
+        raise WireError("frame_count", f"scored_group_batch needs 4 frames (5 with a model-token mask), got "
+                        f"{len(frames)}")
     entries = header.groups
     if not entries:
         raise WireError("empty_batch", "scored_group_batch has no groups")
     token_starts = _check_groups(entries)
     prompt_starts = list(accumulate((e.num_prompt_tokens for e in entries), initial=0))
     prompt, tokens, logprobs = _check_arrays(frames, prompt_starts[-1], token_starts[-1], vocab_size)
+    mask = _check_mask(frames[4], entries, token_starts[-1]) if len(frames) == 5 else None
     actor, sent_at, session = header.actor_id, header.sent_at, header.session
-    return [
+    groups = [
         ScoredGroup(
             prompt_id=e.prompt_id,
             policy_version=e.policy_version,
@@ -393,6 +458,10 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]
+    if mask is not None:  # set afterwards: the usual groups without one pay nothing per group
+        for g, t0, t1 in zip(groups, token_starts, token_starts[1:]):
+            g.model_token_mask = mask[t0:t1]
+    return groups
 
 
 def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
@@ -468,6 +537,28 @@ def _check_arrays(frames: Sequence, num_prompt: int, num_tokens: int, vocab_size
                     f"{name} token ids span [{arr.min()}, {arr.max()}], vocabulary is [0, {vocab_size})",
                 )
     return prompt, tokens, logprobs
+
+
+def _check_mask(frame, groups: Sequence[GroupEntry], num_tokens: int) -> np.ndarray:
+    """Frame 4 as a (num_tokens,) bool view: one 0/1 byte per completion token, and every sample with
+    tokens has at least one of the model's (a sample the model took no part in is nothing to learn from)."""
+    raw = _array(frame, MASK_DTYPE, num_tokens, "model-token mask")
+    if not raw.size:
+        return raw.view(bool)
+    lengths = [s.num_tokens for g in groups for s in g.samples]
+    nonempty = [i for i, n in enumerate(lengths) if n]
+    starts = list(accumulate(lengths, initial=0))
+    # One pass for both checks: each non-empty sample's largest byte (their segments tile the frame, empty
+    # samples having none); a cumulative sum's int64 widening costs ~100× more at 128k tokens.
+    peak = np.maximum.reduceat(raw, [starts[i] for i in nonempty])
+    if not peak.min() == 1 == peak.max():
+        if peak.max() > 1:
+            i = int(np.argmax(raw > 1))
+            raise WireError("bad_mask", f"model-token mask byte {i} is {raw[i]}; allowed 0 (environment) or 1 (model)")
+        i = nonempty[int(np.argmin(peak))]
+        raise WireError("no_model_tokens", f"sample {i}: all {lengths[i]} of its tokens are marked as environment "
+                        "tokens; a sample needs at least one token the model sampled")
+    return raw.view(bool)
 
 
 def encode_chunk_header(header: WeightsChunk) -> bytes:

@@ -2,7 +2,9 @@
 the same run (never a bare time).
 
 - transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
-  loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec).
+  loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec); and
+  groups whose every 4th token is an environment token (a model-token mask) against the same groups
+  without one.
 - weights: WeightPublisher → 2 WeightSubscriber processes, a version in chunks (2 GB in the full run), against
   raw PUB/SUB of the same bytes in the same chunks; and the learner's blocked share of the transfer.
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
@@ -39,7 +41,8 @@ def _per_call(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _group(completion_tokens: int, group_size: int = 8):
+def _group(completion_tokens: int, group_size: int = 8, masked: bool = False):
+    """masked: every 4th completion token is an environment token (a multi-turn episode's share)."""
     import numpy as np
 
     from streamrl.comm.wire import ScoredGroup
@@ -50,7 +53,8 @@ def _group(completion_tokens: int, group_size: int = 8):
         prompt_id="bench", policy_version=1, actor_id="bench", prompt_tokens=rng.integers(0, 1000, 64),
         completions=[rng.integers(0, 1000, per) for _ in range(group_size)],
         logprobs=[-rng.random(per) for _ in range(group_size)],
-        rewards=rng.random(group_size), finish_reasons=["stop"] * group_size)
+        rewards=rng.random(group_size), finish_reasons=["stop"] * group_size,
+        model_token_masks=[np.arange(per) % 4 != 3 for _ in range(group_size)] if masked else None)
 
 
 def _receiver(port: int, n: int, kind: str, ready, result) -> None:
@@ -135,7 +139,8 @@ def transport(short: bool = False) -> list[dict]:
     """Small groups one per message and batched as actors send them (the default
     transport.batch_max_bytes), then 1 MB and 16 MB groups (always one per message). References:
     raw ZeroMQ moving the same messages' bytes (one frame each), raw ZeroMQ moving each group's
-    bytes as its own message, and copying a group's bytes in memory."""
+    bytes as its own message, and copying a group's bytes in memory. Masked: the same groups with a
+    model-token mask (every 4th token the environment's), against them without, in the same pairs."""
     import numpy as np
 
     from streamrl.comm import wire
@@ -149,18 +154,21 @@ def transport(short: bool = False) -> list[dict]:
         if short:
             n = max(10, n // 50)
         call = [_group(tokens) for _ in range(per_call)]
+        masked = [_group(tokens, masked=True) for _ in range(per_call)]
         messages = [_nbytes(wire.encode_groups(b)) for b in batches(call, batch_max_bytes)]
         group_bytes = _nbytes(wire.encode_groups(call[:1]))
         # (streamrl, raw) measured back to back, 3 times: the pair with the median ratio is reported, so a
         # burst of load from another process moves one pair, not the figure.
-        pairs = []
+        pairs, with_mask = [], []
         for _ in range(1 if short else 3):
             ours = _one_way("group", call, n, batch_max_bytes)
+            with_mask.append((ours_masked := _one_way("group", masked, n, batch_max_bytes), ours_masked / ours))
             # raw ZeroMQ with the same messages: bytes of the first message, as many messages as groups need
             raw_msgs = _one_way("raw", np.random.default_rng(1).bytes(messages[0]), n * len(messages))
             pairs.append((ours / (raw_msgs * per_call / len(messages)), ours, raw_msgs * per_call / len(messages)))
         ratios = sorted(r for r, _, _ in pairs)
         _, ours, raw_same = sorted(pairs)[len(pairs) // 2]
+        masked_per_s, masked_ratio = sorted(with_mask, key=lambda m: m[1])[len(with_mask) // 2]
         raw_each = raw_same if len(messages) == per_call else _one_way(
             "raw", np.random.default_rng(1).bytes(group_bytes), n * per_call)
         buf = np.random.default_rng(2).bytes(group_bytes)
@@ -170,7 +178,10 @@ def transport(short: bool = False) -> list[dict]:
                      "raw_zmq_groups_per_s": raw_same, "ratio_vs_raw_zmq": ours / raw_same,
                      "ratio_vs_raw_zmq_min": ratios[0], "ratio_vs_raw_zmq_max": ratios[-1],
                      "raw_zmq_one_msg_per_group_per_s": raw_each, "ratio_vs_raw_zmq_one_msg_per_group": ours / raw_each,
-                     "memcpy_groups_per_s": memcpy, "ratio_vs_memcpy": ours / memcpy})
+                     "memcpy_groups_per_s": memcpy, "ratio_vs_memcpy": ours / memcpy,
+                     "masked_groups_per_s": masked_per_s, "ratio_masked_vs_plain": masked_ratio,
+                     "ratio_masked_vs_plain_min": min(r for _, r in with_mask),
+                     "ratio_masked_vs_plain_max": max(r for _, r in with_mask)})
     return rows
 
 

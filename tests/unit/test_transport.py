@@ -98,7 +98,8 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
         [msgspec.msgpack.encode({"type": "nope", "schema": 1})],      # bad_header
         wire.encode(wire.Shutdown()),                                 # unexpected_type
         good[:2],                                                     # frame_count
-        [*good, b"extra"],                                            # frame_count
+        [*good, b"extra", b"more"],                                   # frame_count
+        [*good, b"extra"],                                            # length_mismatch (a model-token mask)
         wire.encode_groups([make_group(tokens=(9, VOCAB, 11))]),         # token_out_of_range
         wire.encode_groups([make_group(version=-1)]),                    # bad_version
     ]
@@ -110,9 +111,31 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
     counts = dict(receiver.rejected.counts)
     junk = counts.pop("bad_frame", 0) + counts.pop("bad_header", 0)
     assert junk == 3
-    assert counts == {"unexpected_type": 1, "frame_count": 2, "token_out_of_range": 1, "bad_version": 1}
+    assert counts == {"unexpected_type": 1, "frame_count": 2, "length_mismatch": 1, "token_out_of_range": 1,
+                      "bad_version": 1}
     assert receiver.rejected.total == len(garbage)
     assert receiver.received == 1
+
+
+def test_a_group_from_a_peer_of_the_old_schema_is_counted_and_logged_with_both_versions_and_masked_ones_arrive(
+        zmq_ctx, caplog):
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    raw = _raw_pusher(ctx, track, receiver)
+    old = [bytes(memoryview(f)) for f in wire.encode_groups([make_group()])]
+    header = msgspec.msgpack.decode(old[0])
+    header["schema"] = 1  # what a build from before model-token masks sends
+    raw.send_multipart([msgspec.msgpack.encode(header), *old[1:]])
+    masked = wire.ScoredGroup.from_samples(
+        prompt_id="episode", policy_version=2, actor_id="a", prompt_tokens=[1, 2], completions=[[9, 10, 11]],
+        logprobs=[[-0.5, -1.0, -2.0]], rewards=[1.0], finish_reasons=["stop"],
+        model_token_masks=[np.array([True, False, True])])
+    raw.send_multipart(wire.encode_groups([masked]), copy=False)
+    got = take(receiver)
+    assert got is not None and got.prompt_id == "episode"
+    assert got.model_token_mask.tolist() == [True, False, True]
+    assert dict(receiver.rejected.counts) == {"schema_version": 1}
+    assert "GroupBatchHeader schema 1, this build speaks 2" in caplog.text
 
 
 def test_sender_reports_backpressure_when_nobody_receives(zmq_ctx):

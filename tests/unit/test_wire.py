@@ -247,7 +247,8 @@ def test_a_batch_without_groups_is_empty_batch():
 def test_a_batch_with_missing_or_extra_frames_is_frame_count():
     frames = batch_frames()
     assert reason(wire.decode_groups, frames[:3]) == "frame_count"
-    assert reason(wire.decode_groups, [*frames, b"x"]) == "frame_count"
+    assert reason(wire.decode_groups, [*frames, b"x", b"y"]) == "frame_count"
+    assert reason(wire.decode_groups, [*frames, b"x"]) == "length_mismatch"  # a fifth is a model-token mask
 
 
 def test_a_single_group_is_a_batch_of_one_whose_frames_are_its_own_arrays():
@@ -330,7 +331,7 @@ def test_a_truncated_frame_list_is_frame_count():
 
 def test_extra_frames_are_frame_count():
     frames = to_bytes(encode_group(make_group()))
-    assert reason(decode_group, [*frames, b"x"]) == "frame_count"
+    assert reason(decode_group, [*frames, b"x", b"y"]) == "frame_count"
     wframes = to_bytes(chunks.encode_weights(0, {"w": torch.ones(2)})[0])
     assert reason(decode_weights, [*wframes, b"", b"", b""]) == "frame_count"  # one tensor: 4 frames at most
     assert reason(decode_weights, wframes[:1]) == "frame_count"
@@ -352,11 +353,18 @@ def test_a_header_with_a_wrong_field_type_is_bad_header():
     assert reason(wire.decode_header, [raw]) == "bad_header"
 
 
-def test_schema_version_two_is_refused():
-    assert reason(decode_group, group_frames(schema=2)) == "schema_version"
+def test_a_peer_of_another_schema_version_is_refused_with_both_versions_named():
+    assert wire.SCHEMA_VERSION == 2  # 2: groups may carry a model-token mask
+    with pytest.raises(WireError, match="GroupBatchHeader schema 1, this build speaks 2") as e:
+        decode_group(group_frames(schema=1))  # an actor from before model-token masks
+    assert e.value.reason == "schema_version"
+    assert reason(decode_group, group_frames(schema=3)) == "schema_version"
     hdr = msgspec.msgpack.encode(wire.WeightsChunk(version=0, tensors=[], offsets=[], total=0, chunk_bytes=8,
-                                                   schema=2))
-    assert reason(decode_weights, [hdr, b""]) == "schema_version"
+                                                   schema=1))
+    with pytest.raises(WireError, match="WeightsChunk schema 1, this build speaks 2"):
+        decode_weights([hdr, b""])  # a learner from before them
+    request = msgspec.msgpack.encode(wire.WeightsRequest(actor_id="a", schema=1))
+    assert reason(wire.decode_header, [request]) == "schema_version"
 
 
 def test_a_message_of_another_type_is_unexpected_type():
@@ -709,3 +717,95 @@ def test_layer_and_corrections_survive_single_and_batch_messages():
     bad.samples[1] = wire.SampleInfo(num_tokens=2, reward=0.0, finish_reason="length")
     with pytest.raises(wire.WireError, match="partial_corrections"):
         wire.decode_groups(raw(wire.encode_groups([bad, group(1, None)])))
+
+
+# --- model-token masks (multi-turn episodes) -------------------------------------------------
+
+
+def masked_group(masks=None, **kw) -> wire.ScoredGroup:
+    """make_group's samples, with tokens 2 of sample 0 and 0 of sample 3 the environment's by default."""
+    if masks is None:
+        masks = [np.array([True, True, False]), np.array([True]), np.zeros(0, bool), np.array([False, True])]
+    return make_group(model_token_masks=masks, **kw)
+
+
+def test_model_token_masks_round_trip_in_single_and_batch_messages_and_logprobs_under_them_travel_as_zero():
+    g = masked_group()
+    assert g.behaviour_logprobs.tolist() == [-0.5, -1.25, 0.0, -2.0, 0.0, -3.5]  # the environment's were -0.125, -0.0
+    frames = encode_group(g)
+    assert len(frames) == 5 and np.shares_memory(frames[4], g.model_token_mask)
+    back = decode_group(to_bytes(frames), vocab_size=VOCAB)
+    assert back.model_token_mask.dtype == np.bool_
+    assert back.model_token_mask.tolist() == [True, True, False, True, False, True]
+    assert back.sample_model_mask(0).tolist() == [True, True, False] and back.sample_model_mask(2).tolist() == []
+    assert np.array_equal(back.behaviour_logprobs, g.behaviour_logprobs)
+    plain = make_group(prompt_id="plain")
+    both = wire.decode_groups(to_bytes(wire.encode_groups([plain, g, plain])), vocab_size=VOCAB)
+    assert [b.model_token_mask.tolist() for b in both] == [[True] * 6, g.model_token_mask.tolist(), [True] * 6]
+    assert [b.prompt_id for b in both] == ["plain", "copy-abca", "plain"]
+
+
+def test_without_environment_tokens_a_group_travels_exactly_as_before_masks_existed():
+    plain = make_group()
+    all_model = masked_group([np.ones(n, bool) for n in (3, 1, 0, 2)])
+    assert plain.model_token_mask is None and all_model.model_token_mask.all()
+    a, b = to_bytes(encode_group(plain)), to_bytes(encode_group(all_model))
+    assert len(a) == 4 and a[1:] == b[1:] and len(a[0]) == len(b[0])  # no fifth frame, no header byte more
+    assert len(to_bytes(wire.encode_groups([plain, all_model]))) == 4
+    assert wire.group_nbytes(plain) == wire.group_nbytes(all_model)
+    assert decode_group(a).model_token_mask is None and decode_group(b).model_token_mask is None
+    assert plain.sample_model_mask(0).tolist() == [True, True, True]
+
+
+@pytest.mark.parametrize("masks, match", [
+    ([np.array([True, True])] + [np.ones(n, bool) for n in (1, 0, 2)], "bool array of the completion's 3 tokens"),
+    ([np.array([1, 1, 0])] + [np.ones(n, bool) for n in (1, 0, 2)], "bool array"),
+    ([np.ones(n, bool) for n in (3, 1, 0)], "3 masks for 4 completions"),
+    ([np.ones(3, bool), np.zeros(1, bool), np.zeros(0, bool), np.ones(2, bool)], "none of the completion's 1 tokens"),
+], ids=["short", "not_bool", "count", "no_model_token"])
+def test_making_a_group_with_a_mask_that_does_not_fit_its_completion_says_which_and_why(masks, match):
+    with pytest.raises(ValueError, match=match):
+        masked_group(masks)
+
+
+def masked_frames(mask: bytes) -> list[bytes]:
+    """group_frames' group (samples of 2 and 1 tokens) with `mask` as its fifth frame."""
+    return [*group_frames(), mask]
+
+
+def test_a_mask_frame_decodes_and_the_learner_sees_which_tokens_are_the_models():
+    assert decode_group(masked_frames(bytes([1, 0, 1]))).model_token_mask.tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("mask, why, match", [
+    (bytes([1, 0]), "length_mismatch", "model-token mask: 2 bytes, header says 3"),
+    (bytes([1, 0, 1, 1]), "length_mismatch", "model-token mask: 4 bytes"),
+    (bytes([1, 2, 1]), "bad_mask", "byte 1 is 2; allowed 0 .environment. or 1 .model."),
+    (bytes([0, 0, 1]), "no_model_tokens", "sample 0: all 2 of its tokens are marked as environment tokens"),
+    (bytes([1, 1, 0]), "no_model_tokens", "sample 1: all 1 of its tokens"),
+], ids=["short", "long", "not_0_or_1", "first_sample_all_environment", "last_sample_all_environment"])
+def test_a_bad_mask_is_rejected_with_a_reason_that_says_what_is_wrong(mask, why, match):
+    with pytest.raises(WireError, match=match) as e:
+        decode_group(masked_frames(mask))
+    assert e.value.reason == why
+
+
+def test_masks_may_be_lists_of_bools_as_an_episode_collects_them():
+    g = masked_group([[True, True, False], [True], [], [False, True]])
+    assert g.model_token_mask.tolist() == [True, True, False, True, False, True]
+
+
+def test_an_empty_sample_needs_no_model_token_and_a_batch_mask_is_split_per_group():
+    g = masked_group()  # sample 2 has no tokens at all: allowed with a mask as without
+    batch = wire.decode_groups(to_bytes(wire.encode_groups([g, g])), vocab_size=VOCAB)
+    assert [b.model_token_mask.tolist() for b in batch] == [g.model_token_mask.tolist()] * 2
+    frames = to_bytes(wire.encode_groups([g, make_group()]))
+    frames[4] = frames[4][:6] + bytes([0, 0, 0, 0, 0, 0])  # the plain group's tokens all environment now
+    assert reason(wire.decode_groups, frames) == "no_model_tokens"
+
+
+def test_make_is_the_name_multi_turn_episodes_build_groups_by():
+    g = wire.ScoredGroup.make(prompt_id="p", policy_version=0, actor_id="a", prompt_tokens=[1], completions=[[2, 3]],
+                              logprobs=[[-1.0, -9.0]], rewards=[1.0], finish_reasons=["stop"],
+                              model_token_masks=[np.array([True, False])])
+    assert g.model_token_mask.tolist() == [True, False] and g.behaviour_logprobs.tolist() == [-1.0, 0.0]
