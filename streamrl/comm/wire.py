@@ -236,6 +236,8 @@ class ScoredGroup(Struct, kw_only=True):
     """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
     reward_failures: dict[str, int] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    model_token_mask: np.ndarray | None = None
+    """(sum T_i,) bool: True where the model sampled the token, False for an environment's (None: all the model's)."""
 
     @property
     def group_size(self) -> int:
@@ -284,6 +286,7 @@ class ScoredGroup(Struct, kw_only=True):
         corrections: Sequence[float] | None = None,
         layer: int = 1,
         last_versions: Sequence[int | None] | None = None,
+        model_token_masks: Sequence[np.ndarray] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges."""
@@ -302,6 +305,8 @@ class ScoredGroup(Struct, kw_only=True):
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
+            model_token_mask=None if model_token_masks is None else np.concatenate(
+                [np.asarray(m, dtype=bool) for m in model_token_masks]),
         )
 
 
