@@ -58,7 +58,7 @@ def _last_word(text: str) -> str:
 def lookup_then_answer(text: str) -> str:
     """Call lookup with the prompt's key, then answer with the tool's result."""
     words = text.split()
-    return f"lookup {words[1]}" if len(words) == 2 else words[-1]
+    return f"lookup {words[1]}" if len(words) == 2 else f"answer {words[-1]}"
 
 
 def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
@@ -73,20 +73,16 @@ def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
     # Token in, token out: prompt = tools line + key; completion = model turn, tool result, model turn.
     assert tok.decode(list(g.prompt_tokens)) == f"lookup {p.columns['key']}"
     first = g.completion_tokens[:g.samples[0].num_tokens]
-    assert tok.decode(list(first)) == f"lookup {p.columns['key']} <eos> {p.columns['symbol']} {p.columns['symbol']} <eos>"
+    assert tok.decode(list(first)) == f"lookup {p.columns['key']} <eos> {p.columns['symbol']} answer {p.columns['symbol']} <eos>"
     mask = g.model_token_mask[:g.samples[0].num_tokens]
-    assert mask.tolist() == [True, True, True, False, True, True]
+    assert mask.tolist() == [True, True, True, False, True, True, True]
     lp = g.behaviour_logprobs[:g.samples[0].num_tokens]
-    assert lp.tolist() == [-0.5, -0.5, -0.5, 0.0, -0.5, -0.5]
+    assert lp.tolist() == [-0.5, -0.5, -0.5, 0.0, -0.5, -0.5, -0.5]
     assert g.policy_version == 3 and stats.template_drift == 0
 
 
 def test_a_raising_tool_becomes_an_error_message_and_is_counted():
-    def wrong_key(text: str) -> str:
-        words = text.split()
-        return ("lookup k1" if words[1] != "k1" else "lookup k2") if len(words) == 2 else words[-1]
-
-    cfg, reward, tok, backend = _setup(reply=wrong_key)
+    cfg, reward, tok, backend = _setup(reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
     runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
@@ -205,7 +201,7 @@ def test_the_tiny_model_plays_lookup_episodes_token_in_token_out():
     for g in groups:
         assert len(g.model_token_mask) == len(g.completion_tokens) == len(g.behaviour_logprobs)
         assert (g.behaviour_logprobs[~g.model_token_mask] == 0).all() and (g.behaviour_logprobs[g.model_token_mask] < 0).all()
-        assert set(g.rewards) <= {0.0, 0.5, 1.0}
+        assert set(g.rewards) <= {0.0, 0.25, 0.5, 1.0}
     assert 32 <= sum(stats.turns) <= 64 and stats.template_drift == 0
 
 
