@@ -207,3 +207,21 @@ def test_the_tiny_model_plays_lookup_episodes_token_in_token_out():
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+def test_episode_metrics_reach_prometheus():
+    from prometheus_client import generate_latest
+
+    from streamrl.actors.episodes import EpisodeStats
+    from streamrl.telemetry import prometheus_metrics
+
+    registry = prometheus_metrics.new_registry()
+    m = prometheus_metrics.ActorMetrics(registry, "r", "actor-0")
+    m.observe_episodes(EpisodeStats(episodes=3, turns=[1, 2, 4], tool_calls={"lookup/ok": 2, "(unknown)/unknown_tool": 1},
+                                    tool_s=0.5, episode_s=2.0, truncated={"max_turns": 1}, template_drift=2))
+    text = generate_latest(registry).decode()
+    assert 'streamrl_actor_tool_calls_total{actor="actor-0",outcome="ok",run="r",tool="lookup"} 2.0' in text
+    assert 'tool="(unknown)"' in text and 'streamrl_actor_episode_turns_count{actor="actor-0",run="r"} 3.0' in text
+    assert 'streamrl_actor_episodes_truncated_total{actor="actor-0",reason="max_turns",run="r"} 1.0' in text
+    assert 'streamrl_actor_tool_seconds_total{actor="actor-0",run="r"} 0.5' in text
+    assert 'streamrl_actor_episodes_template_drift_total{actor="actor-0",run="r"} 2.0' in text
