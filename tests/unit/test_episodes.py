@@ -11,11 +11,9 @@ import textwrap
 import threading
 import time
 
-import pytest
+from streamrl import config
 from streamrl.actors import backends
 from streamrl.actors.episodes import Episodes
-
-from streamrl import config
 from streamrl.models import model as model_lib
 from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
@@ -203,10 +201,6 @@ def test_the_tiny_model_plays_lookup_episodes_token_in_token_out():
         assert (g.behaviour_logprobs[~g.model_token_mask] == 0).all() and (g.behaviour_logprobs[g.model_token_mask] < 0).all()
         assert set(g.rewards) <= {0.0, 0.25, 0.5, 1.0}
     assert 32 <= sum(stats.turns) <= 64 and stats.template_drift == 0
-
-
-if __name__ == "__main__":
-    pytest.main([__file__])
 
 
 def test_episode_metrics_reach_prometheus():

@@ -8,9 +8,9 @@ import json
 import textwrap
 
 import pytest
-from streamrl.actors.episodes import Episodes
 
 from streamrl import config
+from streamrl.actors.episodes import Episodes
 from streamrl.models import release_model
 from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
