@@ -10,7 +10,6 @@ from typing import Callable
 
 from streamrl.actors import rollout
 from streamrl.actors.episodes import Episodes, EpisodeStats
-
 from streamrl.algo import difficulty, group_filters, mgrpo
 from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.wire import FilteredCensus, ScoredGroup
