@@ -123,8 +123,9 @@ class TaskConfig(_Section):
 
         if self.name not in TASKS:
             raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
-        if self.name == "dataset" and (not self.data or not self.reward):
-            raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function); got "
+        if self.name == "dataset" and (not self.data or not (self.reward or self.environment)):
+            raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function) or "
+                             f"task.environment (episodes rewarded by it); got "
                              f"data={self.data!r}, reward={self.reward!r}")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
         if self.reward_weights and len(self.reward_weights) != len(refs):

@@ -219,3 +219,17 @@ def test_episode_metrics_reach_prometheus():
     assert 'streamrl_actor_episodes_truncated_total{actor="actor-0",reason="max_turns",run="r"} 1.0' in text
     assert 'streamrl_actor_tool_seconds_total{actor="actor-0",run="r"} 0.5' in text
     assert 'streamrl_actor_episodes_template_drift_total{actor="actor-0",run="r"} 2.0' in text
+
+
+def test_a_dataset_task_feeds_its_rows_to_an_environment_without_reward_functions(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "k1", "key": "k1", "symbol": "b"}\n{"prompt": "k2", "key": "k2", "symbol": "c"}\n')
+    cfg = config.load("tiny-tools.yaml", ["task.name=dataset", f"task.data={data}", "task.reward_levels=[0, 1]",
+                                          "task.options={}", "task.vocabulary=[lookup, answer]", "actors.group_size=2"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    runner = Episodes(cfg, Scripted(tok, lookup_then_answer), tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups([reward.task.sample(random.Random(0)) for _ in range(2)], 0)
+    runner.close()
+    reward.task.functions.close()
+    assert stats.tool_calls == {"lookup/ok": 4} and [g.rewards for g in groups] == [[1.0, 1.0], [1.0, 1.0]]
