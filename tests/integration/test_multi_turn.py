@@ -20,11 +20,11 @@ def _actor_report(run_dir, i: int) -> dict:
 
 
 def test_lookup_episodes_call_the_tool_and_train_through_the_loop(tmp_path):
-    streamrl("run", str(REPO / "configs" / "tiny-tools.yaml"), "steps=40", f"run_dir={tmp_path / 'runs'}", *QUIET,
+    streamrl("run", str(REPO / "configs" / "tiny-tools.yaml"), "steps=20", f"run_dir={tmp_path / 'runs'}", *QUIET,
              cwd=tmp_path, timeout=400)
     run = tmp_path / "runs" / "tiny-tools"
     s = summary(run)
-    assert s["status"] == "finished" and s["groups_used"] == 40 * 16, s
+    assert s["status"] == "finished" and s["groups_used"] == 20 * 16, s
     for i in range(2):
         r = _actor_report(run, i)
         assert r["episodes"] > 0 and r["tool_calls"].get("lookup/ok", 0) > 0, r
