@@ -9,7 +9,8 @@ import time
 from typing import Callable
 
 from streamrl.actors import rollout
-from streamrl.algo import difficulty
+from streamrl.actors.episodes import Episodes, EpisodeStats
+from streamrl.algo import difficulty, group_filters
 from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.wire import FilteredCensus, ScoredGroup
 from streamrl.config import Config
@@ -59,6 +60,12 @@ class Generation:
         self.overlap = (reward.grouped and cfg.task.reward_overlap and cfg.actors.rollout_factor == 1
                         and not cfg.mgrpo.enabled and not cfg.strict)
         self.pending: rollout.Started | None = None
+        # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
+        # Every end token of the model (hf: eos_ids; vllm: its stop tokens): a turn ending in one closes it.
+        end_ids = getattr(backend, "eos_ids", None) or getattr(backend, "stop_token_ids", None) or [tokenizer.eos_token_id]
+        self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids) \
+            if cfg.task.environment else None
+        self.episode_totals = EpisodeStats()
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         """Up to `budget` layer-1 groups made with the weights of `version` (between_steps: in-flight updates),
@@ -67,7 +74,11 @@ class Generation:
         t0 = time.perf_counter()
         tracker = self.tracker
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
-        if self.overlap:
+        if self.episodes is not None:
+            if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
+                return []
+            groups, done = self._episodes(prompts, version)
+        elif self.overlap:
             groups, done = self._overlapped(budget, version, between_steps, observe)
         else:
             if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
@@ -76,6 +87,20 @@ class Generation:
                                                self.actor_id, self.phrase_rng, observe=observe,
                                                between_steps=between_steps)
         return self._finish_call(groups, done, t0)
+
+    def _episodes(self, prompts: list, version: int):
+        groups, played = self.episodes.make_groups(prompts, version)
+        self.episode_totals.add(played)
+        self.telemetry.observe_episodes(played)
+        done = rollout.RolloutStats(prompts_too_long=played.prompts_too_long)
+        if self.options.filter_zero_variance:
+            kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
+            done.filtered_zero_variance, groups = len(groups) - len(kept), kept
+        return groups, done
+
+    def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close()
 
     def _prompts(self, k: int) -> list:
         keep = self.tracker.keep if self.tracker else None
@@ -138,7 +163,8 @@ class Generation:
             self.totals["groups_unsent_at_stop"] = self.finish_pending()
         split = {"sample_s": round(self.timed.seconds, 3),
                  "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
-        return {**self.totals, **split, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
+        played = self.episode_totals.report() if self.episodes is not None else {}
+        return {**self.totals, **split, **played, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
 
 
 def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,

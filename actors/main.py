@@ -109,6 +109,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             server.close()
         if hasattr(backend, "close"):  # an engine's worker processes go with the actor
             backend.close()
+        if generate is not None:  # tool threads (a call past its timeout may still run)
+            generate.close()
         if hasattr(reward.task, "functions"):  # reward functions' threads (an abandoned call may still run)
             reward.task.functions.close()
     if weights.shutdown is not None and weights.shutdown.reason.startswith(wire.REFUSED):

@@ -199,6 +199,31 @@ def build() -> dict:
     p.add(timeseries(
         "Groups sent", "Scored groups per second handed to the learner.",
         [(f"rate(streamrl_actor_groups_sent_total{A}[{RI}])", "{{actor}}")], unit="ops"), w=6)
+
+    # ── Multi-turn episodes (task.environment; all actors) ───────────────────────────────────────
+    p.row("Multi-turn episodes")
+    p.add(timeseries(
+        "Turns per episode", "Model turns per episode: mean, and the p90 over the interval.",
+        [(f"sum by (run) (rate(streamrl_actor_episode_turns_sum{L}[{RI}])) / "
+          f"sum by (run) (rate(streamrl_actor_episode_turns_count{L}[{RI}]))", "mean"),
+         (f"histogram_quantile(0.9, sum by (le) (rate(streamrl_actor_episode_turns_bucket{L}[{RI}])))", "p90")]),
+        w=6)
+    p.add(timeseries(
+        "Tool calls", "Tool calls per second by tool and outcome (ok, raised, timeout, unknown_tool, bad_call).",
+        [(f"sum by (tool, outcome) (rate(streamrl_actor_tool_calls_total{L}[{RI}]))", "{{tool}} {{outcome}}")],
+        unit="ops"), w=6)
+    p.add(timeseries(
+        "Time in tools", "Tool seconds over episode seconds (both summed over episodes; tools overlap generation).",
+        [(f"sum by (run) (rate(streamrl_actor_tool_seconds_total{L}[{RI}])) / "
+          f"sum by (run) (rate(streamrl_actor_episode_seconds_total{L}[{RI}]))", "share in tools")],
+        unit="percentunit"), w=6)
+    p.add(timeseries(
+        "Truncated episodes and template drift",
+        "Episodes cut short per second by reason (max_turns, max_seq_len), and turns whose chat-template rendering "
+        "disagreed with the tokens held.",
+        [(f"sum by (reason) (rate(streamrl_actor_episodes_truncated_total{L}[{RI}]))", "truncated: {{reason}}"),
+         (f"sum by (run) (rate(streamrl_actor_episodes_template_drift_total{L}[{RI}]))", "template drift")],
+        unit="ops"), w=6)
     return {
         "uid": "streamrl", "title": "streamrl", "tags": ["streamrl", "rl"], "timezone": "browser",
         "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s",

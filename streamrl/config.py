@@ -115,14 +115,25 @@ class TaskConfig(_Section):
     """reasoning_gym: the reasoning-gym dataset name (e.g. spell_backward, leg_counting, basic_arithmetic)."""
     options: dict[str, Any] = {}
     """reasoning_gym: keyword options of reasoning_gym.create_dataset (size: 1000 and seed: 0 unless given)."""
+    environment: str | None = None
+    """Multi-turn episodes: the environment class, 'package.module:Class', 'path/file.py:Class' or an entry point."""
+    max_turns: PositiveInt = 4
+    """environment: most model turns per episode (more: the episode ends truncated)."""
+    tool_parser: str = "auto"
+    """environment: how tool calls are read from a reply: qwen3 | words | auto (qwen3 with a chat template)."""
+    tool_timeout_s: PositiveFloat = 30.0
+    """environment: longest one tool call may run; a longer one is abandoned and the model told it timed out."""
+    tool_workers: PositiveInt = 8
+    """environment: threads running tool calls in each actor, while other episodes generate."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
 
         if self.name not in TASKS:
             raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
-        if self.name == "dataset" and (not self.data or not self.reward):
-            raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function); got "
+        if self.name == "dataset" and (not self.data or not (self.reward or self.environment)):
+            raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function) or "
+                             f"task.environment (episodes rewarded by it); got "
                              f"data={self.data!r}, reward={self.reward!r}")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
         if self.reward_weights and len(self.reward_weights) != len(refs):
@@ -132,6 +143,10 @@ class TaskConfig(_Section):
         if self.name == "code_verifier" and self.bce_floor >= 1 / self.scale_steps:  # would merge the lowest levels
             raise ValueError(f"bce_floor={self.bce_floor}: must be below the scale's first step 1/scale_steps "
                              f"({1 / self.scale_steps:g})")
+        from streamrl.tasks.tool_calls import PARSERS
+
+        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
+            raise ValueError(f"tool_parser={self.tool_parser!r}: {PARSERS.unknown(self.tool_parser)}, or auto")
 
 
 class GraderConfig(_Section):
@@ -526,11 +541,22 @@ class Config(_Section):
             raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
                              "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
                              "in flight; use inflight_updates=false, or the hf backend")
+        if self.task.environment:
+            self._check_episodes()
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
+
+    def _check_episodes(self) -> None:
+        """Multi-turn episodes run one way for now: layer 1, one round, weights between generate calls."""
+        clash = {"mgrpo.enabled=true": self.mgrpo.enabled, f"actors.rollout_factor={self.actors.rollout_factor}":
+                 self.actors.rollout_factor > 1, "actors.inflight_updates=true": self.actors.inflight_updates,
+                 f"eval.every={self.eval.every}": self.eval.every > 0}
+        if bad := [k for k, v in clash.items() if v]:
+            raise ValueError(f"task.environment={self.task.environment!r}: multi-turn episodes do not combine with "
+                             f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
         if self.task.name == "dataset" and not self.task.reward_levels and not self.reward.bucket_edges:

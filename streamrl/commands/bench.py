@@ -13,6 +13,8 @@ the same run (never a bare time).
 - startup: `streamrl run` to the first learner step, by phase, against fresh-interpreter children
   and bare imports (`bench_startup`).
 - generate: the hf actor's lean sampling loop against transformers' `generate` (bench_generate.py).
+- episodes: multi-turn episodes with a tool that sleeps 50 ms against single-turn sampling of the same tokens
+  (bench_episodes.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (bench_learner.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
@@ -557,9 +559,15 @@ def trl(short: bool = False) -> list[dict]:
     return bench_trl.trl(short=short)
 
 
+def episodes(short: bool = False) -> list[dict]:
+    from streamrl.commands import bench_episodes
+
+    return bench_episodes.episodes(short=short)
+
+
 BENCHES = {"transport": transport, "weights": weights, "overlap": overlap, "advantages": advantages_bench,
            "batching": batching, "learner": learner,
-           "generate": generate, "startup": startup}
+           "generate": generate, "episodes": episodes, "startup": startup}
 OPTIONAL = {"trl": trl}
 
 

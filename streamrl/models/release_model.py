@@ -40,11 +40,48 @@ NON_SPECIAL_ADDED = [
 ]
 TOKENIZER_SIZE = FIRST_SPECIAL_ID + len(SPECIAL_TOKENS) + len(NON_SPECIAL_ADDED)  # 151,669 as in Qwen3
 
-# Qwen3's template reduced to plain chat turns: the same markers, the generation prompt, and the
-# thinking switch (enable_thinking=false pre-fills an empty think block, as Qwen3's template does).
+# Qwen3's chat format, written for this folder: the same markers, the generation prompt, the thinking switch
+# (enable_thinking=false pre-fills an empty think block), tools in the system turn (`tools=`, Hermes' format),
+# the model's <tool_call> blocks kept as it wrote them, tool results as <tool_response> blocks in a user turn,
+# and Qwen3's history rule: an assistant turn after the last real user query keeps its <think> block when it has
+# reasoning (the last one always shows one), an earlier one loses it.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(last_query=-1) %}"
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- if message['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'system' and tools and loop.first %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"

@@ -68,14 +68,14 @@ class DatasetTask(RowsTask):
     def __init__(self, cfg):
         if not cfg.data:
             raise ValueError("task dataset needs task.data: " + data.FORMATS)
-        if not cfg.reward:
+        if not cfg.reward and not cfg.environment:  # an environment's episodes carry their own reward
             raise ValueError("task dataset needs task.reward: 'package.module:function' or 'file.py:function'")
         convert = converter(cfg.prompt_field)
         what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
         self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
         self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
-        refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward)
+        refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward or [])
         self.functions = RewardFunctions(refs, cfg.reward_weights or None, cfg.reward_levels or None,
                                          cfg.reward_timeout_s, cfg.reward_workers)
         self.extra_words = list(cfg.vocabulary)

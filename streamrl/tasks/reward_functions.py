@@ -27,17 +27,15 @@ abandoned (counted) and keeps its worker until it returns; a reward that never r
 from __future__ import annotations
 
 import concurrent.futures as cf
-import importlib
-import importlib.util
 import logging
 import math
-import sys
 import threading
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from streamrl.tasks import plugins
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -47,33 +45,7 @@ FAILED = object()  # a function's value for a sample whose own call failed
 def resolve(ref: str) -> Callable:
     """The function `ref` names: "package.module:function" or "path/to/file.py:function" (relative to the
     working directory). Raises ValueError saying what is wrong and what is allowed."""
-    module_name, sep, attr = ref.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"task.reward={ref!r}: give 'package.module:function' or 'path/to/file.py:function'")
-    if module_name.endswith(".py"):
-        path = Path(module_name).resolve()
-        if not path.is_file():
-            raise ValueError(f"task.reward={ref!r}: no file {path}")
-        name = f"streamrl_reward_{abs(hash(str(path))):x}"
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except Exception as e:
-                del sys.modules[name]
-                raise ValueError(f"task.reward={ref!r}: importing {path} failed: {type(e).__name__}: {e}") from e
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"task.reward={ref!r}: cannot import {module_name!r}: {e}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"task.reward={ref!r}: {module_name} has no function {attr!r}")
-    return fn
+    return plugins.resolve(ref, "task.reward", "function")
 
 
 class Call:

@@ -25,6 +25,7 @@ SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 # *_created series double what a scrape carries and no panel or rule reads them (process-wide switch).
 disable_created_metrics()
 
+TURN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 FLUSH_EVERY = 64  # steps whose histogram arrays wait for a scrape before the learner bins them itself
 DROP_REASONS = ("stale", "future", "wrong_group_size")
 
@@ -292,6 +293,19 @@ class ActorMetrics:
         self.share = m.gauge("streamrl_actor_share_groups", "Groups this actor makes per learner version")
         self.last_progress = m.gauge("streamrl_actor_last_progress_timestamp_seconds",
                                      "Unix time the actor last sent a group or applied weights")
+        # Multi-turn episodes with tools (task.environment; actors/episodes.py).
+        self.episode_turns = m.histogram("streamrl_actor_episode_turns", "Model turns per multi-turn episode",
+                                         TURN_BUCKETS)
+        self.tool_calls = m.counter("streamrl_actor_tool_calls_total", "Tool calls by tool and outcome",
+                                    ("tool", "outcome"))
+        self.tool_seconds = m.counter("streamrl_actor_tool_seconds_total",
+                                      "Seconds tool calls ran (summed over calls, which overlap generation)")
+        self.episode_seconds = m.counter("streamrl_actor_episode_seconds_total",
+                                         "Seconds episodes were in flight (summed over episodes)")
+        self.episodes_truncated = m.counter("streamrl_actor_episodes_truncated_total",
+                                            "Episodes cut short, by reason (max_turns, max_seq_len)", ("reason",))
+        self.template_drift = m.counter("streamrl_actor_episodes_template_drift_total",
+                                        "Episode turns whose chat-template rendering disagreed with the ids held")
 
         self._totals = _Totals()
 
@@ -315,6 +329,20 @@ class ActorMetrics:
         self.groups_unscored.inc(getattr(stats, "groups_unscored", 0))
         self.corrections.inc(stats.corrections)
         self.corrections_kept.inc(stats.corrections_kept)
+
+    def observe_episodes(self, stats) -> None:
+        """stats: actors.episodes.EpisodeStats of one generate call. The share of time in tools is
+        tool_seconds_total / episode_seconds_total (a ratio of rates on the dashboard)."""
+        for turns in stats.turns:
+            self.episode_turns.observe(turns)
+        for key, n in stats.tool_calls.items():
+            tool, _, outcome = key.rpartition("/")
+            self.tool_calls.labels(tool=tool, outcome=outcome).inc(n)
+        self.tool_seconds.inc(stats.tool_s)
+        self.episode_seconds.inc(stats.episode_s)
+        for why, n in stats.truncated.items():
+            self.episodes_truncated.labels(reason=why).inc(n)
+        self.template_drift.inc(stats.template_drift)
 
     def observe_sent(self, groups: int, blocked_total_s: float) -> None:
         """blocked_total_s: the sender's cumulative time blocked on a full queue."""

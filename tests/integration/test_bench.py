@@ -25,6 +25,9 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     assert all(f" {phase}_s=" in startup[0] for phase in ("launch", "preload", "model", "engine", "first_step"))
     generate = [line for line in out if line.startswith("bench=generate")]
     assert len(generate) == 1 and "speedup=" in generate[0] and "same_samples=True" in generate[0]
+    episodes = [line for line in out if line.startswith("bench=episodes")]  # 64 episodes, 4 turns, a 50 ms tool
+    assert len(episodes) == 1 and "ratio_vs_single_turn=" in episodes[0]
+    assert float(episodes[0].split("tool_s_per_call=")[1].split()[0]) > 64 * 0.05  # every episode called it
     learner = [line for line in out if line.startswith("bench=learner ")]
     assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
     assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]

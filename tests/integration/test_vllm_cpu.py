@@ -81,6 +81,45 @@ def _engine_probe() -> dict:
     return out
 
 
+def _episodes_probe() -> dict:
+    """Run in a child process: lookup episodes on a vLLM engine (the tiny model), then the learner's recomputation
+    of every model token's log-prob over the episode's held ids (its turns and the tool results between them)."""
+    import random
+
+    import torch
+
+    from streamrl import config
+    from streamrl.actors.backends import build
+    from streamrl.actors.episodes import Episodes
+    from streamrl.models import model
+    from streamrl.tasks import rewards
+
+    cfg = config.load("tiny-tools.yaml", [*VLLM_MODEL, f"actors.temperature={TEMPERATURE}", "seed=3",
+                                          "actors.group_size=4"])
+    reward = rewards.build(cfg)
+    m, tok = model.build(cfg, reward.task.vocabulary)
+    backend = build("vllm", cfg, m, tok)
+    runner = Episodes(cfg, backend, tok, reward, "probe", backend.stop_token_ids)
+    groups, stats = runner.make_groups([reward.task.sample(random.Random(i)) for i in range(32)], 0)
+    runner.close()
+    backend.close()
+    gap, multi = 0.0, 0
+    for g in groups:
+        start = 0
+        for s in g.samples:
+            ids = g.prompt_tokens.tolist() + g.completion_tokens[start:start + s.num_tokens].tolist()
+            mask = g.model_token_mask[start:start + s.num_tokens]
+            lp = g.behaviour_logprobs[start:start + s.num_tokens]
+            start += s.num_tokens
+            with torch.no_grad():
+                logits = m(torch.tensor([ids])).logits[0, len(g.prompt_tokens) - 1:-1].float() / TEMPERATURE
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(ids[len(g.prompt_tokens):])[:, None])[:, 0]
+            gap = max(gap, float((torch.from_numpy(lp[mask]) - ref[torch.from_numpy(mask)]).abs().max()))
+            multi += bool((~mask).any())
+    return {"episodes": stats.episodes, "multi_turn": multi, "tool_calls": stats.tool_calls, "gap": gap,
+            "drift": stats.template_drift}
+
+
 def _inflight_probe() -> dict:
     """Run in a child process: generate with between_steps, load new weights (x1.5) at its 5th call (after the
     4th decoding step), and compare each token's log-prob with the old and the new weights' recomputation."""
@@ -342,8 +381,21 @@ def test_an_exported_run_loads_in_vllm_and_generates_with_the_learners_logprobs(
     assert res["gap_vs_learner"] < 1e-3
 
 
+def test_multi_turn_episodes_on_vllm_hold_the_tokens_the_engine_sampled(tmp_path, capsys):
+    """Token in, token out on the vLLM engine: every model token's log-prob, sampled over the episode's growing
+    ids (earlier turns and tool results included), is the learner's recomputation over the ids the episode holds."""
+    pytest.importorskip("vllm")
+    res = _probe(tmp_path, "episodes")
+    with capsys.disabled():
+        print(f"\nvllm multi-turn: {res}")
+    assert res["episodes"] == 128 and res["multi_turn"] > 0 and res["tool_calls"], res
+    assert res["gap"] < 1e-3 and res["drift"] == 0, res
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["inflight"]:
+    if sys.argv[1:2] == ["episodes"]:
+        print(json.dumps(_episodes_probe()))
+    elif sys.argv[1:2] == ["inflight"]:
         print(json.dumps(_inflight_probe()))
     elif sys.argv[1:2] == ["export"]:
         print(json.dumps(_export_probe(sys.argv[2], sys.argv[3])))

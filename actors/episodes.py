@@ -1,0 +1,293 @@
+"""Multi-turn episodes with tools (`task.environment`): prompts → G episodes each → rewards → ScoredGroups.
+
+Every episode of a generate call is in flight at once. Each round, the backend samples one turn for every
+episode that is waiting on the model, as one batch; a reply that calls tools hands its calls to a thread pool
+(`task.tool_workers`) and the loop goes on generating for the other episodes while they run, so a slow tool
+overlaps generation instead of stalling it. A call past `task.tool_timeout_s` is abandoned (Python cannot stop
+a thread) and the model is told it timed out. A reply with no tool call goes to the environment's `step`.
+
+Token in, token out (`streamrl.models.conversation`): an episode's ids only ever grow, the model's sampled
+tokens kept as sampled. A sample's completion is every id after the opening prompt, the model's turns and the
+environment's interleaved; `model_token_masks` says which the model sampled (behaviour log-probs are 0.0 under
+the environment's). An episode ends when the environment says done, or truncated at `task.max_turns` model
+turns or when no room is left under the sequence cap (`model.max_seq_len`, else the model's context); a
+truncated episode that got no reward scores the task's lowest level.
+
+What episodes did is added up in `EpisodeStats` (turns, tool calls by tool and outcome, time in tools,
+truncations, template drift) for the actor's report and Prometheus.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+
+from streamrl.comm.wire import ScoredGroup
+from streamrl.models.conversation import Conversation, Renderer
+from streamrl.models.sampling import capped
+from streamrl.tasks import environments, tool_calls
+from streamrl.tasks.environments import row_of
+
+log = logging.getLogger("streamrl.actor")
+
+OUTCOMES = ("ok", "raised", "timeout", "unknown_tool", "bad_call")
+"""A tool call's outcome: returned; raised; ran past task.tool_timeout_s; named no tool; unreadable or its
+arguments did not fit the tool."""
+
+
+class EpisodeStats(msgspec.Struct):
+    """What the episodes of one generate call did (the actor adds these up and exports them)."""
+
+    episodes: int = 0
+    turns: list[int] = []
+    """Model turns of each episode."""
+    tool_calls: dict[str, int] = {}
+    """'tool/outcome' → calls (outcomes: OUTCOMES)."""
+    tool_s: float = 0.0
+    """Seconds tools ran, summed over calls (they overlap each other and generation)."""
+    episode_s: float = 0.0
+    """Seconds episodes were in flight, summed over episodes."""
+    truncated: dict[str, int] = {}
+    """Episodes cut short, by reason: max_turns, max_seq_len."""
+    template_drift: int = 0
+    """Turns whose chat-template rendering disagreed with the ids held (see streamrl.models.conversation)."""
+    step_raised: int = 0
+    """Episodes ended because the environment's step or reset raised (scored lowest, logged)."""
+    prompts_too_long: int = 0
+    """Prompts whose opening left no room for a reply (their groups are not made)."""
+
+    def add(self, other: "EpisodeStats") -> None:
+        self.episodes += other.episodes
+        self.turns = self.turns + other.turns
+        self.tool_s += other.tool_s
+        self.episode_s += other.episode_s
+        self.template_drift += other.template_drift
+        self.step_raised += other.step_raised
+        self.prompts_too_long += other.prompts_too_long
+        self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
+        self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
+
+    def report(self) -> dict:
+        """The actor's report: totals, mean turns, and the share of episode time spent in tools."""
+        return {"episodes": self.episodes, "episode_turns_mean": round(sum(self.turns) / max(1, len(self.turns)), 3),
+                "tool_calls": dict(self.tool_calls), "tool_time_share": round(self.tool_s / self.episode_s, 4)
+                if self.episode_s else 0.0, "episodes_truncated": dict(self.truncated),
+                "episodes_template_drift": self.template_drift, "episodes_step_raised": self.step_raised}
+
+
+class _Episode:
+    def __init__(self, env, conv: Conversation, tools: dict, group: int):
+        self.env, self.conv, self.tools, self.group = env, conv, tools, group
+        self.turns, self.reward, self.finish = 0, None, "stop"
+        self.calls: list[tuple] = []  # (call, future | None, started, message if settled)
+        self.started = time.perf_counter()
+        self.done = False
+
+
+def sequence_cap(cfg) -> int:
+    """Most ids an episode may hold: model.max_seq_len, else the model's context (the tiny model's
+    model.context, a folder's max_position_embeddings); 0: none known."""
+    if cfg.model.max_seq_len:
+        return cfg.model.max_seq_len
+    if not cfg.model.path:
+        return cfg.model.context
+    path = Path(cfg.model.path) / "config.json"
+    return json.loads(path.read_text()).get("max_position_embeddings") or 0 if path.is_file() else 0
+
+
+class Episodes:
+    """An actor's episode runner: `make_groups(prompts, version)` plays G episodes per prompt."""
+
+    def __init__(self, cfg, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+        t = cfg.task
+        self.env_cls = environments.load(t.environment)
+        self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
+        self.group_size, self.max_turns, self.timeout_s = cfg.actors.group_size, t.max_turns, t.tool_timeout_s
+        self.max_new_tokens, self.seq_cap = cfg.actors.max_new_tokens, sequence_cap(cfg)
+        self.chat_template, self.enable_thinking = cfg.model.chat_template, cfg.model.enable_thinking
+        self.end_ids = set(end_ids)
+        self.lowest = min(reward.levels)
+        self.parser = None
+        self.tool_parser = t.tool_parser
+        self.pool = cf.ThreadPoolExecutor(t.tool_workers, thread_name_prefix=f"{actor_id}-tools")
+        self._schemas: dict = {}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _renderer(self, tools: dict) -> Renderer:
+        key = tuple((getattr(f, "__module__", ""), getattr(f, "__qualname__", n)) for n, f in tools.items())
+        if key not in self._schemas:
+            self._schemas[key] = [environments.schema(f) for f in tools.values()]
+        r = Renderer(self.tokenizer, self.chat_template, self.enable_thinking, self._schemas[key])
+        if self.parser is None:
+            self.parser = tool_calls.parser_for(self.tool_parser, r.chat)
+        return r
+
+    def room(self, ep: _Episode) -> int:
+        left = self.seq_cap - len(ep.conv.ids) if self.seq_cap else self.max_new_tokens
+        return min(self.max_new_tokens, left)
+
+    def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats]:
+        stats = EpisodeStats()
+        episodes, kept = [], []
+        for g, prompt in enumerate(prompts):
+            mine = [e for e in (self._start(prompt, g, stats) for _ in range(self.group_size)) if e is not None]
+            if len(mine) < self.group_size or any(self.room(e) <= 0 for e in mine):
+                stats.prompts_too_long += len(mine) == self.group_size
+                continue
+            episodes += mine
+            kept.append(g)
+        self._play(episodes, stats)
+        groups = []
+        for g in kept:
+            mine = [e for e in episodes if e.group == g]
+            c = [e.conv for e in mine]
+            groups.append(ScoredGroup.from_samples(
+                prompt_id=prompts[g].id, policy_version=version, actor_id=self.actor_id,
+                prompt_tokens=c[0].ids[:c[0].prompt_len], completions=[x.completion for x in c],
+                logprobs=[x.logprobs for x in c], rewards=[e.reward for e in mine],
+                finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c]))
+        stats.episodes = len(episodes)
+        stats.turns = [e.turns for e in episodes]
+        stats.episode_s = sum(e.ended - e.started for e in episodes)
+        stats.template_drift = sum(e.conv.drift for e in episodes)
+        return groups, stats
+
+    def _start(self, prompt, group: int, stats: EpisodeStats) -> _Episode | None:
+        try:
+            env = self.env_cls(row_of(prompt))
+            opening = env.reset()
+            tools = environments.tools_of(env)
+        except Exception as e:  # a broken environment is the user's bug: say where, and skip the prompt
+            stats.step_raised += 1
+            log.warning("%s: %s could not start an episode of prompt %s: %s: %s", self.actor_id,
+                        self.env_cls.__name__, prompt.id, type(e).__name__, e)
+            return None
+        return _Episode(env, Conversation(self._renderer(tools), opening), tools, group)
+
+    def _play(self, episodes: list[_Episode], stats: EpisodeStats) -> None:
+        """Every episode to its end: batched turns for those waiting on the model, tools on the pool meanwhile."""
+        ready, calling = list(episodes), []
+        while ready or calling:
+            if ready:
+                batch, ready = ready, []
+                drawn = self.backend.generate([e.conv.ids for e in batch], 1)
+                for e, completions in zip(batch, drawn):
+                    self._reply(e, capped(completions[0], max(0, self.room(e))), stats)
+                    (calling if e.calls else ready if not e.done else []).append(e)
+            if calling:
+                # Wait only when nothing else can run; otherwise take what finished and generate again.
+                wait_s = None if not ready else 0.0
+                pending = [f for e in calling for _, f, _, m in e.calls if f is not None and m is None]
+                if pending and wait_s is None:
+                    soonest = min(s for e in calling for _, f, s, m in e.calls if f is not None and m is None)
+                    cf.wait(pending, timeout=max(0.0, soonest + self.timeout_s - time.perf_counter()),
+                            return_when=cf.FIRST_COMPLETED)
+                still = []
+                for e in calling:
+                    if self._settle(e, stats):
+                        if not e.done:
+                            ready.append(e)
+                    else:
+                        still.append(e)
+                calling = still
+
+    def _reply(self, e: _Episode, completion, stats: EpisodeStats) -> None:
+        """The model's turn: hold its tokens; start its tool calls, or hand the reply to the environment."""
+        e.turns += 1
+        text = e.conv.add_reply(list(completion.tokens), list(completion.logprobs), self.end_ids)
+        calls = self.parser(text, list(e.tools)) if e.tools else []
+        if calls:
+            now = time.perf_counter()
+            e.calls = [self._call(e, c, now) for c in calls]
+            return
+        try:
+            messages, reward, done = e.env.step(text)
+        except Exception as err:
+            stats.step_raised += 1
+            log.warning("%s: %s.step raised (episode ended, scored lowest): %s: %s", self.actor_id,
+                        type(e.env).__name__, type(err).__name__, err)
+            return self._end(e, None, "stop")
+        if done:
+            return self._end(e, reward, "stop")
+        self._continue(e, list(messages), stats)
+
+    def _call(self, e: _Episode, call: tool_calls.ToolCall, now: float) -> list:
+        """[call, future, started, message]: message is set at once for a call that cannot run."""
+        if call.error is not None:
+            return [call, None, now, self._tool_message(call, f"error: {call.error}", "bad_call")]
+        fn = e.tools.get(call.name)
+        if fn is None:
+            return [call, None, now, self._tool_message(
+                call, f"error: no tool {call.name!r}; tools: {', '.join(e.tools)}", "unknown_tool")]
+        try:
+            args, kwargs = tool_calls.bind(fn, call)
+        except TypeError as err:
+            return [call, None, now, self._tool_message(call, f"error: {call.name}: {err}", "bad_call")]
+        return [call, self.pool.submit(_timed, fn, args, kwargs), now, None]
+
+    @staticmethod
+    def _tool_message(call, content: str, outcome: str) -> dict:
+        return {"role": "tool", "name": call.name, "content": content, "_outcome": outcome, "_seconds": 0.0}
+
+    def _settle(self, e: _Episode, stats: EpisodeStats) -> bool:
+        """Whether every tool call of the episode's reply has an answer (a result, an error, a timeout); then
+        their messages are appended and the episode goes on."""
+        now = time.perf_counter()
+        for item in e.calls:
+            call, future, started, message = item
+            if message is not None:
+                continue
+            if future.done():
+                try:
+                    value, seconds = future.result()
+                    item[3] = {**self._tool_message(call, tool_calls.result_text(value), "ok"), "_seconds": seconds}
+                except Exception as err:  # the model sees what went wrong; the call is counted
+                    item[3] = {**self._tool_message(call, f"error: {call.name} raised {type(err).__name__}: {err}",
+                                                    "raised"), "_seconds": now - started}
+            elif now - started >= self.timeout_s:
+                future.cancel()
+                item[3] = {**self._tool_message(call, f"error: {call.name} timed out after {self.timeout_s:g}s",
+                                                "timeout"), "_seconds": self.timeout_s}
+        if any(m is None for _, _, _, m in e.calls):
+            return False
+        messages = []
+        for _, _, _, m in e.calls:
+            # Labelled by the tool's own name only: a name the model made up must not mint a new series.
+            key = f"{m['name'] if m['name'] in e.tools else '(unknown)'}/{m['_outcome']}"
+            stats.tool_calls[key] = stats.tool_calls.get(key, 0) + 1
+            stats.tool_s += m["_seconds"]
+            messages.append({k: v for k, v in m.items() if not k.startswith("_")})
+        e.calls = []
+        self._continue(e, messages, stats)
+        return True
+
+    def _continue(self, e: _Episode, messages: list[dict], stats: EpisodeStats) -> None:
+        """Append the environment's messages and the next generation prompt, or end the episode truncated."""
+        if e.turns >= self.max_turns:
+            stats.truncated["max_turns"] = stats.truncated.get("max_turns", 0) + 1
+            return self._end(e, None, "length")
+        e.conv.add_messages(messages)
+        if self.seq_cap and len(e.conv.ids) > self.seq_cap:  # the environment's turn overflows: cut it at the cap
+            e.conv.cut(self.seq_cap)
+        if self.room(e) <= 0:
+            stats.truncated["max_seq_len"] = stats.truncated.get("max_seq_len", 0) + 1
+            return self._end(e, None, "length")
+
+    def _end(self, e: _Episode, reward: float | None, finish: str) -> None:
+        e.done, e.finish, e.ended = True, finish, time.perf_counter()
+        value = self.lowest if reward is None or not math.isfinite(reward) else self.reward.shape(float(reward))
+        e.reward = value
+
+
+def _timed(fn, args, kwargs):
+    t0 = time.perf_counter()
+    return fn(*args, **kwargs), time.perf_counter() - t0

@@ -1,0 +1,235 @@
+"""The actor's multi-turn episode runner: tools, errors, timeouts, truncation, token in / token out, overlap.
+
+A scripted policy stands in for the model where a test needs to know what it will say (it answers through the
+real word-level tokenizer, with the Backend protocol's Completion); the last test runs the real tiny model.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+import threading
+import time
+
+from streamrl import config
+from streamrl.actors import backends
+from streamrl.actors.episodes import Episodes
+from streamrl.models import model as model_lib
+from streamrl.models.sampling import Completion
+from streamrl.tasks import rewards
+from streamrl.tasks.base import Prompt
+
+
+class Scripted:
+    """A policy: reply(prompt text) → reply text; returns it as sampled tokens ending with <eos>."""
+
+    def __init__(self, tokenizer, reply):
+        self.tok, self.reply, self.calls = tokenizer, reply, []
+
+    def generate(self, prompts, n, between_steps=None):
+        self.calls.append(len(prompts))
+        out = []
+        for ids in prompts:
+            toks = self.tok.encode(self.reply(self.tok.decode(ids))) + [self.tok.eos_token_id]
+            out.append([Completion(tokens=toks, logprobs=[-0.5] * len(toks), finish_reason="stop")
+                        for _ in range(n)])
+        return out
+
+
+def _setup(overrides=(), reply=None):
+    cfg = config.load("tiny-tools.yaml", ["actors.group_size=2", *overrides])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, [*reward.task.vocabulary, "error:"])
+    backend = Scripted(tok, reply) if reply else backends.build("hf", cfg, model, tok)
+    return cfg, reward, tok, backend
+
+
+def _prompts(task, k=2, seed=0):
+    rng = random.Random(seed)
+    return [task.sample(rng) for _ in range(k)]
+
+
+def _last_word(text: str) -> str:
+    return text.split()[-1]
+
+
+def lookup_then_answer(text: str) -> str:
+    """Call lookup with the prompt's key, then answer with the tool's result."""
+    words = text.split()
+    return f"lookup {words[1]}" if len(words) == 2 else f"answer {words[-1]}"
+
+
+def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
+    cfg, reward, tok, backend = _setup(reply=lookup_then_answer)
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    prompts = _prompts(reward.task)
+    groups, stats = runner.make_groups(prompts, version=3)
+    runner.close()
+    assert [g.rewards for g in groups] == [[1.0, 1.0], [1.0, 1.0]]
+    assert stats.tool_calls == {"lookup/ok": 4} and stats.turns == [2, 2, 2, 2] and stats.truncated == {}
+    g, p = groups[0], prompts[0]
+    # Token in, token out: prompt = tools line + key; completion = model turn, tool result, model turn.
+    assert tok.decode(list(g.prompt_tokens)) == f"lookup {p.columns['key']}"
+    first = g.completion_tokens[:g.samples[0].num_tokens]
+    assert tok.decode(list(first)) == f"lookup {p.columns['key']} <eos> {p.columns['symbol']} answer {p.columns['symbol']} <eos>"
+    mask = g.model_token_mask[:g.samples[0].num_tokens]
+    assert mask.tolist() == [True, True, True, False, True, True, True]
+    lp = g.behaviour_logprobs[:g.samples[0].num_tokens]
+    assert lp.tolist() == [-0.5, -0.5, -0.5, 0.0, -0.5, -0.5, -0.5]
+    assert g.policy_version == 3 and stats.template_drift == 0
+
+
+def test_a_raising_tool_becomes_an_error_message_and_is_counted():
+    cfg, reward, tok, backend = _setup(reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert stats.tool_calls == {"lookup/raised": 2}
+    text = tok.decode(list(groups[0].completion_tokens[:groups[0].samples[0].num_tokens]))
+    assert "error:" in text  # the model saw the error (unknown words of it are <unk> to the word tokenizer)
+    assert groups[0].rewards == [0.0, 0.0]
+
+
+def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():
+    cfg, reward, tok, backend = _setup(reply=lambda t: "lookup" if len(t.split()) == 2 else "a")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert stats.tool_calls == {"lookup/bad_call": 2}
+
+
+def test_episodes_end_truncated_at_max_turns_and_at_the_sequence_cap():
+    cfg, reward, tok, backend = _setup(["task.max_turns=3"], reply=lambda t: f"lookup {t.split()[1]}")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    assert stats.truncated == {"max_turns": 2} and stats.turns == [3, 3]
+    assert [s.finish_reason for s in groups[0].samples] == ["length", "length"]
+    assert groups[0].rewards == [0.0, 0.0]  # no reward at truncation: the lowest level
+    runner.close()
+    cfg, reward, tok, backend = _setup(["task.max_turns=5", "model.max_seq_len=8"],
+                                       reply=lambda t: f"lookup {t.split()[1]}")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert stats.truncated == {"max_seq_len": 2}
+    assert all(len(groups[0].prompt_tokens) + s.num_tokens <= 8 for s in groups[0].samples)
+
+
+def test_a_tool_past_its_timeout_is_abandoned_and_the_episode_goes_on(tmp_path):
+    env = tmp_path / "slow_env.py"
+    env.write_text(textwrap.dedent("""
+        import time
+        from streamrl.tasks.lookup import LookupEnv
+
+        class Slow(LookupEnv):
+            def __init__(self, row):
+                super().__init__(row)
+                self.tools = [self.lookup]
+
+            def lookup(self, key: str) -> str:
+                time.sleep(1.0)
+                return self.symbol
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Slow", "task.tool_timeout_s=0.1"],
+                                       reply=lookup_then_answer)
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    t0 = time.perf_counter()
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    waited = time.perf_counter() - t0
+    runner.close()
+    assert stats.tool_calls == {"lookup/timeout": 2}
+    assert waited < 1.0  # the runner did not wait for the abandoned calls
+    assert groups[0].rewards == [0.0, 0.0]
+
+
+def test_tools_run_while_other_episodes_generate(tmp_path):
+    """A slow tool overlaps generation: while one episode's tool call runs, the runner samples other episodes'
+    turns (seen from inside the tool and the policy), and calls run side by side on the pool."""
+    running, seen = [0], {"most": 0, "generated_during_tool": 0}
+    lock = threading.Lock()
+
+    class Probe(Scripted):
+        def generate(self, prompts, n, between_steps=None):
+            with lock:
+                seen["generated_during_tool"] += running[0] > 0
+            return super().generate(prompts, n, between_steps)
+
+    def lookup(key: str) -> str:
+        with lock:
+            running[0] += 1
+            seen["most"] = max(seen["most"], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return "a"
+
+    cfg, reward, tok, _ = _setup(["actors.group_size=4"])
+    calls = iter(range(10_000))
+
+    class Staggered:  # episodes call the tool at different turns, so some wait on it while others generate
+        def __init__(self, row):
+            self.n, self.tools, self.turn = next(calls) % 3, [lookup], 0
+
+        def reset(self):
+            return [{"role": "user", "content": "k1"}]
+
+        def step(self, reply):
+            self.turn += 1
+            return [{"role": "user", "content": "k1"}], 1.0, self.turn > self.n
+
+    import streamrl.tasks.environments as envs
+    backend = Probe(tok, lambda t: "lookup k1" if t.split()[-1] == "k1" else "a")
+    real_load = envs.load
+    envs.load = lambda ref: Staggered
+    try:
+        runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    finally:
+        envs.load = real_load
+    runner.make_groups([Prompt(id=f"p{i}", text="k1") for i in range(4)], 0)
+    runner.close()
+    assert seen["most"] > 1 and seen["generated_during_tool"] > 0
+
+
+def test_the_tiny_model_plays_lookup_episodes_token_in_token_out():
+    cfg, reward, tok, backend = _setup(["actors.group_size=4"])
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", backend.eos_ids)
+    groups, stats = runner.make_groups(_prompts(reward.task, 8, seed=1), 0)
+    runner.close()
+    assert len(groups) == 8 and stats.episodes == 32
+    for g in groups:
+        assert len(g.model_token_mask) == len(g.completion_tokens) == len(g.behaviour_logprobs)
+        assert (g.behaviour_logprobs[~g.model_token_mask] == 0).all() and (g.behaviour_logprobs[g.model_token_mask] < 0).all()
+        assert set(g.rewards) <= {0.0, 0.25, 0.5, 1.0}
+    assert 32 <= sum(stats.turns) <= 64 and stats.template_drift == 0
+
+
+def test_episode_metrics_reach_prometheus():
+    from prometheus_client import generate_latest
+
+    from streamrl.actors.episodes import EpisodeStats
+    from streamrl.telemetry import prometheus_metrics
+
+    registry = prometheus_metrics.new_registry()
+    m = prometheus_metrics.ActorMetrics(registry, "r", "actor-0")
+    m.observe_episodes(EpisodeStats(episodes=3, turns=[1, 2, 4], tool_calls={"lookup/ok": 2, "(unknown)/unknown_tool": 1},
+                                    tool_s=0.5, episode_s=2.0, truncated={"max_turns": 1}, template_drift=2))
+    text = generate_latest(registry).decode()
+    assert 'streamrl_actor_tool_calls_total{actor="actor-0",outcome="ok",run="r",tool="lookup"} 2.0' in text
+    assert 'tool="(unknown)"' in text and 'streamrl_actor_episode_turns_count{actor="actor-0",run="r"} 3.0' in text
+    assert 'streamrl_actor_episodes_truncated_total{actor="actor-0",reason="max_turns",run="r"} 1.0' in text
+    assert 'streamrl_actor_tool_seconds_total{actor="actor-0",run="r"} 0.5' in text
+    assert 'streamrl_actor_episodes_template_drift_total{actor="actor-0",run="r"} 2.0' in text
+
+
+def test_a_dataset_task_feeds_its_rows_to_an_environment_without_reward_functions(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "k1", "key": "k1", "symbol": "b"}\n{"prompt": "k2", "key": "k2", "symbol": "c"}\n')
+    cfg = config.load("tiny-tools.yaml", ["task.name=dataset", f"task.data={data}", "task.reward_levels=[0, 1]",
+                                          "task.options={}", "task.vocabulary=[lookup, answer]", "actors.group_size=2"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    runner = Episodes(cfg, Scripted(tok, lookup_then_answer), tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups([reward.task.sample(random.Random(0)) for _ in range(2)], 0)
+    runner.close()
+    reward.task.functions.close()
+    assert stats.tool_calls == {"lookup/ok": 4} and [g.rewards for g in groups] == [[1.0, 1.0], [1.0, 1.0]]
