@@ -61,10 +61,12 @@ class Generation:
                         and not cfg.mgrpo.enabled and not cfg.strict)
         self.pending: rollout.Started | None = None
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
-        # Every end token of the model (hf: eos_ids; vllm: its stop tokens): a turn ending in one closes it.
-        end_ids = getattr(backend, "eos_ids", None) or getattr(backend, "stop_token_ids", None) or [tokenizer.eos_token_id]
-        self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids) \
-            if cfg.task.environment else None
+        self.episodes = None
+        if cfg.task.environment:
+            # Every end token of the model (hf: eos_ids; vllm: its stop tokens): a turn ending in one closes it.
+            end_ids = (getattr(backend, "eos_ids", None) or getattr(backend, "stop_token_ids", None)
+                       or [tokenizer.eos_token_id])
+            self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids)
         self.episode_totals = EpisodeStats()
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
