@@ -39,6 +39,8 @@ class ActorWeights:
         self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                            self.actor_id, t.max_message_bytes, curve)
         self.subscriber.fingerprint = fingerprint.of(cfg)  # the learner refuses an actor set up for another run
+        if every := cfg.eval.every:  # versions due for evaluation stay at hand until the next one (see `hold`)
+            self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
         if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
             from streamrl.comm.weight_sync import ActorSync
@@ -84,6 +86,27 @@ class ActorWeights:
         if got is not None:
             self._apply(got)
         return got is not None
+
+    def hold(self, version: int, stop: Callable[[], bool]) -> bool:
+        """Load exactly `version` for an evaluation: the one held, the one kept aside as it arrived (an actor that
+        moved past it goes back; the groups it makes next carry that version), or the next to come. False when it
+        is gone (an older version than the one kept) or the run stopped."""
+        sub = self.subscriber
+        if self.version == version and sub.learner_restarts == self.life:
+            return True
+        if self.version < version and (sub.kept is None or sub.kept[0] != version):
+            got = self._wait(version, stop)
+            if got is not None and got[0] > self.version:
+                self._apply(got)
+        if self.version != version and sub.kept is not None and sub.kept[0] == version:
+            self._apply(sub.kept)
+        return self.version == version
+
+    def take_eval(self) -> wire.EvalRequest | None:
+        """The oldest eval request the learner sent this actor, once."""
+        self.subscriber.watch()
+        requests = self.subscriber.eval_requests
+        return requests.popleft() if requests else None
 
     def take_demand(self) -> wire.Demand | None:
         """The learner's request for more groups at the version held, once."""

@@ -142,6 +142,14 @@ class GroupSender:
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
         return True
 
+    def notice(self, msg: wire.EvalResult, timeout_s: float) -> bool:
+        """Send a header-only message (an eval result) on the group channel; False if the learner took nothing for
+        timeout_s."""
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        return True
+
     def close(self, linger_s: float = 0.0) -> None:
         """linger_s > 0: give queued groups and the report that long to reach a learner still listening."""
         self.sock.close(linger=int(linger_s * 1000))
@@ -190,6 +198,8 @@ class GroupReceiver:
         self.sessions: dict[tuple[str, str], SessionCount] = {}
         self.pending: collections.deque[wire.ScoredGroup] = collections.deque()
         """Groups of a batch message already decoded and not yet taken."""
+        self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
+        """Actors' answers to eval requests, in arrival order, for the learner's evaluation bookkeeping to take."""
 
     def take(self) -> wire.ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
@@ -205,6 +215,9 @@ class GroupReceiver:
                 header = wire.decode_header(frames)
                 if isinstance(header, wire.ActorReport):
                     self._session(header.actor_id, header.session).report = header
+                    continue
+                if isinstance(header, wire.EvalResult):
+                    self.eval_results.append(header)
                     continue
                 self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:
@@ -277,6 +290,7 @@ class WeightPublisher:
         self.requests_served = 0
         self.rebroadcasts = 0
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
+        self.actor_peers: dict[str, bytes] = {}  # actor_id -> its newest DEALER identity (eval requests go there)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
         self.admit: Callable[[str, dict | None], str | None] | None = None
@@ -471,6 +485,7 @@ class WeightPublisher:
                 continue
             if len(self.peers) < MAX_SESSIONS:
                 self.peers.add(bytes(identity.buffer))
+                self.actor_peers[msg.actor_id] = bytes(identity.buffer)
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
             else:
@@ -489,6 +504,17 @@ class WeightPublisher:
         """Tell subscribers a version follows over the collective group (they join the broadcast)."""
         self.flush()
         self.pub.send_multipart(wire.encode(msg))
+
+    def send_to(self, actor_id: str, msg: wire.EvalRequest) -> bool:
+        """A notice to one actor (by the id its weight requests gave); False if it never asked or cannot take it."""
+        peer = self.actor_peers.get(actor_id)
+        if peer is None:
+            return False
+        try:
+            self.router.send_multipart([peer, *wire.encode(msg)], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
@@ -543,6 +569,12 @@ class WeightSubscriber:
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self.eval_requests: collections.deque[wire.EvalRequest] = collections.deque(maxlen=1000)
+        """The learner's eval requests to this actor, oldest first (the actor takes them between generate calls)."""
+        self.keep: Callable[[int], bool] | None = None
+        """Versions to keep aside as they arrive (the ones due for evaluation), even when a newer one follows."""
+        self.kept: tuple[int, dict] | None = None
+        """The newest version `keep` chose: an eval request for it can be answered after the actor moved on."""
         self.fingerprint: dict | None = None  # sent with every request: the learner's handshake
         self.learner: str | None = None  # the learner life whose weights we hold
         self.learner_restarts = 0
@@ -578,6 +610,8 @@ class WeightSubscriber:
                     except zmq.Again:
                         break
                     got = self._decode(frames)
+                    if got is not None and self.keep is not None and self.keep(got[0]):
+                        self.kept = got
                     if got is not None and (self._newest is None or got[0] > self._newest[0]):
                         self._newest = got
             events = dict(self.poller.poll(0))
@@ -645,6 +679,9 @@ class WeightSubscriber:
             if isinstance(header, wire.Demand):
                 if self.demand is None or header.version >= self.demand.version:
                     self.demand = header
+                return None
+            if isinstance(header, wire.EvalRequest):
+                self.eval_requests.append(header)
                 return None
             if isinstance(header, wire.WeightsCollective):
                 # The group is the learner life this actor joined it with (or its first weights come
