@@ -81,7 +81,7 @@ class ActorWeights:
 
     def wait_newer(self, stop: Callable[[], bool]) -> bool:
         """Wait for a version newer than the one held and load it. False without one: the run stopped,
-        the learner shut down, or it asked for more groups at this version (see `take_demand`)."""
+        the learner shut down, it asked for more groups at this version (see `take_demand`) or for an evaluation."""
         got = self._wait(self.version + 1, stop)
         if got is not None:
             self._apply(got)
@@ -95,11 +95,14 @@ class ActorWeights:
         if self.version == version and sub.learner_restarts == self.life:
             return True
         if self.version < version and (sub.kept is None or sub.kept[0] != version):
-            got = self._wait(version, stop)
+            got = self._wait(version, stop, evals_wake=False)
             if got is not None and got[0] > self.version:
                 self._apply(got)
         if self.version != version and sub.kept is not None and sub.kept[0] == version:
+            newer = self.version > version
             self._apply(sub.kept)
+            if newer:  # back to an older version: ask for the newest again, so it reloads after the evaluation
+                sub.rewind(version)
         return self.version == version
 
     def take_eval(self) -> wire.EvalRequest | None:
@@ -134,10 +137,12 @@ class ActorWeights:
         self.telemetry.observe_weights(self.version, time.perf_counter() - t0)
         self.health.beat(policy_version=self.version)
 
-    def _wait(self, min_version: int, stop: Callable[[], bool], ask_first: bool = False) -> tuple[int, dict] | None:
+    def _wait(self, min_version: int, stop: Callable[[], bool], ask_first: bool = False,
+              evals_wake: bool = True) -> tuple[int, dict] | None:
         t0 = time.perf_counter()
         try:
-            return self.subscriber.wait_for(min_version, self.timeout_s, ask_first=ask_first, stop=stop)
+            return self.subscriber.wait_for(min_version, self.timeout_s, ask_first=ask_first, stop=stop,
+                                            evals_wake=evals_wake)
         finally:
             self.wait_s += (waited := time.perf_counter() - t0)
             self.telemetry.weights_wait.inc(waited)

@@ -26,6 +26,7 @@ from streamrl.config import Config
 from streamrl.run import jsonfiles
 
 log = logging.getLogger("streamrl.learner")
+MAX_ATTEMPTS = 4  # re-issues of one shard before its evaluation is given up (each after an error or eval.timeout_s)
 
 
 @dataclasses.dataclass
@@ -96,8 +97,8 @@ class Evals:
             self._answer(self.receiver.eval_results.popleft())
         now, gone = self.clock(), self._exited()
         for r in list(self.rounds.values()):
-            for shard, ask in r.asks.items():
-                if shard not in r.scores and (ask.actor is None or ask.actor in gone
+            for shard, ask in list(r.asks.items()):
+                if r.version in self.rounds and shard not in r.scores and (ask.actor is None or ask.actor in gone
                                               or now - ask.sent_at > self.cfg.eval.timeout_s):
                     self._again(r, shard, why="no actor" if ask.actor is None else
                                 "its actor exited" if ask.actor in gone else "no answer in eval.timeout_s")
@@ -123,6 +124,12 @@ class Evals:
             self._record(r)
 
     def _again(self, r: _Round, shard: evaluation.Shard, why: str, avoid: str | None = None) -> None:
+        if r.asks[shard].attempt >= MAX_ATTEMPTS:
+            log.error("eval of version %d abandoned: set %r rows [%d, %d) failed %d times (last: %s)", r.version,
+                      shard.set or "eval", shard.start, shard.stop, MAX_ATTEMPTS + 1, why)
+            self.ignored["abandoned"] += 1
+            del self.rounds[r.version]
+            return
         avoid = avoid or r.asks[shard].actor
         live = self._live()
         others = [a for a in live if a != avoid] or live

@@ -623,14 +623,14 @@ class WeightSubscriber:
         return got
 
     def wait_for(self, min_version: int, timeout_s: float, ask_first: bool = False, ask_every_s: float = 1.0,
-                 stop: Callable[[], bool] = lambda: False) -> tuple[int, dict] | None:
+                 stop: Callable[[], bool] = lambda: False, evals_wake: bool = True) -> tuple[int, dict] | None:
         """Block until weights with version ≥ min_version arrive.
 
         A joining actor asks the ROUTER at once (`ask_first`); otherwise the broadcast normally
         brings the version, and the ROUTER is asked only if nothing came for `ask_every_s` (a
-        missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, or the
-        learner asked for more groups at the version before `min_version` (see `take_demand`);
-        raises TimeoutError after `timeout_s` with what it waited for.
+        missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, the
+        learner asked for more groups at the version before `min_version` (see `take_demand`), or
+        (evals_wake) it asked this actor for an evaluation (see `eval_requests`); raises TimeoutError after `timeout_s` with what it waited for.
         """
         deadline = time.monotonic() + timeout_s
         if ask_first:
@@ -646,7 +646,8 @@ class WeightSubscriber:
                 best = got
             if best is not None and best[0] >= min_version:
                 return best
-            if self.shutdown is not None or stop() or self._demanded(min_version - 1):
+            if self.shutdown is not None or stop() or self._demanded(min_version - 1) or \
+                    (evals_wake and self.eval_requests):
                 return None
             now = time.monotonic()
             if self.last_chunk > now - ask_every_s:  # a version is arriving: asking again would resend it
@@ -659,6 +660,12 @@ class WeightSubscriber:
             if now > next_ask:
                 self.request(min_version - 1)
                 next_ask = now + ask_every_s
+
+    def rewind(self, version: int) -> None:
+        """The caller went back to `version` (an evaluation): newer versions are taken in again, and the newest is
+        asked for now."""
+        self._held = min(self._held, version)
+        self.request(version)
 
     def _demanded(self, version: int) -> bool:
         return self.demand is not None and self.demand.version == version
