@@ -502,22 +502,23 @@ def data_problems(cfg: config_lib.Config, every_row: bool) -> tuple[list[str], l
     cls = TASKS.get(cfg.task.name)
     if not hasattr(cls, "row_converter"):
         return errors, warnings
-    for key in ("data", "eval_data"):
-        source = getattr(cfg.task, key)
+    sources = {f"task.{key}": getattr(cfg.task, key) for key in ("data", "eval_data")}
+    sources.update({f"eval.sets.{name}": path for name, path in cfg.eval.sets.items()})
+    for key, source in sources.items():
         if not source:
             continue
         try:
             rows = data.read(source, cls.row_converter(cfg.task))
         except (ValueError, OSError) as e:
-            errors.append(f"task.{key}: {e}")
+            errors.append(f"{key}: {e}")
             continue
         total = len(rows.items) + len(rows.problems)
         if every_row:
             warnings += [str(p) for p in rows.problems]
         if not rows.items:
-            errors.append(f"task.{key}={source}: no usable row of {total}" + ("" if every_row else
+            errors.append(f"{key}={source}: no usable row of {total}" + ("" if every_row else
                           f"; first: {rows.problems[0]}" if rows.problems else ""))
         elif rows.problems:
-            warnings.append(f"task.{key}={source}: {len(rows.problems)} of {total} rows are malformed; a run skips "
+            warnings.append(f"{key}={source}: {len(rows.problems)} of {total} rows are malformed; a run skips "
                             "them" + ("" if every_row else " (`streamrl check` lists each)"))
     return errors, warnings
