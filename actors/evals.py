@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from streamrl import evaluation
 from streamrl.actors.weights import ActorWeights

@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from streamrl import evaluation
 from streamrl.comm import wire

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from streamrl.commands import eval_cli
 from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, spawn, streamrl, summary
+
+from streamrl.commands import eval_cli
 
 pytestmark = pytest.mark.slow
 CHAT = REPO / "examples" / "chat-dataset"
