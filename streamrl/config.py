@@ -389,8 +389,8 @@ class EvalConfig(_Section):
     """Completions sampled per eval prompt (n of pass@k)."""
     ks: list[PositiveInt] = msgspec.field(default_factory=lambda: [1, 4, 8])
     """k values reported as pass@k and mean@k; each at most `samples`."""
-    temperature: PositiveFloat = 1.0
-    """Sampling temperature for evaluation."""
+    temperature: NonNegFloat = 1.0
+    """Sampling temperature for evaluation (0: greedy, the most likely token)."""
     max_new_tokens: PositiveInt | None = None
     """Completion length cap for evaluation (null: actors.max_new_tokens)."""
     seed: int = 12345

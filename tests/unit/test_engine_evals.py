@@ -37,6 +37,32 @@ def test_shards_cover_every_row_once_and_a_shards_seed_depends_on_its_rows_only(
     assert evaluation.shard_seed(7, evaluation.Shard("a", 3, 6)) == evaluation.shard_seed(7, evaluation.Shard("b", 3, 9))
 
 
+def test_temperature_zero_samples_the_most_likely_token_every_time():
+    import torch
+
+    from streamrl.models import model, sampling
+
+    cfg = config.load(None, ["eval.temperature=0", "actors.max_new_tokens=5"])
+    m, tok = model.build(cfg, rewards.build(cfg).task.vocabulary)
+    ids = [tok("copy : a b c d =", add_special_tokens=False)["input_ids"]]
+    sample = evaluation.local_sampler(m, tok, cfg.eval.temperature)
+    a, b = sample(ids, 3, 5, seed=1)[0], sample(ids, 3, 5, seed=2)[0]
+    assert [c.tokens for c in a] == [c.tokens for c in b] == [a[0].tokens] * 3  # no draw at all
+    with torch.no_grad():  # each token is the argmax of the logits after the tokens before it
+        for t, token in enumerate(a[0].tokens):
+            logits = m(input_ids=torch.tensor([ids[0] + a[0].tokens[:t]])).logits[0, -1]
+            assert token == int(logits.argmax())
+    hf = sampling.generate_hf(sampling_reference(m), ids, 1, temperature=0.0, max_new_tokens=5, pad_id=tok.pad_token_id,
+                              eos_id=tok.eos_token_id)
+    assert hf[0][0].tokens == a[0].tokens  # transformers' greedy generate agrees
+
+
+def sampling_reference(m):
+    from streamrl.models import tiny_llama
+
+    return tiny_llama.to_transformers(m)
+
+
 def _chat(tmp_path: Path, *overrides: str):
     rows = runpy.run_path(str(CHAT / "make_data.py"))["rows"]
     for name, n, seed in (("train", 20, 0), ("a", 5, 1), ("b", 3, 2)):
