@@ -127,11 +127,13 @@ class VLLMBackend:
         def sample(ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> list[list[Completion]]:
             from vllm import SamplingParams, TokensPrompt
 
-            params = SamplingParams(n=n, temperature=temperature, top_p=1.0, max_tokens=max_new_tokens,
+            greedy = temperature == 0  # vLLM refuses n > 1 for greedy decoding: one completion, n times the same
+            params = SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=1.0, max_tokens=max_new_tokens,
                                     stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in ids], params, use_tqdm=False,
                                         lora_request=self.lora_request)
-            return [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
+            groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
+            return [g * n for g in groups] if greedy else groups
 
         return sample
 
