@@ -39,7 +39,12 @@ class ActorEvals:
         """Answer every eval request waiting; returns how many shards were evaluated."""
         done = 0
         while (req := self.weights.take_eval()) is not None and not stop():
-            result = self.evaluate(req, stop)
+            try:
+                result = self.evaluate(req, stop)
+            except (ValueError, OSError, RuntimeError) as e:  # an eval file missing here, an engine refusing: the
+                log.exception("%s: evaluation of version %d failed", self.actor_id, req.version)  # learner asks another
+                result = wire.EvalResult(actor_id=self.actor_id, version=req.version, set=req.set, start=req.start,
+                                         stop=req.stop, rewards=[], error=f"{type(e).__name__}: {e}"[:500])
             if not self.sender.notice(result, self.cfg.actors.send_timeout_s):
                 log.warning("%s: the learner took no eval result for %.0fs; dropped", self.actor_id,
                             self.cfg.actors.send_timeout_s)
