@@ -206,3 +206,34 @@ def _take_when(evals: Evals, receiver: GroupReceiver, done, take: bool = False) 
         if done():
             return evals.take() if take else {}
     raise AssertionError("the eval answer never arrived")
+
+
+def test_a_version_due_for_evaluation_is_kept_and_the_newest_comes_again_after_going_back():
+    import torch
+
+    ctx = zmq.Context()
+    pub = WeightPublisher(ctx, ANY, ANY, max_bytes=1 << 20)
+    sub = WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", 1 << 20)
+    sub.keep = lambda version: version % 2 == 0  # eval.every=2, as actors/weights.py sets it
+
+    def serving() -> bool:  # the learner's side of the requests, in this thread
+        pub.serve_requests()
+        return False
+
+    try:
+        pub.publish(2, {"w": torch.full((3,), 2.0)})
+        assert sub.wait_for(2, 5.0, ask_first=True, ask_every_s=0.2, stop=serving)[0] == 2
+        pub.publish(3, {"w": torch.full((3,), 3.0)})
+        got = sub.wait_for(3, 5.0, ask_every_s=0.2, stop=serving)
+        assert got[0] == 3 and sub.kept[0] == 2 and torch.equal(sub.kept[1]["w"], torch.full((3,), 2.0))
+        sub.rewind(2)  # the actor went back to version 2 to evaluate it: version 3, sent again, is taken in again
+        again = sub.wait_for(3, 5.0, ask_every_s=0.2, stop=serving)
+        assert again[0] == 3 and torch.equal(again[1]["w"], torch.full((3,), 3.0))
+        # an eval request wakes an actor waiting for newer weights (it evaluates, then waits again)
+        assert pub.send_to("actor-0", wire.EvalRequest(version=2, set="", start=0, stop=1, seed=0))
+        assert sub.wait_for(4, 5.0, ask_every_s=0.2, stop=serving) is None
+        assert [r.version for r in sub.eval_requests] == [2]
+    finally:
+        sub.close()
+        pub.close()
+        ctx.term()
