@@ -165,7 +165,7 @@ class Evals:
             rec.update(evaluation.set_metrics(self.cfg, es, [r.scores[sh] for sh in self.plan if sh.set == es.name]))
         rec.update({"eval/samples": self.cfg.eval.samples, "eval_version": r.version, "eval_step": r.step,
                     "eval_actors": dict(r.actors), "eval_s": r.eval_s, "eval_wall_s": self.clock() - r.started,
-                    "eval_reissued": r.reissued})
+                    "eval_reissued": r.reissued, "eval_results_ignored": dict(self.ignored)})
         with open(self.path, "a") as f:
             f.write(jsonfiles.line(rec))
         self.telemetry.observe_eval(rec)

@@ -191,6 +191,7 @@ def test_an_overdue_shard_is_asked_of_the_other_actor_and_recorded_once(tmp_path
     want = evaluation.summarize(table, cfg.advantage.r_min_correct, [1, 2])
     assert {k: rec[k] for k in want} == want
     assert (rec["eval_version"], rec["eval_step"], rec["eval_actors"], rec["eval_reissued"]) == (5, 4, {"actor-1": 1}, 2)
+    assert rec["eval_results_ignored"] == {"eval_shape": 1}
     assert evals.ignored == {"eval_shape": 1, "late": 1} and evals.take() == {}  # recorded once
     lines = (tmp_path / "t" / "evals.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["eval/pass@1"] == rec["eval/pass@1"]
