@@ -544,6 +544,14 @@ class WeightPublisher:
         self.router.close(linger=linger_ms)
 
 
+def _on_host(got: tuple[int, dict]) -> tuple[int, dict]:
+    """A version to keep aside: frames as received (host memory already), or a collective's device tensors copied
+    to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
+    if isinstance(got[1], chunks.Received) or all(t.device.type == "cpu" for t in got[1].values()):
+        return got
+    return got[0], {name: t.to("cpu") for name, t in got[1].items()}
+
+
 class WeightSubscriber:
     """Actor side of the weight channel: SUB for broadcasts, DEALER to ask for the newest weights.
 
@@ -611,7 +619,7 @@ class WeightSubscriber:
                         break
                     got = self._decode(frames)
                     if got is not None and self.keep is not None and self.keep(got[0]):
-                        self.kept = got
+                        self.kept = _on_host(got)
                     if got is not None and (self._newest is None or got[0] > self._newest[0]):
                         self._newest = got
             events = dict(self.poller.poll(0))
