@@ -17,6 +17,7 @@ import torch
 import zmq
 
 from streamrl.actors import backends
+from streamrl.actors.evals import ActorEvals
 from streamrl.actors.generation import Generation
 from streamrl.actors.weights import ActorWeights
 from streamrl.algo import staleness
@@ -65,6 +66,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
     telemetry.share.set(throttle.share)
     phases.mark("ready")
     generate = None
+    evals = ActorEvals(cfg, actor_id, backend, tokenizer, reward, weights, sender)
     stats: dict = {"actor_id": actor_id, "groups_generated": 0, "groups_sent": 0}
     started = time.perf_counter()
     try:
@@ -74,6 +76,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry)
         while not stopping() and weights.shutdown is None:
             weights.update()                                           # newest weights, between generate calls
+            evals.run(stopping)                                        # the learner's eval requests, on this engine
             throttle.weights(weights.version, weights.life)
             if throttle.relax():  # no demand for a while: the missing actors are back (or others took over)
                 telemetry.share.set(throttle.share)
@@ -93,7 +96,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
                 phases.done(cfg.run_path, log)
     finally:
         stats.update(wall_s=time.perf_counter() - started, send_blocked_s=round(sender.blocked_s, 3),
-                     session=sender.session, **(generate.report() if generate else {}))
+                     session=sender.session, **(generate.report() if generate else {}), **evals.report())
         if hasattr(backend, "engine_stats"):  # engines (vllm) report start time, update time, tokens/s
             stats["engine"] = backend.engine_stats()
         # The report closes this session's accounting at the learner; lingering lets it and any

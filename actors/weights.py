@@ -39,6 +39,8 @@ class ActorWeights:
         self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
                                            self.actor_id, t.max_message_bytes, curve)
         self.subscriber.fingerprint = fingerprint.of(cfg)  # the learner refuses an actor set up for another run
+        if every := cfg.eval.every:  # versions due for evaluation stay at hand until the next one (see `hold`)
+            self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
         if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
             from streamrl.comm.weight_sync import ActorSync
@@ -79,11 +81,35 @@ class ActorWeights:
 
     def wait_newer(self, stop: Callable[[], bool]) -> bool:
         """Wait for a version newer than the one held and load it. False without one: the run stopped,
-        the learner shut down, or it asked for more groups at this version (see `take_demand`)."""
+        the learner shut down, it asked for more groups at this version (see `take_demand`) or for an evaluation."""
         got = self._wait(self.version + 1, stop)
         if got is not None:
             self._apply(got)
         return got is not None
+
+    def hold(self, version: int, stop: Callable[[], bool]) -> bool:
+        """Load exactly `version` for an evaluation: the one held, the one kept aside as it arrived (an actor that
+        moved past it goes back; the groups it makes next carry that version), or the next to come. False when it
+        is gone (an older version than the one kept) or the run stopped."""
+        sub = self.subscriber
+        if self.version == version and sub.learner_restarts == self.life:
+            return True
+        if self.version < version and (sub.kept is None or sub.kept[0] != version):
+            got = self._wait(version, stop, evals_wake=False)
+            if got is not None and got[0] > self.version:
+                self._apply(got)
+        if self.version != version and sub.kept is not None and sub.kept[0] == version:
+            newer = self.version > version
+            self._apply(sub.kept)
+            if newer:  # back to an older version: ask for the newest again, so it reloads after the evaluation
+                sub.rewind(version)
+        return self.version == version
+
+    def take_eval(self) -> wire.EvalRequest | None:
+        """The oldest eval request the learner sent this actor, once."""
+        self.subscriber.watch()
+        requests = self.subscriber.eval_requests
+        return requests.popleft() if requests else None
 
     def take_demand(self) -> wire.Demand | None:
         """The learner's request for more groups at the version held, once."""
@@ -111,10 +137,12 @@ class ActorWeights:
         self.telemetry.observe_weights(self.version, time.perf_counter() - t0)
         self.health.beat(policy_version=self.version)
 
-    def _wait(self, min_version: int, stop: Callable[[], bool], ask_first: bool = False) -> tuple[int, dict] | None:
+    def _wait(self, min_version: int, stop: Callable[[], bool], ask_first: bool = False,
+              evals_wake: bool = True) -> tuple[int, dict] | None:
         t0 = time.perf_counter()
         try:
-            return self.subscriber.wait_for(min_version, self.timeout_s, ask_first=ask_first, stop=stop)
+            return self.subscriber.wait_for(min_version, self.timeout_s, ask_first=ask_first, stop=stop,
+                                            evals_wake=evals_wake)
         finally:
             self.wait_s += (waited := time.perf_counter() - t0)
             self.telemetry.weights_wait.inc(waited)

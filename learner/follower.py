@@ -24,8 +24,6 @@ def run(cfg: Config, engine: Engine, ranks: Ranks, checkpoints_dir: str, step: i
             engine.published_state()
         if gathers and due.weight_stats:
             engine.weight_stats()
-        if gathers and due.evaluate:
-            engine.full_state_dict()                   # rank 0 evaluates the whole policy
         learner_version, step = learner_version + 1, step + 1
         if due.checkpoint:
             _save(engine, checkpoints_dir, step, gathers)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 
 import torch
 
-from streamrl import evaluation
 from streamrl.algo import advantages
 from streamrl.config import Config
 from streamrl.learner import checkpoints, follower, schedule, stepstats
+from streamrl.learner.evals import Evals
 from streamrl.learner.batch import collate
 from streamrl.learner.engine import Engine
 from streamrl.learner.ranks import Ranks
@@ -46,7 +45,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     at = Position(step, version, saved_at=step)
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
     L, a = cfg.learner, cfg.advantage
-    evaluator = functools.cache(lambda: evaluation.Evaluator(cfg, reward))  # a CPU copy, built at the first eval
+    evals = Evals(cfg, reward.task, s.weights.publisher, s.receiver, s.telemetry, s.intake.dropped)  # on the actors
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         s.health.beat()
@@ -87,7 +86,8 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
             s.telemetry.observe_accounting(accounting := s.intake.accounting())
             rec["metrics_s"] = time.perf_counter() - t4
             if due.evaluate:                                                                     # evaluate
-                rec.update(evaluator().run(engine.full_state_dict()))
+                evals.request(at.step, at.version + 1)
+            rec.update(evals.take(wait=at.step + 1 == cfg.steps, stop=stopping))  # one that came back
             at.advance()
             s.health.beat(step=at.step, learner_version=at.version)
             s.runlog.step({**rec, **accounting, "elapsed_s": time.time() - s.started})

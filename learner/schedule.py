@@ -22,7 +22,7 @@ class Due(NamedTuple):
     weight_stats: bool
     """Weight norms for the step's metrics record."""
     evaluate: bool
-    """Evaluate the new policy on the fixed prompt set."""
+    """Ask the actors to evaluate the new policy (published, then) on the eval sets; no rank gathers for it."""
     checkpoint: bool
     """Save a checkpoint once the step is counted."""
 
@@ -31,9 +31,10 @@ def due(step: int, learner_version: int, cfg: Config) -> Due:
     """What is due after training step `step` (0-based), taken at `learner_version` (the step makes
     learner_version + 1)."""
     L, done = cfg.learner, step + 1
-    return Due(publish=(learner_version + 1) % L.publish_every == 0,
+    evaluate = _every(done, cfg.eval.every)  # the actors evaluate a published version: it is published
+    return Due(publish=(learner_version + 1) % L.publish_every == 0 or evaluate,
                weight_stats=_every(done, L.weight_stats_every),
-               evaluate=_every(done, cfg.eval.every),
+               evaluate=evaluate,
                checkpoint=_every(done, L.checkpoint_every))
 
 

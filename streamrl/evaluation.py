@@ -1,8 +1,11 @@
-"""Evaluation on a fixed prompt set: unbiased pass@k, mean@k, and the shaped reward.
+"""Evaluation on fixed prompt sets: unbiased pass@k, mean@k, and the shaped reward.
 
-For each of the task's `eval.prompts` eval prompts (`task.eval_set(size, seed)`: the same every
-time; `all`: every row of the eval file) the policy samples n = `eval.samples` completions; each
-gets the run's shaped reward, and a completion is *correct* when its reward is at least
+An eval set is the task's own (`eval.prompts` prompts of `task.eval_set(size, seed)`: the same every
+time; `all`: every row of the eval file) or, with `eval.sets: {name: file}`, each named file read as
+`task.eval_data` would be; each set's metrics are `eval/<name>/<metric>` (the task's own set: `eval/<metric>`).
+For every prompt the policy samples n = `eval.samples` completions (at most `eval.max_new_tokens`, within
+`model.max_seq_len` with the prompt; a prompt with no room is skipped and counted as `prompts_too_long`);
+each gets the run's shaped reward, and a completion is *correct* when its reward is at least
 `advantage.r_min_correct`.
 
 - pass@k (Chen et al. 2021, unbiased): per prompt with c correct of n, 1 - C(n-c, k) / C(n, k),
@@ -14,23 +17,32 @@ gets the run's shaped reward, and a completion is *correct* when its reward is a
 
 Tasks that sort their prompts into categories (`task.category(prompt)`: the code verifier's
 first_correct, second_correct, both_correct, both_incorrect, single) get every metric per
-category too, as `eval/<category>/<metric>`.
+category too, as `eval/[<set>/]<category>/<metric>`.
 
-Sampling is seeded by `eval.seed` inside a forked RNG, so the numbers depend only on the
-weights, and evaluating in the middle of training leaves the trainer's random streams untouched.
+Each set is cut into `eval.actors` shards (`shards`); a shard is sampled in calls of at most
+ROWS_PER_GENERATE rows, call c seeded with the shard's seed + c, so its numbers depend only on the
+weights and the shard, never on which engine process ran it or what ran before. During training the
+actors run the shards on their engines (`streamrl.actors.evals`, asked by `streamrl.learner.evals`,
+which sums them up with `set_metrics`); `streamrl eval` runs the same shards in turn on one model
+(`Evaluator`), so on the same backend it gives the learner's numbers exactly. Local sampling runs in a
+forked RNG, so evaluating leaves the caller's random streams untouched.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
 from streamrl.models import sampling
 
 ROWS_PER_GENERATE = 256  # prompts x samples per generate call: bounds memory, keeps batches large
+
+Sampler = Callable[[list[list[int]], int, int, int], list]
+"""sample(prompt ids, n, max_new_tokens, seed) -> n Completions per prompt, drawn at eval.temperature with that seed."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -54,6 +66,8 @@ def mean_at_k(rewards: Sequence[Sequence[float]], k: int) -> float:
 
 
 def _metrics(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int], prefix: str) -> dict:
+    if not rewards:  # every prompt of the set was too long for model.max_seq_len
+        return {f"{prefix}prompts": 0}
     correct = [[1.0 if r >= r_min_correct else 0.0 for r in row] for row in rewards]
     out: dict = {}
     for k in ks:
@@ -68,14 +82,177 @@ def _metrics(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Seque
 
 
 def summarize(rewards: Sequence[Sequence[float]], r_min_correct: float, ks: Sequence[int],
-              categories: Sequence[str] | None = None) -> dict:
-    """eval/pass@k, eval/mean@k (correctness) and eval/reward@k (shaped) for each k, eval/reward_mean and
-    eval/prompts from a (prompts, n) reward table; with `categories` (one per prompt) the same per category."""
-    out = _metrics(rewards, r_min_correct, ks, "eval/")
+              categories: Sequence[str] | None = None, prefix: str = "eval/") -> dict:
+    """<prefix>pass@k, mean@k (correctness) and reward@k (shaped) for each k, reward_mean and prompts from a
+    (prompts, n) reward table; with `categories` (one per prompt) the same per category, <prefix><category>/..."""
+    out = _metrics(rewards, r_min_correct, ks, prefix)
     for cat in dict.fromkeys(categories or ()):
         rows = [row for row, c in zip(rewards, categories) if c == cat]
-        out.update(_metrics(rows, r_min_correct, ks, f"eval/{cat}/"))
+        out.update(_metrics(rows, r_min_correct, ks, f"{prefix}{cat}/"))
     return out
+
+
+class EvalSet(NamedTuple):
+    name: str
+    """"" for the task's own eval set, else its key in eval.sets."""
+    prompts: list
+    categories: list[str] | None
+    """task.category of each prompt, where the task sorts prompts into categories."""
+
+    @property
+    def prefix(self) -> str:
+        return f"eval/{self.name}/" if self.name else "eval/"
+
+
+def eval_sets(cfg, task) -> list[EvalSet]:
+    """The run's eval sets: eval.sets read as task.eval_data (each through the task's own reader), else the
+    task's own eval set. Raises ValueError naming a set the task cannot read."""
+    import msgspec
+
+    from streamrl.tasks import base
+
+    e = cfg.eval
+    if not e.sets:
+        return [_eval_set("", task, task.eval_set(e.size, e.seed))]
+    out = []
+    for name, path in e.sets.items():
+        reader = base.build(msgspec.structs.replace(cfg.task, eval_data=path))
+        try:
+            if getattr(reader, "eval_rows", None) is None:
+                raise ValueError(f"eval.sets.{name}={path}: task {cfg.task.name!r} reads no eval file (only tasks "
+                                 "over data rows do: dataset, code_verifier, math_answer, ...)")
+            out.append(_eval_set(name, task, reader.eval_set(e.size, e.seed)))
+        finally:
+            if hasattr(reader, "functions"):  # a dataset task's reward pool: the run's own task scores
+                reader.functions.close()
+    return out
+
+
+def _eval_set(name: str, task, prompts: list) -> EvalSet:
+    category = getattr(task, "category", None)
+    return EvalSet(name, prompts, [category(p) for p in prompts] if category else None)
+
+
+class Shard(NamedTuple):
+    """Rows [start, stop) of eval set `set`: what one actor evaluates for one request."""
+
+    set: str
+    start: int
+    stop: int
+
+
+def shards(sets: Sequence[EvalSet], parts: int) -> list[Shard]:
+    """Each set cut into `parts` contiguous shards of near-equal size (empty ones left out)."""
+    out = []
+    for es in sets:
+        n = len(es.prompts)
+        bounds = [n * i // parts for i in range(parts + 1)]
+        out += [Shard(es.name, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return out
+
+
+def shard_seed(seed: int, shard: Shard) -> int:
+    """The sampling seed of a shard: eval.seed plus its first row (per set the same rows get the same draws)."""
+    return seed + shard.start
+
+
+class ShardScores(NamedTuple):
+    rewards: list[list[float]]
+    """(rows, n) shaped rewards; an empty row: a prompt with no room under model.max_seq_len."""
+    unparseable: int
+    corrected: list[bool] | None
+    """Multi-layer GRPO: whether each sample's correction verified (samples in row order); None otherwise."""
+
+
+def score_shard(sample: Sampler, tokenizer, reward, prompts: list, cfg, seed: int) -> ShardScores:
+    """Sample and score eval.samples completions of each prompt (the rows of one shard)."""
+    from streamrl.models.prompting import PromptEncoder, room
+
+    e = cfg.eval
+    n, cap = e.samples, e.max_new_tokens or cfg.actors.max_new_tokens
+    encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
+    ids = [encode(p) for p in prompts]
+    rooms = [room(len(i), cap, cfg.model.max_seq_len) for i in ids]
+    fits = [j for j, r in enumerate(rooms) if r > 0]
+    rewards: list[list[float]] = [[] for _ in prompts]
+    drawn: list[list] = [[] for _ in prompts]  # (prompt ids, Completion) of each sample: the layer-2 queries' parts
+    before = reward.unparseable
+    per_call = max(1, ROWS_PER_GENERATE // n)
+    for call, at in enumerate(range(0, len(fits), per_call)):
+        part = fits[at:at + per_call]
+        groups = sample([ids[j] for j in part], n, max(rooms[j] for j in part), seed + call)
+        for j, group in zip(part, groups):
+            drawn[j] = [(ids[j], sampling.capped(c, rooms[j])) for c in group]
+            rewards[j] = [reward(prompts[j], tokenizer.decode(c.tokens, skip_special_tokens=True)) for _, c in drawn[j]]
+    unparseable = reward.unparseable - before
+    corrected = None
+    if cfg.mgrpo.enabled:
+        corrected = corrections(sample, tokenizer, reward, [prompts[j] for j in fits], [drawn[j] for j in fits], cfg,
+                                seed)
+    return ShardScores(rewards, unparseable, corrected)
+
+
+def corrections(sample: Sampler, tokenizer, reward, prompts, drawn: list[list], cfg, seed: int) -> list[bool]:
+    """Multi-layer GRPO in eval: one correction per sample, its query made as the actors make it (the prompt's
+    tokens, the response's own tokens and a guiding phrase in one assistant turn: mgrpo.layer2_ids, capped by
+    mgrpo.query_limit), scored by the original prompt's verifier; whether each verified, samples in row order.
+    drawn: per prompt, (prompt ids, Completion) of each of its samples."""
+    import random
+
+    from streamrl.algo import mgrpo
+
+    rng = random.Random(seed)
+    owners = [p for p, row in zip(prompts, drawn) for _ in row]
+    limit, context = mgrpo.query_limit(cfg), mgrpo.context(cfg)
+    queries = [mgrpo.cap_query(mgrpo.layer2_ids(p_ids, c.tokens, c.finish_reason == "stop",
+                                                mgrpo.phrase_ids(tokenizer, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng))),
+                               limit, len(p_ids))[0] for row in drawn for p_ids, c in row]
+    cap = cfg.eval.max_new_tokens or cfg.actors.max_new_tokens
+    fixed: list[str] = []
+    for call, at in enumerate(range(0, len(queries), ROWS_PER_GENERATE)):
+        part = queries[at:at + ROWS_PER_GENERATE]
+        rooms = [min(cap, context - len(q)) if context else cap for q in part]  # a correction ends with the context
+        groups = sample(part, 1, max(1, max(rooms)), seed + 1 + call)
+        fixed += [tokenizer.decode(sampling.capped(g[0], max(0, r)).tokens, skip_special_tokens=True)
+                  for g, r in zip(groups, rooms)]
+    return [reward(p, t) >= cfg.advantage.r_min_correct for p, t in zip(owners, fixed)]
+
+
+def set_metrics(cfg, es: EvalSet, scores: Sequence[ShardScores]) -> dict:
+    """The eval/[<set>/]* metrics of one set from its shards' scores, in row order."""
+    from streamrl.algo import mgrpo
+
+    rows = [row for s in scores for row in s.rewards]
+    kept = [j for j, row in enumerate(rows) if row]
+    cats = [es.categories[j] for j in kept] if es.categories else None
+    p = es.prefix
+    out = summarize([rows[j] for j in kept], cfg.advantage.r_min_correct, cfg.eval.ks, cats, p)
+    samples = sum(map(len, rows))
+    out[f"{p}unparseable"] = sum(s.unparseable for s in scores) / samples if samples else 0.0
+    out[f"{p}prompts_too_long"] = len(rows) - len(kept)
+    if cfg.mgrpo.enabled and kept:
+        t1 = [r >= cfg.advantage.r_min_correct for j in kept for r in rows[j]]
+        t2 = [c for s in scores for c in (s.corrected or [])]
+        out.update({f"{p}{k}": v for k, v in mgrpo.accuracy(t1, t2).items()})
+    return out
+
+
+def local_sampler(model, tokenizer, temperature: float) -> Sampler:
+    """A Sampler over a local torch model (the hf backend's and `streamrl eval`'s): sampling.generate with
+    top_p 1, seeded inside a forked RNG."""
+    from streamrl.models.model import end_token_ids
+
+    device = next(model.parameters()).device
+    eos = end_token_ids(model, tokenizer)
+
+    @torch.no_grad()
+    def sample(ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> list:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return sampling.generate(model, ids, n, temperature=temperature, max_new_tokens=max_new_tokens,
+                                     pad_id=tokenizer.pad_token_id, eos_id=eos, device=device)
+
+    return sample
 
 
 def sample_rewards(model, tokenizer, reward, prompts, n: int, *, temperature: float, max_new_tokens: int,
@@ -117,32 +294,9 @@ def sample_scored(model, tokenizer, reward, prompts, n: int, *, temperature: flo
     return table, texts
 
 
-def correction_accuracy(model, tokenizer, reward, prompts, rewards: list[list[float]], drawn: list, cfg,
-                        seed: int) -> dict:
-    """Multi-layer GRPO in eval: one correction per sample, its query made as the actors make it (the prompt's
-    tokens, the response's own tokens and a guiding phrase in one assistant turn: mgrpo.layer2_ids), scored by
-    the original prompt's verifier; eval/acc_t1, eval/acc_t2 and the deltas. drawn: (prompt ids, Completion)
-    of each sample (sample_scored's), row by row."""
-    import random
-
-    from streamrl.algo import mgrpo
-
-    rng = random.Random(seed)
-    owners = [p for p, row in zip(prompts, rewards) for _ in row]
-    limit = mgrpo.query_limit(cfg)
-    queries = [mgrpo.cap_query(mgrpo.layer2_ids(p_ids, c.tokens, c.finish_reason == "stop",
-                                                mgrpo.phrase_ids(tokenizer, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng))),
-                               limit, len(p_ids))[0] for p_ids, c in drawn]
-    _, fixed = sample_scored(model, tokenizer, lambda *_: 0.0, queries, 1, temperature=cfg.eval.temperature,
-                             max_new_tokens=cfg.eval.max_new_tokens or cfg.actors.max_new_tokens, seed=seed + 1,
-                             encode=list)
-    t2 = [reward(p, row[0]) >= cfg.advantage.r_min_correct for p, row in zip(owners, fixed)]
-    t1 = [r >= cfg.advantage.r_min_correct for row in rewards for r in row]
-    return {f"eval/{k}": v for k, v in mgrpo.accuracy(t1, t2).items()}
-
-
 class Evaluator:
-    """Samples and scores the fixed eval set with a model (one kept on the CPU unless one is given).
+    """Evaluates every shard of every eval set in turn with one local model (kept on the CPU unless one is given):
+    `streamrl eval`, offline or live, with the very shards and seeds the actors use during training.
 
     `reward` is the run's `streamrl.tasks.rewards.Reward`; its task gives the eval prompts.
     """
@@ -156,10 +310,14 @@ class Evaluator:
         self.model, self.tokenizer = model.eval(), tokenizer
         from streamrl.models.prompting import PromptEncoder
 
-        self.encode = PromptEncoder.from_config(cfg, tokenizer)  # prompts as the actors encode them
-        self.prompts = reward.task.eval_set(cfg.eval.size, cfg.eval.seed)
-        category = getattr(reward.task, "category", None)
-        self.categories = [category(p) for p in self.prompts] if category else None
+        self.encode = PromptEncoder.from_config(cfg, tokenizer)  # what score_shard encodes prompts with
+        self.sets = eval_sets(cfg, reward.task)
+        self.sample = local_sampler(self.model, tokenizer, cfg.eval.temperature)
+
+    @property
+    def prompts(self) -> list:
+        """Every eval prompt, set after set."""
+        return [p for es in self.sets for p in es.prompts]
 
     @torch.no_grad()
     def load(self, state: dict) -> None:
@@ -171,18 +329,12 @@ class Evaluator:
         t0 = time.perf_counter()
         if state is not None:
             self.load(state)
-        before = self.reward.unparseable
-        e = self.cfg.eval
-        drawn: list = []
-        table, _ = sample_scored(self.model, self.tokenizer, self.reward, self.prompts, e.samples,
-                                 temperature=e.temperature,
-                                 max_new_tokens=e.max_new_tokens or self.cfg.actors.max_new_tokens, seed=e.seed,
-                                 encode=self.encode, drawn=drawn)
-        out = summarize(table, self.cfg.advantage.r_min_correct, self.cfg.eval.ks, self.categories)
-        out["eval/unparseable"] = (self.reward.unparseable - before) / sum(map(len, table))
-        if self.cfg.mgrpo.enabled:
-            out.update(correction_accuracy(self.model, self.tokenizer, self.reward, self.prompts, table, drawn,
-                                           self.cfg, e.seed))
+        out: dict = {}
+        for es in self.sets:
+            scores = [score_shard(self.sample, self.tokenizer, self.reward, es.prompts[sh.start:sh.stop], self.cfg,
+                                  shard_seed(self.cfg.eval.seed, sh))
+                      for sh in shards([es], self.cfg.eval.actors)]
+            out.update(set_metrics(self.cfg, es, scores))
         out["eval/samples"] = self.cfg.eval.samples
         out["eval_s"] = time.perf_counter() - t0
         return out

@@ -21,6 +21,10 @@ class Backend(Protocol):
     def load_weights(self, state: dict) -> None:
         """Replace the policy's weights with `state` ({name: tensor}) in place."""
 
+    def eval_sampler(self, temperature: float, tokenizer):
+        """A streamrl.evaluation.Sampler on this engine: sample(ids, n, max_new_tokens, seed), at `temperature`
+        and top_p 1, each call seeded (evaluation's draws depend on the weights and the shard only)."""
+
 
 BACKENDS: Registry = Registry("generation backend")
 

@@ -34,6 +34,11 @@ class HFBackend:
                                  max_new_tokens=c.max_new_tokens, pad_id=self.pad_id, eos_id=self.eos_ids,
                                  device=self.device, between_steps=between_steps)
 
+    def eval_sampler(self, temperature: float, tokenizer):
+        from streamrl import evaluation
+
+        return evaluation.local_sampler(self.model, tokenizer, temperature)  # what `streamrl eval` samples with
+
     @torch.no_grad()
     def load_weights(self, state: dict) -> None:
         if isinstance(state, chunks.Received):  # every piece straight from the frames it came in: one copy

@@ -73,6 +73,19 @@ class SGLangBackend:
         completions = [self._completion(o) for o in outputs]
         return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
 
+    def eval_sampler(self, temperature: float, tokenizer):
+        def sample(ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> list[list[Completion]]:
+            rows = [p for p in ids for _ in range(n)]
+            # sampling_seed: SGLang's per-request seed (sample i of a prompt draws with seed + i)
+            params = [{"temperature": temperature, "top_p": 1.0, "max_new_tokens": max_new_tokens,
+                       "stop_token_ids": self.stop_token_ids, "sampling_seed": seed + i % n} for i in range(len(rows))]
+            outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True,
+                                           **({"lora_path": [self.adapter] * len(rows)} if self.adapter else {}))
+            completions = [self._completion(o) for o in outputs]
+            return [completions[j * n:(j + 1) * n] for j in range(len(ids))]
+
+        return sample
+
     @staticmethod
     def _completion(out: dict) -> Completion:
         meta = out["meta_info"]

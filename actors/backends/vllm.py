@@ -123,6 +123,20 @@ class VLLMBackend:
             self.tokens += sum(len(s.tokens) for g in groups for s in g)
         return groups
 
+    def eval_sampler(self, temperature: float, tokenizer):
+        def sample(ids: list[list[int]], n: int, max_new_tokens: int, seed: int) -> list[list[Completion]]:
+            from vllm import SamplingParams, TokensPrompt
+
+            greedy = temperature == 0  # vLLM refuses n > 1 for greedy decoding: one completion, n times the same
+            params = SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=1.0, max_tokens=max_new_tokens,
+                                    stop_token_ids=self.stop_token_ids, logprobs=0, seed=seed)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in ids], params, use_tqdm=False,
+                                        lora_request=self.lora_request)
+            groups = [[self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outputs]
+            return [g * n for g in groups] if greedy else groups
+
+        return sample
+
     def _generate_in_flight(self, requests: list, params, between_steps: Callable[[], int]) -> list:
         """LLM.generate's engine loop (vllm/entrypoints/common/offline.py `_run_engine`), with between_steps
         after every engine step; a version load_weights loaded meanwhile is labelled, then the engine resumes."""

@@ -142,6 +142,14 @@ class GroupSender:
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
         return True
 
+    def notice(self, msg: wire.EvalResult, timeout_s: float) -> bool:
+        """Send a header-only message (an eval result) on the group channel; False if the learner took nothing for
+        timeout_s."""
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        return True
+
     def close(self, linger_s: float = 0.0) -> None:
         """linger_s > 0: give queued groups and the report that long to reach a learner still listening."""
         self.sock.close(linger=int(linger_s * 1000))
@@ -190,6 +198,8 @@ class GroupReceiver:
         self.sessions: dict[tuple[str, str], SessionCount] = {}
         self.pending: collections.deque[wire.ScoredGroup] = collections.deque()
         """Groups of a batch message already decoded and not yet taken."""
+        self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
+        """Actors' answers to eval requests, in arrival order, for the learner's evaluation bookkeeping to take."""
 
     def take(self) -> wire.ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
@@ -205,6 +215,9 @@ class GroupReceiver:
                 header = wire.decode_header(frames)
                 if isinstance(header, wire.ActorReport):
                     self._session(header.actor_id, header.session).report = header
+                    continue
+                if isinstance(header, wire.EvalResult):
+                    self.eval_results.append(header)
                     continue
                 self.pending.extend(wire.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:
@@ -277,6 +290,7 @@ class WeightPublisher:
         self.requests_served = 0
         self.rebroadcasts = 0
         self.peers: set[bytes] = set()  # DEALER identities of actors that have asked for weights (bounded)
+        self.actor_peers: dict[str, bytes] = {}  # actor_id -> its newest DEALER identity (eval requests go there)
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
         self.closing: wire.Shutdown | None = None
         self.admit: Callable[[str, dict | None], str | None] | None = None
@@ -471,6 +485,7 @@ class WeightPublisher:
                 continue
             if len(self.peers) < MAX_SESSIONS:
                 self.peers.add(bytes(identity.buffer))
+                self.actor_peers[msg.actor_id] = bytes(identity.buffer)
             if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
                 self.router.send_multipart([identity, *wire.encode(self.closing)], copy=False)
             else:
@@ -489,6 +504,17 @@ class WeightPublisher:
         """Tell subscribers a version follows over the collective group (they join the broadcast)."""
         self.flush()
         self.pub.send_multipart(wire.encode(msg))
+
+    def send_to(self, actor_id: str, msg: wire.EvalRequest) -> bool:
+        """A notice to one actor (by the id its weight requests gave); False if it never asked or cannot take it."""
+        peer = self.actor_peers.get(actor_id)
+        if peer is None:
+            return False
+        try:
+            self.router.send_multipart([peer, *wire.encode(msg)], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
@@ -518,6 +544,14 @@ class WeightPublisher:
         self.router.close(linger=linger_ms)
 
 
+def _on_host(got: tuple[int, dict]) -> tuple[int, dict]:
+    """A version to keep aside: frames as received (host memory already), or a collective's device tensors copied
+    to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
+    if isinstance(got[1], chunks.Received) or all(t.device.type == "cpu" for t in got[1].values()):
+        return got
+    return got[0], {name: t.to("cpu") for name, t in got[1].items()}
+
+
 class WeightSubscriber:
     """Actor side of the weight channel: SUB for broadcasts, DEALER to ask for the newest weights.
 
@@ -543,6 +577,12 @@ class WeightSubscriber:
         self.rejected = RejectCounter(f"weight subscriber {actor_id}")
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self.eval_requests: collections.deque[wire.EvalRequest] = collections.deque(maxlen=1000)
+        """The learner's eval requests to this actor, oldest first (the actor takes them between generate calls)."""
+        self.keep: Callable[[int], bool] | None = None
+        """Versions to keep aside as they arrive (the ones due for evaluation), even when a newer one follows."""
+        self.kept: tuple[int, dict] | None = None
+        """The newest version `keep` chose: an eval request for it can be answered after the actor moved on."""
         self.fingerprint: dict | None = None  # sent with every request: the learner's handshake
         self.learner: str | None = None  # the learner life whose weights we hold
         self.learner_restarts = 0
@@ -578,6 +618,8 @@ class WeightSubscriber:
                     except zmq.Again:
                         break
                     got = self._decode(frames)
+                    if got is not None and self.keep is not None and self.keep(got[0]):
+                        self.kept = _on_host(got)
                     if got is not None and (self._newest is None or got[0] > self._newest[0]):
                         self._newest = got
             events = dict(self.poller.poll(0))
@@ -589,14 +631,14 @@ class WeightSubscriber:
         return got
 
     def wait_for(self, min_version: int, timeout_s: float, ask_first: bool = False, ask_every_s: float = 1.0,
-                 stop: Callable[[], bool] = lambda: False) -> tuple[int, dict] | None:
+                 stop: Callable[[], bool] = lambda: False, evals_wake: bool = True) -> tuple[int, dict] | None:
         """Block until weights with version ≥ min_version arrive.
 
         A joining actor asks the ROUTER at once (`ask_first`); otherwise the broadcast normally
         brings the version, and the ROUTER is asked only if nothing came for `ask_every_s` (a
-        missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, or the
-        learner asked for more groups at the version before `min_version` (see `take_demand`);
-        raises TimeoutError after `timeout_s` with what it waited for.
+        missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, the
+        learner asked for more groups at the version before `min_version` (see `take_demand`), or
+        (evals_wake) it asked this actor for an evaluation (see `eval_requests`); raises TimeoutError after `timeout_s` with what it waited for.
         """
         deadline = time.monotonic() + timeout_s
         if ask_first:
@@ -612,7 +654,8 @@ class WeightSubscriber:
                 best = got
             if best is not None and best[0] >= min_version:
                 return best
-            if self.shutdown is not None or stop() or self._demanded(min_version - 1):
+            if self.shutdown is not None or stop() or self._demanded(min_version - 1) or \
+                    (evals_wake and self.eval_requests):
                 return None
             now = time.monotonic()
             if self.last_chunk > now - ask_every_s:  # a version is arriving: asking again would resend it
@@ -625,6 +668,12 @@ class WeightSubscriber:
             if now > next_ask:
                 self.request(min_version - 1)
                 next_ask = now + ask_every_s
+
+    def rewind(self, version: int) -> None:
+        """The caller went back to `version` (an evaluation): newer versions are taken in again, and the newest is
+        asked for now."""
+        self._held = min(self._held, version)
+        self.request(version)
 
     def _demanded(self, version: int) -> bool:
         return self.demand is not None and self.demand.version == version
@@ -645,6 +694,9 @@ class WeightSubscriber:
             if isinstance(header, wire.Demand):
                 if self.demand is None or header.version >= self.demand.version:
                     self.demand = header
+                return None
+            if isinstance(header, wire.EvalRequest):
+                self.eval_requests.append(header)
                 return None
             if isinstance(header, wire.WeightsCollective):
                 # The group is the learner life this actor joined it with (or its first weights come

@@ -214,7 +214,55 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS)."""
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport]
+class EvalRequest(Struct, tag="eval_request", kw_only=True):
+    """The learner asks one actor (on the requests channel) to evaluate rows [start, stop) of eval set `set`
+    with the weights of `version`, sampled as `streamrl.evaluation` samples (eval.* settings, seed `seed`)."""
+
+    schema: int = SCHEMA_VERSION
+    version: Annotated[int, Meta(ge=0)]
+    set: str
+    """The eval set's name (eval.sets; "" for the task's own eval set)."""
+    start: Annotated[int, Meta(ge=0)]
+    stop: Annotated[int, Meta(ge=0)]
+    seed: int
+    attempt: Annotated[int, Meta(ge=0)] = 0
+    """0 for the first request of this shard; n for its n-th re-issue (its actor died or missed the deadline)."""
+
+
+class EvalResult(Struct, tag="eval_result", kw_only=True):
+    """An actor's answer to an EvalRequest (on the group channel): the shaped reward of every sample of every row
+    of its shard, (stop - start, n); a row left empty is a prompt with no room under model.max_seq_len."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    version: Annotated[int, Meta(ge=0)]
+    set: str
+    start: Annotated[int, Meta(ge=0)]
+    stop: Annotated[int, Meta(ge=0)]
+    rewards: list[list[float]]
+    unparseable: Annotated[int, Meta(ge=0)] = 0
+    """Samples the task could not parse (scored lowest)."""
+    corrected: list[bool] | None = None
+    """Multi-layer GRPO: whether each sample's correction verified, samples in row order; None otherwise."""
+    eval_s: float = 0.0
+    error: str = ""
+    """Non-empty: the actor could not evaluate this shard (why); rewards is then empty."""
+
+    def check(self, n: int) -> None:
+        """Raises WireError unless the shard's table is (stop - start) rows of n finite rewards (or empty rows)."""
+        if self.error:
+            return
+        if len(self.rewards) != self.stop - self.start:
+            raise WireError("eval_shape", f"eval result for rows [{self.start}, {self.stop}) of {self.set!r} has "
+                            f"{len(self.rewards)} rows")
+        if any(len(row) not in (0, n) for row in self.rewards):
+            raise WireError("eval_shape", f"eval result rows of {self.set!r} must hold {n} samples (or none)")
+        if not all(math.isfinite(r) for row in self.rewards for r in row):
+            raise WireError("non_finite_reward", f"eval result for {self.set!r} holds a non-finite reward")
+
+
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
+               EvalRequest, EvalResult]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
@@ -397,7 +445,8 @@ def group_nbytes(group: ScoredGroup) -> int:
             + (group.model_token_mask.nbytes if _has_environment_tokens(group) else 0))
 
 
-def encode(msg: WeightsCollective | WeightsRequest | Shutdown | Demand | ActorReport) -> list[bytes]:
+def encode(msg: WeightsCollective | WeightsRequest | Shutdown | Demand | ActorReport | EvalRequest
+           | EvalResult) -> list[bytes]:
     """Frames for a header-only message."""
     return [_encoder.encode(msg)]
 

@@ -504,22 +504,23 @@ def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
     cls = TASKS.get(cfg.task.name)
     if not hasattr(cls, "row_converter"):
         return errors, warnings
-    for key in ("data", "eval_data"):
-        source = getattr(cfg.task, key)
+    sources = {f"task.{key}": getattr(cfg.task, key) for key in ("data", "eval_data")}
+    sources.update({f"eval.sets.{name}": path for name, path in cfg.eval.sets.items()})
+    for key, source in sources.items():
         if not source:
             continue
         try:
             got = data.scan(source, cls.row_converter(cfg.task), cfg.task.max_row_bytes)
         except (ValueError, OSError) as e:
-            errors.append(f"task.{key}: {e}")
+            errors.append(f"{key}: {e}")
             continue
         warnings += [str(p) for p in got.problems]
         if got.count > len(got.problems):
-            warnings.append(f"task.{key}={source}: and {got.count - len(got.problems):,} more malformed rows "
+            warnings.append(f"{key}={source}: and {got.count - len(got.problems):,} more malformed rows "
                             "(fix those above and check again)")
         total = got.usable + got.count
         if not got.usable:
-            errors.append(f"task.{key}={source}: no usable row of {total:,}")
+            errors.append(f"{key}={source}: no usable row of {total:,}")
         elif got.count:
-            warnings.append(f"task.{key}={source}: {got.count:,} of {total:,} rows have a problem; a run skips them")
+            warnings.append(f"{key}={source}: {got.count:,} of {total:,} rows have a problem; a run skips them")
     return errors, warnings

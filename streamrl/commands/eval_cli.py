@@ -2,7 +2,9 @@
 
 Offline: `streamrl eval RUN_DIR_OR_CHECKPOINT [key=value ...]` loads the checkpoint's
 `policy.safetensors` (the newest complete one for a run dir) with the run's config.yaml (plus
-overrides, e.g. `eval.samples=16`) and writes `eval.json` into the run directory.
+overrides, e.g. `eval.samples=16` or `eval.sets={code: eval.jsonl, math: math.jsonl}`) and writes `eval.json`
+into the run directory. It runs the shards the actors run during training (`streamrl.evaluation`), one after
+another, so with the run's settings it repeats their numbers for the same version exactly.
 
 Live: `streamrl eval --live [CONFIG_OR_RUN_DIR] [key=value ...] [--watch N]` subscribes to the
 learner's weight channel as the peer "eval", like an actor that never sends groups, and evaluates
@@ -69,7 +71,16 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
 
 def line(result: dict, out: Path) -> str:
     """One line for the terminal: every eval/* number, the size and the time."""
-    nums = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in result.items()
-                     if k.startswith(("eval/pass", "eval/mean", "eval/reward", "eval/unparseable")))
+    nums = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in result.items() if k.startswith("eval/")
+                     and k.rsplit("/", 1)[-1].startswith(("pass", "mean", "reward", "unparseable"))
+                     and k.count("/") <= 1 + bool(set_names(result)))  # per set, not per category
+    prompts = sum(v for k, v in result.items() if k.startswith("eval/") and k.endswith("/prompts")
+                  and k.count("/") == 1 + bool(set_names(result)))
     return (f"streamrl eval: version {result.get('policy_version')}: {nums}  "
-            f"({result['eval/prompts']} prompts x {result['eval/samples']} samples, {result['eval_s']:.2f}s) -> {out}")
+            f"({prompts} prompts x {result['eval/samples']} samples, {result['eval_s']:.2f}s) -> {out}")
+
+
+def set_names(result: dict) -> list[str]:
+    """The eval sets a result names (eval/<set>/prompts); [] for the task's own set (eval/prompts)."""
+    return [] if "eval/prompts" in result else sorted(
+        k.split("/")[1] for k in result if k.startswith("eval/") and k.count("/") == 2 and k.endswith("/prompts"))

@@ -69,6 +69,7 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     between_steps() is called before the first and after every decoding step; it may load new
     weights into `model` in place, and returns the policy version the model holds afterwards.
     eos_id: the end token, or every end token (generation stops at whichever comes first).
+    temperature 0: greedy (evaluation only; each token the most likely, its log-prob at temperature 1).
 
     A lean decoding loop over the model's forward with a KV cache: the same forward calls, logits
     warpers, random draws and stopping rule as transformers' `generate(do_sample=True, top_k=0)`,
@@ -86,6 +87,8 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     ids, mask = left_pad(rows, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]
+    greedy = temperature == 0  # evaluation's greedy decoding: the most likely token (its log-prob at temperature 1)
+    temperature = temperature or 1.0
     warp = _warpers(temperature, top_p)
     ends = torch.tensor(eos_ids, device=ids.device)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W) as generate derives them
@@ -111,7 +114,7 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
         with torch.inference_mode():
             logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
             probs = torch.softmax(warp(logits), dim=-1)
-            token = torch.multinomial(probs, num_samples=1).squeeze(1)  # (B,)
+            token = probs.argmax(-1) if greedy else torch.multinomial(probs, num_samples=1).squeeze(1)  # (B,)
             token = token * unfinished + pad_id * (1 - unfinished)  # finished rows take padding, as in generate
             tokens.append(token)
             logps.append(_token_logprob(logits, token.cpu(), temperature))
@@ -174,11 +177,12 @@ def generate_hf(model, prompts: list[list[int]], n: int, *, temperature: float, 
     rows = [p for p in prompts for _ in range(n)]
     ids, mask = left_pad(rows, pad_id)
     width = ids.shape[1]
+    greedy, temperature = temperature == 0, temperature or 1.0  # 0: greedy, log-probs at temperature 1
     hook = _BetweenSteps(between_steps) if between_steps is not None else None
     out = model.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
-        do_sample=True,
+        do_sample=not greedy,
         temperature=temperature,
         top_p=top_p,
         top_k=0,

@@ -169,6 +169,21 @@ class LearnerMetrics:
         self.publish_seconds = m.histogram("streamrl_weight_publish_seconds",
                                            "Time to gather and broadcast one weight version", SECONDS_BUCKETS)
         self.publish_bytes = m.counter("streamrl_weight_publish_bytes_total", "Bytes of weights broadcast (one copy)")
+        self.eval_value = Gauge("streamrl_eval", "The newest in-training evaluation's eval/* figures (metric: the key "
+                                "after eval/, e.g. code/pass@1), run on the actors' engines",
+                                [*m.labels, "metric"], registry=registry)
+        self.eval_version = m.gauge("streamrl_eval_policy_version", "Policy version of the newest evaluation recorded")
+        self.evals = m.counter("streamrl_eval_shards_total", "Eval shards answered, by the actor that ran them",
+                               ("actor",))
+
+    def observe_eval(self, rec: dict) -> None:
+        """rec: one evaluation's record (eval/* figures, eval_version, eval_actors: shards per actor)."""
+        for key, value in rec.items():
+            if key.startswith("eval/") and isinstance(value, (int, float)):
+                self.eval_value.labels(**self.labels, metric=key.removeprefix("eval/")).set(value)
+        self.eval_version.set(rec["eval_version"])
+        for actor, shards in rec.get("eval_actors", {}).items():
+            self.evals.labels(actor=actor).inc(shards)
 
     def observe_step(self, rec: dict, dists: dict) -> None:
         """rec: the step's metrics.jsonl record; dists: the step's tensors, see `histogram_arrays`."""

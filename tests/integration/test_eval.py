@@ -14,7 +14,7 @@ QUIET = ["monitoring.learner_port=0", "monitoring.actor_port=0"]
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A 20-step tiny run that evaluates itself every 10 steps."""
+    """A 20-step tiny run whose actors evaluate it every 10 steps."""
     tmp = tmp_path_factory.mktemp("eval")
     streamrl("run", TINY, "name=ev", f"run_dir={tmp / 'runs'}", "steps=20", "eval.every=10", *FREE_PORTS, *QUIET,
              cwd=tmp)
@@ -23,7 +23,8 @@ def finished_run(tmp_path_factory):
 
 def test_periodic_eval_records_every_n_steps_and_the_saved_policy_reproduces_the_last(finished_run):
     recs = metrics(finished_run)
-    assert [r["step"] for r in recs if "eval/pass@1" in r] == [9, 19]
+    evals = [r for r in recs if "eval/pass@1" in r]  # run on the actors, recorded as they come back
+    assert [r["eval_step"] for r in evals] == [9, 19] and [r["eval_version"] for r in evals] == [10, 20]
     assert (finished_run / "checkpoints" / "step-20" / "policy.safetensors").is_file()
     streamrl("eval", str(finished_run), cwd=finished_run)
     got = json.loads((finished_run / "eval.json").read_text())
@@ -34,9 +35,9 @@ def test_periodic_eval_records_every_n_steps_and_the_saved_policy_reproduces_the
     assert got["eval/reward@8"] == pytest.approx(got["eval/reward_mean"])
     # pass@1 is c/n over all n samples; mean@k over the first k of them: with k = n they are the same share
     assert got["eval/mean@8"] == pytest.approx(got["eval/pass@1"])
-    # Same weights and seed as the learner's evaluation at step 20: the checkpoint is the trained policy.
+    # Same weights, shards and seeds as the actors' evaluation of version 20: the checkpoint is the trained policy.
     assert {k: v for k, v in got.items() if k.startswith("eval/")} == {
-        k: v for k, v in recs[19].items() if k.startswith("eval/")}
+        k: v for k, v in evals[-1].items() if k.startswith("eval/")}
 
 
 def test_a_path_that_is_not_a_run_is_one_clear_line(tmp_path):

@@ -120,5 +120,5 @@ def test_an_evaluation_is_reproducible_and_leaves_the_callers_rng_alone():
     assert first == second
     assert set(first) == {"eval/pass@1", "eval/pass@4", "eval/mean@1", "eval/mean@4", "eval/reward@1",
                           "eval/reward@4", "eval/reward_mean",
-                          "eval/prompts", "eval/samples", "eval/unparseable"}
+                          "eval/prompts", "eval/samples", "eval/unparseable", "eval/prompts_too_long"}
     assert 0 <= first["eval/pass@1"] <= first["eval/pass@4"] <= 1 and first["eval/prompts"] == 4

@@ -34,3 +34,10 @@ def test_both_learner_loops_ask_the_schedule_and_repeat_none_of_its_conditions()
         assert "schedule.due(" in src, path
         names = {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute)}
         assert not names & {"publish_every", "weight_stats_every", "checkpoint_every", "every"}, path
+
+
+def test_a_version_due_for_evaluation_is_published_whatever_publish_every_says():
+    cfg = load(None, ["learner.publish_every=3", "eval.every=4"])  # the actors evaluate a version they receive
+    dues = [schedule.due(step, step, cfg) for step in range(12)]
+    assert [s for s, d in enumerate(dues) if d.publish] == [2, 3, 5, 7, 8, 11]  # versions 3, 6, 9, 12 and 4, 8
+    assert all(d.publish for d in dues if d.evaluate)
