@@ -196,10 +196,13 @@ class VLLMBackend:
             return
         self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
         buckets = shm_weights.write(state, self.plan, self.weights_dir)
-        if self.generating and not self.paused:
-            self.llm.sleep(level=0, mode="keep")  # stops between decoding steps; requests and KV stay
-            self.paused = True
+        if self.generating:
+            # Every load inside a call counts, the second of one pause too: two versions can land before the
+            # call resumes, and the actor counts each (the vLLM CPU in-flight test caught 8 against 7).
             self.inflight_loads += 1
+            if not self.paused:
+                self.llm.sleep(level=0, mode="keep")  # stops between decoding steps; requests and KV stay
+                self.paused = True
         counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
         if any(c != len(state) for c in counts):
             raise RuntimeError(f"vllm weight update: the workers read {counts} tensors of {len(state)}")

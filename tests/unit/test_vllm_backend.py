@@ -211,6 +211,22 @@ def test_in_flight_a_new_version_pauses_with_keep_loads_labels_and_resumes_betwe
     assert b.engine_stats()["inflight_loads"] == 1 and not llm.paused
 
 
+def test_in_flight_two_versions_landing_in_one_pause_count_as_two_loads_as_the_actor_counts_them(cpu_backend):
+    b, llm, _ = cpu_backend
+    calls: list[int] = []
+
+    def between_steps() -> int:  # versions 1 and 2 both land before the call resumes
+        calls.append(len(calls) + 1)
+        if len(calls) == 2:
+            b.load_weights({"w": torch.ones(2)})
+            b.load_weights({"w": torch.ones(2) * 2})
+        return 2 if len(calls) >= 2 else 0
+
+    b.generate([[5]], 3, between_steps)
+    assert [c[0] for c in llm.calls].count("sleep") == 1  # one pause
+    assert b.engine_stats()["inflight_loads"] == 2 and not llm.paused
+
+
 def test_in_flight_without_a_new_version_never_pauses_and_keeps_the_prefix_cache(cpu_backend):
     b, llm, _ = cpu_backend
     out = b.generate([[5], [7]], 2, lambda: 4)
