@@ -113,7 +113,11 @@ def stack(tmp_path_factory, prometheus_bin):
                    timeout=120, what="the restarted actor-1 to be scraped")
         q.wait_for('streamrl_actor_groups_sent_total{actor="actor-1"} > 0', timeout=60,
                    what="the restarted actor-1 to send groups")
-        time.sleep(6)  # a few more scrapes, so rates over the restart have points on both sides
+        # A few scrapes of the second life, so rates over the restart have points on both sides: the window
+        # (as long as the time since the kill) never reaches back to the first life.
+        since_kill = int(time.time() - st.killed_at) + 1
+        q.wait_for(f'count_over_time(streamrl_actor_groups_generated_total{{actor="actor-1"}}[{since_kill}s]) >= 4',
+                   timeout=60, what="four scrapes of the restarted actor-1")
         yield st
     finally:
         st.close()
