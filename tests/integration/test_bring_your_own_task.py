@@ -72,7 +72,7 @@ def test_a_reward_that_raises_and_hangs_is_counted_exactly_and_stops_no_actor(tm
     (tmp_path / "flaky.py").write_text(FAULTY)
     log = tmp_path / "flaky.log"
     monkeypatch.setenv("FLAKY_LOG", str(log))
-    streamrl("run", str(EXAMPLES / "chat-dataset" / "config.yaml"), "name=flaky", "steps=30",
+    streamrl("run", str(EXAMPLES / "chat-dataset" / "config.yaml"), "name=flaky", "steps=15",
              "task.reward=flaky.py:flaky", "task.reward_timeout_s=0.4", "task.reward_workers=16",
              f"run_dir={tmp_path / 'runs'}", *QUIET, cwd=tmp_path, timeout=600)
     s = summary(tmp_path / "runs" / "flaky")

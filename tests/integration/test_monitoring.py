@@ -53,8 +53,11 @@ class Stack:
         self.actor_port = consecutive_free_ports(ACTORS)
         self.tmp, self.started = tmp, time.time()
         self.group_addr = f"tcp://127.0.0.1:{group}"
+        # A learner slowed to about 10 steps/s, and so its throttled actors: the stack trains through all the tests
+        # of this module, and at full speed four processes took the CPU the renderer and Prometheus need (10 min
+        # for the panels on one core).
         self.args = [str(REPO / "configs" / "tiny.yaml"), "name=mon", f"run_dir={tmp / 'runs'}", "steps=100000",
-                     f"actors.num={ACTORS}", f"transport.group_port={group}", f"transport.weights_port={weights}",
+                     "learner.slow_step_s=0.1", f"actors.num={ACTORS}", f"transport.group_port={group}", f"transport.weights_port={weights}",
                      f"transport.weights_request_port={requests}", f"monitoring.learner_port={self.learner_port}",
                      f"monitoring.actor_port={self.actor_port}"]
         self.prom = Prometheus(prometheus_bin, scrape_config(f"127.0.0.1:{self.learner_port}",
@@ -113,7 +116,11 @@ def stack(tmp_path_factory, prometheus_bin):
                    timeout=120, what="the restarted actor-1 to be scraped")
         q.wait_for('streamrl_actor_groups_sent_total{actor="actor-1"} > 0', timeout=60,
                    what="the restarted actor-1 to send groups")
-        time.sleep(6)  # a few more scrapes, so rates over the restart have points on both sides
+        # A few scrapes of the second life, so rates over the restart have points on both sides: the window
+        # (as long as the time since the kill) never reaches back to the first life.
+        since_kill = int(time.time() - st.killed_at) + 1
+        q.wait_for(f'count_over_time(streamrl_actor_groups_generated_total{{actor="actor-1"}}[{since_kill}s]) >= 4',
+                   timeout=60, what="four scrapes of the restarted actor-1")
         yield st
     finally:
         st.close()

@@ -23,7 +23,7 @@ def test_a_run_trains_on_the_graders_scores_and_survives_the_grader_failing(tmp_
     subprocess.run([sys.executable, str(EXAMPLES / "chat-dataset" / "make_data.py"), str(tmp_path)], check=True)
     server = ChatServer(lambda request: "2").start()  # every completion: 2 on a 1..3 rubric, the level 0.5
     run_dir = tmp_path / "runs" / "graded"
-    args = [str(EXAMPLES / "chat-dataset" / "config.yaml"), "name=graded", "steps=40", f"run_dir={tmp_path / 'runs'}",
+    args = [str(EXAMPLES / "chat-dataset" / "config.yaml"), "name=graded", "steps=20", f"run_dir={tmp_path / 'runs'}",
             "task.reward=streamrl.tasks.graders:rubric", "task.reward_levels=[0.0,0.5,1.0]", "grader.scale=3",
             f"grader.base_url={server.base_url}", "grader.retries=0", "grader.timeout_s=2", "grader.constrain=none",
             *FREE_PORTS, "monitoring.learner_port=0", "monitoring.actor_port=0"]

@@ -123,16 +123,26 @@ def test_resume_applies_and_records_a_safe_change_and_refuses_one_that_would_cor
 
 def test_a_learner_that_cannot_stop_does_not_hold_one_ctrl_c_and_the_wait_is_told(tmp_path):
     run = tmp_path / "runs" / "hang"
-    proc = _start(tmp_path, "hang", "steps=100000", "learner.slow_step_s=0.2", env={"STREAMRL_FORK": "0"})
+    # The supervisor's notes every 2 s instead of 15 and its grace for a frozen learner 4 s instead of 30
+    # (short_waits/sitecustomize.py): the same paths, without a minute of waiting.
+    short = str(Path(__file__).parent / "short_waits")
+    env = {"STREAMRL_FORK": "0", "STREAMRL_TEST_SHORT_WAITS": "2,4",
+           "PYTHONPATH": os.pathsep.join(filter(None, [short, os.environ.get("PYTHONPATH")]))}
+    proc = _start(tmp_path, "hang", "steps=100000", "learner.slow_step_s=0.2", env=env)
     with reaped(proc):
         _wait_steps(proc, run, 2)
         learner = _learner_pid(run)
         os.kill(learner, signal.SIGSTOP)  # a hung learner: no step, no reaction to SIGTERM
-        time.sleep(20)
+        told = "streamrl: waiting for the next step: the learner waits for groups from the actors"
+        lines = []
+        while not lines or told not in lines[-1]:  # the supervisor tells what the run waits for
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines)  # the supervisor ended before saying it
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)  # before, it waited for the stopped learner for ever
-    assert "streamrl: waiting for the next step: the learner waits for groups from the actors" in out, out
-    assert "waiting for the learner to stop" in out and "did not stop within 30s; killing it" in out, out
+        out = "".join(lines) + out
+    assert "waiting for the learner to stop (it is stopped (SIGSTOP) and cannot" in out, out
+    assert "did not stop within 4s; killing it" in out, out
     assert proc.returncode == 130, (proc.returncode, out)
     s = summary(run)
     assert s["status"] == "failed" and "killed by SIGKILL" in s["error"] and s["steps"] == len(metrics(run)), s

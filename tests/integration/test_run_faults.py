@@ -91,8 +91,14 @@ def test_a_second_ctrl_c_kills_the_run_and_exits_130_without_a_log_tail(tmp_path
     with reaped(proc):
         _wait_for(lambda: (run / "metrics.jsonl").exists() and len(metrics(run)) >= 3, proc, "3 steps")
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.05)
+        # Two signals sent before the supervisor runs are one pending signal: the second goes once the first is
+        # handled (it says so), while the learner still finishes its step and checkpoints.
+        lines = []
+        while not lines or "streamrl: stopping (Ctrl-C again to kill)" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
+        out = "".join(lines) + out
     assert proc.returncode == 130, out
     assert "killed the learner and actors" in out and "Traceback" not in out and "status -9" not in out, out

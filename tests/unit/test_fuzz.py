@@ -10,6 +10,7 @@ import malformed
 import pytest
 import torch
 import zmq
+from pubsub import joined
 
 from streamrl.comm import chunks, wire
 from streamrl.comm.transport import GroupReceiver, WeightPublisher, WeightSubscriber
@@ -59,7 +60,7 @@ def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_
     pub.bind(ANY)
     router.bind(ANY)
     sub = WeightSubscriber(ctx, _endpoint(pub), _endpoint(router), "actor-0", max_bytes=1 << 20)
-    time.sleep(0.3)  # PUB drops what it sends before the subscription arrives
+    joined(pub, sub.sub)  # PUB drops what it sends before the subscription arrives
     msgs = malformed.weight_messages(3_000, seed=2)
     sub.request(have_version=-1)
     identity, _ = router.recv_multipart()
@@ -99,7 +100,7 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     listener = ctx.socket(zmq.SUB)
     listener.setsockopt(zmq.SUBSCRIBE, b"")
     listener.connect(_endpoint(publisher.pub))
-    time.sleep(0.3)  # PUB/SUB joins late
+    joined(publisher.pub, listener)
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(_endpoint(publisher.router))
     msgs = malformed.messages(2_000, seed=3)

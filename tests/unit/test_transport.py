@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from pubsub import joined
 
 from streamrl.comm import chunks, wire
 from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
@@ -215,9 +216,12 @@ def test_a_broadcast_reaches_a_connected_subscriber_and_poll_returns_the_newest(
     assert got is not None and got[0] == 0
     for v in (1, 2, 3):
         pub.publish(v, _state(v))
-        time.sleep(0.05)
-    newest = sub.poll(timeout_ms=1000)
-    assert newest is not None and newest[0] == 3
+    deadline = time.monotonic() + 10
+    while sub._newest is None or sub._newest[0] < 3:  # all three in: the window where poll must choose
+        assert time.monotonic() < deadline
+        sub.watch(timeout_ms=50)
+    newest = sub.poll()
+    assert newest is not None and newest[0] == 3 and sub.poll() is None  # the newest, once; 1 and 2 superseded
     assert torch.equal(newest[1]["w"], _state(3)["w"])
     assert pub.requests_served == 0  # all by broadcast
 
@@ -267,7 +271,7 @@ def test_the_request_server_counts_bad_requests_and_answers_a_good_one_by_sendin
     listener.setsockopt(zmq.LINGER, 0)
     listener.setsockopt(zmq.SUBSCRIBE, b"")
     listener.connect(bound(pub.pub))
-    time.sleep(0.3)  # PUB/SUB joins late
+    joined(pub.pub, listener)
     raw = track(ctx.socket(zmq.DEALER))
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(bound(pub.router))
@@ -643,7 +647,7 @@ def test_a_subscriber_that_reads_late_gets_every_chunk_however_many_are_in_fligh
     late.setsockopt(zmq.RCVBUF, 4096)
     late.setsockopt(zmq.SUBSCRIBE, b"")
     late.connect(bound(pub.pub))
-    time.sleep(0.3)  # subscribed
+    joined(pub.pub, late)
     live = {"w": torch.arange(12 << 20, dtype=torch.float32)}  # 48 MB: 64 chunks, 32 of them in flight at a time
     pub.publish(1, live, wait=False)
     time.sleep(1.0)
@@ -668,7 +672,7 @@ def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_paramete
     stuck.connect(bound(pub.pub))
     sub = track(WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", MAX_BYTES))
     live = {"w": torch.full((2 << 20,), 1.0)}  # 8 MB, sent from its own memory in 11 chunks
-    time.sleep(0.3)  # both subscriptions in place
+    joined(pub.pub, stuck, sub.sub)  # both subscriptions in place (the stuck one reads nothing from here on)
     t0 = time.monotonic()
     pub.publish(1, live)  # returns only once no frame still reads `live`
     print("publish", time.monotonic() - t0, pub.reopened, pub.send_wait_s)
