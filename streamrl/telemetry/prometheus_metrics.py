@@ -321,6 +321,8 @@ class ActorMetrics:
                                             "Episodes cut short, by reason (max_turns, max_seq_len)", ("reason",))
         self.template_drift = m.counter("streamrl_actor_episodes_template_drift_total",
                                         "Episode turns whose chat-template rendering disagreed with the ids held")
+        for why in ("max_turns", "max_seq_len"):  # at 0 from the start: a panel shows "none", not "no data"
+            self.episodes_truncated.labels(reason=why)
 
         self._totals = _Totals()
 

@@ -157,7 +157,9 @@ def test_a_dead_actor_turns_the_collective_back_into_zeromq_and_the_run_goes_on(
         assert actors[0].wait(timeout=30) == 0
     s = summary(run)
     assert s["steps"] == 30
-    assert s["weight_sync"]["syncs"] >= 1 and "timed out" in s["weight_sync"]["failed"]
+    # gloo may see the dead peer's closed connection at once ("failed after 0.0s") or wait out the timeout
+    failed = s["weight_sync"]["failed"]
+    assert s["weight_sync"]["syncs"] >= 1 and ("failed after" in failed or "did not finish" in failed), failed
     survivor = _actor_stats(tmp_path / "actor-0.log")
     assert survivor["weight_sync"]["failed"] is not None
     assert survivor["versions_applied"] >= 25  # it kept getting weights, over ZeroMQ after the failure
