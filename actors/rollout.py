@@ -38,7 +38,7 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     query_limit: int = 0
     """Most tokens of a layer-2 query (0: no cap); see mgrpo.query_limit."""
     context: int = 0
-    """The model's context (mgrpo.context): a correction is cut where it ends (0: unknown here)."""
+    """The model's context (models.context.seq_cap): a correction is cut where it ends (0: unknown here)."""
     estimator: str = ""
     """The run's advantage estimator: the census of layer-1 groups before and after filtering ('': not counted)."""
     std_normalize: bool = False
@@ -61,8 +61,8 @@ class RolloutOptions(msgspec.Struct, frozen=True):
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,
                    phrases=tuple(m.phrases) if m.enabled else (),
                    augment=(cfg.actors.group_size - 1 if m.augment is None else m.augment) if m.enabled else 0,
-                   query_limit=mgrpo.query_limit(cfg) if m.enabled else 0,
-                   context=mgrpo.context(cfg) if m.enabled else 0,
+                   query_limit=mgrpo.query_limit(cfg, context.seq_cap(cfg.model) or 0) if m.enabled else 0,
+                   context=(context.seq_cap(cfg.model) or 0) if m.enabled else 0,
                    estimator=cfg.advantage.estimator, std_normalize=cfg.advantage.std_normalize,
                    chat_template=cfg.model.chat_template, enable_thinking=cfg.model.enable_thinking,
                    max_new_tokens=cfg.actors.max_new_tokens, max_seq_len=context.seq_cap(cfg.model),

@@ -203,7 +203,10 @@ def corrections(sample: Sampler, tokenizer, reward, prompts, drawn: list[list], 
 
     rng = random.Random(seed)
     owners = [p for p, row in zip(prompts, drawn) for _ in row]
-    limit, context = mgrpo.query_limit(cfg), mgrpo.context(cfg)
+    from streamrl.models.context import seq_cap
+
+    context = seq_cap(cfg.model) or 0
+    limit = mgrpo.query_limit(cfg, context)
     queries = [mgrpo.cap_query(mgrpo.layer2_ids(p_ids, c.tokens, c.finish_reason == "stop",
                                                 mgrpo.phrase_ids(tokenizer, mgrpo.pick_phrase(cfg.mgrpo.phrases, rng))),
                                limit, len(p_ids))[0] for row in drawn for p_ids, c in row]

@@ -13,9 +13,7 @@ context, the phrase words (the tiny model's vocabulary) and the five accuracy me
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 from typing import Sequence
 
 # The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`. The paper speaks
@@ -55,31 +53,18 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
     return [*ids[:head], *ids[len(ids) - (limit - head):]], len(ids) - limit
 
 
-def context(cfg) -> int:
-    """The model's context in tokens: model.max_seq_len, else the tiny model's model.context, else model.path's
-    config.json max_position_embeddings; 0 where unknown here (a hub id: its engine reads it)."""
-    if getattr(cfg.model, "max_seq_len", None):
-        return cfg.model.max_seq_len
-    if not cfg.model.path:
-        return cfg.model.context
-    path = Path(cfg.model.path) / "config.json"
-    if not path.is_file():
-        return 0
-    return json.loads(path.read_text()).get("max_position_embeddings") or 0
-
-
 def correction_room(cfg) -> int:
     """Tokens a correction is always left: mgrpo.min_correction_tokens, at most actors.max_new_tokens."""
     return min(cfg.mgrpo.min_correction_tokens, cfg.actors.max_new_tokens)
 
 
-def query_limit(cfg) -> int:
-    """Most tokens a layer-2 query may hold: `mgrpo.max_query_tokens`, else the model's context (`context`) minus
-    the correction's minimum room (`correction_room`); 0: no cap (the context is unknown here)."""
+def query_limit(cfg, context: int) -> int:
+    """Most tokens a layer-2 query may hold: `mgrpo.max_query_tokens`, else the model's context (prompt +
+    completion tokens, streamrl.models.context.seq_cap; 0: unknown here) minus the correction's minimum room
+    (`correction_room`); 0: no cap."""
     if cfg.mgrpo.max_query_tokens:
         return cfg.mgrpo.max_query_tokens
-    ctx = context(cfg)
-    return max(1, ctx - correction_room(cfg)) if ctx else 0
+    return max(1, context - correction_room(cfg)) if context else 0
 
 
 def pick_phrase(phrases: Sequence[str], rng: random.Random) -> str:

@@ -231,18 +231,22 @@ def test_query_limit_is_the_context_minus_the_corrections_minimum_room(tmp_path)
     import json
 
     from streamrl import config
+    from streamrl.models.context import seq_cap
+
+    def limit(cfg) -> int:  # as the actors ask it
+        return mgrpo.query_limit(cfg, seq_cap(cfg.model) or 0)
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "actors.max_new_tokens=8196"])
-    assert mgrpo.context(cfg) == 4096 and mgrpo.query_limit(cfg) == 4096 - 512   # not 4096 - 8196 floored at 1
+    assert seq_cap(cfg.model) == 4096 and limit(cfg) == 4096 - 512   # not 4096 - 8196 floored at 1
     cfg = config.load(None, ["mgrpo.enabled=true", f"model.path={tmp_path}", "mgrpo.min_correction_tokens=1000",
                               "actors.max_new_tokens=8196"])
-    assert mgrpo.query_limit(cfg) == 3096
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "model.max_seq_len=200"])) == 200 - 4
+    assert limit(cfg) == 3096
+    assert limit(config.load(None, ["mgrpo.enabled=true", "mgrpo.max_query_tokens=50"])) == 50
+    assert limit(config.load(None, ["mgrpo.enabled=true", "model.max_seq_len=200"])) == 200 - 4
     # the tiny model: its context (256) minus the room, which is at most the completion cap
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "actors.max_new_tokens=6"])) == 250
-    assert mgrpo.query_limit(config.load(None, ["mgrpo.enabled=true", "model.path=org/hub-id"])) == 0
+    assert limit(config.load(None, ["mgrpo.enabled=true", "actors.max_new_tokens=6"])) == 250
+    assert limit(config.load(None, ["mgrpo.enabled=true", "model.path=org/hub-id"])) == 0
 
 
 def test_layer2_coverage_counts_steps_from_the_first_verified_correction_on():

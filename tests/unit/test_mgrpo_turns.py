@@ -16,6 +16,7 @@ from streamrl import config, tasks
 from streamrl.actors import rollout
 from streamrl.actors.backends import Completion
 from streamrl.algo import mgrpo
+from streamrl.models.context import seq_cap
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "configs" / "mgrpo" / "qwen2.5-math-7b.yaml"
@@ -102,7 +103,7 @@ def context_4096(release_model, tmp_path_factory) -> Path:
 def test_fidelity_the_paper_configs_layer2_query_keeps_the_question_and_the_whole_first_answer(
         tokenizer, context_4096, overrides):
     cfg = config.load(PAPER, [f"model.path={context_4096}", *overrides])
-    assert mgrpo.context(cfg) == 4096 and cfg.actors.max_new_tokens == 8196   # completions may be longer than it
+    assert seq_cap(cfg.model) == 4096 and cfg.actors.max_new_tokens == 8196   # completions may be longer than it
     opts = rollout.RolloutOptions.from_config(cfg)
     assert opts.query_limit == 4096 - 512 and opts.context == 4096   # before: 4096 - 8196, floored at 1 token
     question = tasks.Prompt(id="q", text="Natalia sold clips to 48 of her friends in April, and then she sold half "
