@@ -40,7 +40,10 @@ def _logs(cwd: Path) -> str:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The records of metrics.jsonl; polled while the learner appends, so a last line without its newline is one
+    still being written, not a record (the suite once read one mid-write: JSONDecodeError at column 635)."""
+    text = (run_dir / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def summary(run_dir: Path) -> dict:
