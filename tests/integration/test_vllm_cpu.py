@@ -337,7 +337,7 @@ def test_in_flight_a_version_loaded_between_decoding_steps_reaches_the_running_r
     assert res["after_gap_vs_new"] < 1e-3
 
 
-def test_a_vllm_actor_with_in_flight_updates_trains_and_its_samples_span_versions(tmp_path, capsys, monkeypatch):
+def test_a_vllm_actor_with_in_flight_updates_trains_and_both_sides_count_each_in_flight_load(tmp_path, capsys, monkeypatch):
     """The loop, async, a vllm actor loading each version between decoding steps. On CPU vLLM generates faster
     than the learner trains, so a throttled actor would wait for each version between calls; unthrottled it
     generates whenever it is not blocked sending, and the learner's versions land while a call runs (the
