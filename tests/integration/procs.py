@@ -46,6 +46,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
+def probe(script: str, cwd: Path, env: dict, timeout: float = 500) -> dict:
+    """Run a test module as a script in a fresh process (an engine's own, away from pytest's) and return the JSON
+    its last stdout line holds."""
+    proc = subprocess.run([sys.executable, script], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

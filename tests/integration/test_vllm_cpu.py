@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from procs import FREE_PORTS, free_ports, metrics, reaped, spawn, streamrl, summary
+from procs import FREE_PORTS, free_ports, metrics, probe, reaped, spawn, streamrl, summary
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -224,10 +224,7 @@ def _truncated_logprob(m, prompt: list[int], tokens: list[int], temperature: flo
 def test_engine_logprobs_are_tempered_and_follow_a_weight_update(tmp_path, capsys):
     pytest.importorskip("vllm")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__], cwd=tmp_path, capture_output=True, text=True, timeout=500,
-                          env={**os.environ, **ENV})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = probe(__file__, tmp_path, ENV)
     with capsys.disabled():
         print(f"\nvllm engine probe ({time.perf_counter() - t0:.0f} s): {json.dumps(res)}")
     # the learner's recomputation at the sampling temperature: equal up to float32 summation order

@@ -10,12 +10,10 @@ vLLM starts its own processes, so the check runs in a child process (this file a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
+from procs import probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 # vLLM's CPU attention wants head_dim 64: hidden 128 over 2 heads (as test_vllm_cpu.py).
@@ -56,10 +54,7 @@ def _probe() -> dict:
 def test_greedy_eval_on_the_vllm_engine_gives_the_hf_backends_figures(tmp_path, capsys):
     pytest.importorskip("vllm")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__], cwd=tmp_path, capture_output=True, text=True, timeout=500,
-                          env={**os.environ, **ENV})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = probe(__file__, tmp_path, ENV)
     with capsys.disabled():
         print(f"\nvllm eval probe ({time.perf_counter() - t0:.0f} s): " + ", ".join(
             f"{k} {v['metrics']['eval/reward_mean']:.4f} in {v['s']:.2f}s" for k, v in res.items()))

@@ -10,13 +10,10 @@ processes, so the probe runs in a child process (this file as a script).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-from procs import FREE_PORTS, metrics, streamrl, summary
+from procs import FREE_PORTS, metrics, probe, streamrl, summary
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 VLLM_MODEL = ["actors.backend=vllm", "model.hidden_size=128", "model.num_heads=2"]  # CPU attention: head_dim 64
@@ -65,10 +62,7 @@ def _probe() -> dict:
 def test_an_adapter_version_gives_the_engine_the_learners_adapted_logprobs(tmp_path, capsys):
     pytest.importorskip("vllm")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__], cwd=tmp_path, capture_output=True, text=True, timeout=500,
-                          env={**os.environ, **ENV})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = probe(__file__, tmp_path, ENV)
     with capsys.disabled():
         print(f"\nvllm LoRA probe ({time.perf_counter() - t0:.0f} s): {json.dumps(res)}")
     assert res["gap_base"] < 1e-3
