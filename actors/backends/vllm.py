@@ -5,7 +5,7 @@ request, and reads the log-prob of each sampled token (`logprobs=0`: the sampled
 engine runs with `logprobs_mode="processed_logprobs"`, so these are log-probs of the distribution it
 sampled from (temperature applied), which the learner's importance ratios need; vLLM's default
 ("raw_logprobs") reports the untempered model and is never used. With top_p < 1 they are of the truncated, renormalised distribution (vLLM applies top-p before it takes
-them), which the learner does not recompute: strict mode refuses that combination (config.py).
+them), which the learner does not recompute: strict mode refuses that combination (streamrl/config/root.py).
 
 New weights replace the old ones without restarting the engine, the same way on GPUs and on the CPU
 build: the actor writes the version into node-local shared memory in buckets of one dtype (at most

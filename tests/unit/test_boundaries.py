@@ -137,7 +137,8 @@ def test_the_layer_scanner_sees_what_it_should():
     assert _part("streamrl.comm.wire") == "comm" and _part("streamrl.learner.batch") == "learner"
     assert _part("streamrl") == "streamrl" and _part("learner.batch") is None
     assert _part_of_file(REPO / "streamrl" / "comm" / "wire.py") == "comm"
-    assert _part_of_file(REPO / "streamrl" / "config.py") == "config"
+    assert _part_of_file(REPO / "streamrl" / "config" / "loader.py") == "config"
+    assert _part_of_file(REPO / "streamrl" / "registry.py") == "registry"
     assert _part_of_file(REPO / "learner" / "main.py") == "learner"
     assert _imported_parts(REPO / "learner" / "session.py") >= {"comm", "config", "learner"}
 

@@ -191,11 +191,18 @@ def test_the_docstring_checker_catches_a_missing_docstring():
 
 
 def test_every_config_field_has_a_one_line_docstring():
-    source = (REPO / "streamrl" / "config.py").read_text()
-    classes = _section_classes(ast.parse(source))
+    sources = [p.read_text() for p in sorted((REPO / "streamrl" / "config").glob("*.py"))]
+    classes = [c for source in sources for c in _section_classes(ast.parse(source))]
     assert {c.name for c in classes} >= {"ModelConfig", "TaskConfig", "AdvantageConfig", "LossConfig", "OptimConfig",
                                          "LearnerConfig", "ActorConfig", "TransportConfig", "Config"}
-    assert _undocumented_fields(source) == []
+    assert [name for source in sources for name in _undocumented_fields(source)] == []
+
+
+def test_every_section_of_config_is_a_field_of_config():
+    """A section module whose Struct no field of Config names would be a section no file can set."""
+    used = {f.type for f in msgspec.structs.fields(config.Config)}
+    sections = {v for v in vars(config).values() if isinstance(v, type) and issubclass(v, config._Section)}
+    assert sections - used - {config.Config, config._Section} == set()
 
 
 @pytest.mark.parametrize("overrides", [

@@ -1,0 +1,30 @@
+"""The `monitoring` section: Prometheus endpoints and experiment trackers."""
+
+from __future__ import annotations
+
+from streamrl.config.base import Port, PositiveFloat, _Section
+
+
+class MonitoringConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address /metrics and /healthz bind to (0.0.0.0 lets a Prometheus on another host scrape)."""
+    learner_port: Port = 29620
+    """Learner /metrics and /healthz port; 0 disables."""
+    actor_port: Port = 29630
+    """Actor i serves /metrics and /healthz on actor_port + i; 0 disables."""
+    healthy_within_s: PositiveFloat = 600.0
+    """/healthz answers 503 when the main loop has made no progress for this long."""
+    report_to: list[str] = []
+    """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/trackers.md)."""
+    tracker_project: str = "streamrl"
+    """Project (W&B, trackio) or experiment (MLflow) the run is filed under; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME win."""
+
+    def __post_init__(self) -> None:
+        from streamrl.telemetry.trackers import TRACKERS
+
+        for name in self.report_to:
+            if name not in TRACKERS:
+                raise ValueError(f"report_to={self.report_to!r}: {TRACKERS.unknown(name)}")
+        if len(set(self.report_to)) != len(self.report_to):
+            raise ValueError(f"report_to={self.report_to!r}: names a tracker twice")
+

@@ -1,0 +1,39 @@
+"""The `transport` section: sockets between actors and learner, and weight sync."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from streamrl.config.base import PositiveInt, NonNegInt, Port, PositiveFloat, _Section
+
+
+class TransportConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the learner binds and actors connect to."""
+    group_port: Port = 29610
+    """Learner PULL port for scored groups."""
+    weights_port: Port = 29611
+    """Learner PUB port for weight broadcasts."""
+    weights_request_port: Port = 29612
+    """Learner ROUTER port where a (late) actor asks for the newest weights."""
+    send_hwm: PositiveInt = 4
+    """Actor-side queue bound in messages, each one group or a batch of small ones (backpressure, not memory growth)."""
+    recv_hwm: PositiveInt = 4
+    """Learner-side queue bound in messages."""
+    batch_max_bytes: NonNegInt = 64 * 1024
+    """Groups of one generate call share a message up to this many bytes of arrays; larger ones go alone; 0: never."""
+    curve_keys: str | None = None
+    """Folder made by `streamrl keys`: CurveZMQ encryption, and the learner admits only keys in its authorized/."""
+    max_message_bytes: PositiveInt = 256 * 1024 * 1024
+    """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
+    weight_sync: Literal["zmq", "collective"] = "zmq"
+    """Weights to actors: zmq (PUB/SUB) or collective (bucketed NCCL broadcast, gloo on CPU; falls back to zmq)."""
+    weight_sync_port: Port = 29613
+    """Collective weight sync: the learner's rendezvous port (TCPStore)."""
+    weight_sync_timeout_s: PositiveFloat = 60.0
+    """Collective weight sync: timeout of every broadcast (then zmq takes over for good)."""
+    weight_sync_rendezvous_s: PositiveFloat = 300.0
+    """Collective weight sync: how long the group may take to form (a learner loading a large model starts late)."""
+    weight_sync_bucket_bytes: PositiveInt = 256 * 1024 * 1024
+    """Collective weight sync: tensors of one dtype share a broadcast up to this many bytes."""
+
