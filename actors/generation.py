@@ -63,9 +63,8 @@ class Generation:
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
         self.episodes = None
         if cfg.task.environment:
-            # Every end token of the model (hf: eos_ids; vllm: its stop tokens): a turn ending in one closes it.
-            end_ids = (getattr(backend, "eos_ids", None) or getattr(backend, "stop_token_ids", None)
-                       or [tokenizer.eos_token_id])
+            # Every end token of the model (the backend's): a turn ending in one closes it.
+            end_ids = backend.end_ids or [tokenizer.eos_token_id]
             self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids)
         self.episode_totals = EpisodeStats()
 

@@ -159,6 +159,7 @@ def _sample(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], 
 def _draw(backend: Backend, tokenizer, ids, n, between_steps=None, caps=None):
     """(completions, their texts), each (len(ids), n)."""
     # Only backends that can pause between decoding steps take between_steps (the config checks which).
+    # between_steps is passed only when in-flight updates use it: a backend that never pauses may not take it
     drawn = backend.generate(ids, n) if between_steps is None else backend.generate(ids, n, between_steps)
     if caps is not None:  # the whole-sequence cap: cut where the prompt's room ends
         drawn = [[capped(c, max(0, caps[j])) for c in completions] for j, completions in enumerate(drawn)]

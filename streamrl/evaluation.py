@@ -123,13 +123,14 @@ def eval_sets(cfg, task) -> list[EvalSet]:
                                  "over data rows do: dataset, code_verifier, math_answer, ...)")
             out.append(_eval_set(name, task, reader.eval_set(e.size, e.seed)))
         finally:
-            if hasattr(reader, "functions"):  # a dataset task's reward pool: the run's own task scores
-                reader.functions.close()
+            base.optional(reader, "close")()  # a dataset task's reward pool: the run's own task scores
     return out
 
 
 def _eval_set(name: str, task, prompts: list) -> EvalSet:
-    category = getattr(task, "category", None)
+    from streamrl.tasks.base import optional
+
+    category = optional(task, "category")
     return EvalSet(name, prompts, [category(p) for p in prompts] if category else None)
 
 

@@ -7,14 +7,14 @@ from typing import Callable
 
 import torch
 
-from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
 from streamrl.comm import chunks
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 
 
 @BACKENDS.register("hf")
-class HFBackend:
+class HFBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         self.cfg = cfg.actors
         device = cfg.actors.device
@@ -24,6 +24,7 @@ class HFBackend:
         self.model = model.to(self.device).eval()
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = end_token_ids(model, tokenizer)  # every end token of the model's generation config
+        self.end_ids = self.eos_ids
         # What a version replaces: with LoRA the adapters only (the frozen base never changes), else everything.
         self.targets = lora.published(self.model.state_dict())
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
-from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.comm.weight_sync import plan
 from streamrl.models.model import end_token_ids
@@ -38,7 +39,7 @@ class WeightUpdateError(RuntimeError):
 
 
 @BACKENDS.register("sglang")
-class SGLangBackend:
+class SGLangBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         import sglang
 
@@ -46,6 +47,7 @@ class SGLangBackend:
             raise RuntimeError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would report log-probs without the "
                                "sampling temperature, and the learner's importance ratios would be wrong; unset it")
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
+        self.end_ids = self.stop_token_ids
         self.cfg = cfg.actors
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         self.update_s: list[float] = []
@@ -64,7 +66,10 @@ class SGLangBackend:
         self.adapter: str | None = None  # with LoRA: the name of the newest version's adapter, in every request
         self.lora_versions = 0
 
-    def generate(self, prompts: list[list[int]], n: int) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int,
+                 between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:
+        if between_steps is not None:  # the config refuses inflight_updates for sglang; a caller that skipped it
+            raise ValueError("the sglang backend loads weights between generate calls only (no between_steps)")
         rows = [p for p in prompts for _ in range(n)]
         params = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
                   "max_new_tokens": self.cfg.max_new_tokens, "stop_token_ids": self.stop_token_ids}

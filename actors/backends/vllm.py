@@ -43,7 +43,7 @@ import time
 from typing import Callable
 
 import streamrl.actors.backends.shm_weights as shm_weights
-from streamrl.actors.backends.base import BACKENDS, Completion
+from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
 from streamrl.comm.weight_sync import plan
@@ -55,7 +55,7 @@ UPDATE_MODE = "shared_memory"
 
 
 @BACKENDS.register("vllm")
-class VLLMBackend:
+class VLLMBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
@@ -66,6 +66,7 @@ class VLLMBackend:
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
+        self.end_ids = self.stop_token_ids
         cpu = current_platform.is_cpu()
         self.weights_dir = shm_weights.new_folder()
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)

@@ -1,4 +1,5 @@
-"""What every task shares: the `Prompt` a task makes, the task registry, and seeded distinct prompt sets.
+"""What every task shares: the `Task` protocol and the defaults of its optional members (`TaskDefaults`), the
+`Prompt` a task makes, the task registry, and seeded distinct prompt sets.
 
 A task makes prompts (`sample`, `eval_set`) and scores completions (`score`) with a reward in
 [0, 1] on several levels (`reward_levels`); `streamrl.tasks.rewards` may condense those levels onto a
@@ -8,7 +9,7 @@ coarser ordinal scale, and a shaped reward at or above `advantage.r_min_correct`
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
@@ -31,6 +32,92 @@ class Prompt(msgspec.Struct, frozen=True):
 
 
 TASKS = TaskRegistry("task")
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a task must have (docs/bring-your-own-task.md). The optional members and their defaults are
+    `TaskDefaults`'; a plug-in may inherit it or not (`optional` fills in what it lacks)."""
+
+    @classmethod
+    def from_config(cls, cfg) -> Task:
+        """The task, from the `task` config section."""
+
+    @staticmethod
+    def levels(cfg) -> list[float]:
+        """Its reward levels, ascending, from the config alone (the config checks r_min_correct against them)."""
+
+    @property
+    def reward_levels(self) -> list[float]:
+        """The same levels, from the built task."""
+
+    def sample(self, rng: random.Random) -> Prompt:
+        """A training prompt."""
+
+    def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:
+        """A fixed evaluation set: `size` prompts (None: every row of an eval file), the same for the same seed."""
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        """The reward of a completion, one of `reward_levels`."""
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """The words the tiny word-level model needs for this task's prompts and answers."""
+
+
+def _identity(x: float) -> float:
+    return x
+
+
+class TaskDefaults:
+    """The optional members of a task, with what a task without them means. streamrl's own tasks inherit
+    this; a plug-in may too, or leave any out (`optional` then gives the default here)."""
+
+    grouped: ClassVar[bool] = False
+    """Scored a group per call (`submit_groups`, `collect_groups`) instead of a sample per `score`."""
+    levels_take_edges: ClassVar[bool] = False
+    """`levels(cfg, edges)` takes reward.bucket_edges: a continuous reward whose levels are its buckets."""
+    unparseable: int = 0
+    """Completions the task could not read so far (a counter it raises; the default never counts)."""
+    category: Callable[[Prompt], str] | None = None
+    """category(prompt): the eval report's row of a prompt (pass@k per category); None: one row."""
+
+    @staticmethod
+    def reward_map(cfg) -> Callable[[float], float]:
+        """From the config alone: the map from a shaped level to the reward trained on (monotone)."""
+        return _identity
+
+    def to_reward(self, level: float) -> float:
+        """The reward trained on for a shaped level (the built task's `reward_map`)."""
+        return level
+
+    def levels_for(self, edges) -> list[float]:
+        """The task's levels given reward.bucket_edges (a continuous reward's are its buckets)."""
+        return self.reward_levels  # type: ignore[attr-defined]  # the Task member the subclass gives
+
+    def close(self) -> None:
+        """Let go of what the task holds (threads, connections); it scores nothing after."""
+
+
+def optional(task: Any, name: str) -> Any:
+    """A task's (or task class's) optional member `name`, or `TaskDefaults`' for one that lacks it (bound to
+    the task where it is a method). Read once where a task is built, never per call."""
+    if name not in vars(TaskDefaults):
+        raise AttributeError(f"{name!r} is not an optional task member (TaskDefaults)")
+    if isinstance(task, TaskDefaults) or (isinstance(task, type) and issubclass(task, TaskDefaults)):
+        return getattr(task, name)
+    own = getattr(task, name, _MISSING)
+    if own is not _MISSING:
+        return own
+    default = vars(TaskDefaults)[name]
+    if isinstance(default, staticmethod):
+        return default.__func__
+    if callable(default) and not isinstance(task, type):
+        return default.__get__(task)
+    return default
+
+
+_MISSING = object()
 
 
 def render(messages) -> str:
@@ -58,7 +145,7 @@ def build(cfg):
     return TASKS.get(cfg.name).from_config(cfg)
 
 
-class RowsTask:
+class RowsTask(TaskDefaults):
     """A task over data rows: `train` (rows), `eval_rows` (None without an eval file) and `prompt(row)`."""
 
     train: list

@@ -81,6 +81,10 @@ class DatasetTask(RowsTask):
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
 
+    def close(self) -> None:
+        """The reward functions' threads go (a call past its timeout may still run on one)."""
+        self.functions.close()
+
     @staticmethod
     def row_converter(cfg):
         """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""

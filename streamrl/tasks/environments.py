@@ -1,8 +1,9 @@
-"""Multi-turn environments: the plug-in interface, how one is found (`task.environment`), and its tools' schemas.
+"""Multi-turn environments: the plug-in interface (`Environment`, and `EnvironmentDefaults` for its optional
+member), how one is found (`task.environment`), and its tools' schemas.
 
-An environment plays one episode per data row, turn by turn:
+An environment plays one episode per data row, turn by turn (the `Environment` protocol below):
 
-    class MyEnv:
+    class MyEnv:                                    # may inherit EnvironmentDefaults (tools = [])
         tools: list[Callable] = []                  # typed functions with docstrings, optional
         def __init__(self, row: dict): ...
         def reset(self) -> list[dict]: ...          # the opening chat messages
@@ -24,11 +25,31 @@ the group `streamrl.environments` (a package's `[project.entry-points."streamrl.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.tasks import plugins
 
 GROUP = "streamrl.environments"
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What an environment must have; it is built as `Cls(row)` for each episode (see the module docstring).
+    Its one optional member, `tools`, defaults to none (`EnvironmentDefaults`, `tools_of`)."""
+
+    def reset(self) -> list[dict]:
+        """The episode's opening chat messages ({"role", "content"})."""
+
+    def step(self, reply: str) -> tuple[list[dict], float | None, bool]:
+        """After a model reply without a tool call: (messages to append, the reward when done, done)."""
+
+
+class EnvironmentDefaults:
+    """The optional member of an environment and its default; streamrl's own inherit this, a plug-in may."""
+
+    tools: list[Callable] = []
+    """Functions the model may call (typed, with docstrings: their schemas reach the chat template); may be
+    bound methods, set in __init__, so they see the row."""
 
 
 def load(ref: str) -> type:
@@ -47,7 +68,8 @@ def row_of(prompt) -> dict:
 
 
 def tools_of(env) -> dict[str, Callable]:
-    """name → callable of an environment's tools (its `tools` attribute; none when absent)."""
+    """name → callable of an environment's tools (its `tools` attribute; none when absent: the default of
+    `EnvironmentDefaults`, for a plug-in that does not inherit it). Read once per episode, when it is built."""
     tools = list(getattr(env, "tools", None) or [])
     out: dict[str, Callable] = {}
     for fn in tools:

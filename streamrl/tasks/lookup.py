@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import random
 
-from streamrl.tasks.base import Prompt, distinct
+from streamrl.tasks.base import Prompt, TaskDefaults, distinct
+from streamrl.tasks.environments import EnvironmentDefaults
 
 
-class Lookup:
+class Lookup(TaskDefaults):
     """Prompt: a key; columns: the key, the symbol to answer with, the credit for a right lookup."""
 
     def __init__(self, num_symbols: int = 4, keys: int = 4, credit: float = 0.0, call_credit: float = 0.0):
@@ -72,7 +73,7 @@ class Lookup:
         return float(answer_of(completion) == prompt.columns["symbol"])
 
 
-class LookupEnv:
+class LookupEnv(EnvironmentDefaults):
     """One episode: the asked key as the user's message; `lookup(key)`; reward on the first reply without a call."""
 
     def __init__(self, row: dict):

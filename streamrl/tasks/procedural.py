@@ -17,7 +17,7 @@ import math
 import random
 import re
 
-from streamrl.tasks.base import Prompt, distinct
+from streamrl.tasks.base import Prompt, TaskDefaults, distinct
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def floor_level(r: float, steps: int) -> float:
     return math.floor(r * steps + 1e-9) / steps
 
 
-class ReasoningGym:  # registered by its entry point (pyproject.toml, group streamrl.tasks)
+class ReasoningGym(TaskDefaults):  # registered by its entry point (pyproject.toml, group streamrl.tasks)
     """One reasoning-gym dataset; reward: its partial credit, floored onto scale_steps levels."""
 
     def __init__(self, dataset: str | None, options: dict | None = None, template: str = TEMPLATE,

@@ -33,13 +33,23 @@ import threading
 import time
 import traceback
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
 FAILED = object()  # a function's value for a sample whose own call failed
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """A reward function as `task.reward` names it: TRL's signature (see the module docstring). It has no
+    optional members; a column it does not use goes to `**columns` (or is named, as TRL's are)."""
+
+    def __call__(self, prompts: list, completions: list, **columns: Any) -> list[float | None]:
+        """One float (or None: could not score) per completion, in order; `completion_ids` comes among the
+        columns, with every other column of the row as a list of G equal values."""
 
 
 def resolve(ref: str) -> Callable:

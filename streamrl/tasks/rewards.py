@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Sequence
 
+from streamrl.tasks.base import TaskDefaults, optional
+
 
 def bucket(r: float, edges: Sequence[float], values: Sequence[float]) -> float:
     """values[i] where i = #{edges ≤ r}: `edges` ascending, len(values) == len(edges) + 1."""
@@ -50,9 +52,9 @@ def levels_of(cfg) -> list[float]:
     from streamrl.tasks import TASKS
 
     cls = TASKS.get(cfg.task.name)
-    to_reward = cls.reward_map(cfg.task) if hasattr(cls, "reward_map") else _identity
+    to_reward = optional(cls, "reward_map")(cfg.task)
     # A continuous reward's levels are its buckets: such a task needs the edges to name them.
-    task_levels = (cls.levels(cfg.task, cfg.reward.bucket_edges) if getattr(cls, "levels_take_edges", False)
+    task_levels = (cls.levels(cfg.task, cfg.reward.bucket_edges) if optional(cls, "levels_take_edges")
                    else cls.levels(cfg.task))
     return shaped_levels(task_levels, cfg.reward.bucket_edges, cfg.reward.bucket_values, to_reward)
 
@@ -66,30 +68,35 @@ class Reward:
         self.task = task
         self.edges = list(edges)
         self.values = list(values) or (even_values(len(edges) + 1) if edges else [])
-        self.to_reward = getattr(task, "to_reward", _identity)
+        # A plug-in task may leave out any optional member (TaskDefaults): each is resolved here, once, so the
+        # actor's loop calls what it finds without asking the task what it has.
+        self.to_reward = optional(task, "to_reward")
+        self._levels_for = optional(task, "levels_for")
+        self._close = optional(task, "close")
+        self.grouped: bool = bool(optional(task, "grouped"))
+        """The task scores a group per call (reward functions by reference) rather than a sample."""
+        # the counter lives on the task (it raises it while scoring); one without it never counts
+        self._counter = task if isinstance(task, TaskDefaults) or "unparseable" in dir(task) else TaskDefaults
 
     @property
     def levels(self) -> list[float]:
         """Every reward this can return, ascending."""
         # a continuous reward's levels are its buckets: the task needs the edges to name them
-        task_levels = (self.task.levels_for(self.edges) if hasattr(self.task, "levels_for")
-                       else self.task.reward_levels)
-        return shaped_levels(task_levels, self.edges, self.values, self.to_reward)
+        return shaped_levels(self._levels_for(self.edges), self.edges, self.values, self.to_reward)
 
     @property
     def unparseable(self) -> int:
-        return getattr(self.task, "unparseable", 0)
+        return self._counter.unparseable
+
+    def close(self) -> None:
+        """The task's close (a dataset task's reward-function threads; nothing for most tasks)."""
+        self._close()
 
     def __call__(self, prompt, completion: str) -> float:
         return self.shape(self.task.score(prompt, completion))
 
     def shape(self, r: float) -> float:
         return self.to_reward(bucket(r, self.edges, self.values) if self.edges else r)
-
-    @property
-    def grouped(self) -> bool:
-        """The task scores a group per call (reward functions by reference) rather than a sample."""
-        return getattr(self.task, "grouped", False)
 
     def score_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
         """Grouped tasks: (each group's shaped rewards, None where unscored; the failures by reason, summed)."""

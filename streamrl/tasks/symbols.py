@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 
-from streamrl.tasks.base import Prompt, distinct
+from streamrl.tasks.base import Prompt, TaskDefaults, distinct
 
 
-class SymbolTask:
+class SymbolTask(TaskDefaults):
     """Prompt `<instruction> : s1 ... sL =`; the completion is scored position by position."""
 
     instruction = ""
