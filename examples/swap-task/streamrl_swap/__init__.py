@@ -2,7 +2,8 @@
 
 A task is a class with `from_config(task_cfg)`, `levels(task_cfg)` (its reward scale, from the config alone),
 `reward_levels`, `sample(rng) -> Prompt`, `eval_set(size, seed)`, `score(prompt, completion) -> float` and
-`vocabulary` (the words the tiny word-level model needs). This one gives partial credit: the share of the
+`vocabulary` (the words the tiny word-level model needs): the `streamrl.tasks.base.Task` protocol. Its optional
+members it leaves to their defaults (`streamrl.tasks.base.TaskDefaults`). This one gives partial credit: the share of the
 target's positions the completion gets right (levels 0, 1/n, ..., 1).
 """
 
