@@ -99,6 +99,9 @@ class TaskDefaults:
         """Let go of what the task holds (threads, connections); it scores nothing after."""
 
 
+_MISSING = object()
+
+
 def optional(task: Any, name: str) -> Any:
     """A task's (or task class's) optional member `name`, or `TaskDefaults`' for one that lacks it (bound to
     the task where it is a method). Read once where a task is built, never per call."""
@@ -116,8 +119,6 @@ def optional(task: Any, name: str) -> Any:
         return default.__get__(task)
     return default
 
-
-_MISSING = object()
 
 
 def render(messages) -> str:
