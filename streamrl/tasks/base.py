@@ -120,7 +120,6 @@ def optional(task: Any, name: str) -> Any:
     return default
 
 
-
 def render(messages) -> str:
     """Chat messages as plain text, for a model without a chat template (the tiny word-level one): each
     message's content on its own line, system first, so the words the policy sees are the messages' words."""
