@@ -11,7 +11,7 @@ remaining steps seconds long, far longer than a cancel takes to land.
 
 Skips where there is no `sbatch`, no controller answers, or the Slurm here is not that one-node cluster (a
 user's real cluster gets no jobs from the test suite); under STREAMRL_REQUIRE_SLURM=1 (.ci/run) each of those
-is a failure. The multi-node command shapes stay in tests/unit/test_slurm_scripts.py (stub Slurm)."""
+is a failure. The multi-node command shapes stay in tests/unit/core/test_slurm_scripts.py (stub Slurm)."""
 
 from __future__ import annotations
 
