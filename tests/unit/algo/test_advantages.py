@@ -1,4 +1,4 @@
-"""streamrl.algo.advantages: each estimator on hand-computed groups, and the invariants of docs/architecture.md ("The loss")."""
+"""streamrl.algo.advantages: each estimator on hand-computed groups, and the invariants of docs/concepts/architecture.md ("The loss")."""
 
 from __future__ import annotations
 

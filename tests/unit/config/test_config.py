@@ -316,7 +316,7 @@ def test_the_paper_configs_set_every_open_choice_to_what_the_recipe_page_says():
     cfg = config.load(REPO / "configs" / "paper" / "grpo.yaml")
     assert cfg.advantage.std_normalize is False
     assert (cfg.task.bce_floor, cfg.task.rounding, cfg.model.max_prompt_tokens) == (1e-3, "half_up", 4096)
-    page = (REPO / "docs" / "paper-recipe.md").read_text()
+    page = (REPO / "docs" / "guides" / "paper-recipe.md").read_text()
     for key in ("advantage.std_normalize", "task.bce_floor", "task.rounding", "model.max_prompt_tokens"):
         assert f"`{key}`" in page, key
 

@@ -1,4 +1,4 @@
-"""Import boundaries (docs/architecture.md, "Processes"): the shared core is layered by role; actors/ and learner/
+"""Import boundaries (docs/concepts/architecture.md, "Processes"): the shared core is layered by role; actors/ and learner/
 (installed as streamrl.actors and streamrl.learner) import only from it, never each other; streamrl/ never imports
 an inference engine or DeepSpeed when a module is imported."""
 

@@ -1,4 +1,4 @@
-"""docs/environment.md lists every environment variable the code reads: the Python of streamrl/, actors/ and
+"""docs/reference/environment.md lists every environment variable the code reads: the Python of streamrl/, actors/ and
 learner/ (os.environ and os.getenv, by literal name, by a module constant, or by a loop over literal names) and
 the `${NAME:-default}` reads of the Slurm scripts."""
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-PAGE = REPO / "docs" / "environment.md"
+PAGE = REPO / "docs" / "reference" / "environment.md"
 ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]+")
 
 

@@ -118,7 +118,7 @@ def test_every_sbatch_script_asks_for_memory_cpus_gpus_and_an_output_file_in_an_
         # Slurm opens --output before the script runs (before 23.02 a missing folder fails the job):
         # the default is a file in the submit directory, which exists wherever sbatch is run.
         assert "/" not in opts["--output"], script.name
-    for script in CLUSTER.iterdir():  # the launchers' NCCL error handling is left to streamrl (docs/cluster.md)
+    for script in CLUSTER.iterdir():  # the launchers' NCCL error handling is left to streamrl (docs/guides/cluster.md)
         assert not any(v in script.read_text() for v in NCCL_ERROR_VARS), script.name
 
 

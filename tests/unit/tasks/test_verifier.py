@@ -132,7 +132,7 @@ def test_synthetic_set_labels_the_right_answer():
 def test_the_documented_sample_file_reads():
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[3] / "docs" / "verifier-sample.jsonl"
+    path = Path(__file__).resolve().parents[3] / "docs" / "reference" / "verifier-sample.jsonl"
     rows = verifier.read_jsonl(path)
     assert {r.response_b is None for r in rows} == {True, False}
     t = verifier.CodeVerifier(data=str(path))
