@@ -15,8 +15,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from fakes import fake_sglang
 import pytest
+from fakes import fake_sglang
 
 REPO = Path(__file__).resolve().parents[3]
 SGLANG = "0.5.23"  # the release this backend was written and checked against; pyproject's extra pins it

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import time
 
-from fakes import malformed
 import pytest
 import torch
 import zmq
+from fakes import malformed
 from fakes.pubsub import joined
 
 from streamrl.comm import chunks, wire
