@@ -3,7 +3,7 @@
 # the installed packages allow, then the learner and hf actors on the GPU with the release-shaped Qwen3
 # folder, strict in bf16, once over ZeroMQ and once over the collective (NCCL) weight sync, which on one
 # GPU must fall back to ZeroMQ. A machine without a package index gets the missing packages as wheels
-# in .whl/ (docs/gpu.md says which). Writes its logs and run records under $OUT (default build/gpu-check).
+# in .whl/ (docs/guides/gpu-readiness.md says which). Writes its logs and run records under $OUT (default build/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-check}

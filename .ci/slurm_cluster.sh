@@ -13,7 +13,7 @@
 # scheduled resource (CR_CPU), and up to 4 jobs may share a CPU (OverSubscribe=FORCE:4), so a
 # 1-CPU machine still runs a learner job and an actor job side by side. The scripts ask for whole
 # nodes (#SBATCH --exclusive), which a one-node cluster cannot give two jobs at once: submit with
-# SBATCH_EXCLUSIVE=oversubscribe in the environment (it overrides #SBATCH lines; docs/cluster.md).
+# SBATCH_EXCLUSIVE=oversubscribe in the environment (it overrides #SBATCH lines; docs/guides/cluster.md).
 # Refuses to touch an /etc/slurm/slurm.conf it did not write (a machine with a real Slurm).
 set -euo pipefail
 CONF=/etc/slurm/slurm.conf

@@ -1,4 +1,4 @@
-"""Bring your own task (docs/bring-your-own-task.md), proved with real processes on the tiny CPU model: a
+"""Bring your own task (docs/guides/bring-your-own-task.md), proved with real processes on the tiny CPU model: a
 plug-in package installed from examples/ registers a task that trains; a chat-message dataset with a reward
 file in TRL's signature trains; a reward that raises and hangs is counted exactly and stops no actor;
 `streamrl check` names every malformed row."""

@@ -142,7 +142,7 @@ def _promql(query: str) -> str:
 
 
 # Series labelled by tool exist only in a run whose task has an environment (this stack's run is single-turn);
-# tests/unit/test_episodes.py reads them back from a multi-turn actor's registry.
+# tests/unit/actors/test_episodes.py reads them back from a multi-turn actor's registry.
 MULTI_TURN_ONLY = {"Tool calls"}
 
 

@@ -1,4 +1,4 @@
-"""Multi-turn episodes with a tool through the whole loop (docs/multi-turn.md): two actors play lookup episodes
+"""Multi-turn episodes with a tool through the whole loop (docs/guides/multi-turn.md): two actors play lookup episodes
 on the tiny model, call the tool, stream the episodes to the DeepSpeed learner, and train. The learning proof
 (chance to ~1.0 with the tool, chance without it) takes a few hundred steps and is measured outside the suite."""
 

