@@ -15,7 +15,7 @@ class MonitoringConfig(_Section):
     healthy_within_s: PositiveFloat = 600.0
     """/healthz answers 503 when the main loop has made no progress for this long."""
     report_to: list[str] = []
-    """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/trackers.md)."""
+    """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/guides/trackers.md)."""
     tracker_project: str = "streamrl"
     """Project (W&B, trackio) or experiment (MLflow) the run is filed under; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME win."""
 

@@ -17,7 +17,7 @@ from streamrl.tasks.environments import Environment, EnvironmentDefaults
 from streamrl.tasks.reward_functions import RewardFunction
 from streamrl.tasks.rewards import Reward
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def members(protocol: type) -> list[str]:
