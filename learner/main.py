@@ -1,20 +1,21 @@
-"""The learner process: receive → gate → batch → advantages → DeepSpeed step → publish."""
+"""The learner process: receive → gate → step (batch, advantages, DeepSpeed step, publish) → after the step."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Callable
 
 import torch
 
-from streamrl.algo import advantages
 from streamrl.config import Config
 from streamrl.learner import checkpoints, follower, schedule, stepstats
-from streamrl.learner.evals import Evals
-from streamrl.learner.batch import collate
 from streamrl.learner.engine import Engine
+from streamrl.learner.evals import Evals
 from streamrl.learner.ranks import Ranks
 from streamrl.learner.session import Position, Session
+from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import rewards
@@ -27,6 +28,45 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     """phases: the start-up marks (`streamrl learner` passes its own; they start at the spawn)."""
     phases = phases or Phases("learner")
     stop = stop_on_signals()
+    engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
+    if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
+        return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
+    s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
+    after = AfterStep(cfg, s, Evals(cfg, reward.task, s.weights.publisher, s.receiver, s.telemetry, s.intake.dropped),
+                      phases)  # the evaluations run on the actors
+
+    def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
+        s.health.beat()
+        return stop()
+
+    after.ready()
+    L = cfg.learner
+    error: BaseException | None = None  # what ended the run early, for summary.json and the exit status
+    try:
+        while at.step < cfg.steps and not stopping():
+            groups, wait_s = s.intake.collect(at.version, L.batch_groups, L.data_timeout_s, stopping)  # receive, gate
+            if len(groups) < L.batch_groups:
+                break
+            phases.mark("first_group")
+            due = schedule.due(at.step, at.version, cfg)  # the other ranks follow the same schedule
+            publish = functools.partial(s.weights.publish, at.version + 1) if due.publish else None
+            done = train(engine, groups, cfg, pad_id, step=at.step, version=at.version, ranks=ranks, wait_s=wait_s,
+                         publish=publish, settled=lambda: s.weights.settle_s, weight_stats=due.weight_stats)
+            after(done, due, stopping)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        summary, final_error = s.close(error)
+    if final_error is not None:
+        raise final_error
+    log.info("learner done: %s", summary)
+    return summary
+
+
+def _build(cfg: Config, phases: Phases):
+    """The model, its engine (resumed from the run's last checkpoint when asked) and where the run stands:
+    (engine, ranks, position, pad id, reward, vocabulary size)."""
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.seed)
@@ -40,72 +80,51 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
-        return follower.run(cfg, engine, ranks, str(ckpt_dir), step, version)
-    at = Position(step, version, saved_at=step)
-    s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
-    L, a = cfg.learner, cfg.advantage
-    evals = Evals(cfg, reward.task, s.weights.publisher, s.receiver, s.telemetry, s.intake.dropped)  # on the actors
+    return engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
 
-    def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
-        s.health.beat()
-        return stop()
 
-    s.weights.publish(at.version)
-    phases.mark("ready")
-    s.health.beat(step=at.step, learner_version=at.version)
-    log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
-             at.version, at.step, engine.device, ranks.world, "s" if ranks.world > 1 else "", cfg.transport.group_port)
-    error: BaseException | None = None  # what ended the run early, for summary.json and the exit status
-    try:
-        while at.step < cfg.steps and not stopping():
-            groups, wait_s = s.intake.collect(at.version, L.batch_groups, L.data_timeout_s, stopping)  # receive, gate
-            if len(groups) < L.batch_groups:
-                break
-            phases.mark("first_group")
-            due = schedule.due(at.step, at.version, cfg)  # the other ranks follow the same schedule
-            t0 = time.perf_counter()
-            batch = collate(groups, tokenizer.pad_token_id)                                      # batch
-            adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)  # advantages
-            t1 = time.perf_counter()
-            settled = s.weights.settle_s
-            out, train = ranks.train_step(engine, batch, adv)                                    # step
-            t2 = time.perf_counter()
-            settle_s = s.weights.settle_s - settled  # waiting for the last publish's copy: publishing's cost
-            if due.publish:                                                                      # publish
-                s.weights.publish(at.version + 1)
-            t3 = time.perf_counter()
-            timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1 - settle_s,
-                       "publish_s": t3 - t2 + settle_s}
-            rec = stepstats.record(at.step, at.version, batch, adv, out, train, a.r_min_correct, timings,
-                                   filtered=[g.filtered for g in groups])
-            if due.weight_stats:
-                rec.update(engine.weight_stats())
-            t4 = time.perf_counter()
-            s.telemetry.observe_step(rec, stepstats.distributions(at.version, batch, out))       # observe
-            s.telemetry.observe_accounting(accounting := s.intake.accounting())
-            rec["metrics_s"] = time.perf_counter() - t4
-            if due.evaluate:                                                                     # evaluate
-                evals.request(at.step, at.version + 1)
-            rec.update(evals.take(wait=at.step + 1 == cfg.steps, stop=stopping))  # one that came back
-            at.advance()
-            s.health.beat(step=at.step, learner_version=at.version)
-            s.runlog.step({**rec, **accounting, "elapsed_s": time.time() - s.started})
-            if not phases.written:
-                phases.mark("first_step")
-                phases.done(cfg.run_path, log)
-            if cfg.strict:
-                stepstats.check_strict(rec, stepstats.ratio_tolerance(L.strict_ratio_tol, cfg.model.dtype))
-            if due.checkpoint:
-                s.checkpoint()
-            if L.slow_step_s:
-                time.sleep(L.slow_step_s)
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        summary, final_error = s.close(error)
-    if final_error is not None:
-        raise final_error
-    log.info("learner done: %s", summary)
-    return summary
+class AfterStep:
+    """What the leader does once a step has trained and published, in order: observe, evaluate, log the step,
+    check it (strict), checkpoint."""
+
+    def __init__(self, cfg: Config, s: Session, evals: Evals, phases: Phases):
+        self.cfg, self.s, self.evals, self.phases = cfg, s, evals, phases
+        self.ratio_tol = stepstats.ratio_tolerance(cfg.learner.strict_ratio_tol, cfg.model.dtype)
+
+    def ready(self) -> None:
+        """The first version out to the actors, before any group is asked for."""
+        s, at = self.s, self.s.at
+        s.weights.publish(at.version)
+        self.phases.mark("ready")
+        s.health.beat(step=at.step, learner_version=at.version)
+        log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
+                 at.version, at.step, s.engine.device, s.ranks.world, "s" if s.ranks.world > 1 else "",
+                 self.cfg.transport.group_port)
+
+    def __call__(self, done: Step, due: schedule.Due, stopping: Callable[[], bool]) -> None:
+        cfg, s, at = self.cfg, self.s, self.s.at
+        accounting = self.observe(done)
+        if due.evaluate:
+            self.evals.request(at.step, at.version + 1)
+        # the run's last step waits for the evaluations still out: none is lost to the end of the run
+        came_back = self.evals.take(wait=at.step + 1 == cfg.steps, stop=stopping)
+        at.advance()
+        s.health.beat(step=at.step, learner_version=at.version)
+        s.runlog.step(done, {**came_back, **accounting, "elapsed_s": time.time() - s.started})
+        if not self.phases.written:
+            self.phases.mark("first_step")
+            self.phases.done(cfg.run_path, log)
+        if cfg.strict:
+            stepstats.check_strict(done, self.ratio_tol)
+        if due.checkpoint:
+            s.checkpoint()
+        if cfg.learner.slow_step_s:
+            time.sleep(cfg.learner.slow_step_s)
+
+    def observe(self, done: Step) -> dict:
+        """Hand the step to Prometheus, timed as the step's metrics_s; returns the intake's accounting."""
+        t0 = time.perf_counter()
+        self.s.telemetry.observe_step(done, done.tensors)
+        self.s.telemetry.observe_accounting(accounting := self.s.intake.accounting())
+        done.metrics_s = time.perf_counter() - t0
+        return accounting

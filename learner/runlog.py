@@ -13,6 +13,7 @@ import os
 
 from streamrl import config as config_lib
 from streamrl.algo import mgrpo
+from streamrl.learner.step import Step
 from streamrl.run import fingerprint, jsonfiles, storage
 from streamrl.telemetry.trackers import Trackers
 
@@ -59,7 +60,10 @@ class RunLog:
         self._metrics = open(path, "ab", buffering=0)
         self._metrics_size = path.stat().st_size
 
-    def step(self, record: dict) -> None:
+    def step(self, record: Step | dict, extra: dict | None = None) -> None:
+        """Append one step's line: record (a Step, or the line's dict), then extra's keys (what the loop adds: the
+        evaluation that came back, the intake's accounting, elapsed_s)."""
+        record = record.record(extra) if isinstance(record, Step) else {**record, **(extra or {})}
         data = jsonfiles.line(record).encode()
         try:
             view = memoryview(data)

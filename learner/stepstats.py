@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -19,7 +19,8 @@ class StrictModeViolation(RuntimeError):
 
 def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
            r_min_correct: float, timings: dict, filtered: Sequence[FilteredCensus | None] = ()) -> dict:
-    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1).
+    """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1): the
+    fields of learner.step.Step, which step.train makes of them (a key Step lacks fails there, loudly).
     filtered: what the batch's groups carry of the groups actors filtered out (ScoredGroup.filtered)."""
     num_groups, G = batch.rewards.shape
     sample_loss = out.token_loss.sum(-1).view(num_groups, G)
@@ -119,7 +120,7 @@ def distributions(learner_version: int, batch: Batch, out: LossOutput) -> dict:
 # actor's by rounding, a fraction of eps that grows with the logits as the model sharpens; the KL
 # estimate grows with the square of such differences, while a group sampled from other weights or at
 # another temperature, off by a few hundredths on most tokens, lands above. Measured on the tiny
-# model in bfloat16 (docs/concepts.md, "Strict on-policy"): on-policy groups 2e-7 at the start, up to 6.4e-5
+# model in bfloat16 (docs/concepts/how-it-works.md, "Strict on-policy"): on-policy groups 2e-7 at the start, up to 6.4e-5
 # after 300 steps; one group one version back 1.3e-3, at temperature 0.8 instead of 1.0 5.1e-4.
 _RATIO_TOL_FLOOR = 1e-7
 
@@ -131,8 +132,13 @@ def ratio_tolerance(configured: float | None, dtype: str) -> float:
     return max(_RATIO_TOL_FLOOR, 4 * torch.finfo(getattr(torch, dtype)).eps ** 2)
 
 
-def check_strict(rec: dict, ratio_tol: float) -> None:
-    """Raise StrictModeViolation unless the step was on-policy. ratio_tol: see ratio_tolerance.
+_STRICT_KEYS = ("step", "lag_max", "version_span_max", "optimizer_steps", "group_kl_behaviour_learner_max",
+                "is_ratio_max_abs_dev")
+
+
+def check_strict(step: Any, ratio_tol: float) -> None:
+    """Raise StrictModeViolation unless the step was on-policy. step: a learner.step.Step, or a record's dict (a
+    metrics.jsonl line). ratio_tol: see ratio_tolerance.
 
     The ratio test bounds each group's estimate of KL(behaviour ‖ learner), the mean over its tokens
     of r - 1 - log r (r the importance ratio), rather than the worst token's |r - 1|: half precision
@@ -141,6 +147,7 @@ def check_strict(rec: dict, ratio_tol: float) -> None:
     rounding stays below eps² and a group sampled from other weights or at another temperature (the
     unit an actor makes with one set of weights) stands out by an order of magnitude or more.
     """
+    rec = step if isinstance(step, Mapping) else {k: getattr(step, k) for k in _STRICT_KEYS}
     if rec["lag_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: consumed a group with lag {rec['lag_max']} (strict needs 0)")
     if rec["version_span_max"] != 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgspec
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -185,8 +186,10 @@ class LearnerMetrics:
         for actor, shards in rec.get("eval_actors", {}).items():
             self.evals.labels(actor=actor).inc(shards)
 
-    def observe_step(self, rec: dict, dists: dict) -> None:
-        """rec: the step's metrics.jsonl record; dists: the step's tensors, see `histogram_arrays`."""
+    def observe_step(self, rec: dict | msgspec.Struct, dists: dict) -> None:
+        """rec: the learner's Step (learner/step.py), or its metrics.jsonl record; dists: the step's tensors, see
+        `histogram_arrays`."""
+        rec = msgspec.to_builtins(rec) if isinstance(rec, msgspec.Struct) else rec
         rec = {**rec, "failed_positive": round(rec["failed_positive_fraction"] * rec["samples"])}
         with self._lock:
             self._last, self._last_step = rec, time.time()

@@ -20,14 +20,13 @@ def _step(dtype: str, out_path: str) -> None:
     import random
 
     from streamrl import config, tasks
-    from streamrl.algo import advantages
     from streamrl.comm.wire import ScoredGroup
-    from streamrl.learner import stepstats
-    from streamrl.learner.batch import collate
+    from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import model, sampling
 
-    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=8"])
+    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=8", "advantage.estimator=corpo",
+                             "advantage.r_min_correct=0.75"])
     task = tasks.build(cfg.task)
     m, tok = model.build(cfg, task.vocabulary)
     actor = copy.deepcopy(m).eval().cuda()
@@ -40,19 +39,17 @@ def _step(dtype: str, out_path: str) -> None:
         prompt_id=f"p{i}", policy_version=0, actor_id="a", prompt_tokens=p, completions=[c.tokens for c in cs],
         logprobs=[c.logprobs for c in cs], rewards=[rng.random() for _ in cs], finish_reasons=[c.finish_reason for c in cs])
         for i, (p, cs) in enumerate(zip(prompts, done))]
-    batch = collate(groups, tok.pad_token_id)
-    adv = advantages.compute(batch.rewards, "corpo", 0.75)
-    out, train = engine.train_step(batch, adv)
-    rec = stepstats.record(0, 0, batch, adv, out, train, 0.75, {"wait_s": 0.0})
+    rec = step.train(engine, groups, cfg, tok.pad_token_id)
     try:
         stepstats.check_strict(rec, stepstats.ratio_tolerance(None, dtype))
         fired = None
     except stepstats.StrictModeViolation as e:
         fired = str(e)
     with open(out_path, "w") as f:
-        json.dump({"device": str(engine.device), "out_devices": sorted({str(t.device) for t in (out.loss, out.ratio)}),
-                   "fired": fired, **{k: rec[k] for k in ("loss", "is_ratio_max_abs_dev",
-                                                          "group_kl_behaviour_learner_max")}}, f)
+        devices = sorted({str(t.device) for t in rec.tensors.values() if isinstance(t, torch.Tensor)})
+        json.dump({"device": str(engine.device), "tensor_devices": devices,
+                   "fired": fired, **{k: getattr(rec, k) for k in ("loss", "is_ratio_max_abs_dev",
+                                                                   "group_kl_behaviour_learner_max")}}, f)
     engine.close()
 
 
@@ -67,5 +64,5 @@ def test_a_learner_step_on_cuda_is_recorded_on_the_host_and_passes_the_strict_ch
     assert p.exitcode == 0
     r = json.loads(path.read_text())
     print(dtype, r)
-    assert r["device"].startswith("cuda") and r["out_devices"] == ["cpu"]
+    assert r["device"].startswith("cuda") and r["tensor_devices"] == ["cpu"]
     assert r["fired"] is None, r["fired"]

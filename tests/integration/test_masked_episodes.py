@@ -58,15 +58,14 @@ def _strict_cases(out_path: str) -> None:
     import copy
     import json
 
-    from streamrl.algo import advantages
-    from streamrl.learner import stepstats
-    from streamrl.learner.batch import collate
+    from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import model as model_lib
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = config.load(TINY, ["learner.batch_groups=4", "on_policy=strict"])
+    cfg = config.load(TINY, ["learner.batch_groups=4", "on_policy=strict", "advantage.estimator=grpo",
+                             "advantage.r_min_correct=0.75"])
     task = tasks.build(cfg.task)
     m, tok = model_lib.build(cfg, task.vocabulary)
     actor = copy.deepcopy(m).eval()
@@ -81,17 +80,14 @@ def _strict_cases(out_path: str) -> None:
             g = groups[2]
             i = int(np.flatnonzero(g.model_token_mask)[-1])
             g.behaviour_logprobs[i] -= 1.0  # a model token whose behaviour log-prob is not the sampler's
-        batch = collate(groups, tok.pad_token_id)
-        adv = advantages.compute(batch.rewards, "grpo", 0.75)
-        out, train = engine.train_step(batch, adv)
-        rec = stepstats.record(version, version, batch, adv, out, train, 0.75, {"wait_s": 0.0})
+        rec = step.train(engine, groups, cfg, tok.pad_token_id, step=version, version=version)
         try:
             stepstats.check_strict(rec, tol)
             fired = None
         except stepstats.StrictModeViolation as e:
             fired = str(e)
-        results[case] = {"fired": fired, "tokens": rec["tokens"], "model_tokens": model_tokens(groups),
-                         "kl_max": rec["group_kl_behaviour_learner_max"]}
+        results[case] = {"fired": fired, "tokens": rec.tokens, "model_tokens": model_tokens(groups),
+                         "kl_max": rec.group_kl_behaviour_learner_max}
     engine.close()
     with open(out_path, "w") as f:
         json.dump({"tolerance": tol, **results}, f)

@@ -18,15 +18,15 @@ def _cases(dtype: str, out_path: str) -> None:
     import random
 
     torch.set_num_threads(1)
+    import msgspec
+
     from streamrl import config, tasks
-    from streamrl.algo import advantages
     from streamrl.comm.wire import ScoredGroup
-    from streamrl.learner import stepstats
-    from streamrl.learner.batch import collate
+    from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import model, sampling
 
-    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=16"])
+    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=16", "advantage.estimator=grpo"])
     task = tasks.build(cfg.task)
     m, tok = model.build(cfg, task.vocabulary)
     actor = copy.deepcopy(m).eval()
@@ -52,10 +52,7 @@ def _cases(dtype: str, out_path: str) -> None:
             made.append(groups(previous, 1, version)[0])
         if case == "temperature_0.8":
             made.append(groups(actor, 1, version, temperature=0.8)[0])
-        batch = collate(made, tok.pad_token_id)
-        adv = advantages.compute(batch.rewards, "grpo", 0.75)
-        out, train = engine.train_step(batch, adv)
-        rec = stepstats.record(version, version, batch, adv, out, train, 0.75, {"wait_s": 0.0})
+        rec = step.train(engine, made, cfg, tok.pad_token_id, step=version, version=version)
         try:
             stepstats.check_strict(rec, tol)
             fired = None
@@ -63,8 +60,8 @@ def _cases(dtype: str, out_path: str) -> None:
             fired = str(e)
         stats = ("group_kl_behaviour_learner_max", "kl_behaviour_learner", "log_ratio_abs_mean",
                  "sample_log_ratio_abs_max", "is_ratio_max_abs_dev")
-        results[case] = {"fired": fired, **{k: rec[k] for k in stats}}
-    lagged = dict(rec, lag_max=1)  # a group stamped one version back
+        results[case] = {"fired": fired, **{k: getattr(rec, k) for k in stats}}
+    lagged = msgspec.structs.replace(rec, lag_max=1)  # a group stamped one version back
     try:
         stepstats.check_strict(lagged, tol)
     except stepstats.StrictModeViolation as e:

@@ -96,7 +96,7 @@ def _imported_parts(path: Path) -> set[str]:
 
 
 # The layers of the shared core, bottom up: a part may import the parts listed against it and nothing else of
-# streamrl. The processes and the commands sit on top (checked below).
+# streamrl. The processes, the commands and the benches sit on top (checked below).
 LAYERS = {
     "registry": set(),                                      # name → function registries
     "resources": set(),                                     # the shipped recipes and monitoring bundle
@@ -110,12 +110,15 @@ LAYERS = {
     "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set
 }
 SHARED = set(LAYERS)
+# On top of everything: they may import the shared core and both processes (a bench drives the learner's and the
+# actors' own code, and `streamrl bench` launches runs through the commands).
+ON_TOP = {"commands", "bench"}
 
 
 def test_every_part_of_the_shared_core_has_a_layer():
     parts = {p.name.removesuffix(".py") for p in (REPO / "streamrl").iterdir()
              if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
-    assert parts - {"__init__", "__main__", "commands"} == SHARED
+    assert parts - {"__init__", "__main__"} - ON_TOP == SHARED
 
 
 @pytest.mark.parametrize("part", sorted(LAYERS))
@@ -170,9 +173,17 @@ def test_nothing_under_the_package_imports_from_tests(package):
     assert offenders == {}
 
 
-def test_only_the_command_line_imports_the_commands():
+def test_the_benches_import_only_the_shared_core_the_processes_and_the_commands():
+    files = [p for p in _py_files("streamrl") if _part_of_file(p) == "bench"]
+    assert files, "no bench under streamrl/bench/"
+    offenders = {str(p.relative_to(REPO)): sorted(bad) for p in files
+                 if (bad := _imported_parts(p) - SHARED - ON_TOP - {"actors", "learner"})}
+    assert offenders == {}
+
+
+def test_only_the_command_line_and_the_benches_import_the_commands():
     files = [p for p in [*_py_files("streamrl"), *_py_files("actors"), *_py_files("learner")]
-             if _part_of_file(p) not in ("commands", "__main__")]
+             if _part_of_file(p) not in (*ON_TOP, "__main__")]
     offenders = {str(p.relative_to(REPO)): "commands" for p in files if "commands" in _imported_parts(p)}
     assert offenders == {}
 

@@ -1,4 +1,4 @@
-"""LoRA against full fine-tuning on one model, measured: `python -m streamrl.learner.lora_measure [--model FOLDER]
+"""LoRA against full fine-tuning on one model, measured: `python -m streamrl.bench.lora_measure [--model FOLDER]
 [--rank 8] [--steps 3]` (CPU; one fresh process per setting; without --model, the release-shaped Qwen3 folder of
 `streamrl.models.release_model` is built in a temporary folder).
 
@@ -19,7 +19,7 @@ import json
 import multiprocessing as mp
 import tempfile
 
-from streamrl.learner.peak_memory import _vm  # /proc/self/status figures in bytes
+from streamrl.bench.peak_memory import _vm  # /proc/self/status figures in bytes
 
 
 def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
@@ -30,15 +30,13 @@ def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
 
     torch.set_num_threads(1)
     from streamrl import config, tasks
-    from streamrl.algo import advantages
     from streamrl.comm.wire import ScoredGroup
-    from streamrl.learner import stepstats
-    from streamrl.learner.batch import collate
+    from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import lora, model, prompting, sampling
 
     cfg = config.load(None, [f"model.path={model_path}", "on_policy=strict", "learner.batch_groups=2",
-                             "learner.micro_batch_tokens=64", *overrides])
+                             "learner.micro_batch_tokens=64", "advantage.estimator=grpo", *overrides])
     task = tasks.build(cfg.task)
     m, tok = model.build(cfg, task.vocabulary)
     actor = copy.deepcopy(m).eval()  # what an actor holds: the same build
@@ -67,17 +65,14 @@ def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
             completions=[c.tokens for c in cs], logprobs=[c.logprobs for c in cs],
             rewards=[rng.random() for _ in cs], finish_reasons=[c.finish_reason for c in cs])
             for i, (p, cs) in enumerate(zip(prompts, done))]
-        batch = collate(groups, tok.pad_token_id)
-        adv = advantages.compute(batch.rewards, "grpo", cfg.advantage.r_min_correct)
-        o, train = engine.train_step(batch, adv)
-        rec = stepstats.record(version, version, batch, adv, o, train, cfg.advantage.r_min_correct, {"wait_s": 0.0})
+        rec = step.train(engine, groups, cfg, tok.pad_token_id, step=version, version=version)
         try:
             stepstats.check_strict(rec, tol)
             passed = True
         except stepstats.StrictModeViolation:
             passed = False
-        records.append({"step": version, "is_ratio_max_abs_dev": rec["is_ratio_max_abs_dev"],
-                        "log_ratio_abs_mean": rec["log_ratio_abs_mean"], "strict_check_passed": passed})
+        records.append({"step": version, "is_ratio_max_abs_dev": rec.is_ratio_max_abs_dev,
+                        "log_ratio_abs_mean": rec.log_ratio_abs_mean, "strict_check_passed": passed})
     out.put({"overrides": overrides, "publish_bytes": publish_bytes, "published_tensors": len(state),
              "params": sum(p.numel() for p in m.parameters()),
              "trainable_params": sum(p.numel() for p in m.parameters() if p.requires_grad),

@@ -1,5 +1,5 @@
 """The learner's peak memory for one optimizer step on a release-sized vocabulary, with and without
-micro-batching: `python -m streamrl.learner.peak_memory` (CPU; one fresh process per setting).
+micro-batching: `python -m streamrl.bench.peak_memory` (CPU; one fresh process per setting).
 
 The model is a Qwen3 of the given vocabulary (151,936 rows, as Qwen3's) with a small hidden size,
 fp32; the batch is the default 16 groups × 8 samples of random tokens. Peak memory is the step's
@@ -31,33 +31,31 @@ def _step(args: dict, overrides: list[str], out) -> None:
 
     torch.set_num_threads(1)
     from streamrl import config
-    from streamrl.algo import advantages
     from streamrl.comm.wire import ScoredGroup
-    from streamrl.learner.batch import collate
+    from streamrl.learner import step
     from streamrl.learner.engine import Engine
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(
         vocab_size=args["vocab"], hidden_size=args["hidden"], intermediate_size=2 * args["hidden"], num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=args["hidden"] // 4, tie_word_embeddings=True))
-    engine = Engine(config.load(None, overrides), model)
+    cfg = config.load(None, ["advantage.estimator=grpo", *overrides])
+    engine = Engine(cfg, model)
     rng = random.Random(0)
     V, P, C = args["vocab"], args["prompt"], args["completion"]
     groups = [ScoredGroup.from_samples(
         prompt_id=f"p{i}", policy_version=0, actor_id="a", prompt_tokens=[rng.randrange(V) for _ in range(P)],
         completions=[[rng.randrange(V) for _ in range(C)] for _ in range(8)], logprobs=[[-12.0] * C] * 8,
         rewards=[rng.random() for _ in range(8)], finish_reasons=["length"] * 8) for i in range(16)]
-    batch = collate(groups, 0)
-    adv = advantages.compute(batch.rewards, "grpo", 0.75)
     rss = _vm("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
-    _, train = engine.train_step(batch, adv)
-    B, L = batch.input_ids.shape
+    done = step.train(engine, groups, cfg, pad_id=0)  # the step's peak includes its batch, as the learner's does
+    B, L1 = done.tensors["completion_mask"].shape  # (B, L-1): the batch's rows of L tokens
     out.put({"overrides": overrides, "params": sum(p.numel() for p in model.parameters()),
              "step_peak_bytes": _vm("VmHWM") - rss, "process_peak_bytes": _vm("VmHWM"),
-             "full_logits_bytes": B * L * V * 4, "micro_batches": train.get("micro_batches", 1),
-             "fwd_bwd_s": train["fwd_bwd_s"]})
+             "full_logits_bytes": B * (L1 + 1) * V * 4, "micro_batches": done.micro_batches or 1,
+             "fwd_bwd_s": done.fwd_bwd_s})
     engine.close()
 
 
