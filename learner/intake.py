@@ -15,7 +15,7 @@ import zmq
 
 from streamrl.algo import staleness
 from streamrl.comm.transport import GroupReceiver, WeightPublisher
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.learner.stepstats import StrictModeViolation
 
 log = logging.getLogger("streamrl.learner")

@@ -31,7 +31,7 @@ def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
     torch.set_num_threads(1)
     from streamrl import config, tasks
     from streamrl.algo import advantages
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import stepstats
     from streamrl.learner.batch import collate
     from streamrl.learner.engine import Engine

@@ -32,7 +32,7 @@ def _step(args: dict, overrides: list[str], out) -> None:
     torch.set_num_threads(1)
     from streamrl import config
     from streamrl.algo import advantages
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner.batch import collate
     from streamrl.learner.engine import Engine
 

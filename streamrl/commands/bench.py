@@ -47,7 +47,7 @@ def _group(completion_tokens: int, group_size: int = 8, masked: bool = False):
     """masked: every 4th completion token is an environment token (a multi-turn episode's share)."""
     import numpy as np
 
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     per = max(1, completion_tokens // group_size)
     rng = np.random.default_rng(0)
@@ -145,7 +145,7 @@ def transport(short: bool = False) -> list[dict]:
     model-token mask (every 4th token the environment's), against them without, in the same pairs."""
     import numpy as np
 
-    from streamrl.comm import wire
+    from streamrl.comm import codec, wire
     from streamrl.comm.transport import batches
     from streamrl.config import TransportConfig
 
@@ -157,8 +157,8 @@ def transport(short: bool = False) -> list[dict]:
             n = max(10, n // 50)
         call = [_group(tokens) for _ in range(per_call)]
         masked = [_group(tokens, masked=True) for _ in range(per_call)]
-        messages = [_nbytes(wire.encode_groups(b)) for b in batches(call, batch_max_bytes)]
-        group_bytes = _nbytes(wire.encode_groups(call[:1]))
+        messages = [_nbytes(codec.encode_groups(b)) for b in batches(call, batch_max_bytes)]
+        group_bytes = _nbytes(codec.encode_groups(call[:1]))
         # (streamrl, raw) measured back to back, 3 times: the pair with the median ratio is reported, so a
         # burst of load from another process moves one pair, not the figure.
         pairs, with_mask = [], []

@@ -15,7 +15,7 @@ import zmq
 from procs import REPO, free_ports, metrics, reaped, spawn, summary
 
 from streamrl import config, tasks
-from streamrl.comm import wire
+from streamrl.comm import codec, wire
 from streamrl.models import sampling
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ GARBAGE = -30.0  # a behaviour "log-prob" under an environment token: ignored, o
 
 
 def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int, version: int,
-                    ) -> list[wire.ScoredGroup]:
+                    ) -> list[codec.ScoredGroup]:
     """n_groups prompts × G episodes: turn 1 (≤ 3 tokens), the environment's 2 tokens (the prompt's first
     two, as a tool would echo), turn 2 sampled after them (≤ 3 tokens). The completion is all three, the
     mask marks the middle as the environment's, and the log-probs there are GARBAGE."""
@@ -36,7 +36,7 @@ def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int,
     groups = []
     for k, (p, cs, e) in enumerate(zip(prompts, first, env)):
         answers = [s[0] for s in second[k * G:(k + 1) * G]]
-        g = wire.ScoredGroup.make(
+        g = codec.ScoredGroup.make(
             prompt_id=f"v{version}-{k}", policy_version=version, actor_id="actor-0", prompt_tokens=p,
             completions=[c.tokens + e + a.tokens for c, a in zip(cs, answers)],
             logprobs=[c.logprobs + [0.0] * len(e) + a.logprobs for c, a in zip(cs, answers)],
@@ -48,7 +48,7 @@ def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int,
     return groups
 
 
-def model_tokens(groups: list[wire.ScoredGroup]) -> int:
+def model_tokens(groups: list[codec.ScoredGroup]) -> int:
     return sum(int(g.model_token_mask.sum()) for g in groups)
 
 

@@ -20,7 +20,7 @@ def _cases(dtype: str, out_path: str) -> None:
     torch.set_num_threads(1)
     from streamrl import config, tasks
     from streamrl.algo import advantages
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import stepstats
     from streamrl.learner.batch import collate
     from streamrl.learner.engine import Engine

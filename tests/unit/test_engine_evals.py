@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from streamrl import config, evaluation
-from streamrl.comm import wire
+from streamrl.comm import codec, wire
 from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 from streamrl.learner.evals import Evals
 from streamrl.tasks import rewards
@@ -128,7 +128,7 @@ class _Actor:
         self.sub = WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), actor_id, 1 << 20)
         self.sender = GroupSender(ctx, bound(receiver.sock), 4, actor_id)
         self.sub.request(-1)  # what makes the learner know its address
-        self.sender.send(wire.ScoredGroup.from_samples(
+        self.sender.send(codec.ScoredGroup.from_samples(
             prompt_id="p", policy_version=0, actor_id=actor_id, prompt_tokens=[5], completions=[[6], [7]],
             logprobs=[[-0.5], [-0.5]], rewards=[0.0, 1.0], finish_reasons=["stop", "stop"]), 5.0)
 

@@ -12,7 +12,7 @@ import torch
 import zmq
 from pubsub import joined
 
-from streamrl.comm import chunks, wire
+from streamrl.comm import assembly, chunks, wire
 from streamrl.comm.transport import GroupReceiver, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,7 +115,7 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     while publisher.serve_requests() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert listener.poll(5000)  # answered by sending version 3 again
-    assert chunks.decode_weights([listener.recv_multipart()])[0] == 3
+    assert assembly.decode_weights([listener.recv_multipart()])[0] == 3
     listener.close(0)
     dealer.close(0)
     publisher.close()

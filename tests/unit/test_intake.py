@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from streamrl.comm import wire
+from streamrl.comm import codec, wire
 from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
 from streamrl.learner.intake import Intake
 
@@ -27,8 +27,8 @@ def intake():
     ctx.term()
 
 
-def group(version: int, size: int = 2) -> wire.ScoredGroup:
-    return wire.ScoredGroup.from_samples(
+def group(version: int, size: int = 2) -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(
         prompt_id="p", policy_version=version, actor_id="a", prompt_tokens=[1, 2], completions=[[3]] * size,
         logprobs=[[-1.0]] * size, rewards=[0.0] * size, finish_reasons=["length"] * size)
 

@@ -105,7 +105,7 @@ def test_five_metrics_on_a_fixed_batch():
 
 
 def test_learner_step_record_carries_the_five_metrics():
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import stepstats
     from streamrl.learner.batch import collate
 
@@ -145,7 +145,7 @@ def test_eval_reports_the_five_metrics_under_mgrpo():
 # --- layer-2 groups join the batch beside the layer-1 groups (issue 26, item 5) -----------------------
 
 def _wire_group(layer: int, version: int = 0):
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     return ScoredGroup.from_samples(prompt_id=f"p/{layer}", policy_version=version, actor_id="a", prompt_tokens=[1],
                                     completions=[[2]] * 2, logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0],

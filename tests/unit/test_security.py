@@ -11,15 +11,15 @@ import torch
 import zmq
 from zmq.auth import create_certificates
 
-from streamrl.comm import security, wire
+from streamrl.comm import codec, security, wire
 from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(60)
 ANY = "tcp://127.0.0.1:*"
 
 
-def group() -> wire.ScoredGroup:
-    return wire.ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="actor-0", prompt_tokens=[1],
+def group() -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="actor-0", prompt_tokens=[1],
                                          completions=[[2], [3]], logprobs=[[-1.0], [-1.0]], rewards=[1.0, 0.0],
                                          finish_reasons=["stop", "stop"])
 
@@ -74,7 +74,7 @@ def test_an_authorized_actor_sends_groups_and_an_unlisted_key_is_refused_and_cou
     assert good.send(group(), timeout_s=5)
     stranger.send(group(), timeout_s=0.5)
     if plain.poll(500, zmq.POLLOUT):  # a plain socket never completes the handshake, so this rarely sends
-        plain.send_multipart(wire.encode_groups([group()]), zmq.NOBLOCK)
+        plain.send_multipart(codec.encode_groups([group()]), zmq.NOBLOCK)
     # Both events made to happen (a loaded machine takes its time over CURVE handshakes), then a last look.
     n = received_within(receiver, 60.0, until=lambda n: n >= 1 and gate.refused >= 1)
     assert n + received_within(receiver, 0.5) == 1  # only the authorized actor's group

@@ -11,7 +11,7 @@ import torch
 import zmq
 from pubsub import joined
 
-from streamrl.comm import chunks, wire
+from streamrl.comm import assembly, chunks, codec, wire
 from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
 
 pytestmark = pytest.mark.timeout(30)
@@ -49,14 +49,14 @@ def _raw_pusher(ctx, track, receiver: GroupReceiver) -> zmq.Socket:
     return raw
 
 
-def make_group(version=0, tokens=(9, 10, 11)) -> wire.ScoredGroup:
-    return wire.ScoredGroup.from_samples(
+def make_group(version=0, tokens=(9, 10, 11)) -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(
         prompt_id="copy-ab", policy_version=version, actor_id="actor-0", prompt_tokens=[5, 6],
         completions=[list(tokens), [12]], logprobs=[[-0.5] * len(tokens), [-1.0]], rewards=[1.0, 0.5],
         finish_reasons=["stop", "length"])
 
 
-def take(receiver: GroupReceiver, timeout_s: float = 5.0) -> wire.ScoredGroup | None:
+def take(receiver: GroupReceiver, timeout_s: float = 5.0) -> codec.ScoredGroup | None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         receiver.sock.poll(50)
@@ -92,7 +92,7 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
-    good = wire.encode_groups([make_group()])
+    good = codec.encode_groups([make_group()])
     garbage = [
         [b"\xc1\xc1\xc1"],                                            # bad_frame
         [b"not msgpack at all", b"x", b"y", b"z"],                    # bad_frame or bad_header
@@ -101,12 +101,12 @@ def test_garbage_is_counted_by_reason_and_the_next_good_group_still_arrives(zmq_
         good[:2],                                                     # frame_count
         [*good, b"extra", b"more"],                                   # frame_count
         [*good, b"extra"],                                            # length_mismatch (a model-token mask)
-        wire.encode_groups([make_group(tokens=(9, VOCAB, 11))]),         # token_out_of_range
-        wire.encode_groups([make_group(version=-1)]),                    # bad_version
+        codec.encode_groups([make_group(tokens=(9, VOCAB, 11))]),         # token_out_of_range
+        codec.encode_groups([make_group(version=-1)]),                    # bad_version
     ]
     for frames in garbage:
         raw.send_multipart(frames, copy=False)
-    raw.send_multipart(wire.encode_groups([make_group(version=5)]), copy=False)
+    raw.send_multipart(codec.encode_groups([make_group(version=5)]), copy=False)
     got = take(receiver)  # one socket keeps order: every garbage message was taken before this
     assert got is not None and got.policy_version == 5
     counts = dict(receiver.rejected.counts)
@@ -123,15 +123,15 @@ def test_a_group_from_a_peer_of_the_old_schema_is_counted_and_logged_with_both_v
     ctx, track = zmq_ctx
     receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
-    old = [bytes(memoryview(f)) for f in wire.encode_groups([make_group()])]
+    old = [bytes(memoryview(f)) for f in codec.encode_groups([make_group()])]
     header = msgspec.msgpack.decode(old[0])
     header["schema"] = 1  # what a build from before model-token masks sends
     raw.send_multipart([msgspec.msgpack.encode(header), *old[1:]])
-    masked = wire.ScoredGroup.from_samples(
+    masked = codec.ScoredGroup.from_samples(
         prompt_id="episode", policy_version=2, actor_id="a", prompt_tokens=[1, 2], completions=[[9, 10, 11]],
         logprobs=[[-0.5, -1.0, -2.0]], rewards=[1.0], finish_reasons=["stop"],
         model_token_masks=[np.array([True, False, True])])
-    raw.send_multipart(wire.encode_groups([masked]), copy=False)
+    raw.send_multipart(codec.encode_groups([masked]), copy=False)
     got = take(receiver)
     assert got is not None and got.prompt_id == "episode"
     assert got.model_token_mask.tolist() == [True, False, True]
@@ -285,7 +285,7 @@ def test_the_request_server_counts_bad_requests_and_answers_a_good_one_by_sendin
     assert pub.requests_served == 1 and pub.rebroadcasts == 1
     assert dict(pub.rejected.counts) == {"bad_frame": 1, "unexpected_type": 1}
     assert listener.poll(2000)
-    version, tensors = chunks.decode_weights([listener.recv_multipart()])
+    version, tensors = assembly.decode_weights([listener.recv_multipart()])
     assert version == 1 and torch.equal(tensors["w"], _state(1)["w"])
 
 
@@ -357,7 +357,7 @@ def test_a_header_that_is_not_utf8_is_counted_not_raised(zmq_ctx):
     receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
     raw.send_multipart([b"\x81\xa4type\xa2\xff\xfe"])
-    raw.send_multipart(wire.encode_groups([make_group(version=1)]))
+    raw.send_multipart(codec.encode_groups([make_group(version=1)]))
     got = take(receiver)
     assert got is not None and got.policy_version == 1
     assert receiver.rejected.total == 1
@@ -433,13 +433,13 @@ def test_a_malformed_batch_is_rejected_with_a_reason_and_counted_and_the_receive
     receiver = track(GroupReceiver(ctx, ANY, hwm=100, max_bytes=MAX_BYTES, vocab_size=VOCAB))
     raw = _raw_pusher(ctx, track, receiver)
     good = [make_group(version=v) for v in (1, 2, 3)]
-    frames = wire.encode_groups(good)
+    frames = codec.encode_groups(good)
     bad_token = [make_group(), make_group(tokens=(9, VOCAB))]
     garbage = [
         [frames[0], frames[1], frames[2][:-4], frames[3]],                                   # length_mismatch
         [frames[0], frames[1], frames[2]],                                                   # frame_count
         [msgspec.msgpack.encode(wire.GroupBatchHeader(actor_id="x", groups=[])), b"", b"", b""],  # empty_batch
-        wire.encode_groups(bad_token),                                                       # token_out_of_range
+        codec.encode_groups(bad_token),                                                       # token_out_of_range
     ]
     for f in garbage:
         raw.send_multipart(f, copy=False)
@@ -455,7 +455,7 @@ def test_batches_keep_order_and_the_byte_cap_and_a_group_above_it_goes_alone(zmq
     ctx, track = zmq_ctx
     small = [make_group(version=v) for v in range(5)]  # 2 prompt + 4 completion tokens + 4 log-probs: 40 bytes
     big = make_group(version=9, tokens=(9,) * 100)
-    assert wire.group_nbytes(small[0]) == 40
+    assert codec.group_nbytes(small[0]) == 40
     sender = track(GroupSender(ctx, "tcp://127.0.0.1:1", hwm=1, batch_max_bytes=100))
     groups = [*small[:2], big, *small[2:]]
     batches = sender.batches(groups)
@@ -656,7 +656,7 @@ def test_a_subscriber_that_reads_late_gets_every_chunk_however_many_are_in_fligh
         messages.append(late.recv_multipart())
         if len(messages) == 64:
             break
-    version, back = chunks.decode_weights(messages)  # chunk_lost if the socket dropped one
+    version, back = assembly.decode_weights(messages)  # chunk_lost if the socket dropped one
     assert version == 1 and torch.equal(back["w"], live["w"])
     pub.settle()
 

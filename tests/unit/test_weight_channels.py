@@ -143,7 +143,7 @@ def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setu
 
 def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     from streamrl.actors.backends.hf import HFBackend
-    from streamrl.comm import chunks
+    from streamrl.comm import assembly, chunks
 
     g = torch.Generator().manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))
@@ -154,7 +154,7 @@ def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     embedding = actor[0].weight
     state = learner.state_dict()
     messages = chunks.encode_weights(4, state, chunk_bytes=16 << 10, in_pieces=True)  # the embedding cut 8 times
-    _, received = chunks.decode_weights([[bytes(memoryview(f).cast("B")) for f in m] for m in messages])
+    _, received = assembly.decode_weights([[bytes(memoryview(f).cast("B")) for f in m] for m in messages])
     HFBackend.load_weights(types.SimpleNamespace(model=actor, targets=actor.state_dict()), received)
     assert all(torch.equal(actor.state_dict()[k], t) for k, t in state.items())
     assert actor[0].weight is embedding  # in place: the engine's parameters are the same tensors
