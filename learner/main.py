@@ -45,7 +45,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     at = Position(step, version, saved_at=step)
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
     L, a = cfg.learner, cfg.advantage
-    evals = Evals(cfg, reward.task, s.weights.publisher, s.receiver, s.telemetry, s.intake.dropped)  # on the actors
+    evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         s.health.beat()

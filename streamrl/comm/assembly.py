@@ -141,22 +141,7 @@ class Received(Mapping):
             for at, buf in self.pieces(name):
                 dsts.append(flat[at:at + len(buf)])
                 srcs.append(chunks.view(buf, torch.uint8, len(buf), 0))
-        _copy_all(dsts, srcs)
-
-
-def _copy_all(dsts: list, srcs: list) -> None:
-    """dst.copy_(src) for every pair: one call for CPU tensors (per-tensor calls cost more in Python
-    than in bytes), one at a time across devices."""
-    import torch
-
-    if not srcs:
-        return
-    with torch.no_grad():
-        if all(t.device.type == "cpu" for t in (*dsts, *srcs)):
-            torch._foreach_copy_(dsts, srcs)
-        else:
-            for d, s in zip(dsts, srcs):
-                d.copy_(s)
+        chunks.copy_all(dsts, srcs)
 
 
 def _address(buf: memoryview) -> int:

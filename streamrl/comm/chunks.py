@@ -19,8 +19,6 @@ import math
 import time
 from typing import Sequence
 
-import numpy as np
-
 from streamrl.comm import wire
 from streamrl.comm.wire import TensorInfo, WeightsChunk, WireError
 
@@ -118,7 +116,22 @@ def copy_chunk(layout: Layout, tensors: list, start: int, dst) -> None:
         flat = tensors[i].detach().reshape(-1).view(torch.uint8)
         srcs.append(flat[a:b])
         dsts.append(dst[at:at + b - a])
-    _copy_all(dsts, srcs)
+    copy_all(dsts, srcs)
+
+
+def copy_all(dsts: list, srcs: list) -> None:
+    """dst.copy_(src) for every pair: one call for CPU tensors (per-tensor calls cost more in Python
+    than in bytes), one at a time across devices."""
+    import torch
+
+    if not srcs:
+        return
+    with torch.no_grad():
+        if all(t.device.type == "cpu" for t in (*dsts, *srcs)):
+            torch._foreach_copy_(dsts, srcs)
+        else:
+            for d, s in zip(dsts, srcs):
+                d.copy_(s)
 
 
 class ChunkPool:
@@ -246,11 +259,6 @@ def check_layout(header: WeightsChunk) -> list[tuple[str, object, int, int, list
     if header.total - end > _MAX_PAD:
         raise WireError("length_mismatch", f"weights version is {header.total} bytes, its tensors end at {end}")
     return out
-
-
-def tensors(buf, entries: list) -> dict:
-    """{name: tensor} viewing `buf` (a version's whole flat buffer) at the offsets of `check_layout(...)`."""
-    return {name: _view(buf, dtype, numel, offset).view(shape) for name, dtype, numel, offset, shape in entries}
 
 
 def _tensor_type(info: TensorInfo, seen: dict):

@@ -107,7 +107,8 @@ class WeightSubscriber:
         brings the version, and the ROUTER is asked only if nothing came for `ask_every_s` (a
         missed broadcast). Returns None if a Shutdown arrived, `stop()` became true, the
         learner asked for more groups at the version before `min_version` (see `Inbox.take_demand`), or
-        (evals_wake) it asked this actor for an evaluation (see `Inbox.eval_requests`); raises TimeoutError after `timeout_s` with what it waited for.
+        (evals_wake) it asked this actor for an evaluation (see `Inbox.eval_requests`); raises TimeoutError
+        after `timeout_s` with what it waited for.
         """
         deadline = time.monotonic() + timeout_s
         if ask_first:
