@@ -131,7 +131,7 @@ class WeightPublisher:
                     chunks.copy_chunk(layout, tensors, start, buf)
                     self.copy_s += time.perf_counter() - t0
                     frames = [buf.numpy()]
-                trackers = self._send_chunk(wire.encode_chunk_header(h), frames)
+                trackers = self._send_chunk(chunks.encode_chunk_header(h), frames)
                 for tracker in trackers if pooled is not None else ():
                     self.pool.track(pooled, tracker)
                 in_flight.append((trackers, pooled is None))
