@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from streamrl.actors.backends.base import BACKENDS, Completion
-from streamrl.comm import assembly, chunks
+from streamrl.comm import assembly
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrl.algo import losses
-from streamrl.comm import codec, wire
+from streamrl.comm import codec
 from streamrl.learner import logprobs
 from streamrl.learner.batch import collate
 

@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
-from streamrl.comm import codec, wire
-from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
+from streamrl.comm import codec
+from streamrl.comm.control import ControlServer
+from streamrl.comm.groups import GroupReceiver, GroupSender
+from streamrl.comm.weights import WeightPublisher
 from streamrl.learner.intake import Intake
 
 pytestmark = pytest.mark.timeout(30)
@@ -19,10 +21,11 @@ ANY = "tcp://127.0.0.1:*"
 def intake():
     ctx = zmq.Context()
     receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
-    publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
     sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
-    yield Intake(receiver, publisher, group_size=2, max_staleness=1, demand_after_s=0.3), sender
-    for s in (sender, receiver, publisher):
+    yield Intake(receiver, control, group_size=2, max_staleness=1, demand_after_s=0.3), sender
+    for s in (sender, receiver, control, publisher):
         s.close()
     ctx.term()
 

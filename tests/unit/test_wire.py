@@ -551,13 +551,13 @@ def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
     assert reason(assembly.decode_weights, [messages[0], messages[1], messages[1], messages[2], messages[3]]) \
         == "duplicate_chunk"
     header = wire.decode_header(messages[1])
-    assembly = assembly.Assembly(header, 1 << 20)
+    version = assembly.Assembly(header, 1 << 20)
     for m in [messages[1], messages[0], messages[3], messages[2]]:
         h = wire.decode_header(m)
-        assembly.add(h, chunks.chunk_payload(m, h))
+        version.add(h, chunks.chunk_payload(m, h))
     with pytest.raises(WireError, match="came twice"):
-        assembly.add(header, chunks.chunk_payload(messages[1], header))
-    assert torch.equal(assembly.tensors()["w"], state["w"])
+        version.add(header, chunks.chunk_payload(messages[1], header))
+    assert torch.equal(version.tensors()["w"], state["w"])
 
 
 def test_a_chunk_whose_layout_differs_from_its_versions_is_chunk_mismatch():
@@ -698,7 +698,7 @@ def test_no_module_under_streamrl_actors_or_learner_uses_pickle():
 
 
 def test_layer_and_corrections_survive_single_and_batch_messages():
-    from streamrl.comm import assembly, chunks, codec, wire
+    from streamrl.comm import codec, wire
 
     def group(layer, corr):
         return codec.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],
