@@ -34,7 +34,7 @@ def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once
     push.connect(_endpoint(receiver.sock))
     msgs = malformed.messages(N, seed=1)
     taken = 0
-    with caplog.at_level(logging.WARNING, logger="streamrl.comm.transport"):
+    with caplog.at_level(logging.WARNING, logger="streamrl.comm.sockets"):
         for _, frames in msgs:
             push.send_multipart(frames)
             while receiver.take() is not None:

@@ -102,7 +102,7 @@ def test_a_session_that_never_reports_is_listed_and_drain_gives_up_after_its_tim
 
 def test_claimed_sessions_cannot_grow_the_learners_memory_without_bound(intake, monkeypatch):
     it, sender = intake
-    monkeypatch.setattr("streamrl.comm.transport.MAX_SESSIONS", 3)
+    monkeypatch.setattr("streamrl.comm.groups.MAX_SESSIONS", 3)
     for i in range(6):
         g = group(0)
         sender.session = f"s{i}"
@@ -120,8 +120,8 @@ def test_groups_left_over_from_a_batch_message_fill_the_next_batch_without_waiti
     assert sender.send_batch([group(5) for _ in range(4)], timeout_s=2)
     first, _ = it.collect(version=5, n=2, timeout_s=10)
     waits: list = []
-    poll = it.poller.poll
-    monkeypatch.setattr(it.poller, "poll", lambda timeout=None: waits.append(timeout) or poll(timeout))
+    wait = it.wait
+    monkeypatch.setattr(it, "wait", lambda timeout_ms: waits.append(timeout_ms) or wait(timeout_ms))
     second, _ = it.collect(version=5, n=2, timeout_s=10)
     assert waits == [0]  # one look at the socket, no 100 ms wait on it: the groups were already here
     assert [g.seq for g in first + second] == [0, 1, 2, 3]
