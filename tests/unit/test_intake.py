@@ -160,3 +160,34 @@ def test_no_demand_goes_out_before_the_first_group_of_the_run_arrives(intake):
     with pytest.raises(TimeoutError, match="have 0/2"):
         it.collect(version=0, n=2, timeout_s=1.0)  # > demand_after_s (0.3), yet nothing to measure slowness by
     assert it.demands_sent == 0
+
+
+def test_the_sessions_poller_answers_a_weight_request_while_the_intake_waits_for_groups():
+    import torch
+
+    from streamrl.comm.control import Inbox
+    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.learner.session import Poller
+
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
+    publisher.publish(4, {"w": torch.ones(2)})
+    publisher.flush()  # sent before the actor subscribed: only its request can bring it
+    inbox = Inbox(ctx, control.sock.getsockopt_string(zmq.LAST_ENDPOINT), "late", 1 << 20)
+    sub = WeightSubscriber(ctx, publisher.pub.getsockopt_string(zmq.LAST_ENDPOINT), inbox, 1 << 20)
+    it = Intake(receiver, control, group_size=2, max_staleness=1, wait=Poller(receiver, control))
+
+    def waiting_for_groups() -> bool:  # the learner's side while the actor waits: no group comes
+        with pytest.raises(TimeoutError):
+            it.collect(version=4, n=1, timeout_s=0.2)
+        return False
+
+    try:
+        got = sub.wait_for(4, timeout_s=5.0, ask_first=True, ask_every_s=0.3, stop=waiting_for_groups)
+        assert got is not None and got[0] == 4 and publisher.requests_served >= 1
+    finally:
+        for s in (sub, inbox, control, publisher, receiver):
+            s.close()
+        ctx.term()
