@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import environments, tool_calls

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from streamrl import evaluation
 from streamrl.actors.weights import ActorWeights
 from streamrl.comm import wire
-from streamrl.comm.transport import GroupSender
+from streamrl.comm.control import Inbox
+from streamrl.comm.groups import GroupSender
 from streamrl.config import Config
 
 log = logging.getLogger("streamrl.actor")
@@ -23,9 +24,9 @@ log = logging.getLogger("streamrl.actor")
 
 class ActorEvals:
     def __init__(self, cfg: Config, actor_id: str, backend, tokenizer, reward, weights: ActorWeights,
-                 sender: GroupSender):
+                 sender: GroupSender, inbox: Inbox):
         self.cfg, self.actor_id, self.reward, self.tokenizer = cfg, actor_id, reward, tokenizer
-        self.backend, self.weights, self.sender = backend, weights, sender
+        self.backend, self.weights, self.sender, self.inbox = backend, weights, sender, inbox
         self._sets: dict[str, evaluation.EvalSet] | None = None  # read at the first request
         self.shards = 0
         self.seconds = 0.0
@@ -38,7 +39,7 @@ class ActorEvals:
     def run(self, stop: Callable[[], bool]) -> int:
         """Answer every eval request waiting; returns how many shards were evaluated."""
         done = 0
-        while (req := self.weights.take_eval()) is not None and not stop():
+        while (req := self.inbox.take_eval()) is not None and not stop():
             try:
                 result = self.evaluate(req, stop)
             except (ValueError, OSError, RuntimeError) as e:  # an eval file missing here, an engine refusing: the

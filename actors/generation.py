@@ -12,7 +12,8 @@ from streamrl.actors import rollout
 from streamrl.actors.episodes import Episodes, EpisodeStats
 from streamrl.algo import difficulty, group_filters
 from streamrl.algo.learning_signal import CENSUS_KEYS
-from streamrl.comm.wire import FilteredCensus, ScoredGroup
+from streamrl.comm.codec import ScoredGroup
+from streamrl.comm.wire import FilteredCensus
 from streamrl.config import Config
 from streamrl.telemetry import prometheus_metrics
 

@@ -10,21 +10,25 @@ in-flight updates.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import torch
 import zmq
 
-from streamrl.actors import backends
+from streamrl.actors import backends, optional
 from streamrl.actors.evals import ActorEvals
 from streamrl.actors.generation import Generation
 from streamrl.actors.weights import ActorWeights
 from streamrl.algo import staleness
-from streamrl.comm import security, wire
-from streamrl.comm.transport import GroupSender, endpoint
+from streamrl.comm import security
+from streamrl.comm.control import Inbox
+from streamrl.comm.groups import GroupSender
+from streamrl.comm.sockets import endpoint
 from streamrl.config import Config
 from streamrl.models import model as model_lib
+from streamrl.run import fingerprint
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import rewards
 from streamrl.telemetry import exporter, prometheus_metrics
@@ -36,52 +40,41 @@ log = logging.getLogger("streamrl.actor")
 def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Phases | None = None) -> dict:
     """phases: the start-up marks (`streamrl actor` passes its own; they start at the spawn)."""
     actor_id = f"actor-{index}"
-    phases = phases or Phases(actor_id)
-    stop = stop_on_signals()
-    if cfg.actors.threads:
-        torch.set_num_threads(cfg.actors.threads)
-    torch.manual_seed(cfg.seed * 1000 + index + 1)
-
-    reward = rewards.build(cfg)
-    model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
-    phases.mark("model")
-    backend = backends.build(cfg.actors.backend, cfg, model, tokenizer, index)  # the engine seeds with seed + index
-    telemetry, health, server = _monitoring(cfg, index, actor_id)
-
-    def stopping() -> bool:  # asked every few hundred ms while waiting: proof of life for /healthz
-        health.beat()
-        return stop()
-
-    host, t = learner_host or cfg.transport.host, cfg.transport
-    ctx = zmq.Context()
-    curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
-    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve, t.batch_max_bytes)
-    weights = ActorWeights(cfg, ctx, host, index, curve, backend, model, telemetry, health)
-    # An engine (vllm, sglang) holds its own copy: this host copy (32 GB at 8B in fp32) must not live on
-    # beside it for the whole run. The hf backend generates with it, and keeps it.
-    del model
-    # The learner takes this actor's share of each batch per version; the throttle keeps it within the bound.
-    throttle = staleness.Throttle(cfg.learner.batch_groups, cfg.actors.num, index, cfg.max_staleness,
-                                  enabled=cfg.actors.throttle or cfg.strict)
-    telemetry.share.set(throttle.share)
-    phases.mark("ready")
-    generate = None
-    evals = ActorEvals(cfg, actor_id, backend, tokenizer, reward, weights, sender)
+    phases, stop, started = phases or Phases(actor_id), stop_on_signals(), time.perf_counter()
+    _seed(cfg, index)
     stats: dict = {"actor_id": actor_id, "groups_generated": 0, "groups_sent": 0}
-    started = time.perf_counter()
-    try:
+    with contextlib.ExitStack() as closing:  # each resource's close is registered as it is made; they run in reverse
+        reward = rewards.build(cfg)
+        closing.callback(optional.close_reward_functions, reward)
+        model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
+        phases.mark("model")
+        backend = backends.build(cfg.actors.backend, cfg, model, tokenizer, index)  # the engine seeds with seed + index
+        closing.callback(optional.close, backend)
+        telemetry, health, stopping = _monitoring(cfg, index, actor_id, stop, closing)
+        sender, inbox, weights = _channels(cfg, index, learner_host, backend, model, telemetry, health, stats, closing)
+        # An engine (vllm, sglang) holds its own copy: this host copy (32 GB at 8B in fp32) must not live on
+        # beside it for the whole run. The hf backend generates with it, and keeps it.
+        del model
+        # The learner takes this actor's share of each batch per version; the throttle keeps it within the bound.
+        throttle = staleness.Throttle(cfg.learner.batch_groups, cfg.actors.num, index, cfg.max_staleness,
+                                      enabled=cfg.actors.throttle or cfg.strict)
+        telemetry.share.set(throttle.share)
+        phases.mark("ready")
+        evals = ActorEvals(cfg, actor_id, backend, tokenizer, reward, weights, sender, inbox)
+        closing.callback(_report, stats, started, sender, inbox, backend, evals)
         weights.first(stopping)                                        # never generate before holding weights
         phases.mark("first_weights")
         throttle.weights(weights.version, weights.life)
         generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry)
-        while not stopping() and weights.shutdown is None:
+        closing.callback(_close_generation, generate, stats)
+        while not stopping() and inbox.shutdown is None:
             weights.update()                                           # newest weights, between generate calls
             evals.run(stopping)                                        # the learner's eval requests, on this engine
             throttle.weights(weights.version, weights.life)
             if throttle.relax():  # no demand for a while: the missing actors are back (or others took over)
                 telemetry.share.set(throttle.share)
             if (budget := throttle.budget()) == 0:  # further groups would arrive too stale: wait for the learner
-                if not weights.wait_newer(stopping) and (demand := weights.take_demand()) is not None:
+                if not weights.wait_newer(stopping) and (demand := inbox.take_demand(weights.version)) is not None:
                     throttle.demand(demand.groups_missing)             # fewer actors than planned: make more
                     stats["share"] = throttle.share
                     telemetry.share.set(throttle.share)
@@ -89,40 +82,58 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             groups = generate(budget, weights.version, weights.in_flight)  # prompts → G samples each → score
             throttle.made(sum(g.layer == 1 for g in groups))           # layer-2 groups ride beside them
             stats["groups_generated"] += len(groups)
-            stats["groups_sent"] += (sent := _send_all(sender, weights, groups, stopping, cfg.actors.send_timeout_s))
+            stats["groups_sent"] += (sent := _send_all(sender, weights, inbox, groups, stopping,
+                                                       cfg.actors.send_timeout_s))
             telemetry.observe_sent(sent, sender.blocked_s)             # → PUSH to the learner
             if sent and not phases.written:
                 phases.mark("first_group")
                 phases.done(cfg.run_path, log)
-    finally:
-        stats.update(wall_s=time.perf_counter() - started, send_blocked_s=round(sender.blocked_s, 3),
-                     session=sender.session, **(generate.report() if generate else {}), **evals.report())
-        if hasattr(backend, "engine_stats"):  # engines (vllm) report start time, update time, tokens/s
-            stats["engine"] = backend.engine_stats()
-        # The report closes this session's accounting at the learner; lingering lets it and any
-        # queued groups reach a learner that is draining (a learner already gone costs the wait).
-        reason = weights.shutdown.reason if weights.shutdown is not None else "stopped"
-        stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
-            k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
-        sender.close(linger_s=2.0)
-        weights.close()
-        stats.update(weights.report())
-        ctx.term()
-        if server:
-            server.close()
-        if hasattr(backend, "close"):  # an engine's worker processes go with the actor
-            backend.close()
-        if generate is not None:  # tool threads (a call past its timeout may still run)
-            generate.close()
-        if hasattr(reward.task, "functions"):  # reward functions' threads (an abandoned call may still run)
-            reward.task.functions.close()
-    if weights.shutdown is not None and weights.shutdown.reason.startswith(wire.REFUSED):
-        raise RuntimeError(f"the learner refused this actor: {weights.shutdown.reason.removeprefix(wire.REFUSED)}")
+    if inbox.refused is not None:
+        raise RuntimeError(f"the learner refused this actor: {inbox.refused}")
     log.info("%s: done %s", actor_id, stats)
     return stats
 
 
-def _send_all(sender: GroupSender, weights: ActorWeights, groups, stop, timeout_s: float) -> int:
+def _seed(cfg: Config, index: int) -> None:
+    if cfg.actors.threads:
+        torch.set_num_threads(cfg.actors.threads)
+    torch.manual_seed(cfg.seed * 1000 + index + 1)
+
+
+def _channels(cfg: Config, index: int, learner_host: str | None, backend, model, telemetry, health, stats: dict,
+              closing: contextlib.ExitStack) -> tuple[GroupSender, Inbox, ActorWeights]:
+    """The actor's ends of the group, control and weight channels, each closed by `closing` (before the context)."""
+    host, t, actor_id = learner_host or cfg.transport.host, cfg.transport, f"actor-{index}"
+    ctx = zmq.Context()
+    closing.callback(ctx.term)
+    curve = security.actor_curve(t.curve_keys, actor_id) if t.curve_keys else None
+    sender = GroupSender(ctx, endpoint(host, t.group_port), t.send_hwm, actor_id, curve, t.batch_max_bytes)
+    # Lingering lets the report and any queued groups reach a learner that is draining (one already gone costs it).
+    closing.callback(sender.close, linger_s=2.0)
+    # The fingerprint goes with every weight request: the learner refuses an actor set up for another run.
+    inbox = Inbox(ctx, endpoint(host, t.weights_request_port), actor_id, t.max_message_bytes, curve,
+                  fingerprint.of(cfg))
+    closing.callback(inbox.close)
+    weights = ActorWeights(cfg, ctx, host, index, curve, backend, model, telemetry, health, inbox)
+    closing.callback(lambda: (weights.close(), stats.update(weights.report())))
+    return sender, inbox, weights
+
+
+def _report(stats: dict, started: float, sender: GroupSender, inbox: Inbox, backend, evals: ActorEvals) -> None:
+    """The session's stats, and the report that closes its accounting at the learner (after every group it sent)."""
+    stats.update(wall_s=time.perf_counter() - started, send_blocked_s=round(sender.blocked_s, 3),
+                 session=sender.session, **evals.report(), **optional.engine_stats(backend))
+    reason = inbox.shutdown.reason if inbox.shutdown is not None else "stopped"
+    stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
+        k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
+
+
+def _close_generation(generate: Generation, stats: dict) -> None:
+    stats.update(generate.report())  # its reward-failure counts go into the report
+    generate.close()  # tool threads (a call past its timeout may still run)
+
+
+def _send_all(sender: GroupSender, weights: ActorWeights, inbox: Inbox, groups, stop, timeout_s: float) -> int:
     """Send groups (small ones several to a message), waiting out backpressure; stops early on shutdown.
     Returns how many went. Raises TimeoutError when the learner has taken nothing for timeout_s (it is
     gone, not busy)."""
@@ -131,7 +142,7 @@ def _send_all(sender: GroupSender, weights: ActorWeights, groups, stop, timeout_
         blocked_since = time.monotonic()
         while not sender.send_batch(batch, timeout_s=0.2):
             weights.watch()  # notice a shutdown (and keep new weights) while the learner is busy
-            if stop() or weights.shutdown is not None:
+            if stop() or inbox.shutdown is not None:
                 return sent
             if time.monotonic() - blocked_since > timeout_s:
                 raise TimeoutError(f"actor {sender.actor_id}: the learner has taken no group for {timeout_s:.0f}s "
@@ -140,10 +151,19 @@ def _send_all(sender: GroupSender, weights: ActorWeights, groups, stop, timeout_
     return sent
 
 
-def _monitoring(cfg: Config, index: int, actor_id: str):
+def _monitoring(cfg: Config, index: int, actor_id: str, stop, closing: contextlib.ExitStack):
+    """Prometheus metrics and /healthz (its server closed by `closing`), and `stop` as the loop asks it: every few
+    hundred ms while waiting, so each ask is proof of life."""
     registry = prometheus_metrics.new_registry()
     telemetry = prometheus_metrics.ActorMetrics(registry, cfg.name, actor_id)
     health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
     port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
-    return telemetry, health, exporter.serve(registry, health, cfg.monitoring.host, port)
+    server = exporter.serve(registry, health, cfg.monitoring.host, port)
+    if server:
+        closing.callback(server.close)
 
+    def stopping() -> bool:
+        health.beat()
+        return stop()
+
+    return telemetry, health, stopping

@@ -18,7 +18,7 @@ import msgspec
 
 from streamrl.actors.backends import Backend, Completion
 from streamrl.algo import group_filters, learning_signal, mgrpo
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.models import context, prompting
 from streamrl.models.sampling import capped
 from streamrl.tasks import Prompt

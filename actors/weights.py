@@ -1,11 +1,12 @@
 """An actor's weight channel: the learner's newest weights into the backend.
 
-One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts, and
-requests to the learner's ROUTER), the collective group's end when `transport.weight_sync:
-collective` (an announced version that fails there is asked for over ZeroMQ instead, inside
-the subscriber), loading a version into the backend, noticing a restarted learner, and
-in-flight updates between decoding steps. The actor's loop calls `first`, `update`,
-`wait_newer` and `take_demand`, hands `in_flight` to the backend, and reads `version` and `life`.
+One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts; it asks
+for the newest weights through the actor's control `Inbox`), the collective group's end when
+`transport.weight_sync: collective` (an announced version that fails there is asked for over ZeroMQ
+instead, inside the subscriber), loading a version into the backend, noticing a restarted learner,
+and in-flight updates between decoding steps. The actor's loop calls `first`, `update` and
+`wait_newer`, hands `in_flight` to the backend, and reads `version` and `life`; the learner's notices
+(shutdown, demand, eval requests) are the inbox's.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from typing import Callable
 import torch
 import zmq
 
-from streamrl.comm import wire
+from streamrl.comm.control import Inbox
 from streamrl.comm.security import Curve
-from streamrl.comm.transport import WeightSubscriber, endpoint
+from streamrl.comm.sockets import endpoint
+from streamrl.comm.subscriber import WeightSubscriber
 from streamrl.config import Config
 from streamrl.models import lora
-from streamrl.run import fingerprint
 from streamrl.telemetry import exporter, prometheus_metrics
 
 log = logging.getLogger("streamrl.actor")
@@ -30,15 +31,14 @@ log = logging.getLogger("streamrl.actor")
 
 class ActorWeights:
     def __init__(self, cfg: Config, ctx: zmq.Context, host: str, index: int, curve: Curve | None, backend,
-                 model: torch.nn.Module, telemetry: prometheus_metrics.ActorMetrics, health: exporter.Health):
+                 model: torch.nn.Module, telemetry: prometheus_metrics.ActorMetrics, health: exporter.Health,
+                 inbox: Inbox):
         """model: the actor's own copy of the policy (the names, dtypes and shapes a collective must match)."""
         t = cfg.transport
         self.actor_id = f"actor-{index}"
         self.backend, self.telemetry, self.health = backend, telemetry, health
         self.timeout_s = cfg.actors.weights_timeout_s
-        self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port),
-                                           self.actor_id, t.max_message_bytes, curve)
-        self.subscriber.fingerprint = fingerprint.of(cfg)  # the learner refuses an actor set up for another run
+        self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), inbox, t.max_message_bytes, curve)
         if every := cfg.eval.every:  # versions due for evaluation stay at hand until the next one (see `hold`)
             self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
@@ -59,11 +59,6 @@ class ActorWeights:
         self.applied = self.inflight_loads = 0
         self.wait_s = 0.0
 
-    @property
-    def shutdown(self) -> wire.Shutdown | None:
-        """The learner's Shutdown notice, once it came."""
-        return self.subscriber.shutdown
-
     def first(self, stop: Callable[[], bool]) -> bool:
         """Wait for the learner's current weights (asking for them at once) and load them; False if
         the run stopped first. Never generate before this."""
@@ -81,7 +76,7 @@ class ActorWeights:
 
     def wait_newer(self, stop: Callable[[], bool]) -> bool:
         """Wait for a version newer than the one held and load it. False without one: the run stopped,
-        the learner shut down, it asked for more groups at this version (see `take_demand`) or for an evaluation."""
+        the learner shut down, it asked for more groups at this version (`Inbox.take_demand`) or for an evaluation."""
         got = self._wait(self.version + 1, stop)
         if got is not None:
             self._apply(got)
@@ -105,18 +100,9 @@ class ActorWeights:
                 sub.rewind(version)
         return self.version == version
 
-    def take_eval(self) -> wire.EvalRequest | None:
-        """The oldest eval request the learner sent this actor, once."""
-        self.subscriber.watch()
-        requests = self.subscriber.eval_requests
-        return requests.popleft() if requests else None
-
-    def take_demand(self) -> wire.Demand | None:
-        """The learner's request for more groups at the version held, once."""
-        return self.subscriber.take_demand(self.version)
-
     def watch(self) -> None:
-        """Take in notices (a shutdown) and keep newer weights, without loading them (while blocked sending)."""
+        """Take in notices (a shutdown, into the inbox) and keep newer weights, without loading them (while blocked
+        sending)."""
         self.subscriber.watch()
 
     def _between_steps(self) -> int:

@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import torch
 
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 
 
 class Batch(msgspec.Struct):

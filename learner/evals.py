@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from streamrl import evaluation
 from streamrl.comm import wire
-from streamrl.comm.transport import GroupReceiver, WeightPublisher
+from streamrl.comm.control import ControlServer
+from streamrl.comm.groups import GroupReceiver
 from streamrl.config import Config
 from streamrl.run import jsonfiles
 
@@ -51,10 +52,14 @@ class _Round:
 
 
 class Evals:
-    def __init__(self, cfg: Config, task, publisher: WeightPublisher, receiver: GroupReceiver, telemetry,
-                 dropped: collections.Counter, clock: Callable[[], float] = time.monotonic):
-        """dropped: the intake's count of dropped groups (groups that arrive while the last step waits go there)."""
-        self.cfg, self.publisher, self.receiver, self.telemetry, self.clock = cfg, publisher, receiver, telemetry, clock
+    def __init__(self, cfg: Config, task, control: ControlServer, receiver: GroupReceiver, telemetry,
+                 dropped: collections.Counter, clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[int], object] | None = None):
+        """dropped: the intake's count of dropped groups (groups that arrive while the last step waits go there).
+        wait(timeout_ms): the session's poller, which serves control requests (default: the group socket, then
+        the requests)."""
+        self.cfg, self.control, self.receiver, self.telemetry, self.clock = cfg, control, receiver, telemetry, clock
+        self.wait = wait or (lambda timeout_ms: (receiver.sock.poll(timeout_ms), control.serve()))
         self.dropped = dropped
         self.requested = 0
         self.sets = evaluation.eval_sets(cfg, task) if cfg.eval.every else []
@@ -81,10 +86,9 @@ class Evals:
         self.poll()
         deadline = self.clock() + self.cfg.eval.timeout_s
         while wait and self.rounds and self.clock() < deadline and not stop():
-            self.receiver.sock.poll(50)
+            self.wait(50)
             if self.receiver.take() is not None:  # the run has its steps: a group arriving now is not trained on
                 self.dropped["lost_at_shutdown"] += 1
-            self.publisher.serve_requests()
             self.poll()
         if wait and self.rounds:
             log.warning("evaluation of version(s) %s not complete after %.0fs (eval.timeout_s); not recorded",
@@ -142,7 +146,7 @@ class Evals:
     def _ask(self, r: _Round, shard: evaluation.Shard, candidates: list[str], attempt: int = 0) -> None:
         req = wire.EvalRequest(version=r.version, set=shard.set, start=shard.start, stop=shard.stop,
                                seed=evaluation.shard_seed(self.cfg.eval.seed, shard), attempt=attempt)
-        actor = next((a for a in candidates if self.publisher.send_to(a, req)), None)
+        actor = next((a for a in candidates if self.control.send_to(a, req)), None)
         r.asks[shard] = _Ask(actor, self.clock(), attempt)
 
     def _live(self) -> list[str]:
@@ -150,7 +154,7 @@ class Evals:
         gone = self._exited()
         sessions = self.receiver.sessions
         live = {a for (a, _), c in sessions.items() if c.received and c.report is None} - gone
-        return sorted(live - set(self.publisher.refused_actors))
+        return sorted(live - set(self.control.refused_actors))
 
     def _exited(self) -> set[str]:
         """Actors whose newest session reported its end."""

@@ -1,7 +1,8 @@
 """Receive → validate → staleness gate: fills one batch of groups, and accounts for every group.
 
-While it waits for data it also answers actors' requests for the newest weights, so a late actor
-never waits for the next broadcast.
+It waits for data through the session's one poller (`wait`), which also serves the control channel,
+so a late actor never waits for the next broadcast; through that channel it asks actors that hold
+back for missing groups (`Demand`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,25 @@ import logging
 import time
 from typing import Callable
 
-import zmq
-
 from streamrl.algo import staleness
-from streamrl.comm.transport import GroupReceiver, WeightPublisher
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.control import ControlServer
+from streamrl.comm.groups import GroupReceiver
+from streamrl.comm.codec import ScoredGroup
 from streamrl.learner.stepstats import StrictModeViolation
 
 log = logging.getLogger("streamrl.learner")
 
 
 class Intake:
-    def __init__(self, receiver: GroupReceiver, publisher: WeightPublisher, group_size: int, max_staleness: int,
+    def __init__(self, receiver: GroupReceiver, control: ControlServer, group_size: int, max_staleness: int,
                  demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0, strict: bool = False,
-                 ranks: int = 1):
+                 ranks: int = 1, wait: Callable[[int], object] | None = None):
+        """wait(timeout_ms): block until a message may wait, serving control requests (the session's poller);
+        default: the group socket alone."""
         self.receiver = receiver
         self.ranks = ranks  # learner ranks: each trains on an equal share of a batch's groups
         self.strict = strict  # on_policy=strict: a stale group is an error, never a silent drop
-        self.publisher = publisher
+        self.control = control
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.used = 0
@@ -42,9 +44,7 @@ class Intake:
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
         self.dropped: collections.Counter[str] = collections.Counter()
-        self.poller = zmq.Poller()
-        self.poller.register(receiver.sock, zmq.POLLIN)
-        self.poller.register(publisher.router, zmq.POLLIN)
+        self.wait = wait or receiver.sock.poll
 
     @property
     def received(self) -> int:
@@ -67,8 +67,7 @@ class Intake:
         have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop():
-            self.poller.poll(0 if self.receiver.pending else 100)  # groups of a batch message already wait
-            self.publisher.serve_requests()
+            self.wait(0 if self.receiver.pending else 100)  # groups of a batch message already wait
             while have < n:
                 group = self.receiver.take()
                 if group is None:
@@ -88,7 +87,7 @@ class Intake:
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
             if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
                     and have < n):
-                self.publisher.demand(version, n - have)
+                self.control.demand(version, n - have)
                 self.demands_sent += 1
                 if self.first_demand_version is None:
                     self.first_demand_version = version
@@ -126,8 +125,7 @@ class Intake:
                 self.dropped["lost_at_shutdown"] += 1
             if all(c.report is not None for c in self._live_sessions()):
                 return
-            self.poller.poll(50)
-            self.publisher.serve_requests()
+            self.wait(50)
 
     def _live_sessions(self):
         """Sessions that sent a group and have not reported (killed actors never will: see timeout)."""
@@ -140,7 +138,7 @@ class Intake:
         return max(self.demand_after_s, 3 * max(self.gaps, default=0.0))
 
     def _verdict(self, group: ScoredGroup, version: int) -> str:
-        if group.actor_id in self.publisher.refused_actors:  # its config differs: refused at its weights request
+        if group.actor_id in self.control.refused_actors:  # its config differs: refused at its weights request
             return "refused_actor"
         if group.group_size != self.group_size:
             if not self.dropped["wrong_group_size"]:
@@ -192,8 +190,8 @@ class Intake:
             "groups_dropped": dict(self.dropped),
             "reward_failures": reward_failures(c.reward_failure_counts for c in self.receiver.sessions.values()),
             "messages_rejected": dict(self.receiver.rejected.counts),
-            "weight_requests_rejected": dict(self.publisher.rejected.counts),
-            "weight_requests_served": self.publisher.requests_served,
+            "weight_requests_rejected": dict(self.control.rejected.counts),
+            "weight_requests_served": self.control.publisher.requests_served,
             "demands_sent": self.demands_sent,
             "peers_refused": self.refused(),
         }

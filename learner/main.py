@@ -32,8 +32,8 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
-    after = AfterStep(cfg, s, Evals(cfg, reward.task, s.weights.publisher, s.receiver, s.telemetry, s.intake.dropped),
-                      phases)  # the evaluations run on the actors
+    evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
+    after = AfterStep(cfg, s, evals, phases)
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         s.health.beat()

@@ -1,5 +1,6 @@
 """What the leading learner rank opens for a run and closes at its end, in one place: the run log, the group
-socket (and CurveZMQ's gate), Prometheus, the weight channel and the intake. Where the run is (step,
+socket (and CurveZMQ's gate), Prometheus, the weight and control channels, the one poller that waits on them,
+and the intake. Where the run is (step,
 version, last checkpoint) lives in `Position`, the one object the loop advances."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 import zmq
 
 from streamrl.comm import security
-from streamrl.comm.transport import GroupReceiver, endpoint
+from streamrl.comm.control import ControlServer
+from streamrl.comm.groups import GroupReceiver
+from streamrl.comm.sockets import endpoint
 from streamrl.config import Config, to_dict
 from streamrl.learner import checkpoints
 from streamrl.learner.engine import Engine
@@ -38,6 +41,22 @@ class Position:
         self.step, self.version = self.step + 1, self.version + 1
 
 
+class Poller:
+    """The leader's one wait on its sockets: `poll(timeout_ms)` returns once a group may wait (or the time
+    passed) and serves every control request that came meanwhile, so an actor's weight request is answered
+    whatever the loop waits for."""
+
+    def __init__(self, receiver: GroupReceiver, control: ControlServer):
+        self.control = control
+        self.poller = zmq.Poller()
+        self.poller.register(receiver.sock, zmq.POLLIN)
+        self.poller.register(control.sock, zmq.POLLIN)
+
+    def __call__(self, timeout_ms: int) -> None:
+        self.poller.poll(timeout_ms)
+        self.control.serve()
+
+
 class Session:
     """The leader's open resources. `open` makes them; `close` ends them and writes the summary."""
 
@@ -57,14 +76,17 @@ class Session:
                                       vocab_size, self.curve)
         self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
         self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
+        self.control = ControlServer(self.ctx, endpoint(t.host, t.weights_request_port), self.weights.publisher,
+                                     self.curve)
         mine = fingerprint.of(cfg)
-        self.weights.publisher.admit = lambda actor, theirs: (
+        self.control.admit = lambda actor, theirs: (
             None if theirs is None or not (diff := fingerprint.differences(mine, theirs)) else
             f"its settings differ from the learner's ({'; '.join(diff)})")
         gate = self.gate
-        self.intake = Intake(self.receiver, self.weights.publisher, cfg.actors.group_size, cfg.max_staleness,
+        self.poll = Poller(self.receiver, self.control)
+        self.intake = Intake(self.receiver, self.control, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
-                             strict=cfg.strict, ranks=cfg.learner.ranks)
+                             strict=cfg.strict, ranks=cfg.learner.ranks, wait=self.poll)
         self.started = time.time()
 
     def checkpoint(self) -> None:
@@ -86,7 +108,7 @@ class Session:
         moved since the last one), write summary.json and close every socket. Returns the summary and the error of
         a final checkpoint that failed (the caller raises it when nothing else did)."""
         cfg, at = self.cfg, self.at
-        self.weights.shutdown()
+        self.control.shutdown()  # every actor is told, and a request from now on is answered with the notice
         self.intake.drain(cfg.learner.shutdown_drain_s)
         # A full disk keeps the newest complete checkpoint as the last one: another save would only fail.
         save = (at.step != at.saved_at or not (self.runlog.checkpoints / checkpoints.LATEST).exists()) and \
@@ -100,6 +122,7 @@ class Session:
                 log.error("final checkpoint failed: %s", storage.reason(e))
                 final_error, error = e, error or e
         self.weights.close()
+        self.control.close()
         status = "failed" if error is not None else "finished" if at.step >= cfg.steps else "stopped"
         summary = self.runlog.summary(
             {"status": status, **({"error": storage.reason(error)} if error is not None else {}),

@@ -17,7 +17,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from streamrl.algo import advantages
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.config import Config
 from streamrl.learner import stepstats
 from streamrl.learner.batch import collate

@@ -1,11 +1,11 @@
 """Learner rank 0's weight channel: the engine's weights out to the actors.
 
-One object owns everything weights on the learner side: the ZeroMQ publisher (broadcasts, and the
-ROUTER that answers an actor asking for the newest version), the collective group's end when
+One object owns everything weights on the learner side: the ZeroMQ publisher (broadcasts, and
+re-broadcasts for actors that ask on the control channel), the collective group's end when
 `transport.weight_sync: collective` (a version that fails there goes over ZeroMQ, and the
 collective is left for good), settling a background copy before the optimizer changes the
 parameters it reads, and the publish metrics. The learner's loop sees `publish`, `settle`,
-`flush`, `shutdown`, `close` and `report`.
+`flush`, `close` and `report`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 import zmq
 
 from streamrl.comm.security import Curve
-from streamrl.comm.transport import WeightPublisher, endpoint
+from streamrl.comm.sockets import endpoint
+from streamrl.comm.weights import WeightPublisher
 from streamrl.config import Config
 from streamrl.learner.engine import Engine
 from streamrl.telemetry import prometheus_metrics
@@ -26,9 +27,8 @@ class LearnerWeights:
                  telemetry: prometheus_metrics.LearnerMetrics):
         t = cfg.transport
         self.engine, self.telemetry = engine, telemetry
-        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port),
-                                         endpoint(t.host, t.weights_request_port), t.max_message_bytes, curve)
-        """The ZeroMQ end; the intake serves weight requests and sends demands through it."""
+        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), t.max_message_bytes, curve)
+        """The ZeroMQ end; the control channel's requests are answered through it."""
         self.sync = _collective(cfg)
         # A publish copies and sends in the background during the next forward/backward: the
         # optimizer step waits for that copy before it changes the parameters the copy reads.
@@ -65,10 +65,6 @@ class LearnerWeights:
     def settle_s(self) -> float:
         """Seconds the learner has spent waiting in `settle` (the optimizer step's included): publishing's cost."""
         return self.publisher.settle_s
-
-    def shutdown(self) -> None:
-        """Tell every actor the run is over (a request from now on is answered with the notice)."""
-        self.publisher.shutdown()
 
     def close(self) -> None:
         if self.sync:

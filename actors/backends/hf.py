@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
-from streamrl.comm import chunks
+from streamrl.comm import assembly
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 
@@ -42,7 +42,7 @@ class HFBackend(BackendDefaults):
 
     @torch.no_grad()
     def load_weights(self, state: dict) -> None:
-        if isinstance(state, chunks.Received):  # every piece straight from the frames it came in: one copy
+        if isinstance(state, assembly.Received):  # every piece straight from the frames it came in: one copy
             state.copy_into(self.targets)
         elif len(self.targets) < len(self.model.state_dict()):  # LoRA: exactly the adapters, nothing of the base
             if set(state) != set(self.targets):

@@ -30,7 +30,7 @@ def _setting(model_path: str, overrides: list[str], steps: int, out) -> None:
 
     torch.set_num_threads(1)
     from streamrl import config, tasks
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import lora, model, prompting, sampling

@@ -31,7 +31,7 @@ def _step(args: dict, overrides: list[str], out) -> None:
 
     torch.set_num_threads(1)
     from streamrl import config
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import step
     from streamrl.learner.engine import Engine
 

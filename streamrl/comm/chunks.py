@@ -8,24 +8,19 @@ small copied frame. Tensors ZeroMQ cannot send in place (on a GPU, not contiguou
 chunk by chunk into a small `ChunkPool` of reused buffers instead, refilled only once ZeroMQ is done
 with them (their trackers), so a publish holds `pool × chunk` bytes whatever the model's size.
 
-On the other end an `Assembly` keeps the received frames (no copy) and hands the version out only
-when every chunk has arrived and agrees with the others (never a torn or mixed version), as a
-`Received` mapping: a tensor that lies inside one frame is a view of it, one cut by a chunk boundary
-is put together only when read; a backend that has its own tensors (hf) has every piece copied
-straight into them (`Received.copy_into`), so no byte is copied twice on the actor.
+The receiving end checks each chunk (`chunk_payload`) and a version's layout once (`check_layout`);
+streamrl.comm.assembly puts the version together.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
+import math
 import time
-from collections.abc import Mapping
-
-import numpy as np
+from typing import Sequence
 
 from streamrl.comm import wire
-from streamrl.comm.wire import WeightsChunk, WireError
+from streamrl.comm.wire import TensorInfo, WeightsChunk, WireError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +116,22 @@ def copy_chunk(layout: Layout, tensors: list, start: int, dst) -> None:
         flat = tensors[i].detach().reshape(-1).view(torch.uint8)
         srcs.append(flat[a:b])
         dsts.append(dst[at:at + b - a])
-    _copy_all(dsts, srcs)
+    copy_all(dsts, srcs)
+
+
+def copy_all(dsts: list, srcs: list) -> None:
+    """dst.copy_(src) for every pair: one call for CPU tensors (per-tensor calls cost more in Python
+    than in bytes), one at a time across devices."""
+    import torch
+
+    if not srcs:
+        return
+    with torch.no_grad():
+        if all(t.device.type == "cpu" for t in (*dsts, *srcs)):
+            torch._foreach_copy_(dsts, srcs)
+        else:
+            for d, s in zip(dsts, srcs):
+                d.copy_(s)
 
 
 class ChunkPool:
@@ -184,174 +194,95 @@ def encode_weights(version: int, state: dict, learner: str = "", chunk_bytes: in
             buf = torch.zeros(end - start, dtype=torch.uint8)
             copy_chunk(layout, tensors, start, buf)
             frames = [buf.numpy()]
-        messages.append([wire.encode_chunk_header(h), *frames])
+        messages.append([encode_chunk_header(h), *frames])
     return messages
 
 
-class Assembly:
-    """One version being put together from its chunks (any order). The received frames are kept as
-    they are (no copy) and handed out as one `Received` version once every chunk is in."""
-
-    def __init__(self, header: WeightsChunk, max_bytes: int):
-        """Checks the version's layout once; raises WireError."""
-        if header.total > max_bytes:
-            raise WireError("too_large", f"weights version {header.version} is {header.total} bytes, more than the "
-                            f"{max_bytes} this subscriber accepts")
-        self.entries = wire.layout(header)
-        self.first = header
-        self.version, self.learner, self.count = header.version, header.learner, header.count
-        self._chunks: list[list[memoryview] | None] = [None] * self.count
-        self.missing = self.count
-        self.started = time.monotonic()
-
-    def add(self, header: WeightsChunk, payload: list[memoryview]) -> None:
-        """Take one chunk of this version (its frames checked by wire.chunk_payload); raises WireError
-        ("duplicate_chunk", "chunk_mismatch") and leaves the assembly as it was."""
-        first = self.first
-        if (header.total, header.chunk_bytes, header.offsets) != (first.total, first.chunk_bytes, first.offsets) \
-                or header.tensors != first.tensors:
-            raise WireError("chunk_mismatch", f"weights version {header.version} chunk {header.index}: its layout "
-                            f"differs from the version's other chunks")
-        if self._chunks[header.index] is not None:
-            raise WireError("duplicate_chunk", f"weights version {header.version} chunk {header.index} came twice")
-        self._chunks[header.index] = payload
-        self.missing -= 1
-
-    @property
-    def complete(self) -> bool:
-        return self.missing == 0
-
-    def tensors(self) -> Received:
-        """The complete version, {name: tensor} in the learner's order."""
-        assert self.complete
-        frames, at = [], 0
-        for payload in self._chunks:
-            for buf in payload:
-                if len(buf):
-                    frames.append((at, buf))
-                at += len(buf)
-        return Received(self.entries, frames)
+def encode_chunk_header(header: WeightsChunk) -> bytes:
+    return wire.encode(header)[0]
 
 
-class Received(Mapping):
-    """A complete, checked version as {name: tensor}, read from the frames it arrived in (kept, never
-    written). A tensor inside one frame is a view of it; one cut by chunk boundaries is put together
-    the first time it is read. `copy_into` copies every tensor, cut or not, straight from the frames
-    into a backend's own tensors: one copy of each byte, and no version-sized buffer besides."""
+def chunk_payload(frames: Sequence, header: WeightsChunk) -> list[memoryview]:
+    """The bytes of one weights chunk (frames 1.., which together hold them in order), checked against
+    its header's own fields (index, sizes, version); the layout is checked once per version (`check_layout`).
+    Raises WireError."""
+    # A chunk's frames are pieces of its tensors and the bytes between them: at most two per tensor, plus one.
+    if not 2 <= len(frames) <= 2 * len(header.tensors) + 2:
+        raise WireError("frame_count", f"weights chunk needs 2 to {2 * len(header.tensors) + 2} frames for its "
+                        f"{len(header.tensors)} tensors, got {len(frames)}")
+    if header.version < 0:
+        raise WireError("bad_version", f"weights version {header.version} < 0")
+    if header.chunk_bytes < 1 or header.total < 0:
+        raise WireError("bad_chunk", f"weights version {header.version}: chunk_bytes {header.chunk_bytes}, "
+                        f"total {header.total} (need chunk_bytes ≥ 1, total ≥ 0)")
+    if not 0 <= header.index < header.count:
+        raise WireError("bad_chunk", f"weights version {header.version}: chunk {header.index} of {header.count}")
+    bufs = [wire.buffer(f) for f in frames[1:]]
+    start = header.index * header.chunk_bytes
+    expected = min(header.chunk_bytes, header.total - start)
+    got = sum(len(b) for b in bufs)
+    if got != expected:
+        raise WireError("length_mismatch", f"weights version {header.version} chunk {header.index}: {got} bytes, "
+                        f"its place in the {header.total}-byte version holds {expected}")
+    return bufs
 
-    def __init__(self, entries: list, frames: list[tuple[int, memoryview]]):
-        """entries: wire.layout's (name, dtype, numel, offset, shape); frames: (byte offset in the flat
-        buffer, bytes), in order, together covering it."""
-        self._entries = {e[0]: e for e in entries}
-        self._frames = frames
-        self._starts = [at for at, _ in frames]
-        self._made: dict = {}
 
-    def __len__(self) -> int:
-        return len(self._entries)
+# Padding the flat layout may put after a tensor (the learner aligns tensors to 64 bytes); more is rejected,
+# so a version cannot carry bytes no tensor accounts for.
+_MAX_PAD = 64
 
-    def __iter__(self):
-        return iter(self._entries)
 
-    def __getitem__(self, name: str):
-        t = self._made.get(name)
-        if t is None:
-            import torch
-
-            _, dtype, numel, _, shape = self._entries[name]
-            pieces = self.pieces(name)
-            if not numel:
-                t = torch.empty(shape, dtype=dtype)
-            elif len(pieces) == 1 and _address(pieces[0][1]) % dtype.itemsize == 0:
-                t = wire._view(pieces[0][1], dtype, numel, 0).view(shape)
-            else:
-                whole = np.empty(numel * dtype.itemsize, dtype=np.uint8)
-                for at, buf in pieces:
-                    whole[at:at + len(buf)] = np.frombuffer(buf, dtype=np.uint8)
-                t = torch.from_numpy(whole).view(dtype).view(shape)
-            t = self._made[name] = t
-        return t
-
-    def pieces(self, name: str) -> list[tuple[int, memoryview]]:
-        """(first byte in the tensor, bytes) of every received piece of tensor `name`, in order."""
-        _, dtype, numel, offset, _ = self._entries[name]
+def check_layout(header: WeightsChunk) -> list[tuple[str, object, int, int, list[int]]]:
+    """(name, torch dtype, numel, byte offset, shape) of every tensor of a version, checked against its
+    `total` bytes; raises WireError("bad_offset" | "length_mismatch" | "duplicate_tensor" | ...)."""
+    offsets = header.offsets
+    if len(offsets) != len(header.tensors):
+        raise WireError("bad_offset", f"{len(offsets)} offsets for {len(header.tensors)} tensors")
+    out, seen, end = [], set(), 0
+    for info, offset in zip(header.tensors, offsets):
+        dtype, numel = _tensor_type(info, seen)
+        seen.add(info.name)
+        if offset < end:
+            raise WireError("bad_offset", f"tensor {info.name!r} at byte {offset} overlaps the previous one "
+                            f"(ends at {end}) or goes backwards")
+        if offset - end > _MAX_PAD:
+            raise WireError("bad_offset", f"tensor {info.name!r} at byte {offset}: {offset - end} unused bytes before "
+                            f"it (at most {_MAX_PAD})")
+        if offset % dtype.itemsize:
+            raise WireError("bad_offset", f"tensor {info.name!r} at byte {offset} is not aligned to its "
+                            f"{dtype.itemsize}-byte dtype")
         end = offset + numel * dtype.itemsize
-        out = []
-        k = max(0, bisect.bisect_right(self._starts, offset) - 1)
-        while k < len(self._frames) and self._starts[k] < end:
-            at, buf = self._frames[k]
-            a, b = max(offset, at), min(end, at + len(buf))
-            if a < b:
-                out.append((a - offset, buf[a - at:b - at]))
-            k += 1
-        return out
-
-    def copy_into(self, dst: Mapping) -> None:
-        """Copy every tensor into `dst[name]` (the same names, dtypes and shapes; any device), each piece
-        straight from its frame. Raises ValueError naming what differs, before anything is copied."""
-        import torch
-
-        if set(dst) != set(self._entries):
-            missing, unexpected = sorted(set(dst) - set(self._entries)), sorted(set(self._entries) - set(dst))
-            raise ValueError(f"weights: the version's tensors differ from the model's (missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]})")
-        for name, (_, dtype, _, _, shape) in self._entries.items():
-            d = dst[name]
-            if d.dtype != dtype or tuple(d.shape) != tuple(shape):
-                raise ValueError(f"weights: {name} is {dtype} {list(shape)} in the version, {d.dtype} "
-                                 f"{list(d.shape)} in the model")
-        dsts, srcs = [], []
-        for name in self._entries:
-            d = dst[name].detach()
-            if not d.is_contiguous():
-                dsts.append(d)
-                srcs.append(self[name])
-                continue
-            flat = d.reshape(-1).view(torch.uint8)
-            for at, buf in self.pieces(name):
-                dsts.append(flat[at:at + len(buf)])
-                srcs.append(wire._view(buf, torch.uint8, len(buf), 0))
-        _copy_all(dsts, srcs)
+        if end > header.total:
+            raise WireError("bad_offset", f"tensor {info.name!r} ends at byte {end}, past the {header.total}-byte "
+                            "version")
+        out.append((info.name, dtype, numel, offset, info.shape))
+    if header.total - end > _MAX_PAD:
+        raise WireError("length_mismatch", f"weights version is {header.total} bytes, its tensors end at {end}")
+    return out
 
 
-def _copy_all(dsts: list, srcs: list) -> None:
-    """dst.copy_(src) for every pair: one call for CPU tensors (per-tensor calls cost more in Python
-    than in bytes), one at a time across devices."""
+def _tensor_type(info: TensorInfo, seen: dict):
+    """(torch dtype, numel) of a tensor header entry, checked; WireError if not a valid new tensor."""
     import torch
 
-    if not srcs:
-        return
-    with torch.no_grad():
-        if all(t.device.type == "cpu" for t in (*dsts, *srcs)):
-            torch._foreach_copy_(dsts, srcs)
-        else:
-            for d, s in zip(dsts, srcs):
-                d.copy_(s)
+    if info.name in seen:
+        raise WireError("duplicate_tensor", f"tensor {info.name!r} appears twice")
+    if any(d < 0 for d in info.shape):
+        raise WireError("bad_shape", f"tensor {info.name!r} has shape {info.shape}")
+    dtype = getattr(torch, info.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise WireError("bad_dtype", f"tensor {info.name!r} has unknown dtype {info.dtype!r}")
+    return dtype, math.prod(info.shape)
 
 
-def _address(buf: memoryview) -> int:
-    """Memory address of `buf`'s first byte (typed views of received frames must be aligned)."""
-    return np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
+def view(buf: memoryview, dtype, numel: int, offset: int):
+    """A (numel,) tensor sharing memory with `buf` from byte `offset` (no copy)."""
+    import warnings
 
+    import torch
 
-def decode_weights(messages: list, max_bytes: int = 1 << 40) -> tuple[int, Received]:
-    """(version, {name: tensor}) from every message of one version ([header, chunk] frames each), checked
-    as a WeightSubscriber checks them: for tests and tools. Raises WireError."""
-    assembly = None
-    for frames in messages:
-        header = wire.decode_header(frames)
-        if not isinstance(header, WeightsChunk):
-            raise WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
-        payload = wire.chunk_payload(frames, header)
-        if assembly is None:
-            assembly = Assembly(header, max_bytes)
-        elif (header.learner, header.version) != (assembly.learner, assembly.version):
-            raise WireError("chunk_lost", f"weights version {assembly.version}: {assembly.missing} of {assembly.count} "
-                            f"chunks never came (version {header.version} began)")
-        assembly.add(header, payload)
-    if assembly is None:
-        raise WireError("empty", "no weights messages")
-    if not assembly.complete:
-        raise WireError("chunk_lost", f"weights version {assembly.version}: {assembly.missing} of {assembly.count} "
-                        "chunks never came")
-    return assembly.version, assembly.tensors()
+    if not numel:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():  # received buffers are read-only; we only ever copy out of them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset)

@@ -47,7 +47,7 @@ def _group(completion_tokens: int, group_size: int = 8, masked: bool = False):
     """masked: every 4th completion token is an environment token (a multi-turn episode's share)."""
     import numpy as np
 
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     per = max(1, completion_tokens // group_size)
     rng = np.random.default_rng(0)
@@ -64,7 +64,7 @@ def _receiver(port: int, n: int, kind: str, ready, result) -> None:
     the clock runs from the end of the first message to the last, and counts what came after it."""
     import zmq
 
-    from streamrl.comm.transport import GroupReceiver
+    from streamrl.comm.groups import GroupReceiver
 
     ctx = zmq.Context()
     addr = f"tcp://127.0.0.1:{port}"
@@ -103,7 +103,7 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     import zmq
 
     from streamrl.comm.chunks import ZERO_COPY_MIN
-    from streamrl.comm.transport import GroupSender
+    from streamrl.comm.groups import GroupSender
 
     port = _free_port()
     mpc = mp.get_context("spawn")
@@ -145,8 +145,8 @@ def transport(short: bool = False) -> list[dict]:
     model-token mask (every 4th token the environment's), against them without, in the same pairs."""
     import numpy as np
 
-    from streamrl.comm import wire
-    from streamrl.comm.transport import batches
+    from streamrl.comm import codec
+    from streamrl.comm.groups import batches
     from streamrl.config import TransportConfig
 
     cap = TransportConfig().batch_max_bytes
@@ -157,8 +157,8 @@ def transport(short: bool = False) -> list[dict]:
             n = max(10, n // 50)
         call = [_group(tokens) for _ in range(per_call)]
         masked = [_group(tokens, masked=True) for _ in range(per_call)]
-        messages = [_nbytes(wire.encode_groups(b)) for b in batches(call, batch_max_bytes)]
-        group_bytes = _nbytes(wire.encode_groups(call[:1]))
+        messages = [_nbytes(codec.encode_groups(b)) for b in batches(call, batch_max_bytes)]
+        group_bytes = _nbytes(codec.encode_groups(call[:1]))
         # (streamrl, raw) measured back to back, 3 times: the pair with the median ratio is reported, so a
         # burst of load from another process moves one pair, not the figure.
         pairs, with_mask = [], []
@@ -229,14 +229,15 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     import numpy as np
     import zmq
 
-    from streamrl.comm.transport import WeightSubscriber
+    from streamrl.comm.control import Inbox
+    from streamrl.comm.subscriber import WeightSubscriber
 
     ctx = zmq.Context()
     ack = ctx.socket(zmq.PUSH)
     ack.connect(f"tcp://127.0.0.1:{ack_port}")
     if kind == "streamrl":
-        sub = WeightSubscriber(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}", name,
-                               max_message)
+        inbox = Inbox(ctx, f"tcp://127.0.0.1:{router_port}", name, max_message)
+        sub = WeightSubscriber(ctx, f"tcp://127.0.0.1:{pub_port}", inbox, max_message)
 
         def take() -> int:
             got = None
@@ -264,6 +265,8 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
         version = take()
         ack.send_multipart([name.encode(), version.to_bytes(8, "little")])
     sub.close()
+    if kind == "streamrl":
+        inbox.close()
     ack.close(linger=1000)
     ctx.term()
 
@@ -281,7 +284,7 @@ class _Broadcast:
     def __init__(self, kind: str, subscribers: int, n: int, max_message: int):
         import zmq
 
-        from streamrl.comm.transport import WeightPublisher
+        from streamrl.comm.weights import WeightPublisher
 
         self.kind, self.subscribers = kind, subscribers
         pub_port, router_port, ack_port = (_free_port() for _ in range(3))
@@ -289,8 +292,7 @@ class _Broadcast:
         self.acks = self.ctx.socket(zmq.PULL)
         self.acks.bind(f"tcp://127.0.0.1:{ack_port}")
         if kind == "streamrl":
-            self.publisher = WeightPublisher(self.ctx, f"tcp://127.0.0.1:{pub_port}",
-                                             f"tcp://127.0.0.1:{router_port}", max_message)
+            self.publisher = WeightPublisher(self.ctx, f"tcp://127.0.0.1:{pub_port}", max_message)
             self.chunk = self.publisher.chunk_bytes
         else:
             self.chunk = _chunk_bytes(max_message)

@@ -49,7 +49,7 @@ def _batch(groups: int, group_size: int, prompt: tuple[int, int], completion: tu
     random-init model's (≈ -ln V), so importance ratios sit near 1 as on-policy."""
     import numpy as np
 
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner.batch import collate
 
     rng = np.random.default_rng(seed)

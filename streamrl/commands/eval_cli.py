@@ -40,21 +40,23 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
     import zmq
 
     from streamrl.comm import security
-    from streamrl.comm.transport import WeightSubscriber, endpoint
+    from streamrl.comm.control import Inbox
+    from streamrl.comm.sockets import endpoint
+    from streamrl.comm.subscriber import WeightSubscriber
 
     t, host = cfg.transport, host or cfg.transport.host
     out = out or cfg.run_path / "eval.json"
     evaluator = evaluation.Evaluator(cfg, rewards.build(cfg))
     ctx = zmq.Context()
     curve = security.actor_curve(t.curve_keys, "eval") if t.curve_keys else None
-    sub = WeightSubscriber(ctx, endpoint(host, t.weights_port), endpoint(host, t.weights_request_port), "eval",
-                           t.max_message_bytes, curve)
+    inbox = Inbox(ctx, endpoint(host, t.weights_request_port), "eval", t.max_message_bytes, curve)
+    sub = WeightSubscriber(ctx, endpoint(host, t.weights_port), inbox, t.max_message_bytes, curve)
     results, version = [], -1
     try:
         while len(results) < watch:
             got = sub.wait_for(version + 1, timeout_s, ask_first=not results)
             if got is None:  # the learner shut down (or asked actors for groups: not our business)
-                if sub.shutdown is not None:
+                if inbox.shutdown is not None:
                     break
                 continue
             version = got[0]
@@ -65,6 +67,7 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
             show(line(results[-1], out))
     finally:
         sub.close()
+        inbox.close()
         ctx.term()
     return results
 

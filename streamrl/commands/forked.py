@@ -46,7 +46,7 @@ def preload(cfg) -> None:
         from streamrl.models import tiny_llama, word_tokenizer  # noqa: F401
     else:
         from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
-    from streamrl.comm import transport, wire  # noqa: F401
+    from streamrl.comm import codec, control, groups, subscriber, wire  # noqa: F401
 
 
 class Forked:

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 from streamrl.algo import staleness
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.telemetry.exporter import WeightedHistogram
 
 IS_RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.001, 1.01, 1.05, 1.1, 1.25, 1.5, 2.0, 5.0)

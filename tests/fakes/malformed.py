@@ -13,17 +13,17 @@ import random
 import msgspec
 import numpy as np
 
-from streamrl.comm import wire
+from streamrl.comm import codec, wire
 
 VOCAB = 64  # the tiny job's vocabulary is larger; the fuzzer only uses ids that are out of range on purpose
 
 
 def _group(rng: random.Random, **header_changes) -> list[bytes]:
-    g = wire.ScoredGroup.from_samples(
+    g = codec.ScoredGroup.from_samples(
         prompt_id=f"p{rng.randrange(1000)}", policy_version=0, actor_id="fuzz", prompt_tokens=[1, 2, 3],
         completions=[[4, 5], [6]], logprobs=[[-0.5, -1.0], [-2.0]], rewards=[1.0, 0.0],
         finish_reasons=["stop", "length"])
-    frames = [bytes(memoryview(f)) for f in wire.encode_groups([g])]
+    frames = [bytes(memoryview(f)) for f in codec.encode_groups([g])]
     if header_changes:  # a single group is a batch of one: its fields are in the batch header or its entry
         header = msgspec.msgpack.decode(frames[0])
         for name, value in header_changes.items():
@@ -53,13 +53,13 @@ def _batch(rng: random.Random, entry: int | None = None, **entry_changes) -> lis
     """A valid batch of 2-4 groups, with `entry_changes` made to one group's header (`entry`, or a random one)."""
     groups = []
     for i in range(rng.randrange(2, 5)):
-        g = wire.ScoredGroup.from_samples(
+        g = codec.ScoredGroup.from_samples(
             prompt_id=f"p{rng.randrange(1000)}", policy_version=0, actor_id="fuzz", prompt_tokens=[1, 2, 3][: i + 1],
             completions=[[4, 5], [6]], logprobs=[[-0.5, -1.0], [-2.0]], rewards=[1.0, 0.0],
             finish_reasons=["stop", "length"])
         g.session, g.seq = "fuzz-session", i
         groups.append(g)
-    frames = [bytes(memoryview(f)) for f in wire.encode_groups(groups)]
+    frames = [bytes(memoryview(f)) for f in codec.encode_groups(groups)]
     if entry_changes:
         header = msgspec.msgpack.decode(frames[0])
         k = rng.randrange(len(groups)) if entry is None else entry
@@ -149,11 +149,11 @@ def messages(n: int, seed: int = 0) -> list[tuple[str, list[bytes]]]:
 
 def future_group(rng: random.Random, group_size: int) -> list[bytes]:
     """Valid on the wire, from a policy version the learner never published (its gate drops it)."""
-    g = wire.ScoredGroup.from_samples(
+    g = codec.ScoredGroup.from_samples(
         prompt_id=f"p{rng.randrange(1000)}", policy_version=10**9, actor_id="fuzz", prompt_tokens=[1, 2],
         completions=[[3]] * group_size, logprobs=[[-1.0]] * group_size, rewards=[0.0] * group_size,
         finish_reasons=["stop"] * group_size)
-    return [bytes(memoryview(f)) for f in wire.encode_groups([g])]
+    return [bytes(memoryview(f)) for f in codec.encode_groups([g])]
 
 
 def _chunk(rng: random.Random, payload: bytes | None = None, **changes) -> list[bytes]:

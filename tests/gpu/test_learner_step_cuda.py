@@ -20,7 +20,7 @@ def _step(dtype: str, out_path: str) -> None:
     import random
 
     from streamrl import config, tasks
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import step, stepstats
     from streamrl.learner.engine import Engine
     from streamrl.models import model, sampling

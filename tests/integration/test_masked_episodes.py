@@ -15,7 +15,7 @@ import zmq
 from procs import REPO, free_ports, metrics, reaped, spawn, summary
 
 from streamrl import config, tasks
-from streamrl.comm import wire
+from streamrl.comm import codec
 from streamrl.models import sampling
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ GARBAGE = -30.0  # a behaviour "log-prob" under an environment token: ignored, o
 
 
 def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int, version: int,
-                    ) -> list[wire.ScoredGroup]:
+                    ) -> list[codec.ScoredGroup]:
     """n_groups prompts × G episodes: turn 1 (≤ 3 tokens), the environment's 2 tokens (the prompt's first
     two, as a tool would echo), turn 2 sampled after them (≤ 3 tokens). The completion is all three, the
     mask marks the middle as the environment's, and the log-probs there are GARBAGE."""
@@ -36,7 +36,7 @@ def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int,
     groups = []
     for k, (p, cs, e) in enumerate(zip(prompts, first, env)):
         answers = [s[0] for s in second[k * G:(k + 1) * G]]
-        g = wire.ScoredGroup.make(
+        g = codec.ScoredGroup.make(
             prompt_id=f"v{version}-{k}", policy_version=version, actor_id="actor-0", prompt_tokens=p,
             completions=[c.tokens + e + a.tokens for c, a in zip(cs, answers)],
             logprobs=[c.logprobs + [0.0] * len(e) + a.logprobs for c, a in zip(cs, answers)],
@@ -48,7 +48,7 @@ def two_turn_groups(model, tok, task, rng: random.Random, n_groups: int, G: int,
     return groups
 
 
-def model_tokens(groups: list[wire.ScoredGroup]) -> int:
+def model_tokens(groups: list[codec.ScoredGroup]) -> int:
     return sum(int(g.model_token_mask.sum()) for g in groups)
 
 
@@ -112,7 +112,10 @@ def test_the_strict_check_covers_model_tokens_only(tmp_path):
 
 def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_actor(tmp_path):
     from streamrl.actors import backends
-    from streamrl.comm.transport import GroupSender, WeightSubscriber, endpoint
+    from streamrl.comm.control import Inbox
+    from streamrl.comm.groups import GroupSender
+    from streamrl.comm.sockets import endpoint
+    from streamrl.comm.subscriber import WeightSubscriber
     from streamrl.models import model as model_lib
     from streamrl.run import fingerprint
 
@@ -129,9 +132,9 @@ def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_ac
         m, tok = model_lib.build(cfg, task.vocabulary)
         backend = backends.build("hf", cfg, m, tok, 0)
         ctx = zmq.Context()
-        sub = WeightSubscriber(ctx, endpoint("127.0.0.1", w), endpoint("127.0.0.1", r), "actor-0",
-                               cfg.transport.max_message_bytes)
-        sub.fingerprint = fingerprint.of(cfg)
+        inbox = Inbox(ctx, endpoint("127.0.0.1", r), "actor-0", cfg.transport.max_message_bytes,
+                      fingerprint=fingerprint.of(cfg))
+        sub = WeightSubscriber(ctx, endpoint("127.0.0.1", w), inbox, cfg.transport.max_message_bytes)
         sender = GroupSender(ctx, endpoint("127.0.0.1", g), cfg.transport.send_hwm, "actor-0")
         rng, sent = random.Random(0), []
 
@@ -141,7 +144,7 @@ def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_ac
             while True:
                 got = sub.wait_for(version, timeout_s=240, ask_first=version == 0,
                                    stop=lambda: learner.poll() is not None)
-                if got is not None or sub.take_demand(version - 1) is None:
+                if got is not None or inbox.take_demand(version - 1) is None:
                     return got
 
         try:
@@ -157,6 +160,7 @@ def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_ac
         finally:
             sender.close(linger_s=1.0)
             sub.close()
+            inbox.close()
             ctx.term()
     recs = metrics(tmp_path / "masked")
     assert [rec["learner_version"] for rec in recs] == [1, 2, 3]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _groups():
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     g = torch.Generator().manual_seed(0)
     out = []

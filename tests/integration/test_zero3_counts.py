@@ -23,7 +23,7 @@ LONG, SHORT, BUDGET, CHUNK = 12, 1, 30, 5
 
 
 def _groups():
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     g = torch.Generator().manual_seed(0)
     out = []

@@ -105,7 +105,7 @@ def test_five_metrics_on_a_fixed_batch():
 
 
 def test_learner_step_record_carries_the_five_metrics():
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import stepstats
     from streamrl.learner.batch import collate
 
@@ -145,7 +145,7 @@ def test_eval_reports_the_five_metrics_under_mgrpo():
 # --- layer-2 groups join the batch beside the layer-1 groups (issue 26, item 5) -----------------------
 
 def _wire_group(layer: int, version: int = 0):
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
 
     return ScoredGroup.from_samples(prompt_id=f"p/{layer}", policy_version=version, actor_id="a", prompt_tokens=[1],
                                     completions=[[2]] * 2, logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0],
@@ -157,15 +157,18 @@ def _wire_group(layer: int, version: int = 0):
 def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(ranks, dropped):
     import zmq
 
-    from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
+    from streamrl.comm.control import ControlServer
+    from streamrl.comm.groups import GroupReceiver, GroupSender
+    from streamrl.comm.weights import WeightPublisher
     from streamrl.learner.intake import Intake
 
     ctx = zmq.Context()
     receiver = GroupReceiver(ctx, "tcp://127.0.0.1:*", hwm=64, max_bytes=1 << 20, vocab_size=32)
-    publisher = WeightPublisher(ctx, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 1 << 20)
+    publisher = WeightPublisher(ctx, "tcp://127.0.0.1:*", 1 << 20)
+    control = ControlServer(ctx, "tcp://127.0.0.1:*", publisher)
     sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
     try:
-        intake = Intake(receiver, publisher, group_size=2, max_staleness=0, strict=True, ranks=ranks)
+        intake = Intake(receiver, control, group_size=2, max_staleness=0, strict=True, ranks=ranks)
         # two generate calls at version 0, each as an actor sends it: its layer-2 groups, then its layer-1 groups
         for layers in ([2, 2, 2, 1, 1], [2, 2, 1, 1]):
             assert sender.send_batch([_wire_group(layer) for layer in layers], timeout_s=2)
@@ -175,7 +178,7 @@ def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(rank
         assert len(batch) % ranks == 0 and intake.dropped["layer2_uneven_ranks"] == dropped
         assert intake.used == len(batch)
     finally:
-        for sock in (sender, receiver, publisher):
+        for sock in (sender, receiver, control, publisher):
             sock.close()
         ctx.term()
 

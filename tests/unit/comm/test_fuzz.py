@@ -12,8 +12,11 @@ import zmq
 from fakes import malformed
 from fakes.pubsub import joined
 
-from streamrl.comm import chunks, wire
-from streamrl.comm.transport import GroupReceiver, WeightPublisher, WeightSubscriber
+from streamrl.comm import assembly, chunks, wire
+from streamrl.comm.control import ControlServer, Inbox
+from streamrl.comm.groups import GroupReceiver
+from streamrl.comm.subscriber import WeightSubscriber
+from streamrl.comm.weights import WeightPublisher
 
 pytestmark = pytest.mark.timeout(120)
 ANY = "tcp://127.0.0.1:*"
@@ -31,7 +34,7 @@ def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once
     push.connect(_endpoint(receiver.sock))
     msgs = malformed.messages(N, seed=1)
     taken = 0
-    with caplog.at_level(logging.WARNING, logger="streamrl.comm.transport"):
+    with caplog.at_level(logging.WARNING, logger="streamrl.comm.sockets"):
         for _, frames in msgs:
             push.send_multipart(frames)
             while receiver.take() is not None:
@@ -59,7 +62,8 @@ def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_
     pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
     pub.bind(ANY)
     router.bind(ANY)
-    sub = WeightSubscriber(ctx, _endpoint(pub), _endpoint(router), "actor-0", max_bytes=1 << 20)
+    inbox = Inbox(ctx, _endpoint(router), "actor-0", max_bytes=1 << 20)
+    sub = WeightSubscriber(ctx, _endpoint(pub), inbox, max_bytes=1 << 20)
     joined(pub, sub.sub)  # PUB drops what it sends before the subscription arrives
     msgs = malformed.weight_messages(3_000, seed=2)
     sub.request(have_version=-1)
@@ -87,6 +91,7 @@ def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_
         got = sub.poll(50)
     assert got is not None and got[0] == 7 and got[1]["w"].tolist() == [1.0, 1.0]
     sub.close()
+    inbox.close()
     pub.close(0)
     router.close(0)
     ctx.term()
@@ -94,7 +99,8 @@ def test_malformed_weight_broadcasts_and_replies_are_rejected_and_the_next_good_
 
 def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served():
     ctx = zmq.Context()
-    publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
     publisher.publish(3, {"w": torch.zeros(1)})
     publisher.flush()
     listener = ctx.socket(zmq.SUB)
@@ -102,22 +108,23 @@ def test_malformed_weight_requests_are_rejected_and_a_real_one_is_still_served()
     listener.connect(_endpoint(publisher.pub))
     joined(publisher.pub, listener)
     dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(_endpoint(publisher.router))
+    dealer.connect(_endpoint(control.sock))
     msgs = malformed.messages(2_000, seed=3)
     for _, frames in msgs:
         dealer.send_multipart(frames)
     deadline = time.monotonic() + 30
-    while publisher.rejected.total < 2_000 and time.monotonic() < deadline:
-        publisher.serve_requests()
+    while control.rejected.total < 2_000 and time.monotonic() < deadline:
+        control.serve()
         time.sleep(0.001)
-    assert publisher.rejected.total == 2_000 and publisher.requests_served == 0
+    assert control.rejected.total == 2_000 and publisher.requests_served == 0
     dealer.send_multipart(wire.encode(wire.WeightsRequest(actor_id="actor-0")))
-    while publisher.serve_requests() == 0 and time.monotonic() < deadline:
+    while control.serve() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert listener.poll(5000)  # answered by sending version 3 again
-    assert chunks.decode_weights([listener.recv_multipart()])[0] == 3
+    assert assembly.decode_weights([listener.recv_multipart()])[0] == 3
     listener.close(0)
     dealer.close(0)
+    control.close()
     publisher.close()
     ctx.term()
 

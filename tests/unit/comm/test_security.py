@@ -11,15 +11,18 @@ import torch
 import zmq
 from zmq.auth import create_certificates
 
-from streamrl.comm import security, wire
-from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
+from streamrl.comm import codec, security
+from streamrl.comm.control import ControlServer, Inbox
+from streamrl.comm.groups import GroupReceiver, GroupSender
+from streamrl.comm.subscriber import WeightSubscriber
+from streamrl.comm.weights import WeightPublisher
 
 pytestmark = pytest.mark.timeout(60)
 ANY = "tcp://127.0.0.1:*"
 
 
-def group() -> wire.ScoredGroup:
-    return wire.ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="actor-0", prompt_tokens=[1],
+def group() -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="actor-0", prompt_tokens=[1],
                                          completions=[[2], [3]], logprobs=[[-1.0], [-1.0]], rewards=[1.0, 0.0],
                                          finish_reasons=["stop", "stop"])
 
@@ -42,9 +45,11 @@ def secured(tmp_path):
     gate = security.Gatekeeper(ctx, tmp_path / "keys")
     learner = security.learner_curve(tmp_path / "keys")
     receiver = GroupReceiver(ctx, ANY, 16, 1 << 20, None, learner)
-    publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20, learner)
-    yield tmp_path, ctx, gate, receiver, publisher
+    publisher = WeightPublisher(ctx, ANY, 1 << 20, learner)
+    control = ControlServer(ctx, ANY, publisher, learner)
+    yield tmp_path, ctx, gate, receiver, (publisher, control)
     receiver.close()
+    control.close()
     publisher.close()
     gate.stop()
     ctx.term()
@@ -74,7 +79,7 @@ def test_an_authorized_actor_sends_groups_and_an_unlisted_key_is_refused_and_cou
     assert good.send(group(), timeout_s=5)
     stranger.send(group(), timeout_s=0.5)
     if plain.poll(500, zmq.POLLOUT):  # a plain socket never completes the handshake, so this rarely sends
-        plain.send_multipart(wire.encode_groups([group()]), zmq.NOBLOCK)
+        plain.send_multipart(codec.encode_groups([group()]), zmq.NOBLOCK)
     # Both events made to happen (a loaded machine takes its time over CURVE handshakes), then a last look.
     n = received_within(receiver, 60.0, until=lambda n: n >= 1 and gate.refused >= 1)
     assert n + received_within(receiver, 0.5) == 1  # only the authorized actor's group
@@ -85,13 +90,16 @@ def test_an_authorized_actor_sends_groups_and_an_unlisted_key_is_refused_and_cou
 
 
 def test_weights_reach_an_authorized_subscriber_and_not_a_stranger(secured):
-    tmp, ctx, gate, _, publisher = secured
+    tmp, ctx, gate, _, (publisher, control) = secured
     publisher.publish(4, {"w": torch.ones(3)})
-    pub, router = _endpoint(publisher.pub), _endpoint(publisher.router)
-    friend = WeightSubscriber(ctx, pub, router, "actor-0", 1 << 20, security.actor_curve(tmp / "keys", "actor-0"))
-    stranger_curve = security.Curve(*zmq.auth.load_certificate(tmp / "stranger" / "actor-0.key_secret"),
-                                    server_public=security.learner_curve(tmp / "keys").public)
-    stranger = WeightSubscriber(ctx, pub, router, "actor-0", 1 << 20, stranger_curve)
+    pub, router = _endpoint(publisher.pub), _endpoint(control.sock)
+
+    def subscriber(curve: security.Curve) -> WeightSubscriber:
+        return WeightSubscriber(ctx, pub, Inbox(ctx, router, "actor-0", 1 << 20, curve), 1 << 20, curve)
+
+    friend = subscriber(security.actor_curve(tmp / "keys", "actor-0"))
+    stranger = subscriber(security.Curve(*zmq.auth.load_certificate(tmp / "stranger" / "actor-0.key_secret"),
+                                         server_public=security.learner_curve(tmp / "keys").public))
     deadline = time.monotonic() + 60
     got = {"friend": None, "stranger": None}
     asked = 0.0
@@ -100,16 +108,17 @@ def test_weights_reach_an_authorized_subscriber_and_not_a_stranger(secured):
             for s in (friend, stranger):
                 s.request(have_version=-1)
             asked = time.monotonic()
-        publisher.serve_requests()
+        control.serve()
         for name, s in (("friend", friend), ("stranger", stranger)):
             got[name] = got[name] or s.poll(10)
     for _ in range(20):  # a last look: what reached the friend never reaches the stranger
-        publisher.serve_requests()
+        control.serve()
         got["stranger"] = got["stranger"] or stranger.poll(25)
     assert got["friend"] is not None and got["friend"][0] == 4
     assert got["stranger"] is None and gate.refused >= 1
-    friend.close()
-    stranger.close()
+    for s in (friend, stranger):
+        s.close()
+        s.inbox.close()
 
 
 def test_missing_keys_fail_with_the_file_and_the_fix(tmp_path):

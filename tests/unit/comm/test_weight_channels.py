@@ -13,6 +13,8 @@ import torch
 import zmq
 
 from streamrl.actors.weights import ActorWeights
+from streamrl.comm.control import ControlServer, Inbox
+from streamrl.comm.sockets import endpoint
 from streamrl.config import load
 from streamrl.learner.weights import LearnerWeights
 from streamrl.telemetry import exporter, prometheus_metrics
@@ -57,13 +59,14 @@ def setup():
 
     def learner(value: float) -> LearnerWeights:
         telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0, 1], 2)
-        opened.append(w := LearnerWeights(cfg, ctx, None, engine_at(value), telemetry))
+        opened.append(w := _Learner(cfg, ctx, engine_at(value), telemetry))
         return w
 
     def actor(backend) -> ActorWeights:
         telemetry = prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
+        opened.append(inbox := Inbox(ctx, endpoint("127.0.0.1", request_port), "actor-0", 1 << 20))
         opened.append(w := ActorWeights(cfg, ctx, "127.0.0.1", 0, None, backend, torch.nn.Linear(3, 4), telemetry,
-                                        exporter.Health("actor-0", 60)))
+                                        exporter.Health("actor-0", 60), inbox))
         return w
 
     yield learner, actor
@@ -72,9 +75,25 @@ def setup():
     ctx.destroy(linger=0)  # a socket a background sender still holds must not block the teardown in C
 
 
-def serving(learner: LearnerWeights):
-    """A `stop` callback that answers weight requests while the actor waits (the learner's intake does this)."""
-    return lambda: learner.publisher.serve_requests() < 0
+class _Learner(LearnerWeights):
+    """The learner's weight channel with the control server its Session keeps beside it (requests, shutdown)."""
+
+    def __init__(self, cfg, ctx, engine, telemetry):
+        super().__init__(cfg, ctx, None, engine, telemetry)
+        self.control = ControlServer(ctx, endpoint(cfg.transport.host, cfg.transport.weights_request_port),
+                                     self.publisher)
+
+    def shutdown(self) -> None:
+        self.control.shutdown()
+
+    def close(self) -> None:
+        super().close()
+        self.control.close()
+
+
+def serving(learner: _Learner):
+    """A `stop` callback that answers weight requests while the actor waits (the learner's poller does this)."""
+    return lambda: learner.control.serve() < 0
 
 
 def until(cond, timeout_s: float = 10.0) -> None:
@@ -143,7 +162,7 @@ def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setu
 
 def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     from streamrl.actors.backends.hf import HFBackend
-    from streamrl.comm import chunks
+    from streamrl.comm import assembly, chunks
 
     g = torch.Generator().manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))
@@ -154,7 +173,7 @@ def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     embedding = actor[0].weight
     state = learner.state_dict()
     messages = chunks.encode_weights(4, state, chunk_bytes=16 << 10, in_pieces=True)  # the embedding cut 8 times
-    _, received = chunks.decode_weights([[bytes(memoryview(f).cast("B")) for f in m] for m in messages])
+    _, received = assembly.decode_weights([[bytes(memoryview(f).cast("B")) for f in m] for m in messages])
     HFBackend.load_weights(types.SimpleNamespace(model=actor, targets=actor.state_dict()), received)
     assert all(torch.equal(actor.state_dict()[k], t) for k, t in state.items())
     assert actor[0].weight is embedding  # in place: the engine's parameters are the same tensors

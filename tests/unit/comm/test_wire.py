@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.comm import chunks, wire
+from streamrl.comm import assembly, chunks, codec, wire
 from streamrl.comm.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,7 +26,7 @@ def to_bytes(frames) -> list[bytes]:
     return [f if isinstance(f, bytes) else bytes(memoryview(f).cast("B")) for f in frames]
 
 
-def make_group(**kw) -> wire.ScoredGroup:
+def make_group(**kw) -> codec.ScoredGroup:
     args = dict(
         prompt_id="copy-abca",
         policy_version=3,
@@ -38,16 +38,16 @@ def make_group(**kw) -> wire.ScoredGroup:
         finish_reasons=["stop", "length", "stop", "length"],
     )
     args.update(kw)
-    return wire.ScoredGroup.from_samples(**args)
+    return codec.ScoredGroup.from_samples(**args)
 
 
-def encode_group(g: wire.ScoredGroup) -> list:
+def encode_group(g: codec.ScoredGroup) -> list:
     """A single group's message: a batch of one."""
-    return wire.encode_groups([g])
+    return codec.encode_groups([g])
 
 
-def decode_group(frames, **kw) -> wire.ScoredGroup:
-    back = wire.decode_groups(frames, **kw)
+def decode_group(frames, **kw) -> codec.ScoredGroup:
+    back = codec.decode_groups(frames, **kw)
     assert len(back) == 1
     return back[0]
 
@@ -104,7 +104,7 @@ def test_the_census_of_filtered_groups_a_group_carries_round_trips_and_is_absent
     carried = wire.FilteredCensus(groups=2, failed_pos=0, failed_nonpos=8, passed_pos=0, passed_nonpos=8)
     g, plain = make_group(), make_group()
     g.filtered = carried
-    back = wire.decode_groups(to_bytes(wire.encode_groups([g, plain])), vocab_size=VOCAB)
+    back = codec.decode_groups(to_bytes(codec.encode_groups([g, plain])), vocab_size=VOCAB)
     assert back[0].filtered == carried and back[1].filtered is None
     assert carried + carried == wire.FilteredCensus(4, 0, 16, 0, 16)
 
@@ -114,7 +114,7 @@ def test_a_sample_span_newer_than_its_group_travels_and_an_older_or_equal_one_is
     back = decode_group(to_bytes(encode_group(g)), vocab_size=VOCAB)
     assert [s.last_version for s in back.samples] == [5, None, None, None]
     assert back.last_versions == [5, 3, 3, 3]
-    batch = wire.decode_groups(to_bytes(wire.encode_groups([g, make_group()])), vocab_size=VOCAB)
+    batch = codec.decode_groups(to_bytes(codec.encode_groups([g, make_group()])), vocab_size=VOCAB)
     assert [b.last_versions for b in batch] == [[5, 3, 3, 3], [3, 3, 3, 3]]
 
 
@@ -169,7 +169,7 @@ def test_from_samples_flattens_completions_with_offsets():
 def test_weights_round_trip_in_one_chunk_or_many(state, chunk_bytes, in_pieces):
     messages = [to_bytes(m) for m in chunks.encode_weights(7, state, chunk_bytes=chunk_bytes, in_pieces=in_pieces)]
     assert all(sum(len(f) for f in m[1:]) <= chunk_bytes for m in messages)
-    version, back = chunks.decode_weights(messages[::-1])  # any order
+    version, back = assembly.decode_weights(messages[::-1])  # any order
     assert version == 7
     assert list(back) == list(state)
     for name, t in state.items():
@@ -178,14 +178,14 @@ def test_weights_round_trip_in_one_chunk_or_many(state, chunk_bytes, in_pieces):
         assert torch.equal(back[name], t)
 
 
-def batch_of(*groups: wire.ScoredGroup) -> list[wire.ScoredGroup]:
+def batch_of(*groups: codec.ScoredGroup) -> list[codec.ScoredGroup]:
     """Groups as a GroupSender stamps them: one session, seq 0, 1, 2, ..."""
     for i, g in enumerate(groups):
         g.session, g.seq = "s1", i
     return list(groups)
 
 
-def three_groups() -> list[wire.ScoredGroup]:
+def three_groups() -> list[codec.ScoredGroup]:
     return batch_of(make_group(), make_group(prompt_id="b", policy_version=4, prompt_tokens=[1],
                                              completions=[[2, 3, 4, 5]], logprobs=[[-1.0] * 4], rewards=[0.5],
                                              finish_reasons=["length"]),
@@ -194,9 +194,9 @@ def three_groups() -> list[wire.ScoredGroup]:
 
 def test_a_batch_round_trips_every_group_with_its_own_fields_seq_and_arrays():
     groups = three_groups()
-    frames = wire.encode_groups(groups)
+    frames = codec.encode_groups(groups)
     assert len(frames) == 4  # whatever the group count: header + the three bulk frames
-    back = wire.decode_groups(to_bytes(frames), vocab_size=VOCAB)
+    back = codec.decode_groups(to_bytes(frames), vocab_size=VOCAB)
     assert len(back) == 3
     for g, b in zip(groups, back):
         for name in ("prompt_id", "policy_version", "actor_id", "samples", "created_at", "session", "seq"):
@@ -211,12 +211,12 @@ def test_encoding_a_batch_of_two_actor_sessions_is_refused():
     a, b = three_groups()[:2]
     b.session = "s2"
     with pytest.raises(ValueError, match="one actor session"):
-        wire.encode_groups([a, b])
+        codec.encode_groups([a, b])
 
 
 def batch_frames(groups=None, **entry_changes) -> list[bytes]:
     """Frames of a batch of three groups, with `entry_changes` applied to the middle group's header."""
-    frames = to_bytes(wire.encode_groups(groups or three_groups()))
+    frames = to_bytes(codec.encode_groups(groups or three_groups()))
     if entry_changes:
         header = msgspec.msgpack.decode(frames[0])
         fields = ["prompt_id", "policy_version", "num_prompt_tokens", "samples", "created_at", "seq", "layer", "filtered"]
@@ -231,32 +231,32 @@ def batch_frames(groups=None, **entry_changes) -> list[bytes]:
 def test_batch_lengths_that_do_not_add_up_to_its_frames_are_length_mismatch(frame, cut):
     frames = batch_frames()
     frames[frame] = frames[frame][:-cut] if cut > 0 else frames[frame] + bytes(-cut)
-    assert reason(wire.decode_groups, frames) == "length_mismatch"
+    assert reason(codec.decode_groups, frames) == "length_mismatch"
 
 
 def test_a_batch_whose_middle_group_claims_more_tokens_than_sent_is_length_mismatch():
-    assert reason(wire.decode_groups, batch_frames(num_prompt_tokens=3)) == "length_mismatch"
-    assert reason(wire.decode_groups, batch_frames(samples=[[5, 0.5, "length"]])) == "length_mismatch"
+    assert reason(codec.decode_groups, batch_frames(num_prompt_tokens=3)) == "length_mismatch"
+    assert reason(codec.decode_groups, batch_frames(samples=[[5, 0.5, "length"]])) == "length_mismatch"
 
 
 def test_a_batch_without_groups_is_empty_batch():
     header = msgspec.msgpack.encode(wire.GroupBatchHeader(actor_id="a", groups=[]))
-    assert reason(wire.decode_groups, [header, b"", b"", b""]) == "empty_batch"
+    assert reason(codec.decode_groups, [header, b"", b"", b""]) == "empty_batch"
 
 
 def test_a_batch_with_missing_or_extra_frames_is_frame_count():
     frames = batch_frames()
-    assert reason(wire.decode_groups, frames[:3]) == "frame_count"
-    assert reason(wire.decode_groups, [*frames, b"x", b"y"]) == "frame_count"
-    assert reason(wire.decode_groups, [*frames, b"x"]) == "length_mismatch"  # a fifth is a model-token mask
+    assert reason(codec.decode_groups, frames[:3]) == "frame_count"
+    assert reason(codec.decode_groups, [*frames, b"x", b"y"]) == "frame_count"
+    assert reason(codec.decode_groups, [*frames, b"x"]) == "length_mismatch"  # a fifth is a model-token mask
 
 
 def test_a_single_group_is_a_batch_of_one_whose_frames_are_its_own_arrays():
     g = make_group()
-    frames = wire.encode_groups([g])
+    frames = codec.encode_groups([g])
     assert msgspec.msgpack.decode(frames[0])["type"] == "scored_group_batch"
     assert np.shares_memory(frames[2], g.completion_tokens)
-    assert len(wire.decode_groups(to_bytes(frames))) == 1
+    assert len(codec.decode_groups(to_bytes(frames))) == 1
 
 
 @pytest.mark.parametrize("changes,expected", [
@@ -273,7 +273,7 @@ def test_a_single_group_is_a_batch_of_one_whose_frames_are_its_own_arrays():
     ({"filtered": [1, 0, 8]}, "bad_header"),
 ])
 def test_one_bad_group_header_rejects_the_whole_batch_with_the_reason_it_gets_alone(changes, expected):
-    assert reason(wire.decode_groups, batch_frames(**changes), vocab_size=VOCAB) == expected
+    assert reason(codec.decode_groups, batch_frames(**changes), vocab_size=VOCAB) == expected
 
 
 @pytest.mark.parametrize("bad,expected", [(math.nan, "non_finite_logprob"), (math.inf, "non_finite_logprob"),
@@ -281,19 +281,19 @@ def test_one_bad_group_header_rejects_the_whole_batch_with_the_reason_it_gets_al
 def test_one_bad_log_prob_in_a_batch_rejects_it(bad, expected):
     groups = three_groups()
     groups[1].behaviour_logprobs[2] = bad
-    assert reason(wire.decode_groups, batch_frames(groups)) == expected
+    assert reason(codec.decode_groups, batch_frames(groups)) == expected
 
 
 @pytest.mark.parametrize("bad", [VOCAB, -1])
 def test_one_out_of_vocabulary_token_in_a_batch_rejects_it(bad):
     groups = three_groups()
     groups[2].completion_tokens[0] = bad
-    assert reason(wire.decode_groups, batch_frames(groups), vocab_size=VOCAB) == "token_out_of_range"
+    assert reason(codec.decode_groups, batch_frames(groups), vocab_size=VOCAB) == "token_out_of_range"
 
 
 def test_huge_but_finite_rewards_whose_sum_overflows_are_accepted():
     groups = batch_of(make_group(rewards=[1.7e308, 1.7e308, 0.0, 0.0]))
-    assert wire.decode_groups(to_bytes(wire.encode_groups(groups)))[0].rewards[0] == 1.7e308
+    assert codec.decode_groups(to_bytes(codec.encode_groups(groups)))[0].rewards[0] == 1.7e308
     assert decode_group(to_bytes(encode_group(groups[0]))).rewards[1] == 1.7e308
 
 
@@ -394,7 +394,7 @@ def test_a_negative_token_count_is_length_mismatch():
 
 def decode_weights(frames):
     """One weights message decoded as a whole version."""
-    return chunks.decode_weights([frames])
+    return assembly.decode_weights([frames])
 
 
 def test_weights_of_the_wrong_byte_size_are_length_mismatch():
@@ -479,7 +479,7 @@ def test_a_negative_weights_version_is_bad_version():
 def test_a_version_larger_than_the_subscriber_accepts_is_too_large():
     frames = _chunk(shapes=((10**6,),), offsets=[0], total=4 * 10**6, chunk_bytes=64)
     with pytest.raises(WireError) as e:
-        chunks.decode_weights([frames], max_bytes=1 << 20)
+        assembly.decode_weights([frames], max_bytes=1 << 20)
     assert e.value.reason == "too_large"
 
 
@@ -491,12 +491,12 @@ def test_a_version_with_a_chunk_missing_is_never_delivered():
     state = {"w": torch.arange(64.0)}  # 256 bytes: 4 chunks of 64
     messages = _messages(state)
     for lost in range(4):
-        assert reason(chunks.decode_weights, messages[:lost] + messages[lost + 1:]) == "chunk_lost"
+        assert reason(assembly.decode_weights, messages[:lost] + messages[lost + 1:]) == "chunk_lost"
 
 
 def test_chunks_of_two_versions_never_mix():
     a, b = _messages({"w": torch.zeros(64)}, version=1), _messages({"w": torch.ones(64)}, version=2)
-    assert reason(chunks.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_lost"
+    assert reason(assembly.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_lost"
 
 
 def test_tensors_sent_in_place_arrive_as_views_of_their_frames_and_only_cut_ones_are_copied():
@@ -505,7 +505,7 @@ def test_tensors_sent_in_place_arrive_as_views_of_their_frames_and_only_cut_ones
              "big": torch.randn(100_000, generator=g), "ids": torch.arange(30_000, dtype=torch.int64)}
     messages = [to_bytes(m) for m in chunks.encode_weights(2, state, chunk_bytes=256 << 10, in_pieces=True)]
     assert any(len(m) > 2 for m in messages)  # pieces of several tensors in one chunk
-    version, back = chunks.decode_weights(messages)
+    version, back = assembly.decode_weights(messages)
     assert version == 2 and all(torch.equal(back[k], t) for k, t in state.items())
     frames = [(np.frombuffer(f, dtype=np.uint8).ctypes.data, len(f)) for m in messages for f in m[1:] if len(f)]
 
@@ -523,7 +523,7 @@ def test_a_version_is_copied_into_a_models_tensors_piece_by_piece_without_a_vers
     state = {"big": torch.randn(300_000, generator=g), "norm": torch.randn(16, generator=g).to(torch.bfloat16),
              "t": torch.randn(40, 30, generator=g).t()}  # big: 1.2 MB over 256 KB chunks, cut four times
     messages = [to_bytes(m) for m in chunks.encode_weights(5, state, chunk_bytes=256 << 10, in_pieces=True)]
-    _, back = chunks.decode_weights(messages)
+    _, back = assembly.decode_weights(messages)
     model = {"big": torch.zeros(300_000), "norm": torch.zeros(16, dtype=torch.bfloat16),
              "t": torch.zeros(40, 30).t()}  # a destination that is not contiguous is filled too
     tracemalloc.start()
@@ -538,7 +538,7 @@ def test_a_version_is_copied_into_a_models_tensors_piece_by_piece_without_a_vers
                                    {"w": torch.zeros(2, 2)}, {"w": torch.zeros(4, dtype=torch.float64)}],
                          ids=["renamed", "one_more", "reshaped", "retyped"])
 def test_a_version_is_not_copied_into_tensors_of_other_names_shapes_or_dtypes(model):
-    _, back = chunks.decode_weights(_messages({"w": torch.ones(4)}))
+    _, back = assembly.decode_weights(_messages({"w": torch.ones(4)}))
     before = {k: t.clone() for k, t in model.items()}
     with pytest.raises(ValueError, match="weights:"):
         back.copy_into(model)
@@ -548,22 +548,22 @@ def test_a_version_is_not_copied_into_tensors_of_other_names_shapes_or_dtypes(mo
 def test_a_duplicate_chunk_is_refused_and_leaves_the_version_intact():
     state = {"w": torch.arange(64.0)}
     messages = _messages(state)
-    assert reason(chunks.decode_weights, [messages[0], messages[1], messages[1], messages[2], messages[3]]) \
+    assert reason(assembly.decode_weights, [messages[0], messages[1], messages[1], messages[2], messages[3]]) \
         == "duplicate_chunk"
     header = wire.decode_header(messages[1])
-    assembly = chunks.Assembly(header, 1 << 20)
+    version = assembly.Assembly(header, 1 << 20)
     for m in [messages[1], messages[0], messages[3], messages[2]]:
         h = wire.decode_header(m)
-        assembly.add(h, wire.chunk_payload(m, h))
+        version.add(h, chunks.chunk_payload(m, h))
     with pytest.raises(WireError, match="came twice"):
-        assembly.add(header, wire.chunk_payload(messages[1], header))
-    assert torch.equal(assembly.tensors()["w"], state["w"])
+        version.add(header, chunks.chunk_payload(messages[1], header))
+    assert torch.equal(version.tensors()["w"], state["w"])
 
 
 def test_a_chunk_whose_layout_differs_from_its_versions_is_chunk_mismatch():
     a = _messages({"w": torch.zeros(64)})
     b = _messages({"v": torch.zeros(64)})  # same version and sizes, another tensor name
-    assert reason(chunks.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_mismatch"
+    assert reason(assembly.decode_weights, [a[0], b[1], a[2], a[3]]) == "chunk_mismatch"
 
 
 def test_chunk_size_leaves_room_for_the_header_under_the_message_cap():
@@ -698,10 +698,10 @@ def test_no_module_under_streamrl_actors_or_learner_uses_pickle():
 
 
 def test_layer_and_corrections_survive_single_and_batch_messages():
-    from streamrl.comm import wire
+    from streamrl.comm import codec, wire
 
     def group(layer, corr):
-        return wire.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],
+        return codec.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],
                                              completions=[[3], [4, 5]], logprobs=[[-0.1], [-0.2, -0.3]],
                                              rewards=[1.0, 0.0], finish_reasons=["stop", "length"],
                                              corrections=corr, layer=layer)
@@ -711,18 +711,18 @@ def test_layer_and_corrections_survive_single_and_batch_messages():
 
     one = decode_group(raw(encode_group(group(2, None))))
     assert one.layer == 2 and one.corrections is None
-    both = wire.decode_groups(raw(wire.encode_groups([group(1, [0.5, 1.0]), group(2, None)])))
+    both = codec.decode_groups(raw(codec.encode_groups([group(1, [0.5, 1.0]), group(2, None)])))
     assert [(g.layer, g.corrections) for g in both] == [(1, [0.5, 1.0]), (2, None)]
     bad = group(1, [0.5, 1.0])
     bad.samples[1] = wire.SampleInfo(num_tokens=2, reward=0.0, finish_reason="length")
     with pytest.raises(wire.WireError, match="partial_corrections"):
-        wire.decode_groups(raw(wire.encode_groups([bad, group(1, None)])))
+        codec.decode_groups(raw(codec.encode_groups([bad, group(1, None)])))
 
 
 # --- model-token masks (multi-turn episodes) -------------------------------------------------
 
 
-def masked_group(masks=None, **kw) -> wire.ScoredGroup:
+def masked_group(masks=None, **kw) -> codec.ScoredGroup:
     """make_group's samples, with tokens 2 of sample 0 and 0 of sample 3 the environment's by default."""
     if masks is None:
         masks = [np.array([True, True, False]), np.array([True]), np.zeros(0, bool), np.array([False, True])]
@@ -740,7 +740,7 @@ def test_model_token_masks_round_trip_in_single_and_batch_messages_and_logprobs_
     assert back.sample_model_mask(0).tolist() == [True, True, False] and back.sample_model_mask(2).tolist() == []
     assert np.array_equal(back.behaviour_logprobs, g.behaviour_logprobs)
     plain = make_group(prompt_id="plain")
-    both = wire.decode_groups(to_bytes(wire.encode_groups([plain, g, plain])), vocab_size=VOCAB)
+    both = codec.decode_groups(to_bytes(codec.encode_groups([plain, g, plain])), vocab_size=VOCAB)
     assert [b.model_token_mask.tolist() for b in both] == [[True] * 6, g.model_token_mask.tolist(), [True] * 6]
     assert [b.prompt_id for b in both] == ["plain", "copy-abca", "plain"]
 
@@ -751,8 +751,8 @@ def test_without_environment_tokens_a_group_travels_exactly_as_before_masks_exis
     assert plain.model_token_mask is None and all_model.model_token_mask.all()
     a, b = to_bytes(encode_group(plain)), to_bytes(encode_group(all_model))
     assert len(a) == 4 and a[1:] == b[1:] and len(a[0]) == len(b[0])  # no fifth frame, no header byte more
-    assert len(to_bytes(wire.encode_groups([plain, all_model]))) == 4
-    assert wire.group_nbytes(plain) == wire.group_nbytes(all_model)
+    assert len(to_bytes(codec.encode_groups([plain, all_model]))) == 4
+    assert codec.group_nbytes(plain) == codec.group_nbytes(all_model)
     assert decode_group(a).model_token_mask is None and decode_group(b).model_token_mask is None
     assert plain.sample_model_mask(0).tolist() == [True, True, True]
 
@@ -797,15 +797,15 @@ def test_masks_may_be_lists_of_bools_as_an_episode_collects_them():
 
 def test_an_empty_sample_needs_no_model_token_and_a_batch_mask_is_split_per_group():
     g = masked_group()  # sample 2 has no tokens at all: allowed with a mask as without
-    batch = wire.decode_groups(to_bytes(wire.encode_groups([g, g])), vocab_size=VOCAB)
+    batch = codec.decode_groups(to_bytes(codec.encode_groups([g, g])), vocab_size=VOCAB)
     assert [b.model_token_mask.tolist() for b in batch] == [g.model_token_mask.tolist()] * 2
-    frames = to_bytes(wire.encode_groups([g, make_group()]))
+    frames = to_bytes(codec.encode_groups([g, make_group()]))
     frames[4] = frames[4][:6] + bytes([0, 0, 0, 0, 0, 0])  # the plain group's tokens all environment now
-    assert reason(wire.decode_groups, frames) == "no_model_tokens"
+    assert reason(codec.decode_groups, frames) == "no_model_tokens"
 
 
 def test_make_is_the_name_multi_turn_episodes_build_groups_by():
-    g = wire.ScoredGroup.make(prompt_id="p", policy_version=0, actor_id="a", prompt_tokens=[1], completions=[[2, 3]],
+    g = codec.ScoredGroup.make(prompt_id="p", policy_version=0, actor_id="a", prompt_tokens=[1], completions=[[2, 3]],
                               logprobs=[[-1.0, -9.0]], rewards=[1.0], finish_reasons=["stop"],
                               model_token_masks=[np.array([True, False])])
     assert g.model_token_mask.tolist() == [True, False] and g.behaviour_logprobs.tolist() == [-1.0, 0.0]

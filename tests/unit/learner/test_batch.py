@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.learner.batch import collate
 
 PAD = 0

@@ -16,8 +16,11 @@ import pytest
 import zmq
 
 from streamrl import config, evaluation
-from streamrl.comm import wire
-from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher, WeightSubscriber
+from streamrl.comm import codec, wire
+from streamrl.comm.control import ControlServer, Inbox
+from streamrl.comm.groups import GroupReceiver, GroupSender
+from streamrl.comm.subscriber import WeightSubscriber
+from streamrl.comm.weights import WeightPublisher
 from streamrl.learner.evals import Evals
 from streamrl.tasks import rewards
 from streamrl.telemetry import prometheus_metrics
@@ -122,24 +125,27 @@ def test_evaluation_skips_prompts_with_no_room_under_max_seq_len_and_caps_the_re
 
 
 class _Actor:
-    """An actor's two sockets, as actors/main.py has them: the weight channel's DEALER and the group PUSH."""
+    """An actor's channels, as actors/main.py has them: the weight subscriber with its control inbox, and the group
+    PUSH."""
 
-    def __init__(self, ctx, pub: WeightPublisher, receiver: GroupReceiver, actor_id: str):
-        self.sub = WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), actor_id, 1 << 20)
+    def __init__(self, ctx, pub: WeightPublisher, control: ControlServer, receiver: GroupReceiver, actor_id: str):
+        self.inbox = Inbox(ctx, bound(control.sock), actor_id, 1 << 20)
+        self.sub = WeightSubscriber(ctx, bound(pub.pub), self.inbox, 1 << 20)
         self.sender = GroupSender(ctx, bound(receiver.sock), 4, actor_id)
         self.sub.request(-1)  # what makes the learner know its address
-        self.sender.send(wire.ScoredGroup.from_samples(
+        self.sender.send(codec.ScoredGroup.from_samples(
             prompt_id="p", policy_version=0, actor_id=actor_id, prompt_tokens=[5], completions=[[6], [7]],
             logprobs=[[-0.5], [-0.5]], rewards=[0.0, 1.0], finish_reasons=["stop", "stop"]), 5.0)
 
     def request(self, timeout_s: float = 5.0) -> wire.EvalRequest | None:
         deadline = time.monotonic() + timeout_s
-        while not self.sub.eval_requests and time.monotonic() < deadline:
+        while not self.inbox.eval_requests and time.monotonic() < deadline:
             self.sub.watch(50)
-        return self.sub.eval_requests.popleft() if self.sub.eval_requests else None
+        return self.inbox.take_eval()
 
     def close(self):
         self.sub.close()
+        self.inbox.close()
         self.sender.close()
 
 
@@ -148,20 +154,21 @@ def test_an_overdue_shard_is_asked_of_the_other_actor_and_recorded_once(tmp_path
                              "eval.timeout_s=10", f"run_dir={tmp_path}", "name=t"])
     cfg.run_path.mkdir()  # the run directory, as the learner's RunLog makes it
     ctx = zmq.Context()
-    pub = WeightPublisher(ctx, ANY, ANY, max_bytes=1 << 20)
+    pub = WeightPublisher(ctx, ANY, max_bytes=1 << 20)
+    control = ControlServer(ctx, ANY, pub)
     receiver = GroupReceiver(ctx, ANY, 4, 1 << 20, None)
     telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0.0, 1.0], 2)
     now = [0.0]
     dropped: collections.Counter = collections.Counter()
-    evals = Evals(cfg, rewards.build(cfg).task, pub, receiver, telemetry, dropped, clock=lambda: now[0])
-    actors = [_Actor(ctx, pub, receiver, f"actor-{i}") for i in range(2)]
+    evals = Evals(cfg, rewards.build(cfg).task, control, receiver, telemetry, dropped, clock=lambda: now[0])
+    actors = [_Actor(ctx, pub, control, receiver, f"actor-{i}") for i in range(2)]
     try:
         deadline = time.monotonic() + 5
-        while len(pub.actor_peers) < 2 or len(receiver.sessions) < 2:  # the learner's intake does this
+        while len(control.actor_peers) < 2 or len(receiver.sessions) < 2:  # the learner's poller does this
             assert time.monotonic() < deadline
             receiver.sock.poll(20)
             receiver.take()
-            pub.serve_requests()
+            control.serve()
         evals.request(step=4, version=5)
         first = actors[0].request()
         assert (first.version, first.set, first.start, first.stop, first.attempt) == (5, "", 0, 4, 0)
@@ -185,6 +192,7 @@ def test_an_overdue_shard_is_asked_of_the_other_actor_and_recorded_once(tmp_path
     finally:
         for a in actors:
             a.close()
+        control.close()
         pub.close()
         receiver.close()
         ctx.term()
@@ -213,12 +221,14 @@ def test_a_version_due_for_evaluation_is_kept_and_the_newest_comes_again_after_g
     import torch
 
     ctx = zmq.Context()
-    pub = WeightPublisher(ctx, ANY, ANY, max_bytes=1 << 20)
-    sub = WeightSubscriber(ctx, bound(pub.pub), bound(pub.router), "actor-0", 1 << 20)
+    pub = WeightPublisher(ctx, ANY, max_bytes=1 << 20)
+    control = ControlServer(ctx, ANY, pub)
+    inbox = Inbox(ctx, bound(control.sock), "actor-0", 1 << 20)
+    sub = WeightSubscriber(ctx, bound(pub.pub), inbox, 1 << 20)
     sub.keep = lambda version: version % 2 == 0  # eval.every=2, as actors/weights.py sets it
 
     def serving() -> bool:  # the learner's side of the requests, in this thread
-        pub.serve_requests()
+        control.serve()
         return False
 
     try:
@@ -231,10 +241,12 @@ def test_a_version_due_for_evaluation_is_kept_and_the_newest_comes_again_after_g
         again = sub.wait_for(3, 5.0, ask_every_s=0.2, stop=serving)
         assert again[0] == 3 and torch.equal(again[1]["w"], torch.full((3,), 3.0))
         # an eval request wakes an actor waiting for newer weights (it evaluates, then waits again)
-        assert pub.send_to("actor-0", wire.EvalRequest(version=2, set="", start=0, stop=1, seed=0))
+        assert control.send_to("actor-0", wire.EvalRequest(version=2, set="", start=0, stop=1, seed=0))
         assert sub.wait_for(4, 5.0, ask_every_s=0.2, stop=serving) is None
-        assert [r.version for r in sub.eval_requests] == [2]
+        assert [r.version for r in inbox.eval_requests] == [2]
     finally:
         sub.close()
+        inbox.close()
+        control.close()
         pub.close()
         ctx.term()

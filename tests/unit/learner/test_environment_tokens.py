@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrl.algo import losses
-from streamrl.comm import wire
+from streamrl.comm import codec
 from streamrl.learner import logprobs
 from streamrl.learner.batch import collate
 
@@ -21,13 +21,13 @@ PAD = 0
 
 
 def episode(prompt_id: str, prompt: list[int], turns: list[list[tuple[int, bool]]], rng: np.random.Generator,
-            rewards: list[float]) -> wire.ScoredGroup:
+            rewards: list[float]) -> codec.ScoredGroup:
     """A group whose sample i is turns[i]: (token, is the model's) pairs; the model's log-probs are random,
     the environment's -7 (a foreign peer's leftover: they must not matter)."""
     completions = [[t for t, _ in sample] for sample in turns]
     masks = [np.array([m for _, m in sample], dtype=bool) for sample in turns]
     lps = [(-rng.uniform(0.1, 3.0, len(c))).astype(np.float32) for c in completions]
-    g = wire.ScoredGroup.make(prompt_id=prompt_id, policy_version=0, actor_id="a", prompt_tokens=prompt,
+    g = codec.ScoredGroup.make(prompt_id=prompt_id, policy_version=0, actor_id="a", prompt_tokens=prompt,
                               completions=completions, logprobs=lps, rewards=rewards,
                               finish_reasons=["stop"] * len(turns), model_token_masks=masks)
     g.behaviour_logprobs[~g.model_token_mask] = -7.0
@@ -37,7 +37,7 @@ def episode(prompt_id: str, prompt: list[int], turns: list[list[tuple[int, bool]
 M, E = True, False  # the model's token, the environment's
 
 
-def groups(rng: np.random.Generator) -> list[wire.ScoredGroup]:
+def groups(rng: np.random.Generator) -> list[codec.ScoredGroup]:
     return [
         episode("tool", [1, 2], [
             [(3, M), (4, M), (9, E), (10, E), (5, M)],   # a turn, a tool result, the answer
@@ -50,7 +50,7 @@ def groups(rng: np.random.Generator) -> list[wire.ScoredGroup]:
     ]
 
 
-def positions_of(gs: list[wire.ScoredGroup], model: bool) -> list[tuple[int, int]]:
+def positions_of(gs: list[codec.ScoredGroup], model: bool) -> list[tuple[int, int]]:
     """(row, position predicting the token) of every model (or environment) token, in the batch's layout."""
     out, row = [], 0
     for g in gs:

@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
-from streamrl.comm import wire
-from streamrl.comm.transport import GroupReceiver, GroupSender, WeightPublisher
+from streamrl.comm import codec
+from streamrl.comm.control import ControlServer
+from streamrl.comm.groups import GroupReceiver, GroupSender
+from streamrl.comm.weights import WeightPublisher
 from streamrl.learner.intake import Intake
 
 pytestmark = pytest.mark.timeout(30)
@@ -19,16 +21,17 @@ ANY = "tcp://127.0.0.1:*"
 def intake():
     ctx = zmq.Context()
     receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
-    publisher = WeightPublisher(ctx, ANY, ANY, 1 << 20)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
     sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
-    yield Intake(receiver, publisher, group_size=2, max_staleness=1, demand_after_s=0.3), sender
-    for s in (sender, receiver, publisher):
+    yield Intake(receiver, control, group_size=2, max_staleness=1, demand_after_s=0.3), sender
+    for s in (sender, receiver, control, publisher):
         s.close()
     ctx.term()
 
 
-def group(version: int, size: int = 2) -> wire.ScoredGroup:
-    return wire.ScoredGroup.from_samples(
+def group(version: int, size: int = 2) -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(
         prompt_id="p", policy_version=version, actor_id="a", prompt_tokens=[1, 2], completions=[[3]] * size,
         logprobs=[[-1.0]] * size, rewards=[0.0] * size, finish_reasons=["length"] * size)
 
@@ -99,7 +102,7 @@ def test_a_session_that_never_reports_is_listed_and_drain_gives_up_after_its_tim
 
 def test_claimed_sessions_cannot_grow_the_learners_memory_without_bound(intake, monkeypatch):
     it, sender = intake
-    monkeypatch.setattr("streamrl.comm.transport.MAX_SESSIONS", 3)
+    monkeypatch.setattr("streamrl.comm.groups.MAX_SESSIONS", 3)
     for i in range(6):
         g = group(0)
         sender.session = f"s{i}"
@@ -117,8 +120,8 @@ def test_groups_left_over_from_a_batch_message_fill_the_next_batch_without_waiti
     assert sender.send_batch([group(5) for _ in range(4)], timeout_s=2)
     first, _ = it.collect(version=5, n=2, timeout_s=10)
     waits: list = []
-    poll = it.poller.poll
-    monkeypatch.setattr(it.poller, "poll", lambda timeout=None: waits.append(timeout) or poll(timeout))
+    wait = it.wait
+    monkeypatch.setattr(it, "wait", lambda timeout_ms: waits.append(timeout_ms) or wait(timeout_ms))
     second, _ = it.collect(version=5, n=2, timeout_s=10)
     assert waits == [0]  # one look at the socket, no 100 ms wait on it: the groups were already here
     assert [g.seq for g in first + second] == [0, 1, 2, 3]
@@ -157,3 +160,34 @@ def test_no_demand_goes_out_before_the_first_group_of_the_run_arrives(intake):
     with pytest.raises(TimeoutError, match="have 0/2"):
         it.collect(version=0, n=2, timeout_s=1.0)  # > demand_after_s (0.3), yet nothing to measure slowness by
     assert it.demands_sent == 0
+
+
+def test_the_sessions_poller_answers_a_weight_request_while_the_intake_waits_for_groups():
+    import torch
+
+    from streamrl.comm.control import Inbox
+    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.learner.session import Poller
+
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
+    publisher.publish(4, {"w": torch.ones(2)})
+    publisher.flush()  # sent before the actor subscribed: only its request can bring it
+    inbox = Inbox(ctx, control.sock.getsockopt_string(zmq.LAST_ENDPOINT), "late", 1 << 20)
+    sub = WeightSubscriber(ctx, publisher.pub.getsockopt_string(zmq.LAST_ENDPOINT), inbox, 1 << 20)
+    it = Intake(receiver, control, group_size=2, max_staleness=1, wait=Poller(receiver, control))
+
+    def waiting_for_groups() -> bool:  # the learner's side while the actor waits: no group comes
+        with pytest.raises(TimeoutError):
+            it.collect(version=4, n=1, timeout_s=0.2)
+        return False
+
+    try:
+        got = sub.wait_for(4, timeout_s=5.0, ask_first=True, ask_every_s=0.3, stop=waiting_for_groups)
+        assert got is not None and got[0] == 4 and publisher.requests_served >= 1
+    finally:
+        for s in (sub, inbox, control, publisher, receiver):
+            s.close()
+        ctx.term()

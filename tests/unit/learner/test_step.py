@@ -38,7 +38,7 @@ def _steps(out_path: str) -> None:
 
     torch.set_num_threads(1)
     from streamrl import config, tasks
-    from streamrl.comm.wire import ScoredGroup
+    from streamrl.comm.codec import ScoredGroup
     from streamrl.learner import step
     from streamrl.learner.engine import Engine
     from streamrl.models import model

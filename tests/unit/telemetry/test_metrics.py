@@ -17,7 +17,8 @@ import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from streamrl.algo import advantages, learning_signal, losses
-from streamrl.comm.wire import FilteredCensus, ScoredGroup
+from streamrl.comm.codec import ScoredGroup
+from streamrl.comm.wire import FilteredCensus
 from streamrl.learner import stepstats
 from streamrl.learner.batch import collate
 from streamrl.telemetry import prometheus_metrics

@@ -106,7 +106,7 @@ import torch
 from streamrl.algo import advantages
 from streamrl import config
 from streamrl.models import model
-from streamrl.comm.wire import ScoredGroup
+from streamrl.comm.codec import ScoredGroup
 from streamrl.learner.batch import collate
 from streamrl.learner.engine import Engine
 cfg = config.load({TINY!r}, [])

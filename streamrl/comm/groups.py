@@ -1,0 +1,195 @@
+"""The group channel: actors PUSH scored groups, the learner PULLs them.
+
+Both ends have a small high-water mark, so a slow learner blocks actors (backpressure) instead of
+queueing without bound. Besides groups it carries an actor's last word (ActorReport, which closes
+its session's accounting) and its answers to eval requests (EvalResult), in order with its groups.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+import uuid
+
+import zmq
+
+from streamrl.comm import chunks, codec, wire
+from streamrl.comm.codec import ScoredGroup
+from streamrl.comm.security import Curve
+from streamrl.comm.sockets import RejectCounter, bind, make
+
+
+def batches(groups: list[ScoredGroup], max_bytes: int) -> list[list[ScoredGroup]]:
+    """`groups` in order, cut into runs whose arrays take at most `max_bytes` (a larger group goes
+    alone, and keeps its zero-copy frames; 0: one group per run)."""
+    out: list[list[ScoredGroup]] = []
+    size = max_bytes + 1
+    for g in groups:
+        n = codec.group_nbytes(g)
+        if size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(g)
+        size += n
+    return out
+
+
+class GroupSender:
+    """Actor side of the group channel (PUSH, connects).
+
+    Small groups travel several to a message (`send_batch`, up to `batch_max_bytes` of arrays):
+    a message costs a fixed few microseconds at each end, and the receiver validates a batch's
+    arrays in one pass. The high-water mark counts messages, so a full queue holds up to
+    `hwm × batch_max_bytes` of small groups, or `hwm` groups larger than that.
+    """
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, actor_id: str = "actor", curve: Curve | None = None,
+                 batch_max_bytes: int = 0):
+        self.sock = make(ctx, zmq.PUSH, curve=curve)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.connect(addr)
+        self.blocked_s = 0.0
+        self.actor_id = actor_id
+        self.session = uuid.uuid4().hex[:12]  # this life of the actor: a restart is a new session
+        self.sent = 0
+        self.batch_max_bytes = batch_max_bytes
+
+    def batches(self, groups: list[ScoredGroup]) -> list[list[ScoredGroup]]:
+        return batches(groups, self.batch_max_bytes)
+
+    def send(self, group: ScoredGroup, timeout_s: float) -> bool:
+        """Send one group; False if the learner applied backpressure for `timeout_s`."""
+        return self.send_batch([group], timeout_s)
+
+    def send_batch(self, groups: list[ScoredGroup], timeout_s: float) -> bool:
+        """Send `groups` as one message; False, with no seq used up, if the learner applied backpressure
+        for `timeout_s`."""
+        for i, group in enumerate(groups):
+            group.session, group.seq = self.session, self.sent + i
+        frames = codec.encode_groups(groups)
+        # Zero-copy frames carry a fixed bookkeeping cost; below ~64 KB copying is cheaper.
+        copy = sum(memoryview(f).nbytes for f in frames) < chunks.ZERO_COPY_MIN
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)  # the usual case: room in the queue
+        except zmq.Again:
+            t0 = time.perf_counter()
+            ready = self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT)
+            self.blocked_s += time.perf_counter() - t0
+            if not ready:
+                return False
+            self.sock.send_multipart(frames, copy=copy)
+        self.sent += len(groups)
+        return True
+
+    def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0,
+               reward_failures: dict[str, int] | None = None) -> bool:
+        """Send the ActorReport that closes this session's accounting (after every group it sent)."""
+        msg = wire.ActorReport(actor_id=self.actor_id, session=self.session, groups_sent=self.sent,
+                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {})
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        return True
+
+    def notice(self, msg: wire.EvalResult, timeout_s: float) -> bool:
+        """Send a header-only message (an eval result) on the group channel; False if the learner took nothing for
+        timeout_s."""
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        return True
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """linger_s > 0: give queued groups and the report that long to reach a learner still listening."""
+        self.sock.close(linger=int(linger_s * 1000))
+
+
+MAX_SESSIONS = 10_000
+
+
+@dataclasses.dataclass
+class SessionCount:
+    """What the learner saw from one life of one actor."""
+
+    received: int = 0
+    max_seq: int = -1
+    report: wire.ActorReport | None = None
+    reward_failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """What its groups carried of its reward failures (the report, when it comes, holds the session's total)."""
+
+    @property
+    def reward_failure_counts(self) -> dict[str, int]:
+        """The session's reward failures: its report's total once it reported, else what its groups carried."""
+        return dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
+
+    @property
+    def sent(self) -> int:
+        """The actor's own count if it reported; else at least every seq the learner saw."""
+        return self.report.groups_sent if self.report else max(self.max_seq + 1, self.received)
+
+
+class GroupReceiver:
+    """Learner side of the group channel (PULL, binds). Validates every message.
+
+    A message (one or more groups) is decoded whole and its groups handed out one by one from `pending`;
+    groups count as received when handed out, so the accounting is the same as for one group
+    per message, and the next message (an actor's report, say) is read only after them.
+    """
+
+    def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None,
+                 curve: Curve | None = None):
+        self.sock = make(ctx, zmq.PULL, max_bytes, curve)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        bind(self.sock, addr, "group channel")
+        self.vocab_size = vocab_size
+        self.rejected = RejectCounter("group receiver")
+        self.received = 0
+        self.sessions: dict[tuple[str, str], SessionCount] = {}
+        self.pending: collections.deque[ScoredGroup] = collections.deque()
+        """Groups of a batch message already decoded and not yet taken."""
+        self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
+        """Actors' answers to eval requests, in arrival order, for the learner's evaluation bookkeeping to take."""
+
+    def take(self) -> ScoredGroup | None:
+        """One waiting group, decoded and validated; None if nothing waits or it was rejected.
+        Actor reports on the way are recorded in `sessions`."""
+        while True:
+            if self.pending:
+                return self._count(self.pending.popleft())
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            try:
+                header = wire.decode_header(frames)
+                if isinstance(header, wire.ActorReport):
+                    self._session(header.actor_id, header.session).report = header
+                    continue
+                if isinstance(header, wire.EvalResult):
+                    self.eval_results.append(header)
+                    continue
+                self.pending.extend(codec.decode_groups(frames, header, vocab_size=self.vocab_size))
+            except wire.WireError as e:
+                self.rejected(e)
+                return None
+
+    def _count(self, group: ScoredGroup) -> ScoredGroup:
+        self.received += 1
+        count = self._session(group.actor_id, group.session)
+        count.received += 1
+        count.max_seq = max(count.max_seq, group.seq)
+        if group.reward_failures:
+            count.reward_failures.update(group.reward_failures)
+        return group
+
+    def _session(self, actor_id: str, session: str) -> SessionCount:
+        key = (actor_id, session)
+        if key not in self.sessions and len(self.sessions) >= MAX_SESSIONS:
+            key = ("(too many sessions)", "")  # memory stays bounded whatever peers claim to be
+        if key not in self.sessions:
+            self.sessions[key] = SessionCount()
+        return self.sessions[key]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

@@ -1,0 +1,263 @@
+"""The weight channel's learner end: each new version PUBlished as chunks (streamrl.comm.chunks).
+
+Actors SUBscribe (streamrl.comm.subscriber). A late or lagging actor asks for the newest weights on
+the control channel (streamrl.comm.control), which answers with a re-broadcast here.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+
+import zmq
+
+from streamrl.comm import chunks, wire
+from streamrl.comm.security import Curve
+from streamrl.comm.sockets import bind, make
+
+log = logging.getLogger(__name__)
+
+
+class WeightPublisher:
+    """Learner side of the weight channel: PUB for broadcasts (requests come on streamrl.comm.control).
+
+    A version travels as chunks under the message cap (streamrl.comm.chunks), sent zero-copy from the
+    live parameters' own memory (or, for tensors ZeroMQ cannot read in place, copied into a small
+    pool of reused buffers), so a publish holds at most the pool, never a copy of the model.
+    `publish(..., wait=False)` sends on a background thread so the learner goes on with its next
+    forward/backward meanwhile; `settle()` must come before anything changes the parameters (the
+    optimizer step, loading a checkpoint): it waits until nothing sent still reads them (every
+    in-place frame out, every pool copy made). Until then the parameters still are the published
+    version, and a request is answered by sending it again from them; after it, requests wait for
+    the next publish.
+
+    An answer to a request (`ask`, then `answer`) is a re-broadcast on the PUB socket (the one thread
+    that sends weights owns it; ZeroMQ sockets are not thread-safe):
+    subscribers that hold the version skip its chunks without copying them, and requests that come
+    while a version is on the way share one re-broadcast after it.
+    """
+
+    def __init__(self, ctx: zmq.Context, pub_addr: str, max_bytes: int,
+                 curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
+                 pool_chunks: int | None = None, stall_s: float = 10.0):
+        """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4)."""
+        self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
+        pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
+        self._ctx, self._curve = ctx, curve
+        self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks)
+        self.stall_s = stall_s
+        """How long a chunk may wait for a subscriber before the PUB socket is reopened (see _wait_sent)."""
+        self.pub = self._new_pub()
+        bind(self.pub, pub_addr, "weight broadcast")
+        self._layout: chunks.Layout | None = None
+        self._live: tuple[int, dict] | None = None
+        """(version, state) while `state` still holds that version (from publish to settle): requests are
+        answered from it."""
+        self._asked = 0  # requests waiting for a re-broadcast
+        self.version = -1
+        self.bytes_sent = 0
+        self.requests_served = 0
+        self.rebroadcasts = 0
+        self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
+        self.settle_s = 0.0
+        """Seconds callers spent in `settle` waiting for a background copy (time the learner was blocked)."""
+        self.copy_s = 0.0
+        """Seconds the copies into chunk buffers took (on the publishing thread when wait=False)."""
+        self.send_wait_s = 0.0
+        """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
+        self.reopened = 0
+        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
+        self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
+        self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
+        self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
+
+    @property
+    def latest(self) -> tuple[int, dict] | None:
+        """(version, state) a request would be answered from now, or None (the parameters moved on)."""
+        return self._live
+
+    def publish(self, version: int, state: dict, broadcast: bool = True, wait: bool = True) -> int:
+        """Broadcast `state` as `version`; returns the bytes of one copy.
+
+        wait=True: the copy is done when this returns, so the caller may update its tensors at once.
+        wait=False: the copy and the send run on a background thread and this returns at once; the
+        caller must call `settle()` before it changes any tensor of `state`. broadcast=False only keeps
+        it as the answer to requests (the collective sync carries it).
+        """
+        self._wait_copied()  # one job at a time: the previous version's copy is complete before this one starts
+        layout = self._layout
+        if layout is None or layout.key != tuple((n, t.dtype, tuple(t.shape)) for n, t in state.items()):
+            layout = self._layout = chunks.Layout(state)
+        self._live = (version, state)
+        self.version = version
+        if broadcast or self._asked:
+            self._start(version, state)
+        if wait:
+            self._wait_copied()
+        return layout.total
+
+    def _start(self, version: int, state: dict) -> None:
+        copied = threading.Event()
+        self._copied = copied
+        self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
+        self.requests_served += self._asked
+        self._asked = 0
+        self.bytes_sent += self._layout.total
+
+    def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
+        """On the publishing thread: each chunk sent zero-copy from the tensors' own memory (or, for
+        tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
+        once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
+        At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
+        try:
+            tensors = list(state.values())
+            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
+            in_flight: collections.deque[tuple[list, bool]] = collections.deque()  # (trackers, reads `state`)
+            for h in heads:
+                start = h.index * self.chunk_bytes
+                end = min(start + self.chunk_bytes, layout.total)
+                while len(in_flight) >= self.pool.size:
+                    self._wait_sent(in_flight.popleft()[0])
+                frames, pooled = chunks.pieces_of(layout, tensors, start, end), None
+                if frames is None:
+                    pooled, buf, reading = self.pool.take(end - start)
+                    self._wait_sent(reading)
+                    t0 = time.perf_counter()
+                    chunks.copy_chunk(layout, tensors, start, buf)
+                    self.copy_s += time.perf_counter() - t0
+                    frames = [buf.numpy()]
+                trackers = self._send_chunk(chunks.encode_chunk_header(h), frames)
+                for tracker in trackers if pooled is not None else ():
+                    self.pool.track(pooled, tracker)
+                in_flight.append((trackers, pooled is None))
+            for trackers, reads_state in in_flight:  # the parameters may change once no frame reads them
+                if reads_state:
+                    self._wait_sent(trackers)  # chunk by chunk: `stall_s` is for one chunk, not the whole tail
+        except BaseException as e:
+            self._error = e  # raised by the caller's next settle
+            raise
+        finally:
+            copied.set()
+
+    def _send_chunk(self, header: bytes, frames: list) -> list:
+        """Send one chunk message; returns the trackers of the frames sent zero-copy."""
+        self.pub.send(header, zmq.SNDMORE)
+        trackers = []
+        for k, frame in enumerate(frames):
+            flags = zmq.SNDMORE if k < len(frames) - 1 else 0
+            if memoryview(frame).nbytes < chunks.ZERO_COPY_MIN:
+                self.pub.send(frame, flags)
+            else:
+                trackers.append(self.pub.send(frame, flags, copy=False, track=True))
+        return trackers
+
+    def _wait_sent(self, trackers: list) -> None:
+        """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
+        reading (a stopped process) would keep them forever, and a frame that is a view of the live
+        parameters must never go out after the optimizer changed them: after `stall_s` the PUB socket is
+        closed (ZeroMQ drops what it still queues, so the frames are released) and bound again;
+        subscribers reconnect and this version's partial chunks are dropped as `chunk_lost`."""
+        t0 = time.perf_counter()
+        deadline = t0 + self.stall_s
+        try:
+            for tracker in trackers:
+                tracker.wait(max(0.0, deadline - time.perf_counter()))
+        except zmq.NotDone:
+            self._reopen_pub()
+            for tracker in trackers:
+                tracker.wait(self.stall_s)  # released by the close; NotDone here is a real failure
+        finally:
+            self.send_wait_s += time.perf_counter() - t0
+
+    def _reopen_pub(self) -> None:
+        addr = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.warning("weights: a chunk was not sent within %.0fs (a subscriber that stopped reading?); the "
+                    "broadcast socket is reopened on %s so the parameters it sends from can change",
+                    self.stall_s, addr)
+        self.pub.close(linger=0)
+        self.pub = self._new_pub()
+        for attempt in range(50):  # the closed socket's port is freed by ZeroMQ's I/O thread, soon
+            try:
+                self.pub.bind(addr)
+                break
+            except zmq.ZMQError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+        self.reopened += 1
+
+    def _new_pub(self) -> zmq.Socket:
+        pub = make(self._ctx, zmq.PUB, curve=self._curve)
+        # No high-water mark: chunks in flight are bounded by their trackers (`_copy_and_send`), and a PUB
+        # socket at its mark drops messages. The mark cannot stand in for that bound: the socket learns
+        # that queued messages left only every (mark + 1) / 2 of them, so it drops at about half its mark
+        # (a pool of 8 chunks under a mark of 12 lost chunks, and the version never completed).
+        pub.setsockopt(zmq.SNDHWM, 0)
+        return pub
+
+    def _wait_copied(self) -> None:
+        copied = self._copied
+        if copied is None:
+            return
+        if not copied.is_set():
+            t0 = time.perf_counter()
+            copied.wait()
+            self.settle_s += time.perf_counter() - t0
+        self._copied = None
+        if self._error is not None:  # a failed copy surfaces in the caller, not in a lost thread
+            err, self._error, self._job = self._error, None, None
+            raise err
+
+    def settle(self) -> None:
+        """Block until the pending publish has copied `state`; from here on the caller may change the
+        parameters (call it before the optimizer step), and requests wait for the next publish."""
+        self._wait_copied()
+        self._live = None
+
+    def flush(self) -> None:
+        """Wait for the pending copy and its send (before the caller's thread uses the PUB socket)."""
+        self._wait_copied()
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
+
+    def ask(self) -> None:
+        """One more actor asked for the newest weights (answered by `answer`)."""
+        self._asked += 1
+
+    def answer(self) -> int:
+        """Re-broadcast the newest version for the requests asked since the last send; returns how many that
+        answered now (0 while a version is on its way, or from `settle` until the next publish)."""
+        busy = self._job is not None and not self._job.done()
+        if not self._asked or busy or self._live is None:
+            return 0
+        served = self._asked
+        self._wait_copied()  # surfaces a failed previous job
+        self._job = None
+        self.rebroadcasts += 1
+        self._start(*self._live)
+        return served
+
+    def broadcast(self, msg: wire.Shutdown) -> None:
+        """A notice on the broadcast socket, after any version on its way: it reaches an actor that never asked."""
+        self.flush()
+        self.pub.send_multipart(wire.encode(msg))
+
+    def announce(self, msg: wire.WeightsCollective) -> None:
+        """Tell subscribers a version follows over the collective group (they join the broadcast)."""
+        self.flush()
+        self.pub.send_multipart(wire.encode(msg))
+
+    def close(self, linger_ms: int = 500) -> None:
+        """Give a queued shutdown notice up to `linger_ms` to leave."""
+        try:
+            self.flush()
+        except Exception:  # a failed last copy must not keep the sockets open
+            log.exception("the last weight publish failed")
+        self._pool.shutdown(wait=True)
+        self.pub.close(linger=linger_ms)
