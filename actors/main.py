@@ -17,7 +17,7 @@ import time
 import torch
 import zmq
 
-from streamrl.actors import backends, optional
+from streamrl.actors import backends
 from streamrl.actors.evals import ActorEvals
 from streamrl.actors.generation import Generation
 from streamrl.actors.weights import ActorWeights
@@ -45,11 +45,11 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
     stats: dict = {"actor_id": actor_id, "groups_generated": 0, "groups_sent": 0}
     with contextlib.ExitStack() as closing:  # each resource's close is registered as it is made; they run in reverse
         reward = rewards.build(cfg)
-        closing.callback(optional.close_reward_functions, reward)
+        closing.callback(reward.close)  # reward functions' threads (an abandoned call may still run)
         model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
         phases.mark("model")
         backend = backends.build(cfg.actors.backend, cfg, model, tokenizer, index)  # the engine seeds with seed + index
-        closing.callback(optional.close, backend)
+        closing.callback(backend.close)  # an engine's worker processes go with the actor
         telemetry, health, stopping = _monitoring(cfg, index, actor_id, stop, closing)
         sender, inbox, weights = _channels(cfg, index, learner_host, backend, model, telemetry, health, stats, closing)
         # An engine (vllm, sglang) holds its own copy: this host copy (32 GB at 8B in fp32) must not live on
@@ -122,7 +122,7 @@ def _channels(cfg: Config, index: int, learner_host: str | None, backend, model,
 def _report(stats: dict, started: float, sender: GroupSender, inbox: Inbox, backend, evals: ActorEvals) -> None:
     """The session's stats, and the report that closes its accounting at the learner (after every group it sent)."""
     stats.update(wall_s=time.perf_counter() - started, send_blocked_s=round(sender.blocked_s, 3),
-                 session=sender.session, **evals.report(), **optional.engine_stats(backend))
+                 session=sender.session, **evals.report(), **_engine_stats(backend))
     reason = inbox.shutdown.reason if inbox.shutdown is not None else "stopped"
     stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
         k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
@@ -167,3 +167,9 @@ def _monitoring(cfg: Config, index: int, actor_id: str, stop, closing: contextli
         return stop()
 
     return telemetry, health, stopping
+
+
+def _engine_stats(backend) -> dict:
+    """{"engine": start time, update time, tokens/s} where the backend is an engine (vllm, sglang); {} for hf."""
+    got = backend.engine_stats()
+    return {"engine": got} if got is not None else {}
