@@ -38,9 +38,9 @@ from streamrl.run import preflight
 
 def bench_names() -> list[str]:
     """The benchmarks `streamrl bench` runs, as its registry lists them (the module imports nothing heavy)."""
-    from streamrl.commands import bench
+    from streamrl.bench import cli as bench
 
-    return [*bench.BENCHES, *bench.OPTIONAL]
+    return bench.names()
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
               f"run learner and actors with transport.curve_keys={args.directory}")
         return 0
     if args.command == "bench":
-        from streamrl.commands import bench
+        from streamrl.bench import cli as bench
 
         bench.run(args.names, short=args.short)
         return 0

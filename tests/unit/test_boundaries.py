@@ -96,7 +96,8 @@ def _imported_parts(path: Path) -> set[str]:
 
 
 # The layers of the shared core, bottom up: a part may import the parts listed against it and nothing else of
-# streamrl. The processes and the commands sit on top (checked below).
+# streamrl. The processes, the commands and the benchmarks (bench: they drive the commands' launcher) sit on top
+# (checked below).
 LAYERS = {
     "registry": set(),                                      # name → function registries
     "resources": set(),                                     # the shipped recipes and monitoring bundle
@@ -115,7 +116,7 @@ SHARED = set(LAYERS)
 def test_every_part_of_the_shared_core_has_a_layer():
     parts = {p.name.removesuffix(".py") for p in (REPO / "streamrl").iterdir()
              if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
-    assert parts - {"__init__", "__main__", "commands"} == SHARED
+    assert parts - {"__init__", "__main__", "commands", "bench"} == SHARED
 
 
 @pytest.mark.parametrize("part", sorted(LAYERS))
@@ -169,10 +170,17 @@ def test_nothing_under_the_package_imports_from_tests(package):
     assert offenders == {}
 
 
-def test_only_the_command_line_imports_the_commands():
+def test_only_the_command_line_and_the_benchmarks_import_the_commands():
     files = [p for p in [*_py_files("streamrl"), *_py_files("actors"), *_py_files("learner")]
-             if _part_of_file(p) not in ("commands", "__main__")]
+             if _part_of_file(p) not in ("commands", "bench", "__main__")]
     offenders = {str(p.relative_to(REPO)): "commands" for p in files if "commands" in _imported_parts(p)}
+    assert offenders == {}
+
+
+def test_only_the_command_line_imports_the_benchmarks():
+    files = [p for p in [*_py_files("streamrl"), *_py_files("actors"), *_py_files("learner")]
+             if _part_of_file(p) not in ("commands", "bench")]
+    offenders = {str(p.relative_to(REPO)): "bench" for p in files if "bench" in _imported_parts(p)}
     assert offenders == {}
 
 

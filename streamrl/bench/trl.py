@@ -120,7 +120,7 @@ def _trl(overrides: list[str], steps: int, stop_at: float, workdir: Path) -> dic
     # torch's OpenMP threads spin while they wait for each other: on a shared machine one descheduled thread
     # stalls every parallel region (measured: fwd+bwd 3.7-5.3 s at load 14-20 against 0.18-0.21 s passive).
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    proc = subprocess.run([sys.executable, "-m", "streamrl.commands.bench_trl", json.dumps(overrides), str(steps),
+    proc = subprocess.run([sys.executable, "-m", "streamrl.bench.trl", json.dumps(overrides), str(steps),
                            str(stop_at), str(workdir)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120,
                           env=env)
     if proc.returncode != 0:

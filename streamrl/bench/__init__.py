@@ -1,0 +1,1 @@
+"""Benchmarks and measurement tools: `streamrl bench` and what it runs, apart from the commands that train."""
