@@ -10,6 +10,7 @@ is one line naming what failed and the log that holds its traceback.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -24,7 +25,7 @@ import msgspec
 
 from streamrl import config as config_lib
 from streamrl import resources
-from streamrl.commands import forked
+from streamrl.commands import forked, options, start
 from streamrl.config import Config
 from streamrl.run import fingerprint, lock, preflight
 from streamrl.run.placement import actor_gpus
@@ -39,6 +40,31 @@ EXIT_STATUSES = [
     (130, "interrupted by Ctrl-C (SIGINT); a second Ctrl-C kills the processes and also exits 130"),
     (143, "stopped by SIGTERM"),
 ]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run the learner and the configured actors on this machine",
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="exit status:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_STATUSES))
+    options.add_config(p)
+    p.add_argument("--overwrite", action="store_true", help=options.OVERWRITE_HELP)
+
+
+def main(args: argparse.Namespace) -> int:
+    if (loaded := options.load(args, model_check=True)) is None:
+        return 2
+    cfg = loaded[2]
+    if not start.before_start(cfg, args, "run"):
+        return 2
+    from streamrl.commands import plan
+
+    if warning := plan.run_warning(cfg):
+        print(f"streamrl: warning: {warning}", file=sys.stderr)
+    try:
+        return run(cfg, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # before the supervisor took over the signals: nothing started yet
+        print("\nstreamrl: interrupted", file=sys.stderr)
+        return 130
 
 
 def free_ports(n: int) -> list[int]:
