@@ -170,7 +170,8 @@ def _fmt(v: float | None) -> str:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("uplift", help="how training moved the likelihood of correct samples, by their initial rank")
+    p = subparsers.add_parser("uplift",
+                              help="how training moved the likelihood of correct samples, by their initial rank")
     p.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
     p.add_argument("--prompts", type=int, default=64, help="training prompts to sample (default 64)")
     p.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
