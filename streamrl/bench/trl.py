@@ -182,8 +182,18 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
             if _step_reaching(rewards, stop_at) is not None:
                 control.should_training_stop = True
 
+    args = _grpo_config(GRPOConfig, cfg, steps, workdir)
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[StopAtTarget()])
+    trainer.train()
+
+
+def _grpo_config(GRPOConfig: type, cfg, steps: int, workdir: Path):
+    """TRL's settings for the same job as streamrl's: batch, sampling, optimizer, clipping and loss alike
+    (GRPOConfig: the class `_trl_child` imported, where a missing TRL is one line)."""
+    per_step = cfg.learner.batch_groups
     a, o = cfg.actors, cfg.optim
-    args = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(workdir / "trl"), report_to="none", save_strategy="no", eval_strategy="no",
         use_cpu=True, bf16=False, fp16=False,  # fp32 as streamrl; TRL's default bf16 autocast is slow on CPU
         seed=cfg.seed, max_steps=steps,
@@ -196,9 +206,6 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
         scale_rewards="none", loss_type="dapo", gradient_checkpointing=False,  # streamrl does not recompute
         logging_steps=steps, disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0, shuffle_dataset=False)
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StopAtTarget()])
-    trainer.train()
 
 
 def _spread(xs: list[float | None]) -> str:
