@@ -242,7 +242,9 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     cfg = with_free_ports(cfg)
     if (cfg_file := _claim_run_dir(cfg, out, overwrite)) is None:
         return 2
-    supervisor = Supervisor(cfg, cfg_file, learner_env, actor_envs, spawn, out)  # spawn: looked up here, at run time
+    # spawn is handed over rather than imported there: launch imports the supervisor, and this module's spawn is
+    # the one a caller may replace (tests start fake children through it).
+    supervisor = Supervisor(cfg, cfg_file, learner_env, actor_envs, spawn, out)
     banner(cfg, learner_env, actor_envs, out)
     supervisor.start(phases)
     try:
