@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from streamrl.commands import launch, supervisor
+from streamrl.commands import supervisor
 from streamrl.commands.launch import free_ports
 
 
