@@ -9,10 +9,41 @@ is not sampled, not written, and counted (`too_long`).
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+from streamrl import config as config_lib
 from streamrl.algo.difficulty import in_band
+from streamrl.commands import options
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("difficulty", help="keep the prompts whose success rate lies in [difficulty.low, .high]")
+    options.add_config(p)
+    p.add_argument("--out", required=True, help="JSONL to write: the kept dataset rows (or prompt ids)")
+    p.add_argument("--rollouts", type=int, default=None, help="samples per prompt (default: difficulty.rollouts)")
+    p.add_argument("--checkpoint", default=None, help="run dir or checkpoint folder (default: the initial policy)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="tasks without a dataset: how many eval_set prompts (default: eval.prompts)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return options.tool(args, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    path, overrides = options.split_args(args.args)
+    if path is None and args.checkpoint:
+        path = str(options.run_dir(args.checkpoint) / "config.yaml")
+    cfg = config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
+    options.at_least_one(args, "rollouts", "prompts")
+    c = filter_offline(cfg, args.rollouts or cfg.difficulty.rollouts, Path(args.out), args.checkpoint, args.prompts)
+    print(f"streamrl difficulty: kept {c['kept']} of {c['prompts']} prompts ({c['source']}); dropped "
+          f"{c['too_easy']} too easy (rate > {cfg.difficulty.high}), {c['too_hard']} too hard "
+          f"(rate < {cfg.difficulty.low}), {c['too_long']} too long (no room under model.max_seq_len, or "
+          f"over model.max_prompt_tokens: not sampled) -> {c['out']}")
+    return 0
 
 
 def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,

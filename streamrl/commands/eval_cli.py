@@ -15,16 +15,57 @@ directory. With `transport.curve_keys` the folder needs an `eval.key_secret` the
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from streamrl import evaluation
+from streamrl import config as config_lib
+from streamrl.commands import options
 from streamrl.run import checkpoints, jsonfiles
-from streamrl.tasks import rewards
+
+# streamrl.evaluation and the rewards are imported where they run: they bring torch, and the command line builds its
+# parser from this module.
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="pass@k and mean@k of a saved policy, or (--live) of a running learner's")
+    p.add_argument("args", nargs="*", help="RUN_DIR or checkpoint folder (with --live: CONFIG or RUN_DIR), "
+                   "then key=value overrides (e.g. eval.samples=16)")
+    p.add_argument("--live", action="store_true", help="subscribe to the learner's weights instead of a checkpoint")
+    p.add_argument("--learner", default=None, help="--live: learner host (default: transport.host)")
+    p.add_argument("--watch", type=int, default=1, help="--live: evaluate this many versions in all (default 1)")
+    p.add_argument("--timeout", type=float, default=120.0, help="--live: seconds to wait for weights (default 120)")
+    p.add_argument("--out", default=None, help="result file (default: RUN_DIR/eval.json)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return options.tool(args, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    path, overrides = options.split_args(args.args)
+    out = Path(args.out) if args.out else None
+    if not args.live:
+        if path is None:
+            raise config_lib.ConfigError("streamrl eval: give a RUN_DIR or checkpoint folder (or --live)")
+        print(line(result := offline(path, overrides, out), out or options.run_dir(path) / "eval.json"))
+        return 0 if result else 1
+    options.at_least_one(args, "watch")
+    return 0 if live(_live_config(path, overrides), args.learner, args.watch, args.timeout, out) else 1
+
+
+def _live_config(path: str | None, overrides: list[str]) -> config_lib.Config:
+    """A run dir's config.yaml (it holds the ports `streamrl run` chose), or a CONFIG file, or the default."""
+    if path is not None and Path(path).is_dir():
+        path = str(options.run_dir(path) / "config.yaml")
+    return config_lib.load(path or str(config_lib.DEFAULT_CONFIG), overrides)
 
 
 def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> dict:
     """Evaluate the checkpoint at `path`; the result is written to `out` (default RUN_DIR/eval.json)."""
+    from streamrl import evaluation
+    from streamrl.tasks import rewards
+
     cfg = checkpoints.run_config(path, overrides)
     weights = checkpoints.checkpoint_of(path)
     evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *checkpoints.load_policy(cfg, path))
@@ -39,10 +80,12 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
     """Evaluate the learner's newest weights, then every new version, `watch` times in all (fewer if it stops)."""
     import zmq
 
+    from streamrl import evaluation
     from streamrl.comm import security
     from streamrl.comm.control import Inbox
     from streamrl.comm.sockets import endpoint
     from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.tasks import rewards
 
     t, host = cfg.transport, host or cfg.transport.host
     out = out or cfg.run_path / "eval.json"

@@ -8,7 +8,9 @@ A file that is already there is never replaced unless asked (`force`): the copy 
 
 from __future__ import annotations
 
+import argparse
 import shutil
+import sys
 from pathlib import Path
 
 from streamrl import resources
@@ -40,3 +42,20 @@ def init(directory: str | Path, force: bool = False) -> list[Path]:
         if src.suffix in (".sh", ".sbatch") or src.stat().st_mode & 0o111:  # the Slurm scripts stay runnable
             dst.chmod(dst.stat().st_mode | 0o755)
     return [d for _, d in pairs]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("init", help="copy the shipped recipes, Slurm scripts and monitoring bundle into DIR")
+    p.add_argument("directory", help="project folder to write (DIR/configs/, DIR/monitoring/; made if missing)")
+    p.add_argument("--force", action="store_true", help="replace files already there (default: refuse)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        made = init(args.directory, force=args.force)
+    except OSError as e:
+        print(f"streamrl init: error: {e}", file=sys.stderr)
+        return 2
+    print(f"streamrl init: wrote {len(made)} files to {args.directory}/ (configs/, monitoring/); try "
+          f"`cd {args.directory} && streamrl run configs/tiny.yaml`")
+    return 0

@@ -1,8 +1,7 @@
 """`streamrl run`: one learner and N actors as OS processes on this machine, with live progress.
 
-Children run in their own sessions, so Ctrl-C reaches only this supervisor, which asks the
-learner to stop cleanly (it finishes the step, checkpoints, tells the actors to exit) and then
-makes sure no child is left behind. Progress is read from the learner's metrics.jsonl.
+Here: the run's GPUs and ports, its directory, the banner and how a child is started (`spawn`); the
+supervisor that starts, watches and stops them is `streamrl.commands.supervisor`.
 
 The exit status says how the run ended (EXIT_STATUSES, shown by `streamrl run --help`); a failure
 is one line naming what failed and the log that holds its traceback.
@@ -10,7 +9,7 @@ is one line naming what failed and the log that holds its traceback.
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import random
 import signal
@@ -24,7 +23,8 @@ import msgspec
 
 from streamrl import config as config_lib
 from streamrl import resources
-from streamrl.commands import forked
+from streamrl.commands import forked, options, start
+from streamrl.commands.supervisor import Supervisor
 from streamrl.config import Config
 from streamrl.run import fingerprint, lock, preflight
 from streamrl.run.placement import actor_gpus
@@ -39,6 +39,31 @@ EXIT_STATUSES = [
     (130, "interrupted by Ctrl-C (SIGINT); a second Ctrl-C kills the processes and also exits 130"),
     (143, "stopped by SIGTERM"),
 ]
+
+
+def add_parser(subparsers) -> None:
+    statuses = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_STATUSES)
+    p = subparsers.add_parser("run", help="run the learner and the configured actors on this machine",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog="exit status:\n" + statuses)
+    options.add_config(p)
+    p.add_argument("--overwrite", action="store_true", help=options.OVERWRITE_HELP)
+
+
+def main(args: argparse.Namespace) -> int:
+    if (loaded := options.load(args, model_check=True)) is None:
+        return 2
+    cfg = loaded[2]
+    if not start.before_start(cfg, args, "run"):
+        return 2
+    from streamrl.commands import plan
+
+    if warning := plan.run_warning(cfg):
+        print(f"streamrl: warning: {warning}", file=sys.stderr)
+    try:
+        return run(cfg, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # before the supervisor took over the signals: nothing started yet
+        print("\nstreamrl: interrupted", file=sys.stderr)
+        return 130
 
 
 def free_ports(n: int) -> list[int]:
@@ -70,37 +95,6 @@ def with_free_ports(cfg: Config) -> Config:
     keys = [k for k in ("group_port", "weights_port", "weights_request_port", "weight_sync_port") if not getattr(t, k)]
     ports = dict(zip(keys, free_ports(len(keys))))
     return msgspec.structs.replace(cfg, transport=msgspec.structs.replace(t, **ports))
-
-
-class _Tail:
-    """Reads the complete lines appended to a file since the last call."""
-
-    def __init__(self, path: Path):
-        self.path, self.pos, self.buf = path, 0, ""
-
-    def lines(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as f:
-            if f.seek(0, os.SEEK_END) < self.pos:  # rewritten (a resumed learner trims its log)
-                self.pos, self.buf = 0, ""
-            f.seek(self.pos)
-            self.buf += f.read()
-            self.pos = f.tell()
-        *done, self.buf = self.buf.split("\n")
-        return [line for line in done if line.strip()]
-
-
-def _fmt(v, spec: str) -> str:
-    return "  -  " if v is None else format(v, spec)
-
-
-def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
-    dropped = sum(rec.get("groups_dropped", {}).values())
-    return (f"step {rec['step'] + 1:>5}/{steps}  reward {_fmt(rec['reward_mean'], '.3f')}  "
-            f"r_count {_fmt(rec['r_count'], '.3f')}  failed+ {_fmt(rec['failed_positive_fraction'], '.3f')}  "
-            f"lag {rec['lag_mean']:.2f} (max {rec['lag_max']}/{max_staleness})  "
-            f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
 
 
 def gpu_devices_present(dev: str = "/dev") -> bool:
@@ -233,69 +227,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _first_error_line(log: Path, who: str) -> str | None:
-    """The one line a failed `streamrl learner`/`actor` ends its log with (`streamrl NAME: error: ...`)."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    marker = f"streamrl {who}: error: "
-    return next((line.split(marker, 1)[1] for line in reversed(lines) if marker in line), None)
-
-
-def _child_failure(who: str, returncode: int, log: Path) -> str:
-    """One line: why a child ended, and the log with its traceback."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"{who} was killed by {name} (its log: {log})"
-    if (line := _first_error_line(log, who)) is not None:
-        return f"{who} failed: {line} (traceback in {log})"
-    return f"{who} exited with status {returncode} (see {log})"
-
-
-def outcome(learner_rc: int, summary: dict | None, signalled: int | None, failure: str | None,
-            learner_log: Path) -> tuple[int, str | None]:
-    """(exit status, one line or None) once the learner has exited; see EXIT_STATUSES."""
-    if summary is not None and summary.get("status") == "failed":
-        where = f" (traceback in {learner_log})"
-        return 1, f"learner failed: {summary.get('error', 'see the log')}{where}"
-    if learner_rc != 0:
-        if signalled is not None and learner_rc == -signal.SIGKILL:  # the second Ctrl-C killed it
-            return 128 + signalled, None
-        return 1, _child_failure("learner", learner_rc, learner_log)
-    if signalled is not None:
-        return 128 + signalled, None
-    if failure is not None:
-        return 3, None
-    if summary is None or summary.get("status") != "finished":
-        return 4, "the learner stopped before its steps (it was stopped from outside this command)"
-    return 0, None
-
-
-def _read_summary(path: Path) -> dict | None:
-    try:
-        s = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return s if isinstance(s, dict) and s.get("status") != "running" else None
-
-
 def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     phases = Phases("run")  # from this process's start (or STREAMRL_SPAWNED_AT: a bench timing the command)
     try:
@@ -309,11 +240,28 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
               file=sys.stderr, flush=True)
         return 2
     cfg = with_free_ports(cfg)
+    if (cfg_file := _claim_run_dir(cfg, out, overwrite)) is None:
+        return 2
+    # spawn is handed over rather than imported there: launch imports the supervisor, and this module's spawn is
+    # the one a caller may replace (tests start fake children through it).
+    supervisor = Supervisor(cfg, cfg_file, learner_env, actor_envs, spawn, out)
+    banner(cfg, learner_env, actor_envs, out)
+    supervisor.start(phases)
+    try:
+        supervisor.watch()
+    finally:
+        supervisor.stop()
+    return supervisor.report()
+
+
+def _claim_run_dir(cfg: Config, out, overwrite: bool) -> Path | None:
+    """The run directory made (an earlier run moved aside with `overwrite`, else refused), with the run's
+    config.yaml (the file the children read) and fingerprint; None once a refusal is printed."""
     run_dir = cfg.run_path
     if refusal := preflight.existing_run(cfg):
         if not overwrite:
             print(f"streamrl: {refusal}", file=sys.stderr, flush=True)
-            return 2
+            return None
         print(f"streamrl: moved the earlier run aside to {preflight.move_aside(run_dir)}", file=out, flush=True)
         lock.take(run_dir, "--overwrite")  # the lock held on the old directory moved aside with it
     try:
@@ -323,9 +271,13 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
         fingerprint.record(cfg)
     except OSError as e:
         print(f"streamrl: cannot write the run directory {run_dir}: {e.strerror or e}", file=sys.stderr, flush=True)
-        return 2
-    # A resumed run's metrics.jsonl holds the earlier steps: they are not shown as new progress.
-    old_lines = _line_hashes(run_dir / "metrics.jsonl") if cfg.learner.resume else set()
+        return None
+    return cfg_file
+
+
+def banner(cfg: Config, learner_env: dict[str, str], actor_envs: list[dict[str, str]], out) -> None:
+    """What `streamrl run` is about to start: the run and its directory, then metrics, encryption and GPUs where set."""
+    run_dir = cfg.run_path
     print(f"streamrl: run {cfg.name!r} -> {run_dir}/  ({cfg.on_policy}, estimator {cfg.advantage.estimator}, "
           f"{cfg.actors.num} actors, {cfg.steps} steps; logs in {run_dir}/logs/)", file=out, flush=True)
     if (m := cfg.monitoring).learner_port:
@@ -336,207 +288,7 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     if cfg.transport.curve_keys:
         print(f"streamrl: CurveZMQ encryption and authentication on (keys in {cfg.transport.curve_keys}; the "
               f"learner admits only the actor keys in {cfg.transport.curve_keys}/authorized/)", file=out, flush=True)
-
     if learner_env or any(actor_envs):
         where = [f"learner {learner_env.get('CUDA_VISIBLE_DEVICES', 'unset')}"] + [
             f"actor-{i} {e.get('CUDA_VISIBLE_DEVICES', 'unset')}" for i, e in enumerate(actor_envs)]
         print(f"streamrl: GPUs (CUDA_VISIBLE_DEVICES): {'; '.join(where)}", file=out, flush=True)
-
-    procs: list[subprocess.Popen] = []
-    waits = _Waits(run_dir / "logs" / "learner.log", out)
-    interrupts = {"n": 0, "signal": None}
-
-    def on_interrupt(signum, frame):
-        interrupts["n"] += 1
-        interrupts["signal"] = interrupts["signal"] or signum
-        print("\nstreamrl: stopping (Ctrl-C again to kill)" if interrupts["n"] == 1 else "\nstreamrl: killing",
-              file=out, flush=True)
-        if interrupts["n"] == 1:
-            waits.stopping()
-            if procs:
-                procs[0].send_signal(signal.SIGTERM)
-        else:
-            for p in procs:
-                p.kill()
-
-    # Before any child exists: a Ctrl-C during start-up stops the run like one later.
-    old = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    phases.mark("configured")
-    # On CPU the children are forked from this process once it has imported what they all need:
-    # those imports are most of their start-up, and 2 cores would otherwise do them three times.
-    fork = forked.enabled() and cfg.actors.backend == "hf" and not learner_env and not any(actor_envs)
-    if fork:
-        forked.preload(cfg)
-        phases.mark("imports")
-    learner = spawn(["learner", str(cfg_file)], run_dir / "logs" / "learner.log", cfg.learner.ranks, learner_env,
-                    fork=fork)
-    procs.append(learner)
-    if interrupts["n"]:
-        learner.send_signal(signal.SIGTERM)
-    actors = [spawn(["actor", str(cfg_file), "--index", str(i)], run_dir / "logs" / f"actor-{i}.log",
-                    env_extra=actor_envs[i], fork=fork)
-              for i in range(cfg.actors.num)]
-    procs += actors
-    phases.mark("spawned")
-    phases.done(run_dir)
-    tail, failure, reported = _Tail(run_dir / "metrics.jsonl"), None, set()
-
-    def show_progress() -> None:
-        for line in tail.lines():
-            if hash(line) in old_lines:
-                continue
-            waits.progressed()
-            rec = json.loads(line)
-            if (rec["step"] + 1) % cfg.log_every == 0 or rec["step"] == 0 or rec["step"] + 1 == cfg.steps:
-                print(progress_line(rec, cfg.steps, cfg.max_staleness), file=out, flush=True)
-
-    try:
-        while learner.poll() is None:
-            show_progress()
-            if interrupts["n"] == 1 or failure is not None:
-                if (limit := waits.stop_overdue(learner.pid)) is not None:  # stopped or hung: one Ctrl-C ends the run
-                    print(f"streamrl: the learner did not stop within {limit:.0f}s; killing it", file=out, flush=True)
-                    _kill(learner)
-                    continue
-            else:
-                waits.tell(sum(p.poll() is None for p in actors), len(actors))
-            for i, p in enumerate(actors):
-                if p.poll() not in (None, 0) and i not in reported:
-                    reported.add(i)
-                    if interrupts["n"] < 2:
-                        line = _child_failure(f"actor-{i}", p.returncode, run_dir / "logs" / f"actor-{i}.log")
-                        print(f"streamrl: {line}", file=out, flush=True)
-            # An actor that exits 0 has had the learner's shutdown notice: only all of them failing is fatal.
-            if actors and failure is None and len(reported) == len(actors):
-                failure = "every actor failed"
-                print(f"streamrl: {failure}; stopping the learner", file=out, flush=True)
-                waits.stopping()
-                learner.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
-        show_progress()
-        _stop_all(actors, grace_s=10.0)  # they exit on the learner's shutdown notice; this is the backstop
-    finally:
-        _stop_all([learner, *actors], grace_s=5.0)
-        for s, h in old.items():
-            signal.signal(s, h)
-
-    summary_path = run_dir / "summary.json"
-    s = _read_summary(summary_path)
-    if s is None and learner.returncode < 0:  # killed before it could write its own: the record says so
-        _write_killed_summary(summary_path, run_dir, _child_failure("learner", learner.returncode,
-                                                                    run_dir / "logs" / "learner.log"))
-    code, line = outcome(learner.returncode, s, interrupts["signal"], failure, run_dir / "logs" / "learner.log")
-    if line is not None:
-        print(f"streamrl: {line}", file=out, flush=True)
-    if interrupts["n"] >= 2:
-        newest = _newest_checkpoint(run_dir)
-        print(f"streamrl: killed the learner and actors; the newest complete checkpoint is {newest or 'none'}",
-              file=out, flush=True)
-    elif s is not None and code != 1:
-        print(f"streamrl: {'done' if code == 0 else 'stopped'} in {s['wall_s']:.0f}s: {s['steps']} steps, "
-              f"reward {_fmt(s['reward_first_10pct'], '.3f')} (first 10%) -> "
-              f"{_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
-              f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}",
-              file=out, flush=True)
-        if (m := s.get("mgrpo_layer2")) and m["first_correction_step"] is not None:
-            print(f"streamrl: layer 2 trained on {m['steps_with_layer2']} of the {m['steps_since']} steps from the "
-                  f"first verified correction (step {m['first_correction_step']}) on, {m['layer2_groups']} groups",
-                  file=out, flush=True)
-    return code
-
-
-STOP_GRACE_S = 30.0  # a learner asked to stop that is not running at all (SIGSTOP, traced) is killed after this
-STOP_LIMIT_S = 300.0  # any learner asked to stop is killed after this (a big model's final checkpoint fits in it)
-WAIT_NOTE_S = 15.0  # with no new step for this long, the supervisor says what the run is waiting for
-
-
-class _Waits:
-    """What `streamrl run` says while nothing visible happens: what the run waits for, every WAIT_NOTE_S."""
-
-    def __init__(self, learner_log: Path, out):
-        self.learner_log, self.out = learner_log, out
-        self.since = self.last_note = time.monotonic()
-        self.stop_asked: float | None = None
-        self.steps = 0
-
-    def progressed(self) -> None:
-        self.since = self.last_note = time.monotonic()
-        self.steps += 1
-
-    def stopping(self) -> None:
-        self.stop_asked = self.stop_asked or time.monotonic()
-
-    def stop_overdue(self, pid: int) -> float | None:
-        """The seconds after which the learner (process `pid`), asked to stop, is overdue and is killed; None
-        while it is not."""
-        now = time.monotonic()
-        frozen = _process_state(pid) in ("T", "t")  # stopped or traced: it cannot stop by itself
-        limit = STOP_GRACE_S if frozen else STOP_LIMIT_S
-        if now - self.last_note > WAIT_NOTE_S:
-            self.last_note = now
-            state = "it is stopped (SIGSTOP) and cannot" if frozen else "it finishes its step and checkpoints"
-            print(f"streamrl: waiting for the learner to stop ({state}; killed after {limit:.0f}s) "
-                  f"[{now - self.stop_asked:.0f}s]", file=self.out, flush=True)
-        return limit if now - self.stop_asked > limit else None
-
-    def tell(self, alive: int, actors: int) -> None:
-        now = time.monotonic()
-        if now - self.last_note < WAIT_NOTE_S:
-            return
-        self.last_note = now
-        try:
-            ready = "learner ready" in self.learner_log.read_text(errors="replace")
-        except OSError:
-            ready = False
-        what = ("the learner's start (model, DeepSpeed, sockets)" if not ready else
-                f"{'the first' if not self.steps else 'the next'} step: the learner waits for groups from the "
-                f"actors ({alive} of {actors} running; their logs: {self.learner_log.parent}/actor-*.log)")
-        print(f"streamrl: waiting for {what} [{now - self.since:.0f}s]", file=self.out, flush=True)
-
-
-def _process_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat (R, S, D, T, Z, ...); "" when it cannot be read."""
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def _kill(p) -> None:
-    try:
-        p.send_signal(signal.SIGCONT)  # a stopped process dies only once it runs again
-        p.kill()
-    except (ProcessLookupError, OSError):
-        pass
-    p.wait()
-
-
-def _write_killed_summary(path: Path, run_dir: Path, why: str) -> None:
-    """summary.json for a learner that died by a signal (its own summary never got written)."""
-    from streamrl.run import jsonfiles
-
-    try:
-        with open(run_dir / "metrics.jsonl") as f:
-            steps = sum(1 for line in f if line.strip())
-    except OSError:
-        steps = 0
-    try:
-        jsonfiles.write(path, {"status": "failed", "error": why, "steps": steps, "stopped_early": True,
-                               "written_by": "streamrl run (the learner could not write it)"})
-    except OSError:
-        pass
-
-
-def _line_hashes(path: Path) -> set[int]:
-    try:
-        with open(path) as f:
-            return {hash(line.rstrip("\n")) for line in f if line.strip()}
-    except OSError:
-        return set()
-
-
-def _newest_checkpoint(run_dir: Path) -> str | None:
-    from streamrl.run import checkpoints
-
-    found = checkpoints.newest_complete(run_dir / "checkpoints")
-    return str(run_dir / "checkpoints" / found[0]) if found else None

@@ -30,13 +30,16 @@ a few GB per GPU for those); the model-state figures are exact where DeepSpeed's
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import msgspec
 
 from streamrl import resources
+from streamrl.commands import options
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -365,3 +368,26 @@ def run_warning(cfg) -> str | None:
     except Exception:  # a plan that cannot be made must not stop a run the user asked for
         return None
     return None
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="per-GPU memory a config needs (learner and actors), and whether it fits")
+    options.add_config(p)
+    p.add_argument("--gpus", type=int, default=None, help="GPUs available (learner ranks + actor GPUs must fit)")
+    p.add_argument("--gpu-mem", type=float, default=None, help="memory of one GPU in GB (1e9 bytes)")
+    p.add_argument("--prompt-tokens", type=int, default=256,
+                   help="prompt length assumed when model.max_seq_len is unset (default 256)")
+    p.add_argument("--model-config", default=None, help="a config.json to read the model's shape from")
+
+
+def main(args: argparse.Namespace) -> int:
+    if (loaded := options.load(args)) is None:
+        return 2
+    path, _, cfg = loaded
+    try:
+        made = make(cfg, args.gpus, args.gpu_mem, args.prompt_tokens, args.model_config)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"streamrl plan: error: {e}", file=sys.stderr)
+        return 2
+    print(report(made, path or "default"))
+    return 0 if made.fits is not False else 1

@@ -13,8 +13,10 @@ with no negative sample does not turn a curve into infinities.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import yaml
@@ -179,3 +181,22 @@ def plot(run_dirs: list[str | Path], out: str | Path, window: int = 10) -> list[
     made = [learning_signal_figure(runs, out, window), rewards_figure(runs, out, window),
             census_figure(runs, out, window), uplift_figure(runs, out)]
     return [p for p in made if p is not None]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plot", help="r_count/r_loss (paper Figure 2), rewards, census and uplift plots as PNG")
+    p.add_argument("runs", nargs="+", help="run directories (runs/<name>)")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: the first run directory)")
+    p.add_argument("--window", type=int, default=10, help="steps per smoothing window (default 10)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.window < 1:
+            raise ValueError(f"--window {args.window}: must be at least 1 (steps per smoothing window)")
+        made = plot(args.runs, args.out or args.runs[0], args.window)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"streamrl plot: {e}", file=sys.stderr)
+        return 2
+    print("streamrl plot: wrote " + ", ".join(map(str, made)))
+    return 0

@@ -7,11 +7,12 @@ the paper's three observations against what these runs measured, and says so whe
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from streamrl import config as config_lib
-from streamrl.commands import plots
+from streamrl.commands import options, plots
 from streamrl.run import jsonfiles
 
 ESTIMATORS = ("grpo", "static", "corpo")
@@ -122,3 +123,16 @@ def run(config_path: str | None, overrides: list[str], out: str) -> int:
     print((out_dir / "table.md").read_text(), end="")
     print(f"streamrl reproduce: figures {', '.join(result['figures'])}")
     return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("reproduce", help="train GRPO, static and CoRPO alike; write the paper's plot and table")
+    options.add_config(p)
+    p.add_argument("--out", default="runs/reproduce", help="folder for the three runs, figures and table")
+
+
+def main(args: argparse.Namespace) -> int:
+    if (loaded := options.load(args)) is None:  # a bad config fails before the first of three runs
+        return 2
+    path, overrides, _ = loaded
+    return run(path, overrides, args.out)

@@ -16,10 +16,13 @@ lifts the last ones. Written to RUN_DIR/uplift.json.
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Sequence
 
+from streamrl import config as config_lib
+from streamrl.commands import options
 from streamrl.run import jsonfiles
 
 RANKS = ("rank within each prompt's distinct correct answers; rank 0 = its highest log-prob under the initial "
@@ -164,3 +167,27 @@ def report(result: dict) -> str:
 
 def _fmt(v: float | None) -> str:
     return "overflow" if v is None else f"{v:.3g}"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("uplift",
+                              help="how training moved the likelihood of correct samples, by their initial rank")
+    p.add_argument("args", nargs="*", help="RUN_DIR, then key=value overrides")
+    p.add_argument("--prompts", type=int, default=64, help="training prompts to sample (default 64)")
+    p.add_argument("--samples", type=int, default=64, help="samples per prompt from the initial policy (default 64)")
+    p.add_argument("--buckets", type=int, default=5, help="rank buckets (default 5)")
+    p.add_argument("--out", default=None, help="result file (default: RUN_DIR/uplift.json)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return options.tool(args, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    path, overrides = options.split_args(args.args)
+    if path is None:
+        raise config_lib.ConfigError("streamrl uplift: give a RUN_DIR")
+    options.at_least_one(args, "prompts", "samples", "buckets")
+    out = Path(args.out) if args.out else None
+    print(report(analyse(path, overrides, args.prompts, args.samples, args.buckets, out)))
+    return 0

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from streamrl.commands import bench_trl
+from streamrl.bench import trl as bench_trl
 
 HAS_TRL = importlib.util.find_spec("trl") is not None
 

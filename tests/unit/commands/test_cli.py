@@ -15,6 +15,11 @@ def test_the_module_docstring_lists_every_command():
     assert commands == listed
 
 
+def test_the_command_table_names_every_command_in_help_order():
+    """`cli.main` runs a command through COMMANDS: a parser added without a row would parse and then fail."""
+    assert list(cli._parser()._subparsers._group_actions[0].choices) == list(cli.COMMANDS)
+
+
 def test_tool_commands_refuse_bad_arguments_with_one_line_and_status_2(tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path)]) == 2
     assert cli.main(["eval"]) == 2

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from streamrl.commands import launch
+from streamrl.commands import supervisor
 from streamrl.commands.launch import free_ports
 
 
@@ -23,7 +23,8 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
 
 
 def test_exit_statuses_tell_a_finished_run_from_every_other_ending(tmp_path):
-    from streamrl.commands.launch import EXIT_STATUSES, outcome
+    from streamrl.commands.launch import EXIT_STATUSES
+    from streamrl.commands.supervisor import outcome
 
     log = tmp_path / "learner.log"
     log.write_text("12:00:00 learner ERROR failed\nTraceback ...\nstreamrl learner: error: TimeoutError: no group\n")
@@ -58,11 +59,11 @@ def test_a_resumed_runs_earlier_steps_are_not_shown_as_new_progress(tmp_path, mo
     metrics = tmp_path / "metrics.jsonl"
     old = [json.dumps({"step": i, "t": 1.0}) for i in range(6)]
     metrics.write_text("".join(x + "\n" for x in old))
-    seen = launch._line_hashes(metrics)
+    seen = supervisor._line_hashes(metrics)
     metrics.write_text("".join(x + "\n" for x in old[:3]))  # the learner keeps steps < 3 (its checkpoint) ...
     with open(metrics, "a") as f:                          # ... and redoes 3, 4, 5
         f.write("".join(json.dumps({"step": i, "t": 2.0}) + "\n" for i in range(3, 6)))
-    new = [json.loads(x)["step"] for x in launch._Tail(metrics).lines() if hash(x) not in seen]
+    new = [json.loads(x)["step"] for x in supervisor._Tail(metrics).lines() if hash(x) not in seen]
     assert new == [3, 4, 5]
 
 

@@ -188,6 +188,13 @@ def test_only_the_command_line_and_the_benches_import_the_commands():
     assert offenders == {}
 
 
+def test_only_the_command_line_imports_the_benchmarks():
+    files = [p for p in [*_py_files("streamrl"), *_py_files("actors"), *_py_files("learner")]
+             if _part_of_file(p) not in ("commands", "bench")]
+    offenders = {str(p.relative_to(REPO)): "bench" for p in files if "bench" in _imported_parts(p)}
+    assert offenders == {}
+
+
 def _project_modules() -> dict[str, Path]:
     mods = {}
     for package, folder in FOLDERS.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.commands import bench_startup
+from streamrl.bench import startup as bench_startup
 from streamrl.telemetry import startup
 
 REPO = Path(__file__).resolve().parents[3]

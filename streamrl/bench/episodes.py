@@ -38,12 +38,7 @@ class _Counting:
 
 
 def episodes(short: bool = False) -> list[dict]:
-    import msgspec
-
     from streamrl import config
-    from streamrl.actors import backends
-    from streamrl.actors.episodes import Episodes
-    from streamrl.models import model as model_lib
     from streamrl.tasks import rewards, tool_calls
 
     if "bench_every_reply" not in tool_calls.PARSERS:
@@ -57,13 +52,7 @@ def episodes(short: bool = False) -> list[dict]:
                                               f"task.tool_workers={k * g}"])
         torch.set_num_threads(cfg.actors.threads or torch.get_num_threads())  # as an actor runs
         reward = rewards.build(cfg)
-        model, tok = model_lib.build(cfg, reward.task.vocabulary)
-        multi_backend = _Counting(backends.build("hf", cfg, model, tok))
-        single_cfg = msgspec.structs.replace(cfg, actors=msgspec.structs.replace(
-            cfg.actors, max_new_tokens=turns * per_turn))
-        single_backend = _Counting(backends.build("hf", single_cfg, model, tok))
-        runner = Episodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
-        runner.env_cls = _sleeping_env(tool_ms / 1e3)
+        runner, multi_backend, single_backend = _runners(cfg, reward, turns * per_turn, tool_ms)
         rng = random.Random(0)
         times: dict[str, list[float]] = {"multi": [], "single": []}
         tokens = {"multi": 0, "single": 0}
@@ -101,6 +90,24 @@ def episodes(short: bool = False) -> list[dict]:
                      "tool_s_per_call": tool_s / calls,
                      "not_sampling_fraction": 1 - sample_s / sum(times["multi"])})
     return rows
+
+
+def _runners(cfg, reward, single_tokens: int, tool_ms: float):
+    """(the multi-turn runner, its backend, a single-turn backend allowed all its turns' tokens at once), on one model;
+    the runner's environment sleeps tool_ms in its tool."""
+    import msgspec
+
+    from streamrl.actors import backends
+    from streamrl.actors.episodes import Episodes
+    from streamrl.models import model as model_lib
+
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    multi_backend = _Counting(backends.build("hf", cfg, model, tok))
+    single_cfg = msgspec.structs.replace(cfg, actors=msgspec.structs.replace(cfg.actors, max_new_tokens=single_tokens))
+    single_backend = _Counting(backends.build("hf", single_cfg, model, tok))
+    runner = Episodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
+    runner.env_cls = _sleeping_env(tool_ms / 1e3)
+    return runner, multi_backend, single_backend
 
 
 def _sleeping_env(seconds: float) -> type:

@@ -120,7 +120,7 @@ def _trl(overrides: list[str], steps: int, stop_at: float, workdir: Path) -> dic
     # torch's OpenMP threads spin while they wait for each other: on a shared machine one descheduled thread
     # stalls every parallel region (measured: fwd+bwd 3.7-5.3 s at load 14-20 against 0.18-0.21 s passive).
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    proc = subprocess.run([sys.executable, "-m", "streamrl.commands.bench_trl", json.dumps(overrides), str(steps),
+    proc = subprocess.run([sys.executable, "-m", "streamrl.bench.trl", json.dumps(overrides), str(steps),
                            str(stop_at), str(workdir)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120,
                           env=env)
     if proc.returncode != 0:
@@ -182,8 +182,18 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
             if _step_reaching(rewards, stop_at) is not None:
                 control.should_training_stop = True
 
+    args = _grpo_config(GRPOConfig, cfg, steps, workdir)
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[StopAtTarget()])
+    trainer.train()
+
+
+def _grpo_config(GRPOConfig: type, cfg, steps: int, workdir: Path):
+    """TRL's settings for the same job as streamrl's: batch, sampling, optimizer, clipping and loss alike
+    (GRPOConfig: the class `_trl_child` imported, where a missing TRL is one line)."""
+    per_step = cfg.learner.batch_groups
     a, o = cfg.actors, cfg.optim
-    args = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(workdir / "trl"), report_to="none", save_strategy="no", eval_strategy="no",
         use_cpu=True, bf16=False, fp16=False,  # fp32 as streamrl; TRL's default bf16 autocast is slow on CPU
         seed=cfg.seed, max_steps=steps,
@@ -196,9 +206,6 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
         scale_rewards="none", loss_type="dapo", gradient_checkpointing=False,  # streamrl does not recompute
         logging_steps=steps, disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0, shuffle_dataset=False)
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StopAtTarget()])
-    trainer.train()
 
 
 def _spread(xs: list[float | None]) -> str:

@@ -1,0 +1,65 @@
+"""`streamrl bench`: hot-path benchmarks, each reported as a ratio against a reference measured in
+the same run (never a bare time).
+
+Each lives in a module of this package, named for it (transport, advantages and batching in groups.py).
+
+- transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
+  loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec); and
+  groups whose every 4th token is an environment token (a model-token mask) against the same groups
+  without one.
+- weights: WeightPublisher → 2 WeightSubscriber processes, a version in chunks (2 GB in the full run), against
+  raw PUB/SUB of the same bytes in the same chunks; and the learner's blocked share of the transfer.
+- overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
+- advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
+- batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.
+- startup: `streamrl run` to the first learner step, by phase, against fresh-interpreter children
+  and bare imports (startup.py).
+- generate: the hf actor's lean sampling loop against transformers' `generate` (generate.py).
+- episodes: multi-turn episodes with a tool that sleeps 50 ms against single-turn sampling of the same tokens
+  (episodes.py).
+- learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
+- trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from importlib import import_module
+
+# name -> the module holding the bench and its function; imported only when the bench runs, so the command line
+# reads the names without numpy, torch or TRL.
+BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights"), "overlap": ("overlap", "overlap"),
+           "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
+           "learner": ("learner", "learner"), "generate": ("generate", "generate"),
+           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup")}
+OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
+
+
+def names() -> list[str]:
+    return [*BENCHES, *OPTIONAL]
+
+
+def bench(name: str):
+    module, function = BENCHES.get(name) or OPTIONAL[name]
+    return getattr(import_module(f"streamrl.bench.{module}"), function)
+
+
+def run(names: list[str], short: bool) -> list[dict]:
+    rows = []
+    for name in names or list(BENCHES):
+        for row in bench(name)(short=short):
+            print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            rows.append(row)
+    return rows
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
+    p.add_argument("names", nargs="*", choices=[*names(), []],
+                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
+    p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args.names, short=args.short)
+    return 0
