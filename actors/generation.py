@@ -15,7 +15,7 @@ from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
 from streamrl.config import Config
-from streamrl.telemetry import prometheus_metrics
+from streamrl.telemetry import actor_metrics
 
 log = logging.getLogger("streamrl.actor")
 
@@ -37,7 +37,7 @@ class _Timed:
 
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
-                 telemetry: prometheus_metrics.ActorMetrics):
+                 telemetry: actor_metrics.ActorMetrics):
         """start_version: the version the actor's weights started at (its prompt stream depends on it)."""
         self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
         self.actor_id = f"actor-{index}"

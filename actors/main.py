@@ -31,7 +31,7 @@ from streamrl.models import model as model_lib
 from streamrl.run import fingerprint
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import rewards
-from streamrl.telemetry import exporter, prometheus_metrics
+from streamrl.telemetry import actor_metrics, exporter, prometheus_metrics
 from streamrl.telemetry.startup import Phases
 
 log = logging.getLogger("streamrl.actor")
@@ -155,7 +155,7 @@ def _monitoring(cfg: Config, index: int, actor_id: str, stop, closing: contextli
     """Prometheus metrics and /healthz (its server closed by `closing`), and `stop` as the loop asks it: every few
     hundred ms while waiting, so each ask is proof of life."""
     registry = prometheus_metrics.new_registry()
-    telemetry = prometheus_metrics.ActorMetrics(registry, cfg.name, actor_id)
+    telemetry = actor_metrics.ActorMetrics(registry, cfg.name, actor_id)
     health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
     port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
     server = exporter.serve(registry, health, cfg.monitoring.host, port)

@@ -24,14 +24,14 @@ from streamrl.comm.sockets import endpoint
 from streamrl.comm.subscriber import WeightSubscriber
 from streamrl.config import Config
 from streamrl.models import lora
-from streamrl.telemetry import exporter, prometheus_metrics
+from streamrl.telemetry import actor_metrics, exporter
 
 log = logging.getLogger("streamrl.actor")
 
 
 class ActorWeights:
     def __init__(self, cfg: Config, ctx: zmq.Context, host: str, index: int, curve: Curve | None, backend,
-                 model: torch.nn.Module, telemetry: prometheus_metrics.ActorMetrics, health: exporter.Health,
+                 model: torch.nn.Module, telemetry: actor_metrics.ActorMetrics, health: exporter.Health,
                  inbox: Inbox):
         """model: the actor's own copy of the policy (the names, dtypes and shapes a collective must match)."""
         t = cfg.transport

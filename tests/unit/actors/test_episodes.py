@@ -207,10 +207,10 @@ def test_episode_metrics_reach_prometheus():
     from prometheus_client import generate_latest
 
     from streamrl.actors.episodes import EpisodeStats
-    from streamrl.telemetry import prometheus_metrics
+    from streamrl.telemetry import actor_metrics, prometheus_metrics
 
     registry = prometheus_metrics.new_registry()
-    m = prometheus_metrics.ActorMetrics(registry, "r", "actor-0")
+    m = actor_metrics.ActorMetrics(registry, "r", "actor-0")
     m.observe_episodes(EpisodeStats(episodes=3, turns=[1, 2, 4], tool_calls={"lookup/ok": 2, "(unknown)/unknown_tool": 1},
                                     tool_s=0.5, episode_s=2.0, truncated={"max_turns": 1}, template_drift=2))
     text = generate_latest(registry).decode()

@@ -12,7 +12,7 @@ from streamrl.actors.backends import Completion
 from streamrl.actors.generation import Generation
 from streamrl.models.word_tokenizer import WordTokenizer
 from streamrl.tasks import rewards
-from streamrl.telemetry import prometheus_metrics
+from streamrl.telemetry import actor_metrics, prometheus_metrics
 
 REWARD = '''
 import threading
@@ -49,7 +49,7 @@ def setup(tmp_path, *overrides):
     reward = rewards.build(cfg)
     tok = WordTokenizer(reward.task.vocabulary)
     backend = Echo(tok)
-    metrics = prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
+    metrics = actor_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
     gate = sys.modules[reward.task.functions.fns[0].__module__]  # the reward file's module: its events
     return Generation(cfg, 0, 0, backend, tok, reward, metrics), backend, gate
 

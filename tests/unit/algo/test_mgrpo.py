@@ -189,7 +189,7 @@ def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
     every strict step holds batch_groups layer-1 groups and one layer-2 group per verified correction)."""
     from streamrl import config
     from streamrl.actors.generation import Generation
-    from streamrl.telemetry import prometheus_metrics
+    from streamrl.telemetry import actor_metrics, prometheus_metrics
 
     cfg = config.load(None, ["mgrpo.enabled=true", "task.num_symbols=2", "task.length=2", "actors.group_size=4",
                              "actors.prompts_per_generate=4", "advantage.r_min_correct=1.0"])
@@ -199,7 +199,7 @@ def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
     reward = rewards.Reward(symbols.Copy(2, 2))
     reward.task.sample = lambda rng: tasks.Prompt(id="p", text="copy : a b =", target=("a", "b"))
     gen = Generation(cfg, 0, 0, backend, tok, reward,
-                     prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0"))
+                     actor_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0"))
     groups = gen(4, 0, None)
     assert [g.layer for g in groups] == [2] * 16 + [1] * 4   # corrections first: they reach the learner before
     assert "over_budget" not in gen.report()

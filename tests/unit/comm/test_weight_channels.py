@@ -17,7 +17,7 @@ from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
 from streamrl.config import load
 from streamrl.learner.weights import LearnerWeights
-from streamrl.telemetry import exporter, prometheus_metrics
+from streamrl.telemetry import actor_metrics, exporter, prometheus_metrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,7 +63,7 @@ def setup():
         return w
 
     def actor(backend) -> ActorWeights:
-        telemetry = prometheus_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
+        telemetry = actor_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0")
         opened.append(inbox := Inbox(ctx, endpoint("127.0.0.1", request_port), "actor-0", 1 << 20))
         opened.append(w := ActorWeights(cfg, ctx, "127.0.0.1", 0, None, backend, torch.nn.Linear(3, 4), telemetry,
                                         exporter.Health("actor-0", 60), inbox))

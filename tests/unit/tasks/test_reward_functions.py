@@ -119,10 +119,10 @@ def test_reward_failures_reach_prometheus_by_reason():
     from prometheus_client import generate_latest
 
     from streamrl.actors.rollout import RolloutStats
-    from streamrl.telemetry import prometheus_metrics
+    from streamrl.telemetry import actor_metrics, prometheus_metrics
 
     registry = prometheus_metrics.new_registry()
-    m = prometheus_metrics.ActorMetrics(registry, "run", "actor-0")
+    m = actor_metrics.ActorMetrics(registry, "run", "actor-0")
     m.observe_rollout(RolloutStats(reward_raised=3, reward_timeout=2, groups_unscored=1))
     m.observe_rollout(RolloutStats(reward_raised=1))
     text = generate_latest(registry).decode()

@@ -21,7 +21,7 @@ from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
 from streamrl.learner import stepstats
 from streamrl.learner.batch import collate
-from streamrl.telemetry import prometheus_metrics
+from streamrl.telemetry import actor_metrics, prometheus_metrics
 from streamrl.telemetry.exporter import Exporter, Health, WeightedHistogram, serve
 
 R_MIN = 0.75
@@ -142,7 +142,7 @@ def test_the_stalled_clock_starts_at_startup_not_at_the_epoch():
 
 def test_actor_series_count_groups_samples_and_tokens():
     registry = prometheus_metrics.new_registry()
-    a = prometheus_metrics.ActorMetrics(registry, "r1", "actor-3")
+    a = actor_metrics.ActorMetrics(registry, "r1", "actor-3")
     a.observe_generate([group([1.0, 0.0], 0, tokens=(8, 9, 10)), group([0.5, 0.5], 0)], seconds=0.5)
     a.observe_sent(2, blocked_total_s=0.25)
     a.observe_sent(0, blocked_total_s=0.75)
@@ -157,7 +157,7 @@ def test_actor_series_count_groups_samples_and_tokens():
 def test_the_exposition_passes_promtool_check_metrics(promtool_bin):
     registry, m = learner()
     m.observe_step(*step(3, [group([1.0, 0.0], 3)]))
-    actor = prometheus_metrics.ActorMetrics(registry, "r1", "actor-0")
+    actor = actor_metrics.ActorMetrics(registry, "r1", "actor-0")
     actor.observe_weights(3, 0.01)
     check = subprocess.run([promtool_bin, "check", "metrics"], input=generate_latest(registry), capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()

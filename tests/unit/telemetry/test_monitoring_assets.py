@@ -13,7 +13,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from streamrl.telemetry import prometheus_metrics
+from streamrl.telemetry import actor_metrics, prometheus_metrics
 
 MONITORING = Path(__file__).resolve().parents[3] / "monitoring"
 sys.path.insert(0, str(MONITORING))
@@ -25,7 +25,7 @@ RULES = yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"][0]["ru
 def exported_names() -> set[str]:
     registry = prometheus_metrics.new_registry()
     prometheus_metrics.LearnerMetrics(registry, "r", "corpo", [0, 1], 2)
-    prometheus_metrics.ActorMetrics(registry, "r", "actor-0")
+    actor_metrics.ActorMetrics(registry, "r", "actor-0")
     text = generate_latest(registry).decode()
     return set(re.findall(r"^# TYPE (\w+) ", text, re.M))
 
