@@ -28,7 +28,7 @@ Opt = UnsetType  # a field only some steps have: UNSET leaves its key out of met
 # dict=True: the step's tensors ride along as `step.tensors` (the histograms' inputs, see stepstats.distributions)
 # without being fields, so they never reach metrics.jsonl.
 class Step(msgspec.Struct, kw_only=True, dict=True):
-    """One learner step's metrics (docs/architecture.md, "Metric definitions"). Shapes named below: the batch of
+    """One learner step's metrics (docs/concepts/architecture.md, "Metric definitions"). Shapes named below: the batch of
     `groups` × G samples, B = groups × G rows of L tokens."""
 
     step: int

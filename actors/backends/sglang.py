@@ -18,8 +18,8 @@ adapters only) is loaded from memory as a new named adapter (`load_lora_adapter_
 names and adapter config), the previous one unloaded, and every request names the newest (`lora_path`).
 
 Every call used here is pinned by tests against a fake with the same signatures
-(tests/unit/fake_sglang.py), checked against SGLang's released source by
-tests/unit/test_sglang_source.py, and written for a GPU in tests/gpu/test_sglang_engine.py.
+(tests/fakes/fake_sglang.py), checked against SGLang's released source by
+tests/unit/actors/test_sglang_source.py, and written for a GPU in tests/gpu/test_sglang_engine.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ engine's own account, not a guess from when outputs arrived. The prefix cache ca
 hold it; it is reset when the call ends (the KV the kept requests computed with older weights is what an
 in-flight update keeps, by design; the behaviour log-probs record what sampled each token).
 Every vLLM call here is pinned by tests against a fake with the same signatures
-(tests/unit/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
+(tests/fakes/fake_vllm.py), run for real on CPU by tests/integration/test_vllm_cpu.py and written for a
 GPU in tests/gpu/test_vllm_engine.py.
 """
 

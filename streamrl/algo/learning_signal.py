@@ -1,4 +1,4 @@
-"""Learning-signal statistics of a batch (docs/architecture.md, "Metric definitions").
+"""Learning-signal statistics of a batch (docs/concepts/architecture.md, "Metric definitions").
 
 Inputs are per sample: rewards R (N,), advantages A (N,), the loss contribution of each sample
 (N,) and, per group, rewards (num_groups, G). All outputs are plain floats for metrics.jsonl.

@@ -11,7 +11,7 @@ TRL is configured as its docs and source say for this size on a CPU: transformer
 `gradient_accumulation_steps=1`, `per_device_train_batch_size` = 16 prompts × 8 = 128 completions,
 `num_generations=8`), torch using every core, no logging, evaluation, saving or progress bar, and
 **`bf16=False`**: GRPOConfig defaults `bf16` to True, which on a CPU runs every matmul under bf16
-autocast (several times slower here than fp32, see docs/benchmarks.md) — the gap between this bench's old TRL
+autocast (several times slower here than fp32, see docs/reference/benchmarks.md) — the gap between this bench's old TRL
 figures (286–318 ms/step) and a plain GRPOTrainer script (≈115 ms/step).
 
 Each system runs in its own fresh process (streamrl: `streamrl run`, learner + 2 actors; TRL: this
@@ -258,7 +258,7 @@ def trl(short: bool = False, runs: int = 3, tasks: list[str] | None = None) -> l
 
 
 def _print_table(rows: list[dict]) -> None:
-    """The benchmarks page's table (docs/benchmarks.md): seconds min / median / max over the runs, per clock and system."""
+    """The benchmarks page's table (docs/reference/benchmarks.md): seconds min / median / max over the runs, per clock and system."""
     print("| task | target | streamrl end to end (s) | TRL end to end (s) | streamrl training (s) | TRL training (s) "
           "| steps streamrl / TRL (median) | streamrl faster end to end in every run |")
     print("|---|---|---|---|---|---|---|---|")

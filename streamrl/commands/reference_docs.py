@@ -1,6 +1,6 @@
 """The docs site's reference pages, generated: the configuration from the config's field docstrings
 (`streamrl/config/`: every field has a one-line docstring after it), the command line from the argparse
-parser, and the home page from the README. `tests/unit/test_reference_docs.py` fails when a committed page is out of date.
+parser, and the home page from the README. `tests/unit/commands/test_reference_docs.py` fails when a committed page is out of date.
 
     python -m streamrl.commands.reference_docs            # rewrites docs/reference/{config,cli}.md, docs/index.md
     python -m streamrl.commands.reference_docs --check    # exit status 1 when a page is out of date

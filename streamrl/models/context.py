@@ -1,6 +1,6 @@
 """How many positions the model has, and the cap on prompt + completion tokens that follows from it.
 
-The rule (docs/bring-your-own-task.md, "How rows are checked"): a sequence is at most `model.max_seq_len`
+The rule (docs/guides/bring-your-own-task.md, "How rows are checked"): a sequence is at most `model.max_seq_len`
 tokens, prompt and completion together, and with `model.max_seq_len` unset at most the model's positions (the
 tiny model's `model.context`; a folder's `max_position_embeddings`; a hub id that is not in a local folder is
 not read here, and its engine applies its own). A prompt that leaves no room for one completion token is

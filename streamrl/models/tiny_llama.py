@@ -4,7 +4,7 @@ without importing transformers' modeling code.
 That import (modeling_utils, torch._dynamo, torch.distributed.tensor, sympy, ...) took 3.4 s of the
 5.6 s a CPU run spent before it could fork its learner and actors, for a model of a few layers. This
 module computes what transformers computes, op for op, so a seed gives the same weights and the same
-logits (tests/unit/test_tiny_llama.py loads one set of weights into both and compares logits on a
+logits (tests/unit/models/test_tiny_llama.py loads one set of weights into both and compares logits on a
 left-padded batch, cached decoding, hidden states and gradients):
 
 - the same modules and state-dict names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`,

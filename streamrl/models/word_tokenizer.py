@@ -5,7 +5,7 @@ transformers' PreTrainedTokenizerFast around the same `tokenizers.Tokenizer` cos
 (transformers' package, its tokenization base, huggingface_hub), on every process's way to the first
 step; `tokenizers` costs 0.02 s. This class is the part of PreTrainedTokenizerFast's surface streamrl
 uses on the tiny job (call, encode, decode, the special tokens and their ids, len, convert_tokens_to_ids),
-computed by the same backend the same way, so ids and text are the same (tests/unit/test_word_tokenizer.py
+computed by the same backend the same way, so ids and text are the same (tests/unit/models/test_word_tokenizer.py
 compares them with PreTrainedTokenizerFast over the task vocabularies). `to_transformers` gives that
 PreTrainedTokenizerFast (exports to vLLM/SGLang folders, TRL); `save_pretrained` writes it.
 """

@@ -36,7 +36,7 @@ TASKS = TaskRegistry("task")
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task must have (docs/bring-your-own-task.md). The optional members and their defaults are
+    """What a task must have (docs/guides/bring-your-own-task.md). The optional members and their defaults are
     `TaskDefaults`'; a plug-in may inherit it or not (`optional` fills in what it lacks)."""
 
     @classmethod
