@@ -1,6 +1,6 @@
 """Off-policy objectives: the policy-gradient losses that correct for stale or mismatched behaviour policies.
 
-Each is a small pure function registered in `streamrl.algo.losses.LOSSES`, with token_pg's tensors and
+Each is a small pure function registered in `streamrl.algo.losses.LOSSES` (`streamrl.algo.loss_base`'s), with token_pg's tensors and
 conventions (all (B, T), `mask` 1 on the completion tokens the model sampled, `advantages` (B,), token
 losses weighted by `losses.token_weights`). Each returns the per-token bool tensors `clipped` (a trust
 region removed the gradient), `truncated` (an importance weight was capped: gradient kept, scaled
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.algo.losses import LOSSES, LossOutput, importance_ratio, regularised, token_weights
+from streamrl.algo.loss_base import LOSSES, LossOutput, importance_ratio, regularised, token_weights
 
 
 def _setup(logprobs, behaviour_logprobs, advantages, mask, token_count, aggregation, sequence_count):
