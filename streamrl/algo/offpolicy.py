@@ -2,9 +2,9 @@
 
 Each is a small pure function registered in `streamrl.algo.losses.LOSSES` (`streamrl.algo.loss_base`'s), with
 token_pg's tensors and conventions (all (B, T), `mask` 1 on the completion tokens the model sampled,
-`advantages` (B,), token losses weighted by `losses.token_weights`). Each returns the per-token bool tensors `clipped` (a trust
-region removed the gradient), `truncated` (an importance weight was capped: gradient kept, scaled
-down) and `masked` (an importance-sampling mask removed the gradient), and the importance `weights`
+`advantages` (B,), token losses weighted by `losses.token_weights`). Each returns the per-token bool tensors
+`clipped` (a trust region removed the gradient), `truncated` (an importance weight was capped: gradient kept,
+scaled down) and `masked` (an importance-sampling mask removed the gradient), and the importance `weights`
 each token's gradient carries (0 where masked), from which the learner counts and reports them.
 
 With behaviour = the current policy (behaviour_logprobs == logprobs.detach(), as the learner passes in
