@@ -9,58 +9,28 @@ How a batch's token losses add up to one number is `aggregation` (`loss.aggregat
 divides by the batch's token count, so every token weighs the same (DAPO); "sequence" takes the
 mean over each sequence's tokens, then the mean over sequences (GRPO's and MGRPO's
 1/G Σ_i 1/|o_i| Σ_t), so a short completion weighs as much as a long one.
+
+What the losses share (LossOutput, token_weights, LOSSES) is `streamrl.algo.loss_base`'s, re-exported here; the
+off-policy objectives are `streamrl.algo.offpolicy`'s, registered when this module is imported.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
 
-import msgspec
 import torch
 
-from streamrl.registry import Registry
-
-# exp() of a log-ratio beyond this is clamped, so a wildly off-policy token cannot overflow to inf.
-_MAX_LOG_RATIO = 20.0
-
-
-class LossOutput(msgspec.Struct):
-    loss: torch.Tensor
-    """Scalar to backpropagate."""
-    token_loss: torch.Tensor
-    """(B, T) policy-gradient loss per token (0 on padding), already weighted (token_weights)."""
-    ratio: torch.Tensor
-    """(B, T) importance ratio pi_theta / pi_behaviour (detached)."""
-    clipped: torch.Tensor
-    """(B, T) bool: token whose gradient the PPO clip or the truncation cap removed."""
-
-
-AGGREGATIONS = ("token", "sequence")
-
-
-def token_weights(mask: torch.Tensor, aggregation: str = "token", token_count: float | None = None,
-                  sequence_count: float | None = None) -> torch.Tensor:
-    """(B, T) weight of each token's loss, 0 on padding; the weights of a whole batch sum to 1
-    (or less, where some sequences have no token).
-
-    "token": mask / N, N the batch's real tokens. "sequence": mask / (|o_i| · S), |o_i| sequence i's
-    real tokens and S the batch's sequences (an empty one counts in S and weighs nothing).
-    token_count / sequence_count: N and S of the whole batch when `mask` holds only part of it
-    (a micro-batch; a data-parallel rank passes the whole batch's over the world size), so the
-    parts' losses add up to the whole's; default: `mask`'s own.
-    """
-    mask = mask.to(torch.get_default_dtype()) if not mask.is_floating_point() else mask
-    if aggregation == "token":
-        n = mask.sum().clamp_min(1.0) if token_count is None else torch.tensor(float(token_count), dtype=mask.dtype)
-        return mask / n
-    if aggregation == "sequence":
-        s = float(mask.shape[0] if sequence_count is None else sequence_count)
-        return mask / (mask.sum(-1, keepdim=True).clamp_min(1.0) * max(s, 1.0))
-    raise ValueError(f"aggregation={aggregation!r}: allowed {', '.join(AGGREGATIONS)}")
-
-
-LossFn = Callable[..., LossOutput]
-LOSSES: Registry[LossFn] = Registry("loss")
+from streamrl.algo import offpolicy  # noqa: F401  (registers the off-policy objectives in LOSSES)
+from streamrl.algo.loss_base import (  # noqa: F401  (re-exported: the learner and tests use losses.*)
+    _MAX_LOG_RATIO,
+    AGGREGATIONS,
+    LOSSES,
+    LossFn,
+    LossOutput,
+    importance_ratio,
+    regularised,
+    token_weights,
+)
 
 
 @LOSSES.register("token_pg")
@@ -99,18 +69,28 @@ def token_pg(
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     surrogate = torch.where(adv < 0, torch.maximum(surrogate, is_cap * adv), surrogate)
     token_loss = -surrogate * w
-    loss = token_loss.sum()
-    if kl_coef and ref_logprobs is not None:
-        # k3 estimator of KL(pi_theta || pi_ref): unbiased and always >= 0.
-        d = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        loss = loss + kl_coef * ((torch.exp(d) - d - 1) * w).sum()
-    if entropy_coef and entropy is not None:
-        loss = loss - entropy_coef * (entropy * w).sum()
+    loss = regularised(token_loss.sum(), logprobs, w, kl_coef, ref_logprobs, entropy_coef, entropy)
     with torch.no_grad():
         unclipped = ratio * adv
+        # the dual clip's floor removes the gradient (a constant), so it counts as clipped, not truncated
         clipped = (surrogate.detach() != unclipped) & mask.bool()
-    return LossOutput(loss=loss, token_loss=token_loss.detach(), ratio=ratio.detach(), clipped=clipped)
+    return LossOutput(loss=loss, token_loss=token_loss.detach(), ratio=ratio.detach(), clipped=clipped,
+                      weights=ratio.detach() * mask)
 
 
 def compute(name: str, logprobs, behaviour_logprobs, advantages, mask, **kwargs) -> LossOutput:
-    return LOSSES.get(name)(logprobs, behaviour_logprobs, advantages, mask, **kwargs)
+    """The loss `name` on the batch; of `kwargs` (the whole `loss` section's knobs) each objective takes
+    those its signature names, so an objective's own knobs (tis_cap, m2po_tau, ...) reach only it."""
+    fn = LOSSES.get(name)
+    unknown = set(kwargs) - set().union(*(_parameters(LOSSES.get(n)) for n in LOSSES.names()))
+    if unknown:  # a typo must not vanish in the filtering below
+        raise TypeError(f"losses.compute({name!r}): no loss takes {', '.join(sorted(unknown))}")
+    accepted = _parameters(fn)
+    return fn(logprobs, behaviour_logprobs, advantages, mask, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(fn) -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(fn).parameters)
