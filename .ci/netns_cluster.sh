@@ -7,7 +7,7 @@
 #   .ci/netns_cluster.sh exec NODE CMD...   run CMD on node NODE (0, 1, ...)
 #   .ci/netns_cluster.sh link NODE up|down  plug or unplug a node's cable (its end on the bridge)
 #   .ci/netns_cluster.sh rate NODE RATE     reshape a node's link, both ways (e.g. 10mbit)
-#   .ci/netns_cluster.sh loss NODE PCT      drop PCT% of the packets a node receives (nftables' numgen; 0: none)
+#   .ci/netns_cluster.sh loss NODE PCT      drop PCT% of a node's packets, each way (nftables' numgen; 0: none)
 #   .ci/netns_cluster.sh kill NODE          SIGKILL every process on a node
 #   .ci/netns_cluster.sh stop               remove all of it (also what `start` does first)
 #
@@ -55,12 +55,15 @@ case "${1:-}" in
   link) ip link set "${P}v$2" "$3" ;;
   rate) shape "$2" "$3" ;;
   loss)
-    command -v nft >/dev/null || { apt-get install -y -q nftables >/dev/null 2>&1 || { echo "nftables missing" >&2; exit 3; }; }
+    command -v nft >/dev/null || { apt-get install -y -q nftables >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null && apt-get install -y -q nftables >/dev/null; } || { echo "nftables missing" >&2; exit 3; }; }
     ip netns exec "${P}n$2" nft delete table inet streamrl_loss 2>/dev/null || true
     if [[ $3 != 0 ]]; then
       ip netns exec "${P}n$2" nft add table inet streamrl_loss
       ip netns exec "${P}n$2" nft add chain inet streamrl_loss input '{ type filter hook input priority 0; }'
       ip netns exec "${P}n$2" nft add rule inet streamrl_loss input numgen random mod 100 "<" "$3" drop
+      ip netns exec "${P}n$2" nft add chain inet streamrl_loss output '{ type filter hook output priority 0; }'
+      ip netns exec "${P}n$2" nft add rule inet streamrl_loss output numgen random mod 100 "<" "$3" drop
     fi
     ;;
   kill) for pid in $(ip netns pids "${P}n$2"); do kill -9 "$pid" 2>/dev/null || true; done ;;

@@ -197,24 +197,27 @@ def test_an_actor_node_dies_and_a_replacement_joins_under_the_same_index(cluster
     assert s["groups_received"] == s["groups_used"] + sum(s["groups_dropped"].values())
 
 
-def test_a_node_throttled_to_10_mbit_s_the_run_finishes_and_reports_its_step_rate(cluster, job, tmp_path):
+@pytest.mark.parametrize("fault", [("loss", "5", "0"), ("rate", "10mbit", "1gbit")], ids=["loss_5pct", "throttled_10mbit"])
+def test_a_node_losing_5pct_of_packets_or_throttled_to_10_mbit_s_the_run_finishes_and_reports_its_step_rate(
+        cluster, job, tmp_path, fault):
     learner_args, actor_args = job
     run = tmp_path / "runs" / "cluster"
-    cluster.sh("rate", "2", "10mbit")
+    kind, bad, good = fault
+    cluster.sh(kind, "2", bad)
     try:
-        learner = cluster.spawn(0, ["learner", *learner_args, "steps=150"], tmp_path / "learner.log")
+        learner = cluster.spawn(0, ["learner", *learner_args, "steps=100"], tmp_path / "learner.log")
         actors = [cluster.spawn(1 + i, ["actor", *actor_args, "--learner", LEARNER_ADDR, "--index", str(i)],
                                 tmp_path / f"actor-{i}.log") for i in range(2)]
         with reaped(learner, actors):
             assert learner.wait(timeout=240) == 0
             assert all(a.wait(timeout=60) == 0 for a in actors)
     finally:
-        cluster.sh("rate", "2", "1gbit")
+        cluster.sh(kind, "2", good)
     s = summary(run)
     records = metrics(run)
     rate = len(records) / sum(r["step_s"] for r in records)
-    print(f"\nFAULT throttled_10mbit: {len(records)} steps at {rate:.1f} steps/s; weights full/delta versions "
+    print(f"\nFAULT {kind}_{bad}: {len(records)} steps at {rate:.1f} steps/s; weights full/delta versions "
           f"{s['weights_full_versions']}/{s['weights_delta_versions']}, bytes per version "
           f"{s['weights_full_bytes_per_version']:.0f}/{s['weights_delta_bytes_per_version']:.0f}; "
-          f"balanced {s['reconciliation']['balanced']}")
-    assert s["learner_version"] == 150 and not s["stopped_early"] and s["reconciliation"]["balanced"]
+          f"balanced {s['reconciliation']['balanced']}, lost in transit {s['reconciliation']['lost_in_transit']}")
+    assert s["learner_version"] == 100 and not s["stopped_early"] and s["reconciliation"]["balanced"]
