@@ -193,3 +193,13 @@ def test_delta_apply_names_what_is_wrong():
     base[0] = 1
     with pytest.raises(wire.WireError, match="delta_checksum: .* made from version 0"):
         delta.apply(payload, base, header)
+
+
+def test_copy_chunk_zeroes_the_padding_of_a_reused_buffer_so_every_send_of_a_version_has_the_same_bytes():
+    state = {"a": torch.ones(3), "b": torch.full((5,), 2.0), "c": torch.full((70,), 3.0)}  # 12- and 20-byte tensors
+    layout = chunks.Layout(state)
+    expected = chunks.encode_weights(0, state)[0][1]  # a fresh zeroed buffer
+    for start, size in ((0, layout.total), (40, 100), (100, layout.total - 100)):
+        dirty = torch.full((size,), 0xFF, dtype=torch.uint8)  # a pool buffer's leftovers
+        chunks.copy_chunk(layout, list(state.values()), start, dirty)
+        assert bytes(dirty.numpy()) == bytes(expected[start:start + size])
