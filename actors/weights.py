@@ -38,7 +38,8 @@ class ActorWeights:
         self.actor_id = f"actor-{index}"
         self.backend, self.telemetry, self.health = backend, telemetry, health
         self.timeout_s = cfg.actors.weights_timeout_s
-        self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), inbox, t.max_message_bytes, curve)
+        self.subscriber = WeightSubscriber(ctx, endpoint(host, t.weights_port), inbox, t.max_message_bytes, curve,
+                                           keep_base=t.weights_delta != "off")
         if every := cfg.eval.every:  # versions due for evaluation stay at hand until the next one (see `hold`)
             self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
@@ -138,6 +139,7 @@ class ActorWeights:
         return {"versions_applied": self.applied, "weights_wait_s": self.wait_s,
                 **({"inflight_loads": self.inflight_loads} if self.inflight_loads else {}),
                 "rejected": dict(self.subscriber.rejected.counts),
+                **({"delta_versions": self.subscriber.deltas} if self.subscriber.keep_base else {}),
                 **({"weight_sync": self.sync.report()} if self.sync else {})}
 
     def close(self) -> None:

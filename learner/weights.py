@@ -27,7 +27,8 @@ class LearnerWeights:
                  telemetry: prometheus_metrics.LearnerMetrics):
         t = cfg.transport
         self.engine, self.telemetry = engine, telemetry
-        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), t.max_message_bytes, curve)
+        self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), t.max_message_bytes, curve,
+                                         delta_mode=t.weights_delta, full_every=t.weights_delta_full_every)
         """The ZeroMQ end; the control channel's requests are answered through it."""
         self.sync = _collective(cfg)
         # A publish copies and sends in the background during the next forward/backward: the
@@ -72,9 +73,12 @@ class LearnerWeights:
         self.publisher.close()
 
     def report(self) -> dict:
-        """For the run's summary: bytes of the last version, and the collective's record (versions over it, their
+        """For the run's summary: bytes of the last version (full), with weights_delta the versions and bytes per version
+        sent full and as deltas, and the collective's record (versions over it, their
         time, why it was left)."""
-        return {"publish_bytes_per_version": self.last_bytes, **({"weight_sync": self.sync.report()} if self.sync else {})}
+        delta = self.publisher.delta
+        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}),
+                **({"weight_sync": self.sync.report()} if self.sync else {})}
 
 
 def _collective(cfg: Config):

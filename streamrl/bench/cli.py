@@ -18,6 +18,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - episodes: multi-turn episodes with a tool that sleeps 50 ms against single-turn sampling of the same tokens
   (episodes.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
+- delta: delta weight versions on real steps at lr 1e-6, release shape: fraction changed, bytes and time per
+  version against full versions (delta.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
 
@@ -31,7 +33,7 @@ from importlib import import_module
 BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights"), "overlap": ("overlap", "overlap"),
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
-           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup")}
+           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta")}
 OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
 
 

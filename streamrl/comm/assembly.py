@@ -48,6 +48,11 @@ class Assembly:
         self.missing -= 1
 
     @property
+    def payloads(self) -> list[list[memoryview]]:
+        """Each chunk's pieces as received (the base of a delta version: streamrl.comm.delta)."""
+        return self._chunks
+
+    @property
     def complete(self) -> bool:
         return self.missing == 0
 

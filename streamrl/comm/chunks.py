@@ -108,14 +108,18 @@ def pieces_of(layout: Layout, tensors: list, start: int, end: int) -> list | Non
 
 def copy_chunk(layout: Layout, tensors: list, start: int, dst) -> None:
     """Copy bytes [start, start + dst.numel()) of the flat buffer of `tensors` (the state dict's values,
-    any device) into `dst` (a uint8 CPU tensor). Padding bytes are left as they are."""
+    any device) into `dst` (a uint8 CPU tensor). Padding bytes are zeroed: a reused buffer's old bytes there would
+    make two sends of one version differ, which a delta version's checksum (streamrl.comm.delta) would refuse."""
     import torch
 
-    srcs, dsts = [], []
+    srcs, dsts, at_end = [], [], 0
     for i, a, b, at in layout.pieces(start, start + dst.numel()):
         flat = tensors[i].detach().reshape(-1).view(torch.uint8)
         srcs.append(flat[a:b])
         dsts.append(dst[at:at + b - a])
+        dst[at_end:at].zero_()
+        at_end = at + b - a
+    dst[at_end:].zero_()
     copy_all(dsts, srcs)
 
 

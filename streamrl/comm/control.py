@@ -75,7 +75,7 @@ class ControlServer:
         if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
             self.sock.send_multipart([identity, *wire.encode(self.closing)], copy=False)
         else:
-            self.publisher.ask()
+            self.publisher.ask(msg.have_version)
 
     def send_to(self, actor_id: str, msg: wire.EvalRequest) -> bool:
         """A notice to one actor (by the id its weight requests gave); False if it never asked or cannot take it."""

@@ -13,7 +13,9 @@ from typing import Callable
 
 import zmq
 
-from streamrl.comm import assembly, chunks, wire
+import numpy as np
+
+from streamrl.comm import assembly, chunks, delta, wire
 from streamrl.comm.control import Inbox
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import make
@@ -42,7 +44,9 @@ class WeightSubscriber:
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, inbox: Inbox, max_bytes: int, curve: Curve | None = None,
                  collective: Callable[[wire.WeightsCollective], dict | None] | None = None,
-                 max_version_bytes: int = 1 << 40):
+                 max_version_bytes: int = 1 << 40, keep_base: bool = False):
+        """keep_base: keep the bytes of the version last taken in, the base a delta version is applied to
+        (transport.weights_delta on or auto; without it a delta is refused and a full version asked for)."""
         self.collective = collective
         """Takes an announced collective sync and returns its tensors, or None (then ask the ROUTER)."""
         self.sub = make(ctx, zmq.SUB, max_bytes, curve)
@@ -63,6 +67,11 @@ class WeightSubscriber:
         self._newest: tuple[int, dict] | None = None
         self._held = -1  # newest version taken in from the current learner life (its chunks are skipped)
         self._assembly: assembly.Assembly | None = None
+        self.keep_base = keep_base
+        self._base: tuple[str, int, list] | None = None
+        """(learner, version, each chunk's received pieces) of the version last taken in, with keep_base."""
+        self.deltas = self.fulls = 0
+        """Versions taken in as deltas and in full."""
         self.last_chunk = 0.0
         """time.monotonic() of the last chunk taken in: a version is on its way, no need to ask again."""
         self.poller = zmq.Poller()
@@ -162,9 +171,16 @@ class WeightSubscriber:
                     return None
                 got = (header.version, tensors)
             elif isinstance(header, wire.WeightsChunk):
-                got = self._chunk(frames, header)
+                got = self._chunk(frames, header, chunks.chunk_payload(frames, header))
                 if got is None:
                     return None
+                self.fulls += 1
+            elif isinstance(header, wire.WeightsDelta):
+                got = self._delta(frames, header)
+                if got is None:
+                    return None
+                header = header.layout
+                self.deltas += 1
             else:
                 raise wire.WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
         except wire.WireError as e:
@@ -181,9 +197,32 @@ class WeightSubscriber:
         self._held = max(self._held, got[0])
         return got
 
-    def _chunk(self, frames, header: wire.WeightsChunk) -> tuple[int, dict] | None:
+    def _delta(self, frames, d: wire.WeightsDelta) -> tuple[int, dict] | None:
+        """Take one delta chunk: the new chunk made from the base and checked, then taken in as `_chunk` takes a
+        full one. A delta this subscriber cannot apply (no base, another base, bytes that do not check) drops the
+        version and asks for a full one (the learner sends one to an asker that lacks the base)."""
+        h = d.layout
+        if h.learner == self.learner and h.version <= self._held:
+            return None
+        if len(frames) != 2:
+            raise wire.WireError("frame_count", f"weights delta chunk needs 2 frames, got {len(frames)}")
+        base = self._base
+        try:
+            if base is None or (base[0], base[1]) != (h.learner, d.base) or len(base[2]) != h.count:
+                raise wire.WireError("delta_base", f"weights version {h.version} is a delta from version {d.base}, "
+                                     f"this actor holds {base[1] if base else 'none'}")
+            old = base[2][h.index]
+            old = np.frombuffer(old[0], np.uint8) if len(old) == 1 else \
+                np.concatenate([np.frombuffer(b, np.uint8) for b in old])
+            new = delta.apply(wire.buffer(frames[1]), old, d)
+        except wire.WireError:
+            self._assembly = None
+            self.request(self._held)  # a full version: the learner sends one to an asker holding an older base
+            raise
+        return self._chunk(frames, h, [memoryview(new)])
+
+    def _chunk(self, frames, header: wire.WeightsChunk, payload: list) -> tuple[int, dict] | None:
         """Take one chunk; the version's (version, tensors) once its last chunk is in, else None."""
-        payload = chunks.chunk_payload(frames, header)
         if header.learner == self.learner and header.version <= self._held:
             return None  # a version we have (re-sent for another subscriber that asked)
         self.last_chunk = time.monotonic()
@@ -201,6 +240,8 @@ class WeightSubscriber:
         if not a.complete:
             return None
         self._assembly = None
+        if self.keep_base:
+            self._base = (a.learner, a.version, a.payloads)
         return a.version, a.tensors()
 
     def close(self) -> None:

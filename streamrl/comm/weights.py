@@ -15,7 +15,7 @@ import uuid
 
 import zmq
 
-from streamrl.comm import chunks, wire
+from streamrl.comm import chunks, delta, wire
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import bind, make
 
@@ -43,8 +43,10 @@ class WeightPublisher:
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, max_bytes: int,
                  curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
-                 pool_chunks: int | None = None, stall_s: float = 10.0):
-        """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4)."""
+                 pool_chunks: int | None = None, stall_s: float = 10.0, delta_mode: str = "off",
+                 full_every: int = 20):
+        """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4);
+        delta_mode, full_every: transport.weights_delta and weights_delta_full_every (streamrl.comm.delta)."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self._ctx, self._curve = ctx, curve
@@ -58,6 +60,9 @@ class WeightPublisher:
         """(version, state) while `state` still holds that version (from publish to settle): requests are
         answered from it."""
         self._asked = 0  # requests waiting for a re-broadcast
+        self._asked_have = 1 << 62  # the oldest version those requests hold: a delta from a newer base is no use
+        self.delta = delta.DeltaEncoder(delta_mode, full_every) if delta_mode != "off" else None
+        """Versions as differences from the previous one (keeps a host copy of it), or None: always full."""
         self.version = -1
         self.bytes_sent = 0
         self.requests_served = 0
@@ -96,18 +101,25 @@ class WeightPublisher:
         self._live = (version, state)
         self.version = version
         if broadcast or self._asked:
-            self._start(version, state)
+            self._start(version, state, fresh=True)
+        elif self.delta is not None:  # this version went another way: the next delta would have the wrong base
+            self.delta.reset()
         if wait:
             self._wait_copied()
         return layout.total
 
-    def _start(self, version: int, state: dict) -> None:
+    def _start(self, version: int, state: dict, fresh: bool = False) -> None:
+        """fresh: a new version (a delta may carry it); else a re-broadcast, always full."""
         copied = threading.Event()
         self._copied = copied
-        self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
+        if fresh and self.delta is not None:
+            full = self._asked_have < self.delta.base_version  # an asker lacks the base
+            self._job = self._pool.submit(self._encode_and_send, version, state, self._layout, copied, full)
+        else:
+            self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
+            self.bytes_sent += self._layout.total
         self.requests_served += self._asked
-        self._asked = 0
-        self.bytes_sent += self._layout.total
+        self._asked, self._asked_have = 0, 1 << 62
 
     def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
         """On the publishing thread: each chunk sent zero-copy from the tensors' own memory (or, for
@@ -143,6 +155,25 @@ class WeightPublisher:
             raise
         finally:
             copied.set()
+
+    def _encode_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
+                         full: bool) -> None:
+        """On the publishing thread: the version copied into the delta encoder's base (then `copied` is set) and
+        sent as a delta or in full (from the base, which the next encode may change only once this is sent)."""
+        try:
+            try:
+                kind, messages = self.delta.encode(version, layout, list(state.values()), self.chunk_bytes,
+                                                   self.session, full)
+            finally:
+                copied.set()
+            trackers = []
+            for header, *frames in messages:
+                trackers += self._send_chunk(header, frames)
+                self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+            self._wait_sent(trackers)
+        except BaseException as e:
+            self._error = e
+            raise
 
     def _send_chunk(self, header: bytes, frames: list) -> list:
         """Send one chunk message; returns the trackers of the frames sent zero-copy."""
@@ -226,9 +257,10 @@ class WeightPublisher:
         if job is not None:
             job.result()
 
-    def ask(self) -> None:
-        """One more actor asked for the newest weights (answered by `answer`)."""
+    def ask(self, have_version: int = -1) -> None:
+        """One more actor, holding `have_version`, asked for the newest weights (answered by `answer`)."""
         self._asked += 1
+        self._asked_have = min(self._asked_have, have_version)
 
     def answer(self) -> int:
         """Re-broadcast the newest version for the requests asked since the last send; returns how many that

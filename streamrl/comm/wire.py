@@ -141,6 +141,20 @@ class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
         return max(1, -(-self.total // self.chunk_bytes))
 
 
+class WeightsDelta(Struct, tag="weights_delta", kw_only=True):
+    """One chunk of a weight version sent as the difference from version `base` (transport.weights_delta):
+    frame 1 is zstd(new chunk bytes XOR base chunk bytes), where the chunk is bytes [index × chunk_bytes,
+    +chunk_bytes) of the flat buffer `layout` describes (a WeightsChunk with the same fields, which the
+    receiver assembles as it would a full version). `crc32` is zlib.crc32 of the new chunk's bytes: a
+    receiver whose base differs, or whose bytes do not check, drops the version and asks for a full one."""
+
+    schema: int = SCHEMA_VERSION
+    layout: WeightsChunk
+    base: int
+    """The version this chunk is the difference from (the learner's previous publish)."""
+    crc32: int
+
+
 class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
     """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
     collective), cut into `buckets` of one dtype each (see streamrl.comm.weight_sync): receivers join the
@@ -252,7 +266,7 @@ class EvalResult(Struct, tag="eval_result", kw_only=True):
             raise WireError("non_finite_reward", f"eval result for {self.set!r} holds a non-finite reward")
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
                EvalRequest, EvalResult]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -28,6 +28,10 @@ class TransportConfig(_Section):
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
     weight_sync: Literal["zmq", "collective"] = "zmq"
     """Weights to actors: zmq (PUB/SUB) or collective (bucketed NCCL broadcast, gloo on CPU; falls back to zmq)."""
+    weights_delta: Literal["auto", "on", "off"] | bool = "off"
+    """Weights as differences from the previous version (XOR, zstd, CRC-32 checked; full when needed): on, auto (when smaller), off."""
+    weights_delta_full_every: PositiveInt = 20
+    """With weights_delta: every this many versions one goes full, so a lost base costs at most this many versions."""
     weight_sync_port: Port = 29613
     """Collective weight sync: the learner's rendezvous port (TCPStore)."""
     weight_sync_timeout_s: PositiveFloat = 60.0
@@ -36,4 +40,8 @@ class TransportConfig(_Section):
     """Collective weight sync: how long the group may take to form (a learner loading a large model starts late)."""
     weight_sync_bucket_bytes: PositiveInt = 256 * 1024 * 1024
     """Collective weight sync: tensors of one dtype share a broadcast up to this many bytes."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weights_delta, bool):  # YAML reads a bare on/off as a boolean
+            self.weights_delta = "on" if self.weights_delta else "off"
 

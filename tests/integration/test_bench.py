@@ -35,3 +35,9 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     for line in transport + adv + batching:
         ratio = float(line.rsplit("=", 1)[1])
         assert 0 < ratio < 100
+    delta = [line for line in out if line.startswith("bench=delta")]  # real steps at lr 1e-6, release shape
+    assert [line.split()[0:2] for line in delta] == [["bench=delta_sizes", "dtype=bfloat16"], ["bench=delta_sizes",
+                                                     "dtype=float32"], ["bench=delta_transfer", "dtype=bfloat16"]]
+    changed = float(delta[0].split("changed_median=")[1].split()[0])
+    assert 0 < changed < 0.5 and float(delta[0].split("bytes_ratio=")[1].split()[0]) > 1  # sparse, and smaller
+    assert float(delta[2].split("speedup=")[1]) > 0
