@@ -15,6 +15,7 @@ from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
 from streamrl.config import Config
+from streamrl.tasks import epochs
 from streamrl.telemetry import actor_metrics
 
 log = logging.getLogger("streamrl.actor")
@@ -45,6 +46,9 @@ class Generation:
         # The prompt stream's position: an actor that (re)joins a run at version v > 0 draws a stream
         # of its own rather than replaying the prompts its first life drew from the start.
         self.rng = random.Random(cfg.seed * 1000 + index + 1 + 7919 * start_version)
+        # task.epochs: the rows in each epoch's seeded order, this actor's share of them; else drawn as before.
+        self.source = (epochs.Stream(reward.task, cfg.seed, index, cfg.actors.num) if cfg.task.epochs
+                       else reward.task)
         # Multi-layer GRPO's phrases come from a stream of their own, so the prompt stream stays as it was.
         self.phrase_rng = random.Random(f"phrases-{cfg.seed}-{index}-{start_version}")
         self.options = rollout.RolloutOptions.from_config(cfg)
@@ -106,7 +110,7 @@ class Generation:
 
     def _prompts(self, k: int) -> list:
         keep = self.tracker.keep if self.tracker else None
-        prompts = rollout.sample_prompts(self.reward.task, self.rng, k, keep=keep)
+        prompts = rollout.sample_prompts(self.source, self.rng, k, keep=keep)
         if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
             log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
                         self.actor_id, self.tracker.excluded_by_reason)

@@ -18,7 +18,7 @@ from streamrl.learner.session import Position, Session
 from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
 from streamrl.run.lifecycle import stop_on_signals
-from streamrl.tasks import rewards
+from streamrl.tasks import epochs, rewards
 from streamrl.telemetry.startup import Phases
 
 log = logging.getLogger("streamrl.learner")
@@ -28,7 +28,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     """phases: the start-up marks (`streamrl learner` passes its own; they start at the spawn)."""
     phases = phases or Phases("learner")
     stop = stop_on_signals()
-    engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
+    cfg, engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
@@ -66,11 +66,15 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
 
 def _build(cfg: Config, phases: Phases):
     """The model, its engine (resumed from the run's last checkpoint when asked) and where the run stands:
-    (engine, ranks, position, pad id, reward, vocabulary size)."""
+    (config, engine, ranks, position, pad id, reward, vocabulary size); with task.epochs the config's steps
+    follow from the rows (before the engine's learning-rate schedule reads them)."""
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.seed)
     reward = rewards.build(cfg)
+    if cfg.task.epochs:
+        cfg = epochs.plan(cfg, len(reward.task.train))
+        log.info("learner: %s", epochs.describe(cfg, len(reward.task.train)))
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     phases.mark("model")
@@ -80,7 +84,7 @@ def _build(cfg: Config, phases: Phases):
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    return engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
+    return cfg, engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
 
 
 class AfterStep:
