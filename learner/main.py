@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from streamrl.config import Config
-from streamrl.learner import checkpoints, follower, schedule, stepstats
+from streamrl.learner import checkpoints, dealing, follower, schedule, stepstats
 from streamrl.learner.engine import Engine
 from streamrl.learner.evals import Evals
 from streamrl.learner.ranks import Ranks
@@ -32,6 +32,8 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
+    if cfg.task.epochs:
+        dealing.attach(s, cfg, reward.task)
     evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
     after = AfterStep(cfg, s, evals, phases)
 
@@ -45,13 +47,15 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     try:
         while at.step < cfg.steps and not stopping():
             groups, wait_s = s.intake.collect(at.version, L.batch_groups, L.data_timeout_s, stopping)  # receive, gate
-            if len(groups) < L.batch_groups:
+            if not groups or (len(groups) < L.batch_groups and not s.intake.exhausted):  # the last epoch's rest trains
                 break
             phases.mark("first_group")
             due = schedule.due(at.step, at.version, cfg)  # the other ranks follow the same schedule
             publish = functools.partial(s.weights.publish, at.version + 1) if due.publish else None
             done = train(engine, groups, cfg, pad_id, step=at.step, version=at.version, ranks=ranks, wait_s=wait_s,
                          publish=publish, settled=lambda: s.weights.settle_s, weight_stats=due.weight_stats)
+            if s.dealing is not None:
+                s.dealing.trained(groups, at.step, at.version)
             after(done, due, stopping)
     except BaseException as e:
         error = e

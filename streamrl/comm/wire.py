@@ -252,8 +252,28 @@ class EvalResult(Struct, tag="eval_result", kw_only=True):
             raise WireError("non_finite_reward", f"eval result for {self.set!r} holds a non-finite reward")
 
 
+class PromptsRequest(Struct, tag="prompts_request", kw_only=True):
+    """An actor asks the learner's dealer (task.epochs) for up to `want` prompts, and says what became of dealt
+    prompts that made no group: `filtered` (ids a filter removed) and `dropped` (id -> why it made none)."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str
+    want: Annotated[int, Meta(ge=0, le=100_000)]
+    filtered: list[str] = []
+    dropped: dict[str, str] = {}
+
+
+class Deal(Struct, tag="deal", kw_only=True):
+    """The dealer's answer: (epoch, row) of each prompt dealt; `done`: every epoch is dealt out, ask no more."""
+
+    schema: int = SCHEMA_VERSION
+    rows: list[tuple[int, int]] = []
+    done: bool = False
+
+
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
-               EvalRequest, EvalResult]
+               EvalRequest, EvalResult, PromptsRequest, Deal]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

@@ -89,13 +89,14 @@ class Dealer:
             return self._again(ticket, reason)
         return self._final(ticket, what, reason)
 
-    def lost(self, session: str) -> list[Final]:
-        """Every ticket `session` held goes to be dealt again (those past max_deals fail: their Finals)."""
-        held = [t for t, s in self.out.items() if s == session]
+    def lost(self, session: str, why: str = "its actor was lost", keep=frozenset()) -> list[Final]:
+        """Every ticket `session` held, but those in `keep` (already on their way into a step), goes to be dealt
+        again (those past max_deals fail: their Finals)."""
+        held = [t for t, s in self.out.items() if s == session and t not in keep]
         failed = []
         for t in held:
             del self.out[t]
-            if (f := self._again(t, "its actor was lost")) is not None:
+            if (f := self._again(t, why)) is not None:
                 failed.append(f)
         return failed
 

@@ -2,8 +2,7 @@
 
 `order(rows, seed, epoch)` is the one permutation every process computes alike (the learner's dealer and a
 test reproduce it from the seed alone). `planned_steps` is how many optimizer steps the epochs fill; the run
-ends there unless `steps` is smaller. `Stream` is an actor's own walk over the epochs when no dealer hands it
-prompts: actor `index` of `num` takes positions index, index + num, ... of the epochs laid end to end.
+ends there unless `steps` is smaller. The learner deals each epoch's prompts (`streamrl.tasks.dealer`).
 Procedural tasks (no rows) keep sampling with replacement; `task.epochs: 0` leaves a rows task doing so too.
 """
 
@@ -60,26 +59,3 @@ def describe(cfg, rows: int) -> str:
     end = "" if cfg.steps >= fill else f"; steps={cfg.steps} ends it first"
     return (f"{cfg.task.epochs} epoch{'s' if cfg.task.epochs > 1 else ''} over {rows:,} rows "
             f"at {cfg.learner.batch_groups} groups a step: {fill:,} steps{end}")
-
-
-class Stream:
-    """An actor's prompts in epoch order, without a dealer: positions index, index + num, ... of the epochs laid
-    end to end (past the last epoch it goes on into further permutations; the learner stops at the planned
-    step). `sample(rng)` has a task's signature so the actor's sampler takes it in the task's place."""
-
-    def __init__(self, task, seed: int, index: int, num: int):
-        self.task, self.seed, self.index, self.num = task, seed, index, max(1, num)
-        self.rows = len(task.train)
-        self.position = index  # over the epochs laid end to end
-        self._epoch, self._order = -1, []
-
-    @property
-    def epoch(self) -> int:
-        return self.position // self.rows
-
-    def sample(self, rng=None):
-        epoch, at = divmod(self.position, self.rows)
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, order(self.rows, self.seed, epoch)
-        self.position += self.num
-        return self.task.prompt(self.task.train[self._order[at]])

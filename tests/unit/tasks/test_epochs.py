@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 
 from streamrl import config as config_lib
-from streamrl.tasks import epochs, rewards
+from streamrl.tasks import epochs
 
 
 def _cfg(tmp_path, rows: int, *extra: str):
@@ -32,18 +30,6 @@ def test_planned_steps_cover_every_epoch_and_stop_at_steps():
     assert epochs.planned_steps(300, rows=65, epochs=1, batch_groups=8) == 9  # the last step takes the remainder
     assert epochs.planned_steps(5, rows=64, epochs=2, batch_groups=8) == 5
     assert epochs.planned_steps(300, rows=64, epochs=0, batch_groups=8) == 300
-
-
-def test_actors_streams_together_deal_each_row_once_per_epoch(tmp_path):
-    cfg = _cfg(tmp_path, 10, "task.epochs=2")
-    task = rewards.build(cfg).task
-    streams = [epochs.Stream(task, cfg.seed, i, 3) for i in range(3)]
-    drawn = collections.Counter()
-    for _ in range(7):  # 3 actors, 21 turns: every position below 20 (two epochs) is drawn once
-        for s in streams:
-            if s.position < 20:
-                drawn[s.sample().id] += 1
-    assert len(drawn) == 10 and set(drawn.values()) == {2}
 
 
 def test_the_steps_follow_from_the_rows_and_are_described(tmp_path):

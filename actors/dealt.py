@@ -1,0 +1,80 @@
+"""An actor's prompts under `task.epochs`: dealt by the learner (`streamrl.tasks.dealer`), never drawn here.
+
+The actor keeps one PromptsRequest out ahead of its need, so a deal is usually waiting when a generate call
+starts; it blocks only with nothing dealt in hand. Each request also says what became of the prompts dealt
+before that made no group: removed by a filter (`filtered`: recorded by the learner, not dealt again) or lost
+for another reason (`dropped`: unscorable, too long; dealt again). Once the learner says every epoch is dealt
+out the actor is dealt nothing more and idles until the learner's shutdown.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from streamrl.comm import wire
+from streamrl.comm.control import Inbox
+
+log = logging.getLogger("streamrl.actor")
+
+ASK_AGAIN_S = 2.0  # a request unanswered this long is sent again (the learner may have restarted)
+
+
+class DealtPrompts:
+    def __init__(self, inbox: Inbox, task, actor_id: str, session: str, ahead: int, stop=lambda: False):
+        """ahead: prompts to hold in hand beyond the current call's (one generate call's worth); stop(): the actor
+        is stopping (asked while waiting for a deal, so a signal still ends it)."""
+        self.inbox, self.task, self.actor_id, self.session, self.ahead = inbox, task, actor_id, session, ahead
+        self.stop = stop
+        self.hand: collections.deque = collections.deque()
+        self.asked_at: float | None = None  # when the request still unanswered went
+        self.done = False
+        self.filtered: list[str] = []
+        self.dropped: dict[str, str] = {}
+        self.dealt = 0
+
+    def take(self, k: int) -> list:
+        """Up to k dealt prompts (waits for a deal with none in hand; [] once every epoch is dealt out)."""
+        while True:
+            self._receive()
+            if len(self.hand) < k + self.ahead and not self.done:
+                self._ask(k + self.ahead - len(self.hand))
+            if self.hand or self.done or self.stop() or self.inbox.shutdown is not None:
+                break
+            time.sleep(0.005)
+        if not self.hand and self.done:
+            time.sleep(0.1)  # dealt out: the learner's shutdown comes next
+        return [self.hand.popleft() for _ in range(min(k, len(self.hand)))]
+
+    def settle(self, prompts: list, groups: list, observed: dict[str, list[float]], filter_on: bool) -> None:
+        """After a generate call over `prompts`: those with no layer-1 group in `groups` are reported with the next
+        request, as filtered (their rewards were observed, all equal, under the zero-variance filter) or dropped."""
+        made = collections.Counter(g.prompt_id for g in groups if g.layer == 1)
+        for p in prompts:
+            if made[p.id]:
+                made[p.id] -= 1
+                continue
+            rewards = observed.get(p.id)
+            if filter_on and rewards is not None and len(set(rewards)) <= 1:
+                self.filtered.append(p.id)
+            else:
+                self.dropped[p.id] = "unscored" if rewards is None else "no group"
+
+    def _receive(self) -> None:
+        self.inbox.receive()
+        while self.inbox.deals:
+            deal = self.inbox.deals.popleft()
+            self.asked_at = None
+            self.done = self.done or (deal.done and not deal.rows)
+            self.dealt += len(deal.rows)
+            self.hand.extend(self.task.prompt(self.task.train[row]) for _, row in deal.rows)
+
+    def _ask(self, want: int) -> None:
+        if self.asked_at is not None and time.monotonic() - self.asked_at < ASK_AGAIN_S:
+            return
+        msg = wire.PromptsRequest(actor_id=self.actor_id, session=self.session, want=want,
+                                  filtered=self.filtered, dropped=self.dropped)
+        if self.inbox.ask_prompts(msg):
+            self.asked_at = time.monotonic()
+            self.filtered, self.dropped = [], {}

@@ -1,0 +1,151 @@
+"""The learner's end of `task.epochs`: its dealer answers the actors' PromptsRequests, its intake keeps only the
+groups of prompts dealt to their session, and each prompt's final outcome is one line of `<run>/prompts.jsonl`.
+
+A group is known by its session and prompt id (the row's content hash, `DatasetTask.prompt`): the ticket is
+the one of that session with that id (the oldest epoch first, where two epochs of one row are out at once).
+A session is lost, and what it held dealt again, when its actor asks from a new session (a restart), when it
+has reported (it ended), or when it has been silent for `lost_after_s` with prompts out.
+
+The data cursor (`Dealer.cursor`) goes beside each checkpoint as `data_cursor.json`; a resume restores it and cuts
+the ledger back to the lines of steps before the checkpoint, so every prompt trained after it is dealt again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from streamrl.comm import wire
+from streamrl.tasks.dealer import Dealer, Final, Ticket
+
+log = logging.getLogger("streamrl.learner")
+
+LEDGER = "prompts.jsonl"
+CURSOR = "data_cursor.json"
+
+
+def attach(session, cfg, task) -> "Dealing":
+    """The dealer of a run with task.epochs, wired to the session's control channel and intake."""
+    d = Dealing(cfg, task, session.at.step, lost_after_s=cfg.learner.data_timeout_s)
+    session.dealing = session.intake.dealing = d
+    session.control.dealer = d.deal
+    return d
+
+
+class Dealing:
+    def __init__(self, cfg, task, step: int, lost_after_s: float = 120.0):
+        """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`)."""
+        rows = task.train
+        self.ids = [task.prompt(r).id for r in rows]
+        self.lost_after_s = lost_after_s
+        self.ledger_path = cfg.run_path / LEDGER
+        cursor_file = cfg.run_path / "checkpoints" / f"step-{step}" / CURSOR
+        if step and cursor_file.is_file():
+            self.dealer = Dealer.restore(json.loads(cursor_file.read_text()), len(rows), cfg.seed, cfg.task.epochs)
+            _cut(self.ledger_path, step)
+            log.info("learner: data cursor of step %d: epoch %d at %d of %d, %d prompts to deal again",
+                     step, self.dealer.epoch + 1, self.dealer.position, len(rows), len(self.dealer.again))
+        else:
+            if step:  # a checkpoint of a run without epochs: the epoch starts over, said so
+                log.warning("learner: checkpoint step-%d has no %s; the epochs start from the first", step, CURSOR)
+            self.dealer = Dealer(len(rows), cfg.task.epochs, cfg.seed)
+            _cut(self.ledger_path, 0 if not step else step)
+        self.ledger = self.ledger_path.open("a")
+        self.session_of: dict[str, str] = {}  # actor id -> its newest session
+        self.seen: dict[str, float] = {}  # session -> when it last asked or sent
+        self.claimed: set[Ticket] = set()  # in the batch being collected: trained when its step is
+        self.step, self.version = step, 0  # the next step to train: an outcome now is of it (the ledger's cut)
+
+    def deal(self, msg: wire.PromptsRequest) -> wire.Deal:
+        """The control channel's answer to an actor's request (and the outcomes the request carries)."""
+        now = time.monotonic()
+        if (old := self.session_of.get(msg.actor_id)) is not None and old != msg.session:
+            self._lose(old, "its actor restarted")
+        self.session_of[msg.actor_id], self.seen[msg.session] = msg.session, now
+        for pid in msg.filtered:
+            self._outcome(msg.session, pid, "filtered", "removed by a filter on the actor")
+        for pid, why in msg.dropped.items():
+            self._outcome(msg.session, pid, "dropped", why)
+        for session, at in list(self.seen.items()):  # silent sessions holding prompts
+            if now - at > self.lost_after_s and session != msg.session:
+                self._lose(session, f"silent for {now - at:.0f}s")
+        rows = self.dealer.deal(msg.session, msg.want)
+        return wire.Deal(rows=[tuple(t) for t in rows], done=self.dealer.dealt_out and not rows)
+
+    def accept(self, group) -> bool:
+        """Whether `group` is of a prompt dealt to its session and not yet in this batch; claims it if so."""
+        self.seen[group.session] = time.monotonic()
+        if group.layer != 1:
+            return True
+        t = self._ticket(group.session, group.prompt_id)
+        if t is None:
+            return False
+        self.claimed.add(t)
+        return True
+
+    def dropped(self, group, reason: str) -> None:
+        """The intake dropped `group` (stale, refused, ...): its prompt is dealt again."""
+        if group.layer == 1:
+            self._outcome(group.session, group.prompt_id, "dropped", reason)
+
+    def trained(self, groups, step: int, version: int) -> None:
+        """The batch's groups trained at `step` (with the weights of `version`)."""
+        for g in groups:
+            if g.layer == 1 and (t := self._ticket(g.session, g.prompt_id, claimed=True)) is not None:
+                self.claimed.discard(t)
+                self._write(self.dealer.outcome(g.session, t, "trained"), step, version)
+        self.step, self.version = step + 1, version + 1
+        self.ledger.flush()
+
+    @property
+    def exhausted(self) -> bool:
+        """Every prompt of every epoch is dealt, and every one still out is in the batch being collected."""
+        return self.dealer.dealt_out and set(self.dealer.out) <= self.claimed
+
+    def save(self, folder: Path) -> None:
+        """The cursor beside a checkpoint (its `extra`)."""
+        (folder / CURSOR).write_text(json.dumps(self.dealer.cursor()))
+
+    def summary(self) -> dict:
+        """summary.json's `epochs`: per epoch, prompts trained, filtered, failed, dealt again."""
+        return {str(e + 1): {k: self.dealer.counts[e][k] for k in ("trained", "filtered", "failed", "redealt")}
+                for e in range(self.dealer.epochs)}
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def _ticket(self, session: str, pid: str, claimed: bool = False) -> Ticket | None:
+        held = [t for t, s in self.dealer.out.items() if s == session and self.ids[t.row] == pid
+                and (t in self.claimed) == claimed]
+        return min(held) if held else None
+
+    def _outcome(self, session: str, pid: str, what: str, reason: str) -> None:
+        t = self._ticket(session, pid)
+        if t is not None:
+            self._write(self.dealer.outcome(session, t, what, reason), self.step, self.version)
+
+    def _lose(self, session: str, why: str) -> None:
+        held = sum(s == session for s in self.dealer.out.values())
+        for final in self.dealer.lost(session, why, keep=self.claimed):  # those in the batch train with it
+            self._write(final, self.step, self.version)
+        if held:
+            log.info("learner: the prompts of session %s are dealt again (%s)", session, why)
+        self.seen.pop(session, None)
+
+    def _write(self, final: Final | None | bool, step: int, version: int) -> None:
+        if not final:
+            return
+        e, row = final.ticket
+        line = {"id": self.ids[row], "row": row, "epoch": e + 1, "outcome": final.outcome, "step": step,
+                "version": version, **({"reason": final.reason} if final.reason else {})}
+        self.ledger.write(json.dumps(line) + "\n")
+
+
+def _cut(path: Path, step: int) -> None:
+    """Keep the ledger's lines of steps before `step` (none for a fresh start): the resume re-deals the rest."""
+    if not path.exists():
+        return
+    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step]
+    path.write_text("".join(ln + "\n" for ln in kept))
