@@ -12,6 +12,7 @@ the ledger back to the lines of steps before the checkpoint, so every prompt tra
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -26,24 +27,30 @@ LEDGER = "prompts.jsonl"
 CURSOR = "data_cursor.json"
 
 
-def attach(session, cfg, task) -> "Dealing":
+def attach(session, d: "Dealing") -> None:
     """The dealer of a run with task.epochs, wired to the session's control channel and intake."""
-    d = Dealing(cfg, task, session.at.step, lost_after_s=cfg.learner.data_timeout_s)
     session.dealing = session.intake.dealing = d
     session.control.dealer = d.deal
-    return d
 
 
 class Dealing:
-    def __init__(self, cfg, task, step: int, lost_after_s: float = 120.0):
-        """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`)."""
+    def __init__(self, cfg, task, step: int):
+        """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`). A session silent
+        for learner.data_timeout_s with prompts out is lost."""
         rows = task.train
         self.ids = [task.prompt(r).id for r in rows]
-        self.lost_after_s = lost_after_s
+        self.lost_after_s = cfg.learner.data_timeout_s
         self.ledger_path = cfg.run_path / LEDGER
         cursor_file = cfg.run_path / "checkpoints" / f"step-{step}" / CURSOR
+        self.data = hashlib.sha256("\n".join(self.ids).encode()).hexdigest()[:16]  # the rows, in file order
         if step and cursor_file.is_file():
-            self.dealer = Dealer.restore(json.loads(cursor_file.read_text()), len(rows), cfg.seed, cfg.task.epochs)
+            cursor = json.loads(cursor_file.read_text())
+            if cursor.get("data", self.data) != self.data:
+                raise ValueError(f"learner.resume=true: task.data={cfg.task.data} holds other rows than the run's "
+                                 f"checkpoint step-{step} was dealt from (data {cursor['data']}, now {self.data}): "
+                                 "resuming would deal other prompts than the epoch's (restore the run's data, or "
+                                 "start a new run)")
+            self.dealer = Dealer.restore(cursor, len(rows), cfg.seed, cfg.task.epochs)
             _cut(self.ledger_path, step)
             log.info("learner: data cursor of step %d: epoch %d at %d of %d, %d prompts to deal again",
                      step, self.dealer.epoch + 1, self.dealer.position, len(rows), len(self.dealer.again))
@@ -71,6 +78,7 @@ class Dealing:
         for session, at in list(self.seen.items()):  # silent sessions holding prompts
             if now - at > self.lost_after_s and session != msg.session:
                 self._lose(session, f"silent for {now - at:.0f}s")
+        self.ledger.flush()
         rows = self.dealer.deal(msg.session, msg.want)
         return wire.Deal(rows=[tuple(t) for t in rows], done=self.dealer.dealt_out and not rows)
 
@@ -106,7 +114,7 @@ class Dealing:
 
     def save(self, folder: Path) -> None:
         """The cursor beside a checkpoint (its `extra`)."""
-        (folder / CURSOR).write_text(json.dumps(self.dealer.cursor()))
+        (folder / CURSOR).write_text(json.dumps({**self.dealer.cursor(), "data": self.data}))
 
     def summary(self) -> dict:
         """summary.json's `epochs`: per epoch, prompts trained, filtered, failed, dealt again."""

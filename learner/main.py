@@ -31,9 +31,10 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     cfg, engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
+    dealt = dealing.Dealing(cfg, reward.task, at.step) if cfg.task.epochs else None  # a refused resume stops here
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
-    if cfg.task.epochs:
-        dealing.attach(s, cfg, reward.task)
+    if dealt is not None:
+        dealing.attach(s, dealt)
     evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
     after = AfterStep(cfg, s, evals, phases)
 
