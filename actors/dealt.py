@@ -33,9 +33,11 @@ class DealtPrompts:
         self.filtered: list[str] = []
         self.dropped: dict[str, str] = {}
         self.dealt = 0
+        self.wait_s = 0.0  # blocked with nothing in hand, waiting for a deal (the dealer's cost to this actor)
 
     def take(self, k: int) -> list:
         """Up to k dealt prompts (waits for a deal with none in hand; [] once every epoch is dealt out)."""
+        t0 = time.perf_counter()
         while True:
             self._receive()
             if len(self.hand) < k + self.ahead and not self.done:
@@ -43,6 +45,7 @@ class DealtPrompts:
             if self.hand or self.done or self.stop() or self.inbox.shutdown is not None:
                 break
             time.sleep(0.005)
+        self.wait_s += time.perf_counter() - t0
         if not self.hand and self.done:
             time.sleep(0.1)  # dealt out: the learner's shutdown comes next
         return [self.hand.popleft() for _ in range(min(k, len(self.hand)))]

@@ -66,8 +66,9 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         weights.first(stopping)                                        # never generate before holding weights
         phases.mark("first_weights")
         throttle.weights(weights.version, weights.life)
-        dealt = (DealtPrompts(inbox, reward.task, actor_id, sender.session, cfg.actors.prompts_per_generate, stopping)
-                 if cfg.task.epochs else None)  # the learner deals the prompts of each epoch
+        # task.epochs: the learner deals the prompts; two calls' worth in hand beyond the current one hide its steps
+        dealt = (DealtPrompts(inbox, reward.task, actor_id, sender.session, 2 * cfg.actors.prompts_per_generate,
+                              stopping) if cfg.task.epochs else None)
         generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry, dealt)
         closing.callback(_close_generation, generate, stats)
         while not stopping() and inbox.shutdown is None:
