@@ -63,6 +63,8 @@ class Dealing:
         self.session_of: dict[str, str] = {}  # actor id -> its newest session
         self.seen: dict[str, float] = {}  # session -> when it last asked or sent
         self.claimed: set[Ticket] = set()  # in the batch being collected: trained when its step is
+        self.ended = next((e for e in range(self.dealer.epochs) if not self._complete(e)), self.dealer.epochs)
+        self.every_epoch, self.eval_owed = cfg.eval.every_epoch, False
         self.step, self.version = step, 0  # the next step to train: an outcome now is of it (the ledger's cut)
 
     def deal(self, msg: wire.PromptsRequest) -> wire.Deal:
@@ -98,14 +100,28 @@ class Dealing:
         if group.layer == 1:
             self._outcome(group.session, group.prompt_id, "dropped", reason)
 
-    def trained(self, groups, step: int, version: int) -> None:
-        """The batch's groups trained at `step` (with the weights of `version`)."""
+    def trained(self, groups, step: int, version: int, due=None):
+        """The batch's groups trained at `step` (with the weights of `version`). Returns `due` (learner.schedule),
+        asking for an evaluation (eval.every_epoch) when an epoch has ended by now, at the first step that
+        publishes (the actors evaluate a published version)."""
         for g in groups:
             if g.layer == 1 and (t := self._ticket(g.session, g.prompt_id, claimed=True)) is not None:
                 self.claimed.discard(t)
                 self._write(self.dealer.outcome(g.session, t, "trained"), step, version)
         self.step, self.version = step + 1, version + 1
         self.ledger.flush()
+        ended = [e for e in range(self.ended, self.dealer.epochs) if self._complete(e)]
+        if ended:
+            self.ended = ended[-1] + 1
+            log.info("learner: epoch %d ended at step %d: %s", self.ended, step, self.summary()[str(self.ended)])
+        self.eval_owed = self.eval_owed or (bool(ended) and self.every_epoch)
+        if due is not None and self.eval_owed and due.publish:
+            self.eval_owed, due = False, due._replace(evaluate=True)
+        return due
+
+    def _complete(self, epoch: int) -> bool:
+        c = self.dealer.counts[epoch]
+        return c["trained"] + c["filtered"] + c["failed"] == self.dealer.rows
 
     @property
     def exhausted(self) -> bool:

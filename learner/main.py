@@ -55,8 +55,8 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
             publish = functools.partial(s.weights.publish, at.version + 1) if due.publish else None
             done = train(engine, groups, cfg, pad_id, step=at.step, version=at.version, ranks=ranks, wait_s=wait_s,
                          publish=publish, settled=lambda: s.weights.settle_s, weight_stats=due.weight_stats)
-            if s.dealing is not None:
-                s.dealing.trained(groups, at.step, at.version)
+            if s.dealing is not None:  # each prompt trained is a ledger line; an epoch's end may call for an eval
+                due = s.dealing.trained(groups, at.step, at.version, due)
             after(done, due, stopping)
     except BaseException as e:
         error = e

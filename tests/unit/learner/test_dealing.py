@@ -22,7 +22,7 @@ class Task:
 
 def _cfg(tmp_path, seed: int = 0, epochs: int = 2):
     return NS(run_path=tmp_path, seed=seed, task=NS(epochs=epochs, data="rows.jsonl"),
-              learner=NS(data_timeout_s=300.0))
+              learner=NS(data_timeout_s=300.0), eval=NS(every_epoch=True))
 
 
 def _ask(d: Dealing, actor: str, session: str, want: int, **kw) -> list:
@@ -89,3 +89,20 @@ def test_a_resume_with_other_rows_or_another_seed_is_refused_by_name(tmp_path):
         Dealing(_cfg(tmp_path, seed=5), Task(4), step=3)
     with pytest.raises(ValueError, match="task.data=rows.jsonl holds other rows"):
         Dealing(_cfg(tmp_path), Task(5), step=3)
+
+
+def test_the_step_that_ends_an_epoch_asks_for_an_eval_at_the_first_step_that_publishes(tmp_path):
+    from streamrl.learner.schedule import Due
+
+    d = Dealing(_cfg(tmp_path, epochs=2), Task(2), step=0)
+    quiet = Due(publish=False, weight_stats=False, evaluate=False, checkpoint=False)
+    rows = _ask(d, "a", "s", 2)
+    assert [r[0] for r in rows] == [0, 0]
+    groups = [_group("s", r[1]) for r in rows[:1]]
+    d.accept(groups[0])
+    assert not d.trained(groups, 0, 0, quiet._replace(publish=True)).evaluate  # half of epoch 1
+    last = [_group("s", rows[1][1])]
+    d.accept(last[0])
+    assert not d.trained(last, 1, 1, quiet).evaluate  # epoch 1 ended, but this step publishes nothing
+    assert d.trained([], 2, 2, quiet._replace(publish=True)).evaluate  # the eval owed, at the next publish
+    assert not d.trained([], 3, 3, quiet._replace(publish=True)).evaluate  # once
