@@ -27,6 +27,7 @@ class DealtPrompts:
         is stopping (asked while waiting for a deal, so a signal still ends it)."""
         self.inbox, self.task, self.actor_id, self.session, self.ahead = inbox, task, actor_id, session, ahead
         self.stop = stop
+        self.learner: str | None = None  # the learner start that dealt what is in hand
         self.hand: collections.deque = collections.deque()
         self.asked_at: float | None = None  # when the request still unanswered went
         self.done = False
@@ -68,6 +69,13 @@ class DealtPrompts:
         self.inbox.receive()
         while self.inbox.deals:
             deal = self.inbox.deals.popleft()
+            if deal.learner != self.learner:  # a restarted learner re-deals from its checkpoint: the old hand goes
+                if self.learner is not None:
+                    log.info("%s: the learner restarted; %d dealt prompts in hand given up", self.actor_id,
+                             len(self.hand))
+                    self.hand.clear()
+                    self.done, self.filtered, self.dropped = False, [], {}
+                self.learner = deal.learner
             self.asked_at = None
             self.done = self.done or (deal.done and not deal.rows)
             self.dealt += len(deal.rows)

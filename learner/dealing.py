@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from pathlib import Path
 
 from streamrl.comm import wire
@@ -60,6 +61,7 @@ class Dealing:
             self.dealer = Dealer(len(rows), cfg.task.epochs, cfg.seed)
             _cut(self.ledger_path, 0 if not step else step)
         self.ledger = self.ledger_path.open("a")
+        self.learner = uuid.uuid4().hex[:12]  # this start: an actor gives up what an earlier one dealt it
         self.session_of: dict[str, str] = {}  # actor id -> its newest session
         self.seen: dict[str, float] = {}  # session -> when it last asked or sent
         self.claimed: set[Ticket] = set()  # in the batch being collected: trained when its step is
@@ -82,7 +84,7 @@ class Dealing:
                 self._lose(session, f"silent for {now - at:.0f}s")
         self.ledger.flush()
         rows = self.dealer.deal(msg.session, msg.want)
-        return wire.Deal(rows=[tuple(t) for t in rows], done=self.dealer.dealt_out and not rows)
+        return wire.Deal(rows=[tuple(t) for t in rows], done=self.dealer.dealt_out and not rows, learner=self.learner)
 
     def accept(self, group) -> bool:
         """Whether `group` is of a prompt dealt to its session and not yet in this batch; claims it if so."""
@@ -163,7 +165,8 @@ class Dealing:
             return
         e, row = final.ticket
         line = {"id": self.ids[row], "row": row, "epoch": e + 1, "outcome": final.outcome, "step": step,
-                "version": version, **({"reason": final.reason} if final.reason else {})}
+                "version": version, "time": round(time.time(), 3),
+                **({"reason": final.reason} if final.reason else {})}
         self.ledger.write(json.dumps(line) + "\n")
 
 

@@ -270,6 +270,8 @@ class Deal(Struct, tag="deal", kw_only=True):
     schema: int = SCHEMA_VERSION
     rows: list[tuple[int, int]] = []
     done: bool = False
+    learner: str = ""
+    """Which start of the learner dealt it: prompts in hand from an earlier one are given up (it re-deals them)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,

@@ -14,7 +14,11 @@ from procs import REPO, free_ports, metrics, reaped, spawn, summary
 pytestmark = pytest.mark.slow
 ROWS = 64
 REWARD = '''
+import json, os, time
+
 def said(prompts, completions, answer, **kwargs):
+    with open(os.environ["SAID_LOG"], "a") as f:  # which rows were generated, when: the reward function's own log
+        f.write(json.dumps({"answers": sorted(set(answer)), "time": time.time()}) + "\\n")
     return [1.0 if c.split()[:1] == [a] else 0.0 for c, a in zip(completions, answer)]
 '''
 
@@ -39,7 +43,8 @@ def _wait_steps(run, n: int, proc, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
-def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactly_twice(tmp_path):
+def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactly_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAID_LOG", str(tmp_path / "said.jsonl"))
     args = _args(tmp_path, "epochs")
     run = tmp_path / "runs" / "epochs"
     learner = spawn(["learner", *args], tmp_path / "learner.log")
@@ -60,6 +65,11 @@ def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactl
     finals = collections.Counter((x["row"], x["epoch"]) for x in ledger)
     assert finals == {(r, e): 1 for r in range(ROWS) for e in (1, 2)}, [k for k, v in finals.items() if v != 1]
     assert all(x["outcome"] == "trained" for x in ledger)  # no filter in this run: nothing filtered or failed
+    # Once a row has trained in both epochs, no actor generates it again (nothing is made only to be lost).
+    last = {r: max(x["time"] for x in ledger if x["row"] == r) for r in range(ROWS)}
+    calls = [json.loads(line) for line in (tmp_path / "said.jsonl").read_text().splitlines()]
+    late = [(c["answers"], c["time"]) for c in calls for a in c["answers"] if c["time"] > last[int(a[1:])]]
+    assert not late, late[:5]
     s = summary(run)
     assert s["status"] == "finished" and s["steps"] == 16, s
     assert s["epochs"]["1"]["trained"] == s["epochs"]["2"]["trained"] == ROWS, s["epochs"]
