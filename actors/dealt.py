@@ -4,7 +4,8 @@ The actor keeps one PromptsRequest out ahead of its need, so a deal is usually w
 starts; it blocks only with nothing dealt in hand. Each request also says what became of the prompts dealt
 before that made no group: removed by a filter (`filtered`: recorded by the learner, not dealt again) or lost
 for another reason (`dropped`: unscorable, too long; dealt again). Once the learner says every epoch is dealt
-out the actor is dealt nothing more and idles until the learner's shutdown.
+out the actor idles until the learner's shutdown, asking every `ASK_AGAIN_S` in case prompts a lost actor held
+are dealt again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class DealtPrompts:
         self.learner: str | None = None  # the learner start that dealt what is in hand
         self.hand: collections.deque = collections.deque()
         self.asked_at: float | None = None  # when the request still unanswered went
+        self.answered_at: float | None = None  # when the last deal came
         self.done = False
         self.filtered: list[str] = []
         self.dropped: dict[str, str] = {}
@@ -41,7 +43,7 @@ class DealtPrompts:
         t0 = time.perf_counter()
         while True:
             self._receive()
-            if len(self.hand) < k + self.ahead and not self.done:
+            if len(self.hand) < k + self.ahead:  # dealt out: still asked now and then (a dead actor's are re-dealt)
                 self._ask(k + self.ahead - len(self.hand))
             if self.hand or self.done or self.stop() or self.inbox.shutdown is not None:
                 break
@@ -69,6 +71,7 @@ class DealtPrompts:
         self.inbox.receive()
         while self.inbox.deals:
             deal = self.inbox.deals.popleft()
+            self.answered_at = time.monotonic()
             if deal.learner != self.learner:  # a restarted learner re-deals from its checkpoint: the old hand goes
                 if self.learner is not None:
                     log.info("%s: the learner restarted; %d dealt prompts in hand given up", self.actor_id,
@@ -77,12 +80,14 @@ class DealtPrompts:
                     self.done, self.filtered, self.dropped = False, [], {}
                 self.learner = deal.learner
             self.asked_at = None
-            self.done = self.done or (deal.done and not deal.rows)
+            self.done = deal.done and not deal.rows
             self.dealt += len(deal.rows)
             self.hand.extend(self.task.prompt(self.task.train[row]) for _, row in deal.rows)
 
     def _ask(self, want: int) -> None:
         if self.asked_at is not None and time.monotonic() - self.asked_at < ASK_AGAIN_S:
+            return
+        if self.done and self.answered_at is not None and time.monotonic() - self.answered_at < ASK_AGAIN_S:
             return
         msg = wire.PromptsRequest(actor_id=self.actor_id, session=self.session, want=want,
                                   filtered=self.filtered, dropped=self.dropped)

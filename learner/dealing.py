@@ -3,8 +3,8 @@ groups of prompts dealt to their session, and each prompt's final outcome is one
 
 A group is known by its session and prompt id (the row's content hash, `DatasetTask.prompt`): the ticket is
 the one of that session with that id (the oldest epoch first, where two epochs of one row are out at once).
-A session is lost, and what it held dealt again, when its actor asks from a new session (a restart), when it
-has reported (it ended), or when it has been silent for `lost_after_s` with prompts out.
+A session is lost, and what it held dealt again, when its actor asks from a new session (a restart), or when
+it has been silent (no request, no group) for half of learner.data_timeout_s with prompts out.
 
 The data cursor (`Dealer.cursor`) goes beside each checkpoint as `data_cursor.json`; a resume restores it and cuts
 the ledger back to the lines of steps before the checkpoint, so every prompt trained after it is dealt again.
@@ -36,11 +36,11 @@ def attach(session, d: "Dealing") -> None:
 
 class Dealing:
     def __init__(self, cfg, task, step: int):
-        """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`). A session silent
-        for learner.data_timeout_s with prompts out is lost."""
+        """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`)."""
         rows = task.train
         self.ids = [task.prompt(r).id for r in rows]
-        self.lost_after_s = cfg.learner.data_timeout_s
+        # Half the intake's own limit: a dead actor's prompts are dealt again before the learner would give up.
+        self.lost_after_s = cfg.learner.data_timeout_s / 2
         self.ledger_path = cfg.run_path / LEDGER
         cursor_file = cfg.run_path / "checkpoints" / f"step-{step}" / CURSOR
         self.data = hashlib.sha256("\n".join(self.ids).encode()).hexdigest()[:16]  # the rows, in file order

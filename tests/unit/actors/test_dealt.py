@@ -53,14 +53,17 @@ def test_a_prompt_without_a_group_is_reported_filtered_or_dropped_with_the_next_
     assert inbox.asked[-1].filtered == ["id-r1"] and inbox.asked[-1].dropped == {"id-r2": "unscored"}
 
 
-def test_once_dealt_out_an_actor_is_dealt_nothing_and_stops_asking():
+def test_once_dealt_out_an_actor_asks_only_now_and_then_and_takes_what_comes_back():
     inbox = Inbox(2)
     d = DealtPrompts(inbox, Task, "actor-0", "s", ahead=0)
     assert len(d.take(2)) == 2
     d.asked_at = None
     assert d.take(2) == [] and d.done
     asked = len(inbox.asked)
-    assert d.take(2) == [] and len(inbox.asked) == asked
+    assert d.take(2) == [] and len(inbox.asked) == asked  # not at once: every ASK_AGAIN_S (a lost actor's re-dealt)
+    inbox.rows, d.answered_at = 3, d.answered_at - 60  # later, a row a dead actor held comes back
+    assert d.take(2) == [] and len(inbox.asked) == asked + 1  # asked again; the answer is taken at the next call
+    assert [p.id for p in d.take(2)] == ["id-r2"] and not d.done
 
 
 def test_a_restarted_learner_s_deal_replaces_the_hand_an_earlier_one_dealt():

@@ -107,3 +107,16 @@ def test_the_step_that_ends_an_epoch_asks_for_an_eval_at_the_first_step_that_pub
     assert not d.trained(last, 1, 1, quiet).evaluate  # epoch 1 ended, but this step publishes nothing
     assert d.trained([], 2, 2, quiet._replace(publish=True)).evaluate  # the eval owed, at the next publish
     assert not d.trained([], 3, 3, quiet._replace(publish=True)).evaluate  # once
+
+
+def test_a_silent_session_s_prompts_are_dealt_to_another_after_half_the_data_timeout(tmp_path, monkeypatch):
+    import streamrl.learner.dealing as dealing
+
+    clock = [1000.0]
+    monkeypatch.setattr(dealing.time, "monotonic", lambda: clock[0])
+    d = Dealing(_cfg(tmp_path, epochs=1), Task(2), step=0)
+    held = _ask(d, "actor-0", "dead", 2)
+    clock[0] += 100  # under half of learner.data_timeout_s (300 s): still held
+    assert _ask(d, "actor-1", "alive", 2) == []
+    clock[0] += 60
+    assert sorted(_ask(d, "actor-1", "alive", 2)) == sorted(held)
