@@ -29,6 +29,7 @@ class DealtPrompts:
         self.inbox, self.task, self.actor_id, self.session, self.ahead = inbox, task, actor_id, session, ahead
         self.stop = stop
         self.learner: str | None = None  # the learner start that dealt what is in hand
+        self.taken_from: str | None = None  # ... and the one that dealt the current call's prompts
         self.hand: collections.deque = collections.deque()
         self.asked_at: float | None = None  # when the request still unanswered went
         self.answered_at: float | None = None  # when the last deal came
@@ -51,11 +52,19 @@ class DealtPrompts:
         self.wait_s += time.perf_counter() - t0
         if not self.hand and self.done:
             time.sleep(0.1)  # dealt out: the learner's shutdown comes next
-        return [self.hand.popleft() for _ in range(min(k, len(self.hand)))]
+        got = [self.hand.popleft() for _ in range(min(k, len(self.hand)))]
+        if got:
+            self.taken_from = self.learner
+        return got
 
-    def settle(self, prompts: list, groups: list, observed: dict[str, list[float]], filter_on: bool) -> None:
+    def settle(self, prompts: list, groups: list, observed: dict[str, list[float]], filter_on: bool) -> list:
         """After a generate call over `prompts`: those with no layer-1 group in `groups` are reported with the next
-        request, as filtered (their rewards were observed, all equal, under the zero-variance filter) or dropped."""
+        request, as filtered (their rewards were observed, all equal, under the zero-variance filter) or dropped.
+        Returns the groups to send: none when a restarted learner has dealt since the call's prompts were taken
+        (it deals them again; sent, one could stand in for its own deal's copy, which would then be made in vain)."""
+        if self.taken_from != self.learner:
+            log.info("%s: %d groups of prompts an earlier learner dealt not sent", self.actor_id, len(groups))
+            return []
         made = collections.Counter(g.prompt_id for g in groups if g.layer == 1)
         for p in prompts:
             if made[p.id]:
@@ -66,6 +75,7 @@ class DealtPrompts:
                 self.filtered.append(p.id)
             else:
                 self.dropped[p.id] = "unscored" if rewards is None else "no group"
+        return groups
 
     def _receive(self) -> None:
         self.inbox.receive()
@@ -90,7 +100,7 @@ class DealtPrompts:
         if self.done and self.answered_at is not None and time.monotonic() - self.answered_at < ASK_AGAIN_S:
             return
         msg = wire.PromptsRequest(actor_id=self.actor_id, session=self.session, want=want,
-                                  filtered=self.filtered, dropped=self.dropped)
+                                  filtered=self.filtered, dropped=self.dropped, learner=self.learner or "")
         if self.inbox.ask_prompts(msg):
             self.asked_at = time.monotonic()
             self.filtered, self.dropped = [], {}

@@ -104,7 +104,7 @@ class Generation:
                                                self.actor_id, self.phrase_rng, observe=observe,
                                                between_steps=between_steps)
         if self.dealt is not None:
-            self.dealt.settle(self.call_prompts, groups, observed, self.options.filter_zero_variance)
+            groups = self.dealt.settle(self.call_prompts, groups, observed, self.options.filter_zero_variance)
         return self._finish_call(groups, done, t0)
 
     def _episodes(self, prompts: list, version: int):

@@ -75,9 +75,10 @@ class Dealing:
         if (old := self.session_of.get(msg.actor_id)) is not None and old != msg.session:
             self._lose(old, "its actor restarted")
         self.session_of[msg.actor_id], self.seen[msg.session] = msg.session, now
-        for pid in msg.filtered:
+        mine = msg.learner == self.learner  # an earlier learner's prompts are not this one's tickets: they are
+        for pid in msg.filtered if mine else ():  # dealt again from the checkpoint anyway
             self._outcome(msg.session, pid, "filtered", "removed by a filter on the actor")
-        for pid, why in msg.dropped.items():
+        for pid, why in msg.dropped.items() if mine else ():
             self._outcome(msg.session, pid, "dropped", why)
         for session, at in list(self.seen.items()):  # silent sessions holding prompts
             if now - at > self.lost_after_s and session != msg.session:

@@ -262,6 +262,8 @@ class PromptsRequest(Struct, tag="prompts_request", kw_only=True):
     want: Annotated[int, Meta(ge=0, le=100_000)]
     filtered: list[str] = []
     dropped: dict[str, str] = {}
+    learner: str = ""
+    """The learner start that dealt the prompts reported (a restarted learner ignores an earlier one's)."""
 
 
 class Deal(Struct, tag="deal", kw_only=True):

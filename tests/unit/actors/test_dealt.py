@@ -73,3 +73,13 @@ def test_a_restarted_learner_s_deal_replaces_the_hand_an_earlier_one_dealt():
     assert len(d.hand) == 4
     inbox.deals.append(wire.Deal(rows=[(0, 50), (0, 51)], learner="L2"))  # a restarted learner's deal arrives
     assert [p.id for p in d.take(2)] == ["id-r50", "id-r51"]  # r2..r5, dealt by the learner before, are given up
+
+
+def test_a_call_over_prompts_an_earlier_learner_dealt_sends_nothing():
+    inbox = Inbox(100)
+    d = DealtPrompts(inbox, Task, "actor-0", "s", ahead=0)
+    prompts = d.take(2)
+    inbox.deals.append(wire.Deal(rows=[(0, 50)], learner="L2"))  # the learner restarted while the call generated
+    d.take(0)
+    assert d.settle(prompts, [NS(prompt_id=p.id, layer=1) for p in prompts], {}, filter_on=False) == []
+    assert not d.dropped  # nothing reported: the new learner deals them again from its checkpoint

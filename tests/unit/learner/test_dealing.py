@@ -57,7 +57,8 @@ def test_an_actor_restarted_gives_back_what_its_old_session_held(tmp_path):
 def test_filtered_and_dropped_reports_are_recorded_and_dealt_again(tmp_path):
     d = Dealing(_cfg(tmp_path, epochs=1), Task(2), step=0)
     (_, a), (_, b) = _ask(d, "actor-0", "s", 2)
-    again = _ask(d, "actor-0", "s", 2, filtered=[f"id-{a}"], dropped={f"id-{b}": "unscored"})
+    assert _ask(d, "actor-0", "s", 0, filtered=[f"id-{a}"], learner="earlier") == []  # another learner's: ignored
+    again = _ask(d, "actor-0", "s", 2, filtered=[f"id-{a}"], dropped={f"id-{b}": "unscored"}, learner=d.learner)
     assert again == [(0, b)]
     assert [(x["row"], x["outcome"]) for x in _ledger(tmp_path)] == [(a, "filtered")]
     assert d.summary()["1"] == {"trained": 0, "filtered": 1, "failed": 0, "redealt": 1}
