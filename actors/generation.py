@@ -3,12 +3,14 @@ the staleness budget of them, with what each call did added up for the actor's s
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
 from typing import Callable
 
 from streamrl.actors import rollout
+from streamrl.actors.dealt import DealtPrompts
 from streamrl.actors.episodes import Episodes, EpisodeStats
 from streamrl.algo import difficulty, group_filters
 from streamrl.algo.learning_signal import CENSUS_KEYS
@@ -18,6 +20,12 @@ from streamrl.config import Config
 from streamrl.telemetry import actor_metrics
 
 log = logging.getLogger("streamrl.actor")
+
+
+def _observe_too(observed: dict, then, prompt_id: str, rewards: list[float]) -> None:
+    observed[prompt_id] = rewards
+    if then is not None:
+        then(prompt_id, rewards)
 
 
 class _Timed:
@@ -37,14 +45,16 @@ class _Timed:
 
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
-                 telemetry: actor_metrics.ActorMetrics):
-        """start_version: the version the actor's weights started at (its prompt stream depends on it)."""
+                 telemetry: actor_metrics.ActorMetrics, dealt: DealtPrompts | None = None):
+        """start_version: the version the actor's weights started at (its prompt stream depends on it); dealt: the
+        learner deals the prompts (task.epochs) instead of the actor drawing them."""
         self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
         self.actor_id = f"actor-{index}"
         self.prompts_per_call = cfg.actors.prompts_per_generate
         # The prompt stream's position: an actor that (re)joins a run at version v > 0 draws a stream
         # of its own rather than replaying the prompts its first life drew from the start.
         self.rng = random.Random(cfg.seed * 1000 + index + 1 + 7919 * start_version)
+        self.dealt, self.call_prompts = dealt, []
         # Multi-layer GRPO's phrases come from a stream of their own, so the prompt stream stays as it was.
         self.phrase_rng = random.Random(f"phrases-{cfg.seed}-{index}-{start_version}")
         self.options = rollout.RolloutOptions.from_config(cfg)
@@ -60,6 +70,8 @@ class Generation:
         # call's groups need no score to go on (one round, layer 1) and may wait one call (not strict).
         self.overlap = (reward.grouped and cfg.task.reward_overlap and cfg.actors.rollout_factor == 1
                         and not cfg.mgrpo.enabled and not cfg.strict)
+        # A dealt prompt is accounted for when its call ends: none may be left scoring in the background.
+        self.overlap = self.overlap and dealt is None
         self.pending: rollout.Started | None = None
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
         self.episodes = None
@@ -76,6 +88,9 @@ class Generation:
         t0 = time.perf_counter()
         tracker = self.tracker
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
+        observed: dict[str, list[float]] = {}
+        if self.dealt is not None:  # what each dealt prompt scored: a group it made none of was filtered or dropped
+            observe = functools.partial(_observe_too, observed, observe)
         if self.episodes is not None:
             if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
                 return []
@@ -88,6 +103,8 @@ class Generation:
             groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
                                                self.actor_id, self.phrase_rng, observe=observe,
                                                between_steps=between_steps)
+        if self.dealt is not None:
+            groups = self.dealt.settle(self.call_prompts, groups, observed, self.options.filter_zero_variance)
         return self._finish_call(groups, done, t0)
 
     def _episodes(self, prompts: list, version: int):
@@ -106,6 +123,11 @@ class Generation:
 
     def _prompts(self, k: int) -> list:
         keep = self.tracker.keep if self.tracker else None
+        if self.dealt is not None:
+            dealt = self.dealt.take(k)
+            self.call_prompts = [p for p in dealt if keep is None or keep(p.id)]
+            self.dealt.filtered += [p.id for p in dealt if keep is not None and not keep(p.id)]  # difficulty
+            return self.call_prompts
         prompts = rollout.sample_prompts(self.reward.task, self.rng, k, keep=keep)
         if not prompts:  # online difficulty filtering excluded (nearly) every prompt it drew
             log.warning("%s: difficulty filtering excludes nearly every prompt (%s); widen difficulty.low/high",
@@ -166,6 +188,8 @@ class Generation:
         split = {"sample_s": round(self.timed.seconds, 3),
                  "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
         played = self.episode_totals.report() if self.episodes is not None else {}
+        if self.dealt is not None:
+            split.update(prompts_dealt=self.dealt.dealt, deal_wait_s=round(self.dealt.wait_s, 3))
         return {**self.totals, **split, **played, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}
 
 

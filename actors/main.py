@@ -18,6 +18,7 @@ import torch
 import zmq
 
 from streamrl.actors import backends
+from streamrl.actors.dealt import DealtPrompts
 from streamrl.actors.evals import ActorEvals
 from streamrl.actors.generation import Generation
 from streamrl.actors.weights import ActorWeights
@@ -65,7 +66,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         weights.first(stopping)                                        # never generate before holding weights
         phases.mark("first_weights")
         throttle.weights(weights.version, weights.life)
-        generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry)
+        # task.epochs: the learner deals the prompts; two calls' worth in hand beyond the current one hide its steps
+        dealt = (DealtPrompts(inbox, reward.task, actor_id, sender.session, 2 * cfg.actors.prompts_per_generate,
+                              stopping) if cfg.task.epochs else None)
+        generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry, dealt)
         closing.callback(_close_generation, generate, stats)
         while not stopping() and inbox.shutdown is None:
             weights.update()                                           # newest weights, between generate calls

@@ -62,7 +62,7 @@ class Evals:
         self.wait = wait or (lambda timeout_ms: (receiver.sock.poll(timeout_ms), control.serve()))
         self.dropped = dropped
         self.requested = 0
-        self.sets = evaluation.eval_sets(cfg, task) if cfg.eval.every else []
+        self.sets = evaluation.eval_sets(cfg, task) if cfg.eval.every or cfg.eval.every_epoch else []
         self.plan = evaluation.shards(self.sets, cfg.eval.actors)
         self.rounds: dict[int, _Round] = {}
         self.ready: list[dict] = []

@@ -44,6 +44,7 @@ class Intake:
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
         self.dropped: collections.Counter[str] = collections.Counter()
+        self.dealing = None  # task.epochs (learner.dealing): only dealt prompts' groups pass; a drop is dealt again
         self.wait = wait or receiver.sock.poll
 
     @property
@@ -66,7 +67,7 @@ class Intake:
         batch: list[ScoredGroup] = []
         have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
-        while have < n and not stop():
+        while have < n and not stop() and not self.exhausted:
             self.wait(0 if self.receiver.pending else 100)  # groups of a batch message already wait
             while have < n:
                 group = self.receiver.take()
@@ -82,6 +83,8 @@ class Intake:
                     have += group.layer == 1
                 else:
                     self.dropped[verdict] += 1
+                    if self.dealing is not None:
+                        self.dealing.dropped(group, verdict)
             now = time.monotonic()
             # No demand before the first group of the run: how long groups take is unknown until then (an engine's
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
@@ -100,12 +103,17 @@ class Intake:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {have}/{n} for this batch); are the actors alive and pointed at this learner?")
-        if have < n:  # stopping: a partial batch is never trained on
+        if have < n and not (self.exhausted and batch):  # stopping: a partial batch is never trained on
             self.dropped["lost_at_shutdown"] += len(batch)
             batch = []
         batch = self._even(batch)
         self.used += len(batch)
         return batch, time.perf_counter() - t0
+
+    @property
+    def exhausted(self) -> bool:
+        """task.epochs: every prompt is dealt and those still out are in the batch (the last, partial one)."""
+        return self.dealing is not None and self.dealing.exhausted
 
     def _even(self, batch: list[ScoredGroup]) -> list[ScoredGroup]:
         """The batch with as many groups as the ranks divide evenly: the last layer-2 groups over are dropped."""
@@ -146,6 +154,8 @@ class Intake:
                             group.actor_id, group.group_size, self.group_size)
             return "wrong_group_size"
         verdict = staleness.gate(version, group.policy_version, self.max_staleness)
+        if verdict == "ok" and self.dealing is not None and not self.dealing.accept(group):
+            return "not_dealt"  # a prompt no longer dealt to its session (dealt again, or before a restart)
         if verdict == "stale" and self.strict and not self._surplus_after_demand(group):
             raise StrictModeViolation(
                 f"a group from {group.actor_id} generated at policy version {group.policy_version} arrived at learner "

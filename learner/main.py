@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from streamrl.config import Config
-from streamrl.learner import checkpoints, follower, schedule, stepstats
+from streamrl.learner import checkpoints, dealing, follower, schedule, stepstats
 from streamrl.learner.engine import Engine
 from streamrl.learner.evals import Evals
 from streamrl.learner.ranks import Ranks
@@ -18,7 +18,7 @@ from streamrl.learner.session import Position, Session
 from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
 from streamrl.run.lifecycle import stop_on_signals
-from streamrl.tasks import rewards
+from streamrl.tasks import epochs, rewards
 from streamrl.telemetry.startup import Phases
 
 log = logging.getLogger("streamrl.learner")
@@ -28,10 +28,13 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     """phases: the start-up marks (`streamrl learner` passes its own; they start at the spawn)."""
     phases = phases or Phases("learner")
     stop = stop_on_signals()
-    engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
+    cfg, engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
+    dealt = dealing.Dealing(cfg, reward.task, at.step) if cfg.task.epochs else None  # a refused resume stops here
     s = Session(cfg, engine, ranks, vocab_size, reward.levels, at)
+    if dealt is not None:
+        dealing.attach(s, dealt)
     evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
     after = AfterStep(cfg, s, evals, phases)
 
@@ -45,13 +48,15 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     try:
         while at.step < cfg.steps and not stopping():
             groups, wait_s = s.intake.collect(at.version, L.batch_groups, L.data_timeout_s, stopping)  # receive, gate
-            if len(groups) < L.batch_groups:
+            if not groups or (len(groups) < L.batch_groups and not s.intake.exhausted):  # the last epoch's rest trains
                 break
             phases.mark("first_group")
             due = schedule.due(at.step, at.version, cfg)  # the other ranks follow the same schedule
             publish = functools.partial(s.weights.publish, at.version + 1) if due.publish else None
             done = train(engine, groups, cfg, pad_id, step=at.step, version=at.version, ranks=ranks, wait_s=wait_s,
                          publish=publish, settled=lambda: s.weights.settle_s, weight_stats=due.weight_stats)
+            if s.dealing is not None:  # each prompt trained is a ledger line; an epoch's end may call for an eval
+                due = s.dealing.trained(groups, at.step, at.version, due)
             after(done, due, stopping)
     except BaseException as e:
         error = e
@@ -66,11 +71,15 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
 
 def _build(cfg: Config, phases: Phases):
     """The model, its engine (resumed from the run's last checkpoint when asked) and where the run stands:
-    (engine, ranks, position, pad id, reward, vocabulary size)."""
+    (config, engine, ranks, position, pad id, reward, vocabulary size); with task.epochs the config's steps
+    follow from the rows (before the engine's learning-rate schedule reads them)."""
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.seed)
     reward = rewards.build(cfg)
+    if cfg.task.epochs:
+        cfg = epochs.plan(cfg, len(reward.task.train))
+        log.info("learner: %s", epochs.describe(cfg, len(reward.task.train)))
     model, tokenizer = model_lib.build(cfg, reward.task.vocabulary)
     vocab_size = model_lib.vocab_size(model)  # before ZeRO-3 partitions the embedding away
     phases.mark("model")
@@ -80,7 +89,7 @@ def _build(cfg: Config, phases: Phases):
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    return engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
+    return cfg, engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
 
 
 class AfterStep:

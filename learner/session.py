@@ -88,6 +88,7 @@ class Session:
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
                              strict=cfg.strict, ranks=cfg.learner.ranks, wait=self.poll)
         self.started = time.time()
+        self.dealing = None  # task.epochs: the dealer of the prompts (learner.dealing.attach)
 
     def checkpoint(self) -> None:
         # The copy is done and the parameters stay the published version (a save changes nothing),
@@ -100,6 +101,8 @@ class Session:
 
             state["lora"] = {"rank": self.cfg.lora.rank, "alpha": self.cfg.lora.alpha, "base": lora.base_name(self.cfg)}
             extra = functools.partial(lora.save_in_checkpoint, adapters=lora.published(policy), cfg=self.cfg)
+        if self.dealing is not None:  # the data cursor beside the weights: a resume continues the epoch
+            extra = functools.partial(_both, extra, self.dealing.save)
         checkpoints.save(self.runlog.checkpoints, f"step-{self.at.step}", self.engine.save, state, policy, extra)
         self.at.saved_at = self.at.step
 
@@ -123,14 +126,17 @@ class Session:
                 final_error, error = e, error or e
         self.weights.close()
         self.control.close()
-        status = "failed" if error is not None else "finished" if at.step >= cfg.steps else "stopped"
+        dealt_out = self.dealing is not None and self.dealing.dealer.finished  # the last epoch ended the run
+        status = "failed" if error is not None else "finished" if at.step >= cfg.steps or dealt_out else "stopped"
         summary = self.runlog.summary(
             {"status": status, **({"error": storage.reason(error)} if error is not None else {}),
              "learner_version": at.version, "wall_s": time.time() - self.started, "stopped_early": at.step < cfg.steps,
              **self.intake.accounting(), "reconciliation": self.intake.reconciliation(), **self._metrics_cost(),
-             **self.weights.report()},
+             **self.weights.report(), **({"epochs": self.dealing.summary()} if self.dealing is not None else {})},
             reward_range=self.reward_range)
         self.runlog.close()
+        if self.dealing is not None:
+            self.dealing.close()
         self.receiver.close()
         if self.gate:
             self.gate.stop()
@@ -147,6 +153,12 @@ class Session:
         return {"metrics_s": runlog.metrics_s, "metrics_scrape_cpu_s": scrape_s,
                 "metrics_scrapes": server.scrapes if server else 0,
                 "metrics_overhead_fraction": (runlog.metrics_s + scrape_s) / runlog.step_s if runlog.step_s else None}
+
+
+def _both(first, second, folder) -> None:
+    if first is not None:
+        first(folder)
+    second(folder)
 
 
 def _trackers(cfg: Config) -> trackers.Trackers | None:

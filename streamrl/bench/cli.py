@@ -17,6 +17,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - generate: the hf actor's lean sampling loop against transformers' `generate` (generate.py).
 - episodes: multi-turn episodes with a tool that sleeps 50 ms against single-turn sampling of the same tokens
   (episodes.py).
+- dealer: dealing a dataset's prompts (task.epochs) against drawing them with replacement, per prompt in process
+  and in groups/s of the same tiny dataset run (dealer.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
 - delta: delta weight versions on real steps at lr 1e-6, release shape: fraction changed, bytes and time per
   version against full versions (delta.py).
@@ -33,7 +35,8 @@ from importlib import import_module
 BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights"), "overlap": ("overlap", "overlap"),
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
-           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta")}
+           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
+           "dealer": ("dealer", "dealer")}
 OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
 
 

@@ -40,6 +40,8 @@ class ControlServer:
         self.admit: Callable[[str, dict | None], str | None] | None = None
         """Given a request's actor_id and fingerprint: None to admit the actor, else one line why it is refused."""
         self.refused_actors: dict[str, str] = {}  # actor_id -> why
+        self.dealer: Callable[[wire.PromptsRequest], wire.Deal] | None = None
+        """task.epochs: the learner's dealer, answering an actor's PromptsRequest."""
 
     def serve(self) -> int:
         """Take every waiting WeightsRequest; returns how many were answered now (a re-broadcast of the
@@ -52,6 +54,9 @@ class ControlServer:
             identity, body = frames[0], frames[1:]
             try:
                 msg = wire.decode_header(body)
+                if isinstance(msg, wire.PromptsRequest) and self.dealer is not None:
+                    self._deal(identity, msg)
+                    continue
                 if not isinstance(msg, wire.WeightsRequest):
                     raise wire.WireError("unexpected_type", f"expected weights_request, got {type(msg).__name__}")
             except wire.WireError as e:
@@ -76,6 +81,15 @@ class ControlServer:
             self.sock.send_multipart([identity, *wire.encode(self.closing)], copy=False)
         else:
             self.publisher.ask(msg.have_version)
+
+    def _deal(self, identity: zmq.Frame, msg: wire.PromptsRequest) -> None:
+        if msg.actor_id in self.refused_actors:
+            return
+        deal = wire.Deal(done=True) if self.closing is not None else self.dealer(msg)
+        try:
+            self.sock.send_multipart([identity, *wire.encode(deal)], zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # the actor asks again when no deal comes
+            pass
 
     def send_to(self, actor_id: str, msg: wire.EvalRequest) -> bool:
         """A notice to one actor (by the id its weight requests gave); False if it never asked or cannot take it."""
@@ -131,6 +145,7 @@ class Inbox:
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
         self.eval_requests: collections.deque[wire.EvalRequest] = collections.deque(maxlen=1000)
+        self.deals: collections.deque[wire.Deal] = collections.deque()  # the dealer's answers (task.epochs)
 
     def request(self, have_version: int) -> None:
         """Ask for the newest weights; dropped if no learner connection can take it now (it is asked again)."""
@@ -168,6 +183,8 @@ class Inbox:
                 self.demand = header
         elif isinstance(header, wire.EvalRequest):
             self.eval_requests.append(header)
+        elif isinstance(header, wire.Deal):
+            self.deals.append(header)
         else:
             return False
         return True
@@ -181,6 +198,14 @@ class Inbox:
             return None
         d, self.demand = self.demand, None
         return d
+
+    def ask_prompts(self, msg: wire.PromptsRequest) -> bool:
+        """Send a PromptsRequest; False if no learner connection can take it now (ask again later)."""
+        try:
+            self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def take_eval(self) -> wire.EvalRequest | None:
         """The oldest eval request the learner sent this actor, once."""

@@ -266,8 +266,32 @@ class EvalResult(Struct, tag="eval_result", kw_only=True):
             raise WireError("non_finite_reward", f"eval result for {self.set!r} holds a non-finite reward")
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
-               EvalRequest, EvalResult]
+class PromptsRequest(Struct, tag="prompts_request", kw_only=True):
+    """An actor asks the learner's dealer (task.epochs) for up to `want` prompts, and says what became of dealt
+    prompts that made no group: `filtered` (ids a filter removed) and `dropped` (id -> why it made none)."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str
+    want: Annotated[int, Meta(ge=0, le=100_000)]
+    filtered: list[str] = []
+    dropped: dict[str, str] = {}
+    learner: str = ""
+    """The learner start that dealt the prompts reported (a restarted learner ignores an earlier one's)."""
+
+
+class Deal(Struct, tag="deal", kw_only=True):
+    """The dealer's answer: (epoch, row) of each prompt dealt; `done`: every epoch is dealt out, ask no more."""
+
+    schema: int = SCHEMA_VERSION
+    rows: list[tuple[int, int]] = []
+    done: bool = False
+    learner: str = ""
+    """Which start of the learner dealt it: prompts in hand from an earlier one are given up (it re-deals them)."""
+
+
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
+               ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

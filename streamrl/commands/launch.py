@@ -28,6 +28,7 @@ from streamrl.commands.supervisor import Supervisor
 from streamrl.config import Config
 from streamrl.run import fingerprint, lock, preflight
 from streamrl.run.placement import actor_gpus
+from streamrl.tasks import epochs
 from streamrl.telemetry.startup import SPAWNED_AT, Phases
 
 EXIT_STATUSES = [
@@ -240,6 +241,9 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
               file=sys.stderr, flush=True)
         return 2
     cfg = with_free_ports(cfg)
+    if cfg.task.epochs and (rows := epochs.rows_of(cfg)):  # the steps follow from the data, shown and saved
+        cfg = epochs.plan(cfg, rows)
+        print(f"streamrl: {epochs.describe(cfg, rows)}", file=out, flush=True)
     if (cfg_file := _claim_run_dir(cfg, out, overwrite)) is None:
         return 2
     # spawn is handed over rather than imported there: launch imports the supervisor, and this module's spawn is

@@ -13,6 +13,8 @@ from streamrl.config.base import PositiveInt, NonNegInt, PositiveFloat, NonNegFl
 class EvalConfig(_Section):
     every: NonNegInt = 0
     """Every this many learner steps the actors evaluate the version just published, on their engines (0: never)."""
+    every_epoch: bool = False
+    """With task.epochs: the actors also evaluate the version published at the end of each epoch (its last prompt trained)."""
     prompts: PositiveInt | Literal["all"] = 32
     """Eval set size: prompts from the task's eval_set (fixed across evaluations); all: every row of task.eval_data."""
     samples: PositiveInt = 8

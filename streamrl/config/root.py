@@ -101,6 +101,9 @@ class Config(_Section):
                              "in flight; use inflight_updates=false, or the hf backend")
         if self.task.environment:
             self._check_episodes()
+        if self.eval.every_epoch and not self.task.epochs:
+            raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
+                             "use eval.every for a step interval)")
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")

@@ -20,6 +20,8 @@ class TaskConfig(_Section):
     """Training rows (.jsonl, .json, .parquet, a save_to_disk folder or hub id): dataset, code_verifier, math."""
     eval_data: str | None = None
     """Evaluation rows in the same form (null: drawn from the training stream, or the synthetic set)."""
+    epochs: Annotated[int, Meta(ge=0)] = 0
+    """Passes over task.data, each a seeded permutation; the run ends after the last unless `steps` comes first (0: rows drawn with replacement)."""
     max_row_bytes: PositiveInt = 1 << 20
     """Largest data row in bytes (a JSONL line; a table row as JSON): a longer one is named and skipped unread."""
     prompt_field: str = "prompt"
@@ -76,6 +78,9 @@ class TaskConfig(_Section):
             raise ValueError(f"name=dataset: needs task.data (a data file) and task.reward (a function) or "
                              f"task.environment (episodes rewarded by it); got "
                              f"data={self.data!r}, reward={self.reward!r}")
+        if self.epochs and not self.data:
+            raise ValueError(f"epochs={self.epochs}: epochs pass over task.data; name={self.name!r} has no data "
+                             "file (give task.data, or epochs: 0 to sample)")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
         if self.reward_weights and len(self.reward_weights) != len(refs):
             raise ValueError(f"reward_weights={self.reward_weights}: needs one weight per task.reward ({len(refs)})")
