@@ -92,7 +92,15 @@ class GroupSender:
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
         return True
 
-    def notice(self, msg: wire.EvalResult, timeout_s: float) -> bool:
+    def failure(self, error, timeout_s: float = 2.0) -> bool:
+        """Tell the learner a user's function is broken (`error`: a reward_health.UserCodeFailure), so the run stops
+        with its cause; False if the learner took nothing for timeout_s."""
+        msg = wire.ActorFailure(actor_id=self.actor_id, session=self.session, function=error.function,
+                                reason=error.reason, failed=error.failed, window=error.window, error=error.error,
+                                traceback=error.traceback[-8000:], reward_failures=error.counts)
+        return self.notice(msg, timeout_s)
+
+    def notice(self, msg: wire.EvalResult | wire.ActorFailure, timeout_s: float) -> bool:
         """Send a header-only message (an eval result) on the group channel; False if the learner took nothing for
         timeout_s."""
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
@@ -150,6 +158,8 @@ class GroupReceiver:
         """Groups of a batch message already decoded and not yet taken."""
         self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
         """Actors' answers to eval requests, in arrival order, for the learner's evaluation bookkeeping to take."""
+        self.failures: collections.deque[wire.ActorFailure] = collections.deque(maxlen=16)
+        """Actors' word that a user's function is broken: the intake stops the run with the first."""
 
     def take(self) -> ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
@@ -168,6 +178,11 @@ class GroupReceiver:
                     continue
                 if isinstance(header, wire.EvalResult):
                     self.eval_results.append(header)
+                    continue
+                if isinstance(header, wire.ActorFailure):
+                    self.failures.append(header)
+                    self._session(header.actor_id, header.session).reward_failures = collections.Counter(
+                        header.reward_failures)  # the session's total so far
                     continue
                 self.pending.extend(codec.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:

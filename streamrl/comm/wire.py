@@ -252,8 +252,29 @@ class EvalResult(Struct, tag="eval_result", kw_only=True):
             raise WireError("non_finite_reward", f"eval result for {self.set!r} holds a non-finite reward")
 
 
+class ActorFailure(Struct, tag="actor_failure", kw_only=True):
+    """An actor's word that a user's function is broken (streamrl.tasks.reward_health): it fails on most of its
+    samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str
+    function: str
+    """The function's reference as the config names it (task.reward), or the names summed for a scale failure."""
+    reason: str
+    """The failures' most common reason (streamrl.tasks.reward_functions.REASONS)."""
+    failed: Annotated[int, Meta(ge=0)]
+    window: Annotated[int, Meta(ge=1)]
+    error: str
+    """The error's one line (for a raise, its last traceback line: `KeyError: 'answer'`)."""
+    traceback: str
+    """The first failure's traceback (or what was wrong with the returned value)."""
+    reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Every failure of the session so far, by reason (samples; calls_failed: calls)."""
+
+
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsCollective, WeightsRequest, Shutdown, Demand, ActorReport,
-               EvalRequest, EvalResult]
+               EvalRequest, EvalResult, ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

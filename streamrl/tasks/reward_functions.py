@@ -36,6 +36,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
+from streamrl.tasks.reward_health import FailureWindow
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -56,6 +57,14 @@ def resolve(ref: str) -> Callable:
     """The function `ref` names: "package.module:function" or "path/to/file.py:function" (relative to the
     working directory). Raises ValueError saying what is wrong and what is allowed."""
     return plugins.resolve(ref, "task.reward", "function")
+
+
+def user_traceback(e: BaseException) -> str:
+    """e's traceback from the user's function down: the pool's and this module's frames say nothing to its author."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "timed":
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb.tb_next if tb is not None else e.__traceback__))
 
 
 class Call:
@@ -86,7 +95,8 @@ class RewardFunctions:
     """The configured functions with their weights, scale check, timeout and worker pool."""
 
     def __init__(self, refs: Sequence[str], weights: Sequence[float] | None = None,
-                 levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4):
+                 levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4,
+                 fail_window: int = 50, fail_threshold: float = 0.5):
         self.refs = list(refs)
         self.fns = [resolve(r) for r in self.refs]
         self.weights = list(weights) if weights else [1.0] * len(self.fns)
@@ -96,6 +106,9 @@ class RewardFunctions:
         self.timeout_s = timeout_s
         self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
         self._logged: set[tuple[str, str]] = set()
+        # A function failing on most of its recent samples stops the run (reward_health); these are every count.
+        self.health = FailureWindow(fail_window, fail_threshold)
+        self.totals: Counter = Counter()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -103,6 +116,7 @@ class RewardFunctions:
 
     def _note(self, ref: str, reason: str, detail: str) -> None:
         """Log a (function, reason) once, with its traceback or detail; later ones are only counted."""
+        self.health.note(ref, reason, detail)
         with self._lock:
             if (ref, reason) in self._logged:
                 return
@@ -130,15 +144,15 @@ class RewardFunctions:
                 except cf.TimeoutError:
                     self._note(ref, "timeout", f"a call took longer than task.reward_timeout_s={self.timeout_s}")
                     return None, "timeout"
-                except Exception:
-                    self._note(ref, "raised", traceback.format_exc())
+                except Exception as e:
+                    self._note(ref, "raised", user_traceback(e))
                     return None, "raised"
             try:  # not started yet: queued behind other calls, whose time does not count against it
                 return future.result(timeout=0.01), None
             except cf.TimeoutError:
                 continue
-            except Exception:
-                self._note(ref, "raised", traceback.format_exc())
+            except Exception as e:
+                self._note(ref, "raised", user_traceback(e))
                 return None, "raised"
 
     def _values(self, ref: str, got: Any, n: int) -> tuple[list[float | None] | None, str | None]:
@@ -163,50 +177,68 @@ class RewardFunctions:
     def _finish(self, call: Call, running) -> Outcome:
         failures: Counter = Counter()
         per_fn: list[list] = []
+        fates: list[tuple[str, str | None, int]] = []  # (name, reason or None, samples) for the failure window
         for fn, ref, (started, fut) in zip(self.fns, self.refs, running):
             got, reason = self._wait(started, fut, ref)
             values, reason = self._values(ref, got, call.n) if reason is None else (None, reason)
             if values is None:
-                values = self._one_at_a_time(fn, ref, call, reason, failures)
+                failures["calls_failed"] += 1  # every failed call, the group's and each retry's
+                values = self._one_at_a_time(fn, ref, call, reason, failures, fates)
+            else:
+                fates.append((ref, None, call.n))
             per_fn.append(values)
         scores: list[float | None] = []
         for i in range(call.n):
             column = [v[i] for v in per_fn]
             # A function that failed on this sample leaves it unscored, whatever the others say.
-            scores.append(None if any(v is FAILED for v in column) else self._combine(column, failures))
+            if any(v is FAILED for v in column):
+                scores.append(None)
+                continue
+            score, why = self._combine(column, failures)
+            scores.append(score)
+            fates.append((",".join(self.refs), why, 1))
+        self.totals.update(failures)
+        for name, why, n in fates:
+            self.health.record(name, why, self.totals, n)
         return Outcome(scores, failures)
 
-    def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter) -> list:
-        """After a group's call failed: each sample's own call (side by side), so a bad sample costs itself only."""
+    def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter,
+                       fates: list) -> list:
+        """After a group's call failed: each sample's own call (side by side), so a bad sample costs itself only.
+        Each sample's fate goes to `fates`."""
         if call.n == 1:
             failures[reason] += 1
+            fates.append((ref, reason, 1))
             return [FAILED]
         values: list = []
         for single in [self._run(fn, call.one(i)) for i in range(call.n)]:
             got, why = self._wait(*single, ref)
             one, why = self._values(ref, got, 1) if why is None else (None, why)
+            fates.append((ref, why if one is None else None, 1))
             if one is None:
                 failures[why] += 1
+                failures["calls_failed"] += 1
                 values.append(FAILED)
             else:
                 values.append(one[0])
         return values
 
-    def _combine(self, column: list[float | None], failures: Counter) -> float | None:
+    def _combine(self, column: list[float | None], failures: Counter) -> tuple[float | None, str | None]:
+        """(the weighted sum on the scale, None) or (None, the reason it is not one)."""
         if all(v is None for v in column):
             failures["none"] += 1
-            return None
+            return None, None  # not applicable: no function's failure
         total = sum(w * v for w, v in zip(self.weights, column) if v is not None)
         if not math.isfinite(total):
             failures["non_finite"] += 1
             self._note(",".join(self.refs), "non_finite", f"a reward of {total}")
-            return None
+            return None, "non_finite"
         if self.levels is not None:
             match = [lv for lv in self.levels if abs(lv - total) <= 1e-9 * max(1.0, abs(lv))]
             if not match:
                 failures["out_of_scale"] += 1
                 self._note(",".join(self.refs), "out_of_scale",
                            f"a reward of {total!r}; task.reward_levels={self.levels}")
-                return None
+                return None, "out_of_scale"
             total = match[0]
-        return total
+        return total, None
