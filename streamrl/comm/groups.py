@@ -126,10 +126,15 @@ class SessionCount:
     reward_failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """What its groups carried of its reward failures (the report, when it comes, holds the session's total)."""
 
+    broken: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Its ActorFailure's counts (the reward functions' own totals, which a report sent after it may lack)."""
+
     @property
     def reward_failure_counts(self) -> dict[str, int]:
-        """The session's reward failures: its report's total once it reported, else what its groups carried."""
-        return dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
+        """The session's reward failures: its report's total once it reported, else what its groups carried (each
+        reason at least what its ActorFailure said: every count is a running total)."""
+        counts = dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
+        return {k: max(counts.get(k, 0), self.broken.get(k, 0)) for k in sorted({*counts, *self.broken})}
 
     @property
     def sent(self) -> int:
@@ -181,8 +186,7 @@ class GroupReceiver:
                     continue
                 if isinstance(header, wire.ActorFailure):
                     self.failures.append(header)
-                    self._session(header.actor_id, header.session).reward_failures = collections.Counter(
-                        header.reward_failures)  # the session's total so far
+                    self._session(header.actor_id, header.session).broken = dict(header.reward_failures)
                     continue
                 self.pending.extend(codec.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:

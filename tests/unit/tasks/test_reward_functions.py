@@ -78,14 +78,17 @@ def test_failures_are_counted_by_reason_and_cost_only_their_own_samples(rewards_
     texts = ["ok", "boom", "slow", "nan", "off", "none", "ok", "ok"]
     out = fns.score([Call("p", texts, [[]] * 8, {})])[0]
     assert out.scores == [1.0, None, None, None, None, None, 1.0, 1.0]
-    assert dict(out.failures) == {"raised": 1, "timeout": 1, "non_finite": 1, "out_of_scale": 1, "none": 1}
+    # samples by reason; calls_failed: every failed call (the group's, then the retries of boom and slow)
+    assert dict(out.failures) == {"raised": 1, "timeout": 1, "non_finite": 1, "out_of_scale": 1, "none": 1,
+                                  "calls_failed": 3}
     fns.close()
 
 
 def test_a_bad_return_is_counted_and_weights_add_functions_up(rewards_file):
     bad = RewardFunctions([f"{rewards_file}:wrong_length"])
     out = bad.score([Call("p", ["a", "b"], [[], []], {})])[0]
-    assert out.scores == [1.0, 1.0] and not out.failures  # each sample's own call returns one value: fine
+    # each sample's own call returns one value: every sample scored, the group's call counted as failed
+    assert out.scores == [1.0, 1.0] and dict(out.failures) == {"calls_failed": 1}
     weighted = RewardFunctions([f"{rewards_file}:exact", f"{rewards_file}:exact"], weights=[0.25, 0.5],
                                levels=[0.0, 0.75])
     got = weighted.score([Call("p", ["x", "y"], [[], []], {"answer": "x"})])[0]
