@@ -127,7 +127,8 @@ def _report(stats: dict, started: float, sender: GroupSender, inbox: Inbox, back
                  session=sender.session, **evals.report(), **_engine_stats(backend))
     reason = inbox.shutdown.reason if inbox.shutdown is not None else "stopped"
     stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
-        k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
+        k.removeprefix("reward_"): v for k, v in stats.items()
+        if (k.startswith("reward_") or k == "groups_unscored") and v})
 
 
 def _close_generation(generate: Generation, stats: dict) -> None:

@@ -21,7 +21,9 @@ sample's advantage under a mean baseline) and drops a group with no scored sampl
 is logged once with its traceback; the counts reach Prometheus, the actor's report and summary.json.
 
 Calls run on threads (`task.reward_workers`): Python cannot stop a thread, so a call past its timeout is
-abandoned (counted) and keeps its worker until it returns; a reward that never returns costs one worker.
+abandoned (counted) and keeps its thread until it returns, while the pool gets one more thread meanwhile, so
+scoring goes on at full width; more than ABANDONED_PER_WORKER × workers calls hanging at once stops the run.
+A function failing on most of its recent samples stops the run too, naming it (`streamrl.tasks.reward_health`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
-from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.reward_health import FailureWindow, UserCodeFailure
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -57,6 +59,22 @@ def resolve(ref: str) -> Callable:
     """The function `ref` names: "package.module:function" or "path/to/file.py:function" (relative to the
     working directory). Raises ValueError saying what is wrong and what is allowed."""
     return plugins.resolve(ref, "task.reward", "function")
+
+
+ABANDONED_PER_WORKER = 8  # more calls than this × task.reward_workers hanging at once: the actor cannot go on
+
+
+class _Running:
+    """One call on a pool: when it started (empty until it does), its future, the pool it waits in."""
+
+    def __init__(self, fn: Callable, call: Call, pool: cf.ThreadPoolExecutor):
+        self.fn, self.call, self.pool = fn, call, pool
+        self.started: list[float] = []
+        self.future: cf.Future | None = None
+
+    def timed(self):
+        self.started.append(time.monotonic())
+        return self.fn(**self.call.kwargs)
 
 
 def user_traceback(e: BaseException) -> str:
@@ -105,6 +123,7 @@ class RewardFunctions:
         self.levels = sorted(levels) if levels else None
         self.timeout_s = timeout_s
         self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
+        self.workers, self.hanging = workers, 0  # hanging: abandoned calls still running (each holds a thread)
         self._logged: set[tuple[str, str]] = set()
         # A function failing on most of its recent samples stops the run (reward_health); these are every count.
         self.health = FailureWindow(fail_window, fail_threshold)
@@ -124,36 +143,56 @@ class RewardFunctions:
         log.warning("reward %s: %s (logged once; every occurrence is counted in reward_failures/%s)\n%s",
                     ref, reason, reason, detail.rstrip())
 
-    def _run(self, fn: Callable, call: Call):
-        """(start time holder, future) of fn(**call.kwargs) on the pool; the timeout runs from the call's start."""
-        started: list[float] = []
+    def _run(self, fn: Callable, call: Call) -> "_Running":
+        """fn(**call.kwargs) on the pool; the timeout runs from the call's start."""
+        running = _Running(fn, call, self.pool)
+        running.future = self.pool.submit(running.timed)
+        return running
 
-        def timed():
-            started.append(time.monotonic())
-            return fn(**call.kwargs)
-
-        return started, self.pool.submit(timed)
-
-    def _wait(self, started: list[float], future: cf.Future, ref: str):
+    def _wait(self, running: "_Running", ref: str):
         """(values, None) or (None, reason)."""
         while True:
-            if started:
-                left = started[0] + self.timeout_s - time.monotonic()
+            if running.started:
+                left = running.started[0] + self.timeout_s - time.monotonic()
                 try:
-                    return future.result(timeout=max(0.0, left)), None
+                    return running.future.result(timeout=max(0.0, left)), None
                 except cf.TimeoutError:
                     self._note(ref, "timeout", f"a call took longer than task.reward_timeout_s={self.timeout_s}")
+                    self._abandon(running.future, ref)
                     return None, "timeout"
                 except Exception as e:
                     self._note(ref, "raised", user_traceback(e))
                     return None, "raised"
+            if running.pool is not self.pool and running.future.cancel():  # queued behind hung calls: move it
+                running.pool = self.pool
+                running.future = self.pool.submit(running.timed)
             try:  # not started yet: queued behind other calls, whose time does not count against it
-                return future.result(timeout=0.01), None
+                return running.future.result(timeout=0.01), None
             except cf.TimeoutError:
                 continue
             except Exception as e:
                 self._note(ref, "raised", user_traceback(e))
                 return None, "raised"
+
+    def _abandon(self, future: cf.Future, ref: str) -> None:
+        """A call past its timeout keeps its thread until it returns (Python cannot stop a thread): the pool is
+        replaced by a fresh one, which takes the calls still queued, so scoring goes on at full width; the old one
+        keeps only its hung threads. Raises UserCodeFailure once more calls hang than ABANDONED_PER_WORKER ×
+        workers: the actor could not make progress for long (and its threads would grow without bound)."""
+        with self._lock:
+            self.hanging += 1
+            hanging, old = self.hanging, self.pool
+            self.pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="reward")
+        old.shutdown(wait=False)  # its idle threads go; calls it runs finish, its queued ones move (_wait)
+        future.add_done_callback(self._returned)
+        if hanging > ABANDONED_PER_WORKER * self.workers:
+            raise UserCodeFailure(ref, "timeout", hanging, hanging, f"{hanging} calls still running after "
+                                  f"task.reward_timeout_s={self.timeout_s} (abandoned; a reward that never returns)",
+                                  self.health.first.get(ref, ("", ""))[1], dict(self.totals))
+
+    def _returned(self, future: cf.Future) -> None:
+        with self._lock:
+            self.hanging -= 1
 
     def _values(self, ref: str, got: Any, n: int) -> tuple[list[float | None] | None, str | None]:
         if not isinstance(got, (list, tuple)) or len(got) != n or not all(
@@ -178,8 +217,8 @@ class RewardFunctions:
         failures: Counter = Counter()
         per_fn: list[list] = []
         fates: list[tuple[str, str | None, int]] = []  # (name, reason or None, samples) for the failure window
-        for fn, ref, (started, fut) in zip(self.fns, self.refs, running):
-            got, reason = self._wait(started, fut, ref)
+        for fn, ref, one in zip(self.fns, self.refs, running):
+            got, reason = self._wait(one, ref)
             values, reason = self._values(ref, got, call.n) if reason is None else (None, reason)
             if values is None:
                 failures["calls_failed"] += 1  # every failed call, the group's and each retry's
@@ -212,7 +251,7 @@ class RewardFunctions:
             return [FAILED]
         values: list = []
         for single in [self._run(fn, call.one(i)) for i in range(call.n)]:
-            got, why = self._wait(*single, ref)
+            got, why = self._wait(single, ref)
             one, why = self._values(ref, got, 1) if why is None else (None, why)
             fates.append((ref, why if one is None else None, 1))
             if one is None:

@@ -88,3 +88,54 @@ def test_a_minority_of_failing_samples_keeps_scoring(rewards_file):
 def test_the_error_line_is_a_tracebacks_last_line():
     assert error_line("Traceback (most recent call last):\n  File x\nKeyError: 'a'\n\n") == "KeyError: 'a'"
     assert error_line("") == "(no detail)"
+
+
+def test_calls_that_hang_past_their_timeout_do_not_stall_scoring_on_a_small_pool():
+    import threading
+
+    release = threading.Event()
+
+    def hangs_sometimes(prompts, completions, **kwargs):
+        if completions[0] == "hang":
+            release.wait(60)
+        return [1.0] * len(completions)
+
+    fns = RewardFunctions(["math:sqrt"], timeout_s=0.2, workers=2, fail_window=1000)
+    fns.fns = [hangs_sometimes]
+    try:
+        # 4 groups hang on a 2-thread pool: without the pool growing, the calls queued behind them never start
+        calls = [Call("p", ["hang" if i % 3 == 0 else "ok"], [[]], {}) for i in range(12)]
+        outs = fns.score(calls)
+        assert [o.scores[0] for o in outs] == [None if i % 3 == 0 else 1.0 for i in range(12)]
+        assert fns.totals["timeout"] == 4 and fns.hanging == 4
+    finally:
+        release.set()
+    deadline = __import__("time").monotonic() + 10
+    while fns.hanging and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.01)
+    assert fns.hanging == 0  # each abandoned call is let go of once it returns
+    fns.close()
+
+
+def test_more_hanging_calls_than_the_actor_can_carry_stop_the_run():
+    import threading
+
+    from streamrl.tasks import reward_functions
+
+    release = threading.Event()
+    fns = RewardFunctions(["math:sqrt"], timeout_s=0.05, workers=1, fail_window=1000)
+    fns.fns = [lambda prompts, completions, **kw: release.wait(60) and [1.0]]
+    try:
+        with pytest.raises(UserCodeFailure, match="calls still running after task.reward_timeout_s"):
+            fns.score([Call("p", ["x"], [[]], {}) for _ in range(reward_functions.ABANDONED_PER_WORKER + 2)])
+    finally:
+        release.set()
+        fns.close()
+
+
+def test_a_group_with_nothing_scored_rides_in_the_accounting_with_every_failed_call():
+    from streamrl.actors.generation import carry_reward_failures
+    from streamrl.actors.rollout import RolloutStats
+
+    done = RolloutStats(reward_raised=8, reward_calls_failed=9, groups_unscored=1)
+    assert carry_reward_failures([], done, {}) == {"raised": 8, "calls_failed": 9, "groups_unscored": 1}
