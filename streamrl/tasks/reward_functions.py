@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import math
+import numbers
 import threading
 import time
 import traceback
@@ -85,6 +86,22 @@ def user_traceback(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, tb.tb_next if tb is not None else e.__traceback__))
 
 
+def plain(got: Any) -> list[float | None] | None:
+    """A reward function's return as a list of floats and None; None when it is not one of TRL's shapes."""
+    if hasattr(got, "tolist") and getattr(got, "ndim", 1) == 1:  # a numpy array or a torch tensor
+        got = got.tolist()
+    if not isinstance(got, (list, tuple)):
+        return None
+    out: list[float | None] = []
+    for v in got:
+        if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # a numpy scalar or a 0-d tensor
+            v = v.item()
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            return None
+        out.append(None if v is None else float(v))
+    return out
+
+
 class Call:
     """One group's (or one sample's) arguments, in TRL's shapes."""
 
@@ -114,13 +131,14 @@ class RewardFunctions:
 
     def __init__(self, refs: Sequence[str], weights: Sequence[float] | None = None,
                  levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4,
-                 fail_window: int = 50, fail_threshold: float = 0.5):
+                 fail_window: int = 50, fail_threshold: float = 0.5, level_tolerance: float = 1e-9):
         self.refs = list(refs)
         self.fns = [resolve(r) for r in self.refs]
         self.weights = list(weights) if weights else [1.0] * len(self.fns)
         if len(self.weights) != len(self.fns):
             raise ValueError(f"task.reward_weights={self.weights}: needs one weight per task.reward ({len(self.fns)})")
         self.levels = sorted(levels) if levels else None
+        self.level_tolerance = level_tolerance
         self.timeout_s = timeout_s
         self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
         self.workers, self.hanging = workers, 0  # hanging: abandoned calls still running (each holds a thread)
@@ -195,11 +213,14 @@ class RewardFunctions:
             self.hanging -= 1
 
     def _values(self, ref: str, got: Any, n: int) -> tuple[list[float | None] | None, str | None]:
-        if not isinstance(got, (list, tuple)) or len(got) != n or not all(
-                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in got):
-            self._note(ref, "bad_return", f"expected a list of {n} floats or None, got {got!r:.200}")
+        """The shapes TRL takes: a list (or tuple) of Python or numpy numbers, a numpy array, a torch tensor (1-D),
+        None for "not applicable"."""
+        values = plain(got)
+        if values is None or len(values) != n:
+            self._note(ref, "bad_return", f"expected a list of {n} floats or None (a list of Python or numpy "
+                                          f"numbers, a numpy array, a tensor), got {got!r:.200}")
             return None, "bad_return"
-        return [None if v is None else float(v) for v in got], None
+        return values, None
 
     def score(self, calls: Sequence[Call]) -> list[Outcome]:
         """Every group's scores, the groups' calls running side by side on the pool."""
@@ -273,7 +294,9 @@ class RewardFunctions:
             self._note(",".join(self.refs), "non_finite", f"a reward of {total}")
             return None, "non_finite"
         if self.levels is not None:
-            match = [lv for lv in self.levels if abs(lv - total) <= 1e-9 * max(1.0, abs(lv))]
+            # the nearest level within the tolerance: a reward written 0.33 is the level 1/3 (and 1/3 the level 0.33)
+            match = [lv for lv in sorted(self.levels, key=lambda lv: abs(lv - total))[:1]
+                     if abs(lv - total) <= max(self.level_tolerance, 1e-9 * max(1.0, abs(lv)))]
             if not match:
                 failures["out_of_scale"] += 1
                 self._note(",".join(self.refs), "out_of_scale",

@@ -133,6 +133,28 @@ def test_a_reward_failing_on_every_call_stops_the_run_within_60s_naming_it_and_i
     assert s["reward_failures"].get(reason, 0) >= counts[reason], s["reward_failures"]
 
 
+THIRDS = '''
+import numpy as np
+
+def thirds(prompts, completions, answer, **kwargs):
+    words = [c[0]["content"].split() for c in completions]
+    return np.array([1.0 if w[:1] == [a] else 2 / 3 if a in w else 1 / 3 if w else 0.0 for w, a in zip(words, answer)])
+'''
+
+
+def test_levels_written_0_33_and_0_67_train_a_reward_in_thirds_with_nothing_out_of_scale(tmp_path):
+    chat_data(tmp_path)
+    (tmp_path / "thirds.py").write_text(THIRDS)  # a numpy array, as TRL accepts
+    streamrl("run", str(EXAMPLES / "chat-dataset" / "config.yaml"), "name=thirds", "steps=30",
+             "task.reward=thirds.py:thirds", "task.reward_levels=[0, 0.33, 0.67, 1]", "advantage.r_min_correct=0.67",
+             f"run_dir={tmp_path / 'runs'}", *QUIET, cwd=tmp_path, timeout=300)
+    s = summary(tmp_path / "runs" / "thirds")
+    assert s["status"] == "finished" and "out_of_scale" not in s["reward_failures"], s["reward_failures"]
+    assert "bad_return" not in s["reward_failures"], s["reward_failures"]
+    rewards = {r["reward_mean"] for r in metrics(tmp_path / "runs" / "thirds")}
+    assert max(rewards) >= 0.33, sorted(rewards)  # today's code trained on the 0s alone: reward 0.000 throughout
+
+
 def test_check_names_every_malformed_row_and_a_file_without_one_is_refused_before_start(tmp_path):
     chat_data(tmp_path)
     good = (tmp_path / "train.jsonl").read_text().splitlines()[:3]

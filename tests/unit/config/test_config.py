@@ -369,3 +369,15 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
 def test_inflight_updates_with_lora_on_vllm_are_refused_naming_why():
     msg = _error("actors.backend=vllm", "actors.inflight_updates=true", "lora.rank=8")
     assert "lora.rank > 0 on vllm" in msg and "LoRARequest" in msg
+
+
+def test_levels_take_fractions_as_users_write_them_and_a_tolerance_below_half_their_gap(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a", "answer": "a"}\n')
+    task = ["task.name=dataset", f"task.data={tmp_path / 'd.jsonl'}", "task.reward=math:sqrt"]
+    cfg = load(None, [*task, "task.reward_levels=[0, 1/3, 2/3, 1]", "advantage.r_min_correct=2/3"])
+    assert cfg.task.reward_levels == [0.0, 1 / 3, 2 / 3, 1.0] and cfg.advantage.r_min_correct == 2 / 3
+    with pytest.raises((ConfigError, ValueError), match="reward_level_tolerance=0.2: must be below half"):
+        load(None, [*task, "task.reward_levels=[0, 1/3, 2/3, 1]", "advantage.r_min_correct=1",
+                    "task.reward_level_tolerance=0.2"])
+    with pytest.raises((ConfigError, ValueError), match="reward_levels"):
+        load(None, [*task, "task.reward_levels=[0, one third, 1]", "advantage.r_min_correct=1"])
