@@ -155,6 +155,28 @@ def test_levels_written_0_33_and_0_67_train_a_reward_in_thirds_with_nothing_out_
     assert max(rewards) >= 0.33, sorted(rewards)  # today's code trained on the 0s alone: reward 0.000 throughout
 
 
+def test_check_calls_each_reward_on_rows_and_names_one_that_raises_even_beside_an_earlier_run(tmp_path):
+    chat_data(tmp_path)
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "words.py").write_text("def first(text):\n    return text.split()[:1]\n")
+    (tmp_path / "helpers" / "scored.py").write_text(  # imports a module beside it, with no PYTHONPATH
+        "import words\n\ndef first(prompts, completions, answer, **kw):\n"
+        "    return [1.0 if words.first(c[0]['content']) == [a] else 0.0 for c, a in zip(completions, answer)]\n")
+    (tmp_path / "broken.py").write_text(BROKEN)
+    (tmp_path / "runs" / "chat-dataset").mkdir(parents=True)
+    (tmp_path / "runs" / "chat-dataset" / "summary.json").write_text('{"status": "finished"}')  # an earlier run
+    config = str(EXAMPLES / "chat-dataset" / "config.yaml")
+    good = streamrl("check", config, "task.reward=helpers/scored.py:first", f"run_dir={tmp_path / 'runs'}", *QUIET,
+                    cwd=tmp_path)
+    assert "task.reward helpers/scored.py:first on row 1 (its reference answer, then 'no'): [1.0, 0.0]" in good.stderr
+    assert "already holds a run" in good.stderr and "`streamrl run` would refuse it" in good.stderr, good.stderr
+    bad = streamrl("check", config, "task.reward=broken.py:wrong_column", f"run_dir={tmp_path / 'runs'}", *QUIET,
+                   cwd=tmp_path, check=False)
+    assert bad.returncode == 2, bad.stderr
+    assert "task.reward broken.py:wrong_column on row 1 of train.jsonl: KeyError: 'target'" in bad.stderr, bad.stderr
+    assert "broken.py:wrong_column failed on every row tried" in bad.stderr, bad.stderr
+
+
 def test_check_names_every_malformed_row_and_a_file_without_one_is_refused_before_start(tmp_path):
     chat_data(tmp_path)
     good = (tmp_path / "train.jsonl").read_text().splitlines()[:3]
