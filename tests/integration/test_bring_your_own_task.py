@@ -153,6 +153,12 @@ def test_levels_written_0_33_and_0_67_train_a_reward_in_thirds_with_nothing_out_
     assert "bad_return" not in s["reward_failures"], s["reward_failures"]
     rewards = {r["reward_mean"] for r in metrics(tmp_path / "runs" / "thirds")}
     assert max(rewards) >= 0.33, sorted(rewards)  # today's code trained on the 0s alone: reward 0.000 throughout
+    # what the model wrote: the samples log and `streamrl samples` show the completions the learner trained on
+    logged = [json.loads(line) for line in (tmp_path / "runs" / "thirds" / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in logged} == {0, 10, 20} and all(r["reward"] in (0, 0.33, 0.67, 1) for r in logged)
+    shown = streamrl("samples", str(tmp_path / "runs" / "thirds"), cwd=tmp_path).stdout
+    assert shown.startswith("step 20  group 0") and "prompt: " in shown, shown
+    assert any(f"    | {r['completion']}" in shown for r in logged if r["step"] == 20 and r["completion"]), shown
 
 
 def test_check_calls_each_reward_on_rows_and_names_one_that_raises_even_beside_an_earlier_run(tmp_path):
