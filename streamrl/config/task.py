@@ -30,8 +30,7 @@ class TaskConfig(_Section):
     reward_weights: list[float] = []
     """dataset: weight of each task.reward function in the sum ([]: 1 each)."""
     reward_levels: list[float] = []
-    """dataset: the reward's scale, ascending, numbers or fractions ("1/3"); a value off it by more than
-    reward_level_tolerance is counted and unscored; []: bucket with reward.bucket_edges."""
+    """dataset: the reward's scale, ascending, numbers or fractions ("1/3"); off it: counted, unscored; []: bucket."""
     reward_level_tolerance: Annotated[float, Meta(ge=0)] = 0.01
     """dataset: a reward this close to a level of reward_levels is that level (0.33 is 1/3); below half their gap."""
     reward_workers: PositiveInt = 4
