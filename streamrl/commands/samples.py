@@ -64,9 +64,7 @@ def render(records: list[dict], width: int = 100) -> str:
                        f"{r['policy_version']}, lag {r['lag']})")
             out.append(textwrap.indent(textwrap.fill(r["prompt"] or "(empty)", width), "  prompt: "))
             last = key
-        head = (f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} "
-                f"{r['tokens']} tokens" + (f"  turns {r['turns']}  tool calls {r['tool_calls']}" if "turns" in r else ""))
-        out.append(head)
+        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens")
         out.append(textwrap.indent(textwrap.fill(r["completion"] or "(empty)", width), "    | "))
     return "\n".join(out) + "\n"
 
