@@ -145,6 +145,8 @@ class RewardFunctions:
         self._logged: set[tuple[str, str]] = set()
         # A function failing on most of its recent samples stops the run (reward_health); these are every count.
         self.health = FailureWindow(fail_window, fail_threshold)
+        # The sum's own window (off the scale, not finite): apart from each function's, whose samples it repeats.
+        self.scale_name = f"{','.join(self.refs)} (their sum against task.reward_levels)"
         self.totals: Counter = Counter()
         self._lock = threading.Lock()
 
@@ -256,7 +258,7 @@ class RewardFunctions:
                 continue
             score, why = self._combine(column, failures)
             scores.append(score)
-            fates.append((",".join(self.refs), why, 1))
+            fates.append((self.scale_name, why, 1))
         self.totals.update(failures)
         for name, why, n in fates:
             self.health.record(name, why, self.totals, n)
@@ -291,7 +293,7 @@ class RewardFunctions:
         total = sum(w * v for w, v in zip(self.weights, column) if v is not None)
         if not math.isfinite(total):
             failures["non_finite"] += 1
-            self._note(",".join(self.refs), "non_finite", f"a reward of {total}")
+            self._note(self.scale_name, "non_finite", f"a reward of {total}")
             return None, "non_finite"
         if self.levels is not None:
             # the nearest level within the tolerance: a reward written 0.33 is the level 1/3 (and 1/3 the level 0.33)
@@ -299,7 +301,7 @@ class RewardFunctions:
                      if abs(lv - total) <= max(self.level_tolerance, 1e-9 * max(1.0, abs(lv)))]
             if not match:
                 failures["out_of_scale"] += 1
-                self._note(",".join(self.refs), "out_of_scale",
+                self._note(self.scale_name, "out_of_scale",
                            f"a reward of {total!r}; task.reward_levels={self.levels}")
                 return None, "out_of_scale"
             total = match[0]

@@ -139,3 +139,14 @@ def test_a_group_with_nothing_scored_rides_in_the_accounting_with_every_failed_c
 
     done = RolloutStats(reward_raised=8, reward_calls_failed=9, groups_unscored=1)
     assert carry_reward_failures([], done, {}) == {"raised": 8, "calls_failed": 9, "groups_unscored": 1}
+
+
+def test_a_function_failing_on_most_samples_stops_though_its_scored_samples_pass_the_scale_check_too():
+    fns = RewardFunctions(["math:sqrt"], fail_window=20, workers=2)
+    # 5 of 8 samples raise, each group: the sum's check of the 3 scored ones must not dilute the function's window
+    fns.fns = [lambda prompts, completions, **kw: [1.0] * len(completions) if all(c == "ok" for c in completions)
+               else (_ for _ in ()).throw(ValueError("most raise"))]
+    calls = [Call("p", ["ok"] * 3 + ["bad"] * 5, [[]] * 8, {}) for _ in range(4)]
+    with pytest.raises(UserCodeFailure, match="math:sqrt failed on"):
+        fns.score(calls)
+    fns.close()
