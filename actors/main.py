@@ -128,7 +128,15 @@ def _report(stats: dict, started: float, sender: GroupSender, inbox: Inbox, back
     reason = inbox.shutdown.reason if inbox.shutdown is not None else "stopped"
     stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
         k.removeprefix("reward_"): v for k, v in stats.items()
-        if (k.startswith("reward_") or k == "groups_unscored") and v})
+        if (k.startswith("reward_") or k == "groups_unscored") and v}, episode_counts=_episode_counts(stats))
+
+
+def _episode_counts(stats: dict) -> dict[str, int]:
+    """Multi-turn episodes' counts for the learner's summary.json ({} without episodes)."""
+    if not stats.get("episodes"):
+        return {}
+    return {"episodes": stats["episodes"], **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
+            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()}}
 
 
 def _close_generation(generate: Generation, stats: dict) -> None:

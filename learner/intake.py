@@ -172,11 +172,15 @@ class Intake:
         return surplus
 
     def failure_report(self) -> dict:
-        """For summary.json: the first actor's word that a user's function is broken, with every count ({} if none)."""
+        """For summary.json: multi-turn episodes' counts summed over the actors' reports (`episodes`: tool calls by
+        tool/outcome, truncations by reason), and the first actor's word that a user's function is broken, with
+        every count (each absent when there is none)."""
+        episodes = reward_failures(c.report.episode_counts for c in self.receiver.sessions.values() if c.report)
+        out = {"episodes": episodes} if episodes else {}
         if not self.receiver.failures:
-            return {}
+            return out
         f = self.receiver.failures[0]
-        return {"user_code_failure": {"actor": f.actor_id, "function": f.function, "reason": f.reason,
+        return {**out, "user_code_failure": {"actor": f.actor_id, "function": f.function, "reason": f.reason,
                                       "failed": f.failed, "window": f.window, "error": f.error,
                                       "traceback": f.traceback, "counts": dict(f.reward_failures)}}
 

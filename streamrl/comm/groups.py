@@ -83,10 +83,11 @@ class GroupSender:
         return True
 
     def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0,
-               reward_failures: dict[str, int] | None = None) -> bool:
+               reward_failures: dict[str, int] | None = None, episode_counts: dict[str, int] | None = None) -> bool:
         """Send the ActorReport that closes this session's accounting (after every group it sent)."""
         msg = wire.ActorReport(actor_id=self.actor_id, session=self.session, groups_sent=self.sent,
-                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {})
+                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {},
+                               episode_counts=episode_counts or {})
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)

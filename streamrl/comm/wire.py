@@ -204,6 +204,8 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
     """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS), with
     calls_failed (every failed call, retried or not) and groups_unscored (groups with nothing scored, not sent)."""
+    episode_counts: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Multi-turn episodes: `episodes`, tool calls as `tool_calls/<tool>/<outcome>`, `truncated/<reason>`."""
 
 
 class EvalRequest(Struct, tag="eval_request", kw_only=True):

@@ -51,6 +51,10 @@ def test_a_typed_tool_receives_ints_from_the_words_parser(tmp_path, monkeypatch)
              "task.vocabulary=[add, '1', '2', '3', x]", "actors.max_new_tokens=3", "actors.group_size=8",
              "actors.prompts_per_generate=8", "learner.batch_groups=8", f"run_dir={tmp_path / 'runs'}", *QUIET,
              cwd=tmp_path, timeout=400)
-    assert summary(tmp_path / "runs" / "typed")["status"] == "finished"
+    s = summary(tmp_path / "runs" / "typed")
+    assert s["status"] == "finished"
     calls = Counter(line.rsplit(" ", 1)[0] for line in log.read_text().splitlines())
     assert calls and set(calls) == {"int int"}, calls  # `add x 1` is a bad_call the model sees, never a str
+    # the actors' tool counts reach summary.json, not only Prometheus: every call that ran, and none beyond
+    episodes = s["episodes"]
+    assert episodes["episodes"] > 0 and episodes["tool_calls/add/ok"] == sum(calls.values()), (episodes, calls)
