@@ -215,8 +215,8 @@ def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats,
     what is still unsent. (The actor's final report holds its exact total.)"""
     counts = dict(unsent)
     for key in done.__struct_fields__:
-        if key.startswith("reward_") and (n := getattr(done, key)):
-            why = key.removeprefix("reward_")
+        if (key.startswith("reward_") or key == "groups_unscored") and (n := getattr(done, key)):
+            why = key.removeprefix("reward_")  # groups_unscored: a group with nothing scored, never sent
             counts[why] = counts.get(why, 0) + n
     if groups and counts:
         groups[0].reward_failures = counts

@@ -32,6 +32,7 @@ from streamrl.models import model as model_lib
 from streamrl.run import fingerprint
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import rewards
+from streamrl.tasks.reward_health import UserCodeFailure
 from streamrl.telemetry import actor_metrics, exporter, prometheus_metrics
 from streamrl.telemetry.startup import Phases
 
@@ -53,6 +54,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         closing.callback(backend.close)  # an engine's worker processes go with the actor
         telemetry, health, stopping = _monitoring(cfg, index, actor_id, stop, closing)
         sender, inbox, weights = _channels(cfg, index, learner_host, backend, model, telemetry, health, stats, closing)
+        closing.push(_tell_broken(sender))  # a broken reward function: the learner stops the run with its cause
         # An engine (vllm, sglang) holds its own copy: this host copy (32 GB at 8B in fp32) must not live on
         # beside it for the whole run. The hf backend generates with it, and keeps it.
         del model
@@ -129,12 +131,36 @@ def _report(stats: dict, started: float, sender: GroupSender, inbox: Inbox, back
                  session=sender.session, **evals.report(), **_engine_stats(backend))
     reason = inbox.shutdown.reason if inbox.shutdown is not None else "stopped"
     stats["reported"] = sender.report(stats["groups_generated"], reason, reward_failures={
-        k.removeprefix("reward_"): v for k, v in stats.items() if k.startswith("reward_") and v})
+        k.removeprefix("reward_"): v for k, v in stats.items()
+        if (k.startswith("reward_") or k == "groups_unscored") and v}, episode_counts=_episode_counts(stats))
+
+
+def _episode_counts(stats: dict) -> dict[str, int]:
+    """Multi-turn episodes' counts for the learner's summary.json ({} without episodes)."""
+    if not stats.get("episodes"):
+        return {}
+    return {"episodes": stats["episodes"], **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
+            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()}}
 
 
 def _close_generation(generate: Generation, stats: dict) -> None:
-    stats.update(generate.report())  # its reward-failure counts go into the report
+    try:
+        stats.update(generate.report())  # its reward-failure counts go into the report
+    except UserCodeFailure:  # the call in flight failed as the last did: that one's word carries the counts
+        pass
     generate.close()  # tool threads (a call past its timeout may still run)
+
+
+def _tell_broken(sender: GroupSender):
+    """An exit callback (ExitStack.push) that sends a UserCodeFailure ending the actor to the learner."""
+
+    def on_exit(kind, error, tb) -> bool:
+        if isinstance(error, UserCodeFailure):
+            log.error("%s\n%s", error, error.traceback)
+            sender.failure(error)
+        return False  # the actor still exits with the error
+
+    return on_exit
 
 
 def _send_all(sender: GroupSender, weights: ActorWeights, inbox: Inbox, groups, stop, timeout_s: float) -> int:

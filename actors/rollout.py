@@ -119,6 +119,8 @@ class RolloutStats(msgspec.Struct):
     reward_non_finite: int = 0
     reward_out_of_scale: int = 0
     reward_none: int = 0
+    reward_calls_failed: int = 0
+    """Calls of a reward function that failed, each counted (a group's call and each one-sample retry)."""
     groups_unscored: int = 0
     """Groups not sent because no sample in them could be scored."""
 

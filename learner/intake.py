@@ -21,6 +21,14 @@ from streamrl.learner.stepstats import StrictModeViolation
 log = logging.getLogger("streamrl.learner")
 
 
+class UserCodeFailed(RuntimeError):
+    """An actor reported that a user's function fails on most of its samples (a wire.ActorFailure)."""
+
+    def __init__(self, f):
+        super().__init__(f"reward function {f.function} failed on {f.failed} of its last {f.window} samples in "
+                         f"{f.actor_id} ({f.reason}): {f.error}")
+
+
 class Intake:
     def __init__(self, receiver: GroupReceiver, control: ControlServer, group_size: int, max_staleness: int,
                  demand_after_s: float = 1.0, refused: Callable[[], int] = lambda: 0, strict: bool = False,
@@ -85,6 +93,8 @@ class Intake:
                     self.dropped[verdict] += 1
                     if self.dealing is not None:
                         self.dealing.dropped(group, verdict)
+            if self.receiver.failures:  # a user's function is broken: training on what is left would be pointless
+                raise UserCodeFailed(self.receiver.failures[0])
             now = time.monotonic()
             # No demand before the first group of the run: how long groups take is unknown until then (an engine's
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
@@ -170,6 +180,19 @@ class Intake:
                         "ones since the demand at version %d (no consumed group is stale)", group.policy_version,
                         group.actor_id, self.first_demand_version)
         return surplus
+
+    def failure_report(self) -> dict:
+        """For summary.json: multi-turn episodes' counts summed over the actors' reports (`episodes`: tool calls by
+        tool/outcome, truncations by reason), and the first actor's word that a user's function is broken, with
+        every count (each absent when there is none)."""
+        episodes = reward_failures(c.report.episode_counts for c in self.receiver.sessions.values() if c.report)
+        out = {"episodes": episodes} if episodes else {}
+        if not self.receiver.failures:
+            return out
+        f = self.receiver.failures[0]
+        return {**out, "user_code_failure": {"actor": f.actor_id, "function": f.function, "reason": f.reason,
+                                      "failed": f.failed, "window": f.window, "error": f.error,
+                                      "traceback": f.traceback, "counts": dict(f.reward_failures)}}
 
     def reconciliation(self) -> dict:
         """Every group, from each actor session's own count to what became of it at the learner.

@@ -14,6 +14,7 @@ from streamrl.learner import checkpoints, dealing, follower, schedule, stepstats
 from streamrl.learner.engine import Engine
 from streamrl.learner.evals import Evals
 from streamrl.learner.ranks import Ranks
+from streamrl.learner.samples import SamplesLog
 from streamrl.learner.session import Position, Session
 from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
@@ -28,7 +29,8 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
     """phases: the start-up marks (`streamrl learner` passes its own; they start at the spawn)."""
     phases = phases or Phases("learner")
     stop = stop_on_signals()
-    cfg, engine, ranks, at, pad_id, reward, vocab_size = _build(cfg, phases)
+    cfg, engine, ranks, at, tokenizer, reward, vocab_size = _build(cfg, phases)
+    pad_id = tokenizer.pad_token_id
     if not ranks.leader:  # ranks > 0 train on their share of each batch and never touch a socket
         return follower.run(cfg, engine, ranks, str(cfg.run_path / "checkpoints"), at.step, at.version)
     dealt = dealing.Dealing(cfg, reward.task, at.step) if cfg.task.epochs else None  # a refused resume stops here
@@ -37,6 +39,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
         dealing.attach(s, dealt)
     evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
     after = AfterStep(cfg, s, evals, phases)
+    samples = SamplesLog(cfg, tokenizer, cfg.run_path)  # what the model wrote, every log.samples_every steps
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         s.health.beat()
@@ -51,6 +54,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
             if not groups or (len(groups) < L.batch_groups and not s.intake.exhausted):  # the last epoch's rest trains
                 break
             phases.mark("first_group")
+            samples(at.step, at.version, groups)
             due = schedule.due(at.step, at.version, cfg)  # the other ranks follow the same schedule
             publish = functools.partial(s.weights.publish, at.version + 1) if due.publish else None
             done = train(engine, groups, cfg, pad_id, step=at.step, version=at.version, ranks=ranks, wait_s=wait_s,
@@ -71,7 +75,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
 
 def _build(cfg: Config, phases: Phases):
     """The model, its engine (resumed from the run's last checkpoint when asked) and where the run stands:
-    (config, engine, ranks, position, pad id, reward, vocabulary size); with task.epochs the config's steps
+    (config, engine, ranks, position, tokenizer, reward, vocabulary size); with task.epochs the config's steps
     follow from the rows (before the engine's learning-rate schedule reads them)."""
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
@@ -89,7 +93,7 @@ def _build(cfg: Config, phases: Phases):
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    return cfg, engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
+    return cfg, engine, ranks, Position(step, version, saved_at=step), tokenizer, reward, vocab_size
 
 
 class AfterStep:

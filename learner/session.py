@@ -132,7 +132,8 @@ class Session:
             {"status": status, **({"error": storage.reason(error)} if error is not None else {}),
              "learner_version": at.version, "wall_s": time.time() - self.started, "stopped_early": at.step < cfg.steps,
              **self.intake.accounting(), "reconciliation": self.intake.reconciliation(), **self._metrics_cost(),
-             **self.weights.report(), **({"epochs": self.dealing.summary()} if self.dealing is not None else {})},
+             **self.intake.failure_report(), **self.weights.report(),
+             **({"epochs": self.dealing.summary()} if self.dealing is not None else {})},
             reward_range=self.reward_range)
         self.runlog.close()
         if self.dealing is not None:

@@ -83,16 +83,25 @@ class GroupSender:
         return True
 
     def report(self, groups_generated: int, reason: str, timeout_s: float = 2.0,
-               reward_failures: dict[str, int] | None = None) -> bool:
+               reward_failures: dict[str, int] | None = None, episode_counts: dict[str, int] | None = None) -> bool:
         """Send the ActorReport that closes this session's accounting (after every group it sent)."""
         msg = wire.ActorReport(actor_id=self.actor_id, session=self.session, groups_sent=self.sent,
-                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {})
+                               groups_generated=groups_generated, reason=reason, reward_failures=reward_failures or {},
+                               episode_counts=episode_counts or {})
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
         self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
         return True
 
-    def notice(self, msg: wire.EvalResult, timeout_s: float) -> bool:
+    def failure(self, error, timeout_s: float = 2.0) -> bool:
+        """Tell the learner a user's function is broken (`error`: a reward_health.UserCodeFailure), so the run stops
+        with its cause; False if the learner took nothing for timeout_s."""
+        msg = wire.ActorFailure(actor_id=self.actor_id, session=self.session, function=error.function,
+                                reason=error.reason, failed=error.failed, window=error.window, error=error.error,
+                                traceback=error.traceback[-8000:], reward_failures=error.counts)
+        return self.notice(msg, timeout_s)
+
+    def notice(self, msg: wire.EvalResult | wire.ActorFailure, timeout_s: float) -> bool:
         """Send a header-only message (an eval result) on the group channel; False if the learner took nothing for
         timeout_s."""
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
@@ -118,10 +127,15 @@ class SessionCount:
     reward_failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """What its groups carried of its reward failures (the report, when it comes, holds the session's total)."""
 
+    broken: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Its ActorFailure's counts (the reward functions' own totals, which a report sent after it may lack)."""
+
     @property
     def reward_failure_counts(self) -> dict[str, int]:
-        """The session's reward failures: its report's total once it reported, else what its groups carried."""
-        return dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
+        """The session's reward failures: its report's total once it reported, else what its groups carried (each
+        reason at least what its ActorFailure said: every count is a running total)."""
+        counts = dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
+        return {k: max(counts.get(k, 0), self.broken.get(k, 0)) for k in sorted({*counts, *self.broken})}
 
     @property
     def sent(self) -> int:
@@ -150,6 +164,8 @@ class GroupReceiver:
         """Groups of a batch message already decoded and not yet taken."""
         self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
         """Actors' answers to eval requests, in arrival order, for the learner's evaluation bookkeeping to take."""
+        self.failures: collections.deque[wire.ActorFailure] = collections.deque(maxlen=16)
+        """Actors' word that a user's function is broken: the intake stops the run with the first."""
 
     def take(self) -> ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
@@ -168,6 +184,10 @@ class GroupReceiver:
                     continue
                 if isinstance(header, wire.EvalResult):
                     self.eval_results.append(header)
+                    continue
+                if isinstance(header, wire.ActorFailure):
+                    self.failures.append(header)
+                    self._session(header.actor_id, header.session).broken = dict(header.reward_failures)
                     continue
                 self.pending.extend(codec.decode_groups(frames, header, vocab_size=self.vocab_size))
             except wire.WireError as e:

@@ -216,7 +216,10 @@ class ActorReport(Struct, tag="actor_report", kw_only=True):
     groups_generated: int
     reason: str = "shutdown"
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
-    """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS)."""
+    """Samples its reward functions left unscored, by reason (streamrl.tasks.reward_functions.REASONS), with
+    calls_failed (every failed call, retried or not) and groups_unscored (groups with nothing scored, not sent)."""
+    episode_counts: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Multi-turn episodes: `episodes`, tool calls as `tool_calls/<tool>/<outcome>`, `truncated/<reason>`."""
 
 
 class EvalRequest(Struct, tag="eval_request", kw_only=True):
@@ -290,8 +293,29 @@ class Deal(Struct, tag="deal", kw_only=True):
     """Which start of the learner dealt it: prompts in hand from an earlier one are given up (it re-deals them)."""
 
 
+class ActorFailure(Struct, tag="actor_failure", kw_only=True):
+    """An actor's word that a user's function is broken (streamrl.tasks.reward_health): it fails on most of its
+    samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    session: str
+    function: str
+    """The function's reference as the config names it (task.reward), or the names summed for a scale failure."""
+    reason: str
+    """The failures' most common reason (streamrl.tasks.reward_functions.REASONS)."""
+    failed: Annotated[int, Meta(ge=0)]
+    window: Annotated[int, Meta(ge=1)]
+    error: str
+    """The error's one line (for a raise, its last traceback line: `KeyError: 'answer'`)."""
+    traceback: str
+    """The first failure's traceback (or what was wrong with the returned value)."""
+    reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    """Every failure of the session so far, by reason (samples; calls_failed: calls)."""
+
+
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
-               ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal]
+               ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

@@ -22,8 +22,56 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if (report := task_report(cfg)) is None:
         return 2
+    if not rewards_work(cfg):
+        return 2
     print(config_lib.dump(cfg) + report, end="")
     return 0
+
+
+REFERENCE_COLUMNS = ("answer", "solution", "reference", "target", "ground_truth", "label")
+ROWS_TRIED = 3
+
+
+def rewards_work(cfg: config_lib.Config) -> bool:
+    """Call each of a dataset task's reward functions on its first rows, with the row's reference answer as a
+    completion where one exists (a column of REFERENCE_COLUMNS), as a run would: each failure named on stderr
+    (function, row, error). False when a function fails on every row tried: a run would stop on it."""
+    if cfg.task.name != "dataset" or not cfg.task.reward:
+        return True
+    from streamrl.tasks import build
+    from streamrl.tasks.reward_functions import plain
+    from streamrl.tasks.reward_health import error_line
+
+    task = build(cfg.task)
+    try:
+        rows = task.train[:ROWS_TRIED]
+        ok = True
+        for fn, ref in zip(task.functions.fns, task.functions.refs):
+            failed = 0
+            for i, row in enumerate(rows, 1):
+                reference = next((str(row.columns[c]) for c in REFERENCE_COLUMNS if c in row.columns), None)
+                texts = [reference, "no"] if reference is not None else ["no", ""]
+                call = task.call(task.prompt(row), texts, [[], []])
+                try:
+                    got = fn(**call.kwargs)
+                    why = None if (values := plain(got)) is not None and len(values) == 2 else (
+                        f"returned {got!r:.120}, not a list of 2 floats or None")
+                except Exception as e:
+                    why = error_line(f"{type(e).__name__}: {e}")
+                if why is not None:
+                    failed += 1
+                    print(f"streamrl check: warning: task.reward {ref} on row {i} of {cfg.task.data}: {why}",
+                          file=sys.stderr)
+                elif i == 1:
+                    tried = "its reference answer" if reference is not None else "a made-up completion"
+                    print(f"streamrl check: task.reward {ref} on row 1 ({tried}, then 'no'): {values}", file=sys.stderr)
+            if rows and failed == len(rows):
+                print(f"streamrl check: error: task.reward {ref} failed on every row tried ({failed}); a run would "
+                      "stop on it", file=sys.stderr)
+                ok = False
+        return ok
+    finally:
+        task.close()
 
 
 def task_report(cfg: config_lib.Config) -> str | None:

@@ -15,6 +15,7 @@
   streamrl difficulty [CONFIG] --out FILE      keep prompts with success rate in [low, high] over N rollouts
   streamrl uplift RUN_DIR [--buckets B]        post/pre likelihood ratio of correct samples by initial rank
   streamrl export RUN_DIR OUT [--step N]       a checkpoint as a Hugging Face folder (transformers, vllm serve)
+  streamrl samples RUN [--step N] [--best|--worst]  what the model wrote (the run's samples.jsonl), readably
   streamrl init DIR [--force]                  copy the shipped recipes and monitoring bundle into DIR
 
 CONFIG is a YAML file, or the name of a shipped recipe (`tiny.yaml`, `paper/corpo.yaml`). Every command takes
@@ -53,6 +54,7 @@ COMMANDS = {
     "uplift": "streamrl.commands.uplift",
     "init": "streamrl.commands.init",
     "export": "streamrl.commands.export",
+    "samples": "streamrl.commands.samples",
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -30,8 +30,9 @@ def before_start(cfg: config_lib.Config, args, name: str) -> bool:
                 lock.take(cfg.run_path, "--overwrite")  # the held lock moved with the old run
         else:
             errors.append(refusal)
-    if args.command == "check" and (refusal := preflight.existing_run(cfg)):
-        errors.append(refusal.replace("pass --overwrite", "pass `streamrl run --overwrite`"))
+    if args.command == "check" and (refusal := preflight.existing_run(cfg)):  # what `run` would say; check goes on
+        warnings.append(refusal.replace(
+            "pass --overwrite", "pass `streamrl run --overwrite`") + " (`streamrl run` would refuse it)")
     for w in warnings:
         print(f"streamrl {name}: warning: {w}", file=sys.stderr)
     for e in errors:

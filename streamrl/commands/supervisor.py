@@ -138,6 +138,9 @@ class Supervisor:
         code, line = outcome(self.learner.returncode, s, self.signalled, self.failure, learner_log)
         if line is not None:
             self.say(line)
+        if s is not None and (broken := s.get("user_code_failure")):  # the user's own bug: its traceback, here
+            self.say(f"the first failure of {broken['function']} ({broken['reason']}, in {broken['actor']}):\n"
+                     f"{broken['traceback']}\nevery count: {broken['counts']}")
         if self.interrupts >= 2:
             self.say(f"killed the learner and actors; the newest complete checkpoint is "
                      f"{_newest_checkpoint(self.run_dir) or 'none'}")
@@ -145,7 +148,8 @@ class Supervisor:
             self.say(f"{'done' if code == 0 else 'stopped'} in {s['wall_s']:.0f}s: {s['steps']} steps, "
                      f"reward {_fmt(s['reward_first_10pct'], '.3f')} (first 10%) -> "
                      f"{_fmt(s['reward_last_10pct'], '.3f')} (last 10%); groups used {s['groups_used']}, "
-                     f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}; summary: {summary_path}")
+                     f"dropped {s['groups_dropped']}, rejected {s['messages_rejected']}{_reward_failures(s)}; "
+                     f"summary: {summary_path}")
             if (m := s.get("mgrpo_layer2")) and m["first_correction_step"] is not None:
                 self.say(f"layer 2 trained on {m['steps_with_layer2']} of the {m['steps_since']} steps from the "
                          f"first verified correction (step {m['first_correction_step']}) on, {m['layer2_groups']} "
@@ -181,7 +185,14 @@ def progress_line(rec: dict, steps: int, max_staleness: int) -> str:
     return (f"step {rec['step'] + 1:>5}/{steps}  reward {_fmt(rec['reward_mean'], '.3f')}  "
             f"r_count {_fmt(rec['r_count'], '.3f')}  failed+ {_fmt(rec['failed_positive_fraction'], '.3f')}  "
             f"lag {rec['lag_mean']:.2f} (max {rec['lag_max']}/{max_staleness})  "
-            f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]")
+            f"{_fmt(rec['samples_per_s'], '.0f')} samples/s  dropped {dropped}  [{rec['elapsed_s']:.0f}s]"
+            + _reward_failures(rec))
+
+
+def _reward_failures(rec: dict) -> str:
+    """'  reward failures {...}' whenever the user's reward functions failed at all (samples by reason; calls_failed:
+    calls), else ''."""
+    return f"  reward failures {rec['reward_failures']}" if rec.get("reward_failures") else ""
 
 
 def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:

@@ -84,9 +84,31 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Levels are often thirds or sixths: these settings take a fraction written "1/3" as well as a number.
+FRACTION_KEYS = (("task", "reward_levels"), ("reward", "bucket_edges"), ("reward", "bucket_values"),
+                 ("advantage", "r_min_correct"))
+_FRACTION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)\s*$")
+
+
+def _fraction(v: Any) -> Any:
+    """"1/3" → 1/3 as a float; anything else as it is (the type check then says what is allowed)."""
+    if isinstance(v, str) and (m := _FRACTION.match(v)) and float(m.group(2)) != 0:
+        return float(m.group(1)) / float(m.group(2))
+    return v
+
+
+def _fractions(raw: dict[str, Any]) -> dict[str, Any]:
+    out = dict(raw)
+    for section, key in FRACTION_KEYS:
+        if isinstance(out.get(section), dict) and key in out[section]:
+            v = out[section][key]
+            out[section] = {**out[section], key: [_fraction(x) for x in v] if isinstance(v, list) else _fraction(v)}
+    return out
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     try:
-        return msgspec.convert(raw, Config, strict=False)
+        return msgspec.convert(_fractions(raw), Config, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(_explain(str(e), raw)) from None
 

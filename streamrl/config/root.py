@@ -14,6 +14,7 @@ from streamrl.config.difficulty import DifficultyConfig
 from streamrl.config.evaluation import EvalConfig
 from streamrl.config.grader import GraderConfig
 from streamrl.config.learner import LearnerConfig
+from streamrl.config.log import LogConfig
 from streamrl.config.lora import LoraConfig
 from streamrl.config.loss import LossConfig
 from streamrl.config.mgrpo import MGRPOConfig
@@ -70,6 +71,8 @@ class Config(_Section):
     """Rubric grader (the `streamrl.tasks.graders:rubric` reward): an OpenAI-compatible endpoint scoring 1..N."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base and send actors only the adapters (rank 0: full fine-tuning)."""
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    """What the run directory keeps of the model's completions (samples.jsonl; `streamrl samples RUN`)."""
 
     def __post_init__(self) -> None:
         self._check_reward_scale()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta
@@ -31,11 +32,17 @@ class TaskConfig(_Section):
     reward_weights: list[float] = []
     """dataset: weight of each task.reward function in the sum ([]: 1 each)."""
     reward_levels: list[float] = []
-    """dataset: the reward's scale, ascending (a value off it is counted and unscored); []: bucket with reward.bucket_edges."""
+    """dataset: the reward's scale, ascending, numbers or fractions ("1/3"); off it: counted, unscored; []: bucket."""
+    reward_level_tolerance: Annotated[float, Meta(ge=0)] = 0.01
+    """dataset: a reward this close to a level of reward_levels is that level (0.33 is 1/3); below half their gap."""
     reward_workers: PositiveInt = 4
     """dataset: threads scoring groups side by side in each actor."""
     reward_timeout_s: PositiveFloat = 30.0
     """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
+    reward_fail_window: PositiveInt = 50
+    """dataset: each reward function's last this many samples decide whether it is broken (reward_fail_threshold)."""
+    reward_fail_threshold: Fraction = 0.5
+    """dataset: a function failing on more than this share of its window stops the run, naming it (1: never)."""
     reward_overlap: bool = True
     """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
@@ -86,6 +93,10 @@ class TaskConfig(_Section):
             raise ValueError(f"reward_weights={self.reward_weights}: needs one weight per task.reward ({len(refs)})")
         if any(b <= a for a, b in zip(self.reward_levels, self.reward_levels[1:])):
             raise ValueError(f"reward_levels={self.reward_levels}: must be strictly increasing (an ordinal scale)")
+        gap = min((b - a for a, b in zip(self.reward_levels, self.reward_levels[1:])), default=math.inf)
+        if self.reward_level_tolerance >= gap / 2:
+            raise ValueError(f"reward_level_tolerance={self.reward_level_tolerance}: must be below half the smallest "
+                             f"gap between task.reward_levels ({gap / 2:g}), or a reward could be two levels")
         if self.name == "code_verifier" and self.bce_floor >= 1 / self.scale_steps:  # would merge the lowest levels
             raise ValueError(f"bce_floor={self.bce_floor}: must be below the scale's first step 1/scale_steps "
                              f"({1 / self.scale_steps:g})")

@@ -77,7 +77,8 @@ class DatasetTask(RowsTask):
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
         refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward or [])
         self.functions = RewardFunctions(refs, cfg.reward_weights or None, cfg.reward_levels or None,
-                                         cfg.reward_timeout_s, cfg.reward_workers)
+                                         cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_fail_window,
+                                         cfg.reward_fail_threshold, cfg.reward_level_tolerance)
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
 

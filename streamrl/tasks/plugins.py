@@ -115,6 +115,8 @@ def resolve(ref: str, setting: str, kind: str = "function", group: str | None = 
             raise ValueError(f"{setting}={ref!r}: no file {path}")
         name = f"streamrl_plugin_{abs(hash(str(path))):x}"
         module = sys.modules.get(name)
+        if str(path.parent) not in sys.path:  # the file imports modules beside it, as it would run as a script
+            sys.path.append(str(path.parent))  # last: it never shadows an installed package
         if module is None:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)

@@ -21,7 +21,9 @@ sample's advantage under a mean baseline) and drops a group with no scored sampl
 is logged once with its traceback; the counts reach Prometheus, the actor's report and summary.json.
 
 Calls run on threads (`task.reward_workers`): Python cannot stop a thread, so a call past its timeout is
-abandoned (counted) and keeps its worker until it returns; a reward that never returns costs one worker.
+abandoned (counted) and keeps its thread until it returns, while the pool gets one more thread meanwhile, so
+scoring goes on at full width; more than ABANDONED_PER_WORKER × workers calls hanging at once stops the run.
+A function failing on most of its recent samples stops the run too, naming it (`streamrl.tasks.reward_health`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import math
+import numbers
 import threading
 import time
 import traceback
@@ -36,6 +39,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
+from streamrl.tasks.reward_health import FailureWindow, UserCodeFailure
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -56,6 +60,46 @@ def resolve(ref: str) -> Callable:
     """The function `ref` names: "package.module:function" or "path/to/file.py:function" (relative to the
     working directory). Raises ValueError saying what is wrong and what is allowed."""
     return plugins.resolve(ref, "task.reward", "function")
+
+
+ABANDONED_PER_WORKER = 8  # more calls than this × task.reward_workers hanging at once: the actor cannot go on
+
+
+class _Running:
+    """One call on a pool: when it started (empty until it does), its future, the pool it waits in."""
+
+    def __init__(self, fn: Callable, call: Call, pool: cf.ThreadPoolExecutor):
+        self.fn, self.call, self.pool = fn, call, pool
+        self.started: list[float] = []
+        self.future: cf.Future | None = None
+
+    def timed(self):
+        self.started.append(time.monotonic())
+        return self.fn(**self.call.kwargs)
+
+
+def user_traceback(e: BaseException) -> str:
+    """e's traceback from the user's function down: the pool's and this module's frames say nothing to its author."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "timed":
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb.tb_next if tb is not None else e.__traceback__))
+
+
+def plain(got: Any) -> list[float | None] | None:
+    """A reward function's return as a list of floats and None; None when it is not one of TRL's shapes."""
+    if hasattr(got, "tolist") and getattr(got, "ndim", 1) == 1:  # a numpy array or a torch tensor
+        got = got.tolist()
+    if not isinstance(got, (list, tuple)):
+        return None
+    out: list[float | None] = []
+    for v in got:
+        if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # a numpy scalar or a 0-d tensor
+            v = v.item()
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            return None
+        out.append(None if v is None else float(v))
+    return out
 
 
 class Call:
@@ -86,16 +130,24 @@ class RewardFunctions:
     """The configured functions with their weights, scale check, timeout and worker pool."""
 
     def __init__(self, refs: Sequence[str], weights: Sequence[float] | None = None,
-                 levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4):
+                 levels: Sequence[float] | None = None, timeout_s: float = 30.0, workers: int = 4,
+                 fail_window: int = 50, fail_threshold: float = 0.5, level_tolerance: float = 1e-9):
         self.refs = list(refs)
         self.fns = [resolve(r) for r in self.refs]
         self.weights = list(weights) if weights else [1.0] * len(self.fns)
         if len(self.weights) != len(self.fns):
             raise ValueError(f"task.reward_weights={self.weights}: needs one weight per task.reward ({len(self.fns)})")
         self.levels = sorted(levels) if levels else None
+        self.level_tolerance = level_tolerance
         self.timeout_s = timeout_s
         self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
+        self.workers, self.hanging = workers, 0  # hanging: abandoned calls still running (each holds a thread)
         self._logged: set[tuple[str, str]] = set()
+        # A function failing on most of its recent samples stops the run (reward_health); these are every count.
+        self.health = FailureWindow(fail_window, fail_threshold)
+        # The sum's own window (off the scale, not finite): apart from each function's, whose samples it repeats.
+        self.scale_name = f"{','.join(self.refs)} (their sum against task.reward_levels)"
+        self.totals: Counter = Counter()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -103,6 +155,7 @@ class RewardFunctions:
 
     def _note(self, ref: str, reason: str, detail: str) -> None:
         """Log a (function, reason) once, with its traceback or detail; later ones are only counted."""
+        self.health.note(ref, reason, detail)
         with self._lock:
             if (ref, reason) in self._logged:
                 return
@@ -110,43 +163,66 @@ class RewardFunctions:
         log.warning("reward %s: %s (logged once; every occurrence is counted in reward_failures/%s)\n%s",
                     ref, reason, reason, detail.rstrip())
 
-    def _run(self, fn: Callable, call: Call):
-        """(start time holder, future) of fn(**call.kwargs) on the pool; the timeout runs from the call's start."""
-        started: list[float] = []
+    def _run(self, fn: Callable, call: Call) -> "_Running":
+        """fn(**call.kwargs) on the pool; the timeout runs from the call's start."""
+        running = _Running(fn, call, self.pool)
+        running.future = self.pool.submit(running.timed)
+        return running
 
-        def timed():
-            started.append(time.monotonic())
-            return fn(**call.kwargs)
-
-        return started, self.pool.submit(timed)
-
-    def _wait(self, started: list[float], future: cf.Future, ref: str):
+    def _wait(self, running: "_Running", ref: str):
         """(values, None) or (None, reason)."""
         while True:
-            if started:
-                left = started[0] + self.timeout_s - time.monotonic()
+            if running.started:
+                left = running.started[0] + self.timeout_s - time.monotonic()
                 try:
-                    return future.result(timeout=max(0.0, left)), None
+                    return running.future.result(timeout=max(0.0, left)), None
                 except cf.TimeoutError:
                     self._note(ref, "timeout", f"a call took longer than task.reward_timeout_s={self.timeout_s}")
+                    self._abandon(running.future, ref)
                     return None, "timeout"
-                except Exception:
-                    self._note(ref, "raised", traceback.format_exc())
+                except Exception as e:
+                    self._note(ref, "raised", user_traceback(e))
                     return None, "raised"
+            if running.pool is not self.pool and running.future.cancel():  # queued behind hung calls: move it
+                running.pool = self.pool
+                running.future = self.pool.submit(running.timed)
             try:  # not started yet: queued behind other calls, whose time does not count against it
-                return future.result(timeout=0.01), None
+                return running.future.result(timeout=0.01), None
             except cf.TimeoutError:
                 continue
-            except Exception:
-                self._note(ref, "raised", traceback.format_exc())
+            except Exception as e:
+                self._note(ref, "raised", user_traceback(e))
                 return None, "raised"
 
+    def _abandon(self, future: cf.Future, ref: str) -> None:
+        """A call past its timeout keeps its thread until it returns (Python cannot stop a thread): the pool is
+        replaced by a fresh one, which takes the calls still queued, so scoring goes on at full width; the old one
+        keeps only its hung threads. Raises UserCodeFailure once more calls hang than ABANDONED_PER_WORKER ×
+        workers: the actor could not make progress for long (and its threads would grow without bound)."""
+        with self._lock:
+            self.hanging += 1
+            hanging, old = self.hanging, self.pool
+            self.pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="reward")
+        old.shutdown(wait=False)  # its idle threads go; calls it runs finish, its queued ones move (_wait)
+        future.add_done_callback(self._returned)
+        if hanging > ABANDONED_PER_WORKER * self.workers:
+            raise UserCodeFailure(ref, "timeout", hanging, hanging, f"{hanging} calls still running after "
+                                  f"task.reward_timeout_s={self.timeout_s} (abandoned; a reward that never returns)",
+                                  self.health.first.get(ref, ("", ""))[1], dict(self.totals))
+
+    def _returned(self, future: cf.Future) -> None:
+        with self._lock:
+            self.hanging -= 1
+
     def _values(self, ref: str, got: Any, n: int) -> tuple[list[float | None] | None, str | None]:
-        if not isinstance(got, (list, tuple)) or len(got) != n or not all(
-                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in got):
-            self._note(ref, "bad_return", f"expected a list of {n} floats or None, got {got!r:.200}")
+        """The shapes TRL takes: a list (or tuple) of Python or numpy numbers, a numpy array, a torch tensor (1-D),
+        None for "not applicable"."""
+        values = plain(got)
+        if values is None or len(values) != n:
+            self._note(ref, "bad_return", f"expected a list of {n} floats or None (a list of Python or numpy "
+                                          f"numbers, a numpy array, a tensor), got {got!r:.200}")
             return None, "bad_return"
-        return [None if v is None else float(v) for v in got], None
+        return values, None
 
     def score(self, calls: Sequence[Call]) -> list[Outcome]:
         """Every group's scores, the groups' calls running side by side on the pool."""
@@ -163,50 +239,70 @@ class RewardFunctions:
     def _finish(self, call: Call, running) -> Outcome:
         failures: Counter = Counter()
         per_fn: list[list] = []
-        for fn, ref, (started, fut) in zip(self.fns, self.refs, running):
-            got, reason = self._wait(started, fut, ref)
+        fates: list[tuple[str, str | None, int]] = []  # (name, reason or None, samples) for the failure window
+        for fn, ref, one in zip(self.fns, self.refs, running):
+            got, reason = self._wait(one, ref)
             values, reason = self._values(ref, got, call.n) if reason is None else (None, reason)
             if values is None:
-                values = self._one_at_a_time(fn, ref, call, reason, failures)
+                failures["calls_failed"] += 1  # every failed call, the group's and each retry's
+                values = self._one_at_a_time(fn, ref, call, reason, failures, fates)
+            else:
+                fates.append((ref, None, call.n))
             per_fn.append(values)
         scores: list[float | None] = []
         for i in range(call.n):
             column = [v[i] for v in per_fn]
             # A function that failed on this sample leaves it unscored, whatever the others say.
-            scores.append(None if any(v is FAILED for v in column) else self._combine(column, failures))
+            if any(v is FAILED for v in column):
+                scores.append(None)
+                continue
+            score, why = self._combine(column, failures)
+            scores.append(score)
+            fates.append((self.scale_name, why, 1))
+        self.totals.update(failures)
+        for name, why, n in fates:
+            self.health.record(name, why, self.totals, n)
         return Outcome(scores, failures)
 
-    def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter) -> list:
-        """After a group's call failed: each sample's own call (side by side), so a bad sample costs itself only."""
+    def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter,
+                       fates: list) -> list:
+        """After a group's call failed: each sample's own call (side by side), so a bad sample costs itself only.
+        Each sample's fate goes to `fates`."""
         if call.n == 1:
             failures[reason] += 1
+            fates.append((ref, reason, 1))
             return [FAILED]
         values: list = []
         for single in [self._run(fn, call.one(i)) for i in range(call.n)]:
-            got, why = self._wait(*single, ref)
+            got, why = self._wait(single, ref)
             one, why = self._values(ref, got, 1) if why is None else (None, why)
+            fates.append((ref, why if one is None else None, 1))
             if one is None:
                 failures[why] += 1
+                failures["calls_failed"] += 1
                 values.append(FAILED)
             else:
                 values.append(one[0])
         return values
 
-    def _combine(self, column: list[float | None], failures: Counter) -> float | None:
+    def _combine(self, column: list[float | None], failures: Counter) -> tuple[float | None, str | None]:
+        """(the weighted sum on the scale, None) or (None, the reason it is not one)."""
         if all(v is None for v in column):
             failures["none"] += 1
-            return None
+            return None, None  # not applicable: no function's failure
         total = sum(w * v for w, v in zip(self.weights, column) if v is not None)
         if not math.isfinite(total):
             failures["non_finite"] += 1
-            self._note(",".join(self.refs), "non_finite", f"a reward of {total}")
-            return None
+            self._note(self.scale_name, "non_finite", f"a reward of {total}")
+            return None, "non_finite"
         if self.levels is not None:
-            match = [lv for lv in self.levels if abs(lv - total) <= 1e-9 * max(1.0, abs(lv))]
+            # the nearest level within the tolerance: a reward written 0.33 is the level 1/3 (and 1/3 the level 0.33)
+            match = [lv for lv in sorted(self.levels, key=lambda lv: abs(lv - total))[:1]
+                     if abs(lv - total) <= max(self.level_tolerance, 1e-9 * max(1.0, abs(lv)))]
             if not match:
                 failures["out_of_scale"] += 1
-                self._note(",".join(self.refs), "out_of_scale",
+                self._note(self.scale_name, "out_of_scale",
                            f"a reward of {total!r}; task.reward_levels={self.levels}")
-                return None
+                return None, "out_of_scale"
             total = match[0]
-        return total
+        return total, None

@@ -8,6 +8,9 @@ text without them; a reply with no call is the model's answer to the environment
 - `words` (the tiny word-level model, which has no template and no JSON): a reply whose first word names a
   tool calls it with the following words as its positional arguments (`lookup k3`).
 
+Either way each argument is then converted by the tool's type hints (`typed`): `add(a: int, b: int)` called as
+`add 173 26` gets 173 and 26, not two strings; a value that cannot be read as its type is a `bad_call`.
+
 A call the parser finds but cannot read (bad JSON, no name) is still a call: it comes back with `error` set,
 the model sees the error in a `tool` message, and the runner counts it (`bad_call`). `PARSERS.register(name)`
 adds a parser (a function `(text, tool_names) -> list[ToolCall]`).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import typing
 from typing import Any, Callable
 
 import msgspec
@@ -86,15 +90,53 @@ def parser_for(name: str, chat: bool) -> Parser:
 
 def bind(fn: Callable, call: ToolCall) -> tuple[tuple, dict]:
     """(args, kwargs) for `fn` from a call: positional words fill its parameters in order, extra words are
-    dropped (the word format has no way to end a call early). Raises TypeError naming what does not fit."""
-    if not call.positional:
-        inspect.signature(fn).bind(**call.arguments)
-        return (), dict(call.arguments)
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    args = call.positional[:len(params)]
-    inspect.signature(fn).bind(*args, **call.arguments)
-    return tuple(args), dict(call.arguments)
+    dropped (the word format has no way to end a call early); each argument is converted by the parameter's type
+    hint (`typed`). Raises TypeError naming what does not fit."""
+    signature = inspect.signature(fn)
+    if not call.positional:  # keywords stay keywords
+        bound = typed(fn, signature.bind(**call.arguments))
+        return (), {k: bound.arguments.get(k, v) for k, v in call.arguments.items()}
+    params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    bound = typed(fn, signature.bind(*call.positional[:len(params)], **call.arguments))
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def typed(fn: Callable, bound: inspect.BoundArguments) -> inspect.BoundArguments:
+    """The bound arguments converted by fn's type hints: a word or JSON string becomes the int, float or bool the
+    hint asks for ("173" → 173, "true" → True), a list or dict is read from JSON text, containers' items are
+    converted too (list[int]); a parameter without a hint (or with one msgspec cannot convert to) gets the value
+    as it came. Raises TypeError naming the parameter, the value and the type when a value cannot be read."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a hint that does not resolve: the values go as they came
+        hints = {}
+    params = bound.signature.parameters
+    for name, value in list(bound.arguments.items()):
+        hint = hints.get(name)
+        if hint is None or hint is typing.Any or params[name].kind in (params[name].VAR_POSITIONAL,
+                                                                         params[name].VAR_KEYWORD):
+            continue
+        bound.arguments[name] = _convert(value, hint, name)
+    return bound
+
+
+def _convert(value: Any, hint: Any, name: str) -> Any:
+    container = typing.get_origin(hint) or hint
+    if isinstance(value, str) and container in (list, dict, tuple, set):  # the word format: JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise TypeError(f"argument {name}={value!r:.60} is not JSON for {_name(hint)}") from None
+    try:
+        return msgspec.convert(value, hint, strict=False)  # strict=False: "173" → 173, "true" → True
+    except msgspec.ValidationError as e:
+        raise TypeError(f"argument {name}={value!r:.60} is not {_name(hint)} ({e})") from None
+    except TypeError:  # a type msgspec does not convert to (a class of the user's): left as it came
+        return value
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
 
 
 def result_text(value: Any) -> str:

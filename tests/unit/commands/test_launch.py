@@ -170,3 +170,13 @@ def test_vllm_engines_sharing_a_gpu_need_their_memory_share_set_and_within_the_g
     # an engine alone on its GPU keeps the engine's default
     assert gpu_plan(_cfg(**{"actors.backend": "vllm"}), ["0", "1", "2"])[1] == [{"CUDA_VISIBLE_DEVICES": "1"},
                                                                              {"CUDA_VISIBLE_DEVICES": "2"}]
+
+
+def test_the_progress_line_shows_reward_failures_whenever_there_are_any():
+    from streamrl.commands.supervisor import progress_line
+
+    rec = {"step": 9, "reward_mean": 0.5, "r_count": 0.0, "failed_positive_fraction": 0.0, "lag_mean": 1.0,
+           "lag_max": 1, "samples_per_s": 100.0, "groups_dropped": {}, "elapsed_s": 3.0, "reward_failures": {}}
+    assert "reward failures" not in progress_line(rec, 100, 2)
+    line = progress_line({**rec, "reward_failures": {"raised": 3, "calls_failed": 4}}, 100, 2)
+    assert line.endswith("reward failures {'raised': 3, 'calls_failed': 4}"), line

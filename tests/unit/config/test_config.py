@@ -379,3 +379,15 @@ def test_the_off_policy_objectives_and_their_knobs_load_and_a_knob_out_of_range_
     msg = _error("loss.tis_cap=0.5")
     assert "loss.tis_cap=0.5" in msg and "≥ 1" in msg
     assert "m2po" in _error("loss.name=m2p")
+
+
+def test_levels_take_fractions_as_users_write_them_and_a_tolerance_below_half_their_gap(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a", "answer": "a"}\n')
+    task = ["task.name=dataset", f"task.data={tmp_path / 'd.jsonl'}", "task.reward=math:sqrt"]
+    cfg = load(None, [*task, "task.reward_levels=[0, 1/3, 2/3, 1]", "advantage.r_min_correct=2/3"])
+    assert cfg.task.reward_levels == [0.0, 1 / 3, 2 / 3, 1.0] and cfg.advantage.r_min_correct == 2 / 3
+    with pytest.raises((ConfigError, ValueError), match="reward_level_tolerance=0.2: must be below half"):
+        load(None, [*task, "task.reward_levels=[0, 1/3, 2/3, 1]", "advantage.r_min_correct=1",
+                    "task.reward_level_tolerance=0.2"])
+    with pytest.raises((ConfigError, ValueError), match="reward_levels"):
+        load(None, [*task, "task.reward_levels=[0, one third, 1]", "advantage.r_min_correct=1"])

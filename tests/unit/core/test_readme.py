@@ -21,6 +21,9 @@ def test_readme_shows_the_test_command_that_ci_runs_verbatim():
     command = ci[marker + 1]
     assert "pytest" in command
     assert command in README.read_text().splitlines()
+    # the README's first command (install, then the tiny run) comes before it, as a new user runs them
+    first = ci.index("# The README's install and tiny run, verbatim:")
+    assert first < marker and ci[first + 1].endswith("&& streamrl run") and ci[first + 1] in README.read_text()
 
 
 def test_readme_links_to_files_that_exist():

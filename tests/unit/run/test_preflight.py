@@ -37,8 +37,9 @@ def test_a_run_name_that_holds_results_is_refused_with_its_options_and_left_unto
     [line] = _errors(capsys)
     assert "already holds a run" in line and "name=" in line and "learner.resume=true" in line and "--overwrite" in line
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
-    assert cli.main(["check", f"run_dir={tmp_path}", "name=x", *FREE]) == 2  # check says so too
-    assert "already holds a run" in _errors(capsys)[0]
+    assert cli.main(["check", f"run_dir={tmp_path}", "name=x", *FREE]) == 0  # check says so, and checks on
+    warned = [line for line in _errors(capsys) if "already holds a run" in line]
+    assert warned and "warning" in warned[0] and "`streamrl run` would refuse it" in warned[0], warned
     assert preflight.existing_run(config.load(None, [f"run_dir={tmp_path}", "name=x", "learner.resume=true"])) is None
 
 

@@ -78,14 +78,17 @@ def test_failures_are_counted_by_reason_and_cost_only_their_own_samples(rewards_
     texts = ["ok", "boom", "slow", "nan", "off", "none", "ok", "ok"]
     out = fns.score([Call("p", texts, [[]] * 8, {})])[0]
     assert out.scores == [1.0, None, None, None, None, None, 1.0, 1.0]
-    assert dict(out.failures) == {"raised": 1, "timeout": 1, "non_finite": 1, "out_of_scale": 1, "none": 1}
+    # samples by reason; calls_failed: every failed call (the group's, then the retries of boom and slow)
+    assert dict(out.failures) == {"raised": 1, "timeout": 1, "non_finite": 1, "out_of_scale": 1, "none": 1,
+                                  "calls_failed": 3}
     fns.close()
 
 
 def test_a_bad_return_is_counted_and_weights_add_functions_up(rewards_file):
     bad = RewardFunctions([f"{rewards_file}:wrong_length"])
     out = bad.score([Call("p", ["a", "b"], [[], []], {})])[0]
-    assert out.scores == [1.0, 1.0] and not out.failures  # each sample's own call returns one value: fine
+    # each sample's own call returns one value: every sample scored, the group's call counted as failed
+    assert out.scores == [1.0, 1.0] and dict(out.failures) == {"calls_failed": 1}
     weighted = RewardFunctions([f"{rewards_file}:exact", f"{rewards_file}:exact"], weights=[0.25, 0.5],
                                levels=[0.0, 0.75])
     got = weighted.score([Call("p", ["x", "y"], [[], []], {"answer": "x"})])[0]
@@ -155,3 +158,40 @@ def test_a_trl_reward_function_works_unchanged_on_a_chat_group():
                             ["<think>\nbecause\n</think>\n42", "42"], [[1], [2]])
     out = fns.score([call])[0]
     assert out.scores == [1.0, 0.0] and not out.failures
+
+
+@pytest.mark.parametrize("shape", ["floats", "numpy floats", "numpy array", "tensor", "0-d tensors", "tuple"])
+def test_a_reward_in_any_shape_trl_accepts_is_scored(shape):
+    import numpy as np
+    import torch
+
+    make = {"floats": lambda v: v, "numpy floats": lambda v: [np.float32(x) for x in v],
+            "numpy array": lambda v: np.array(v, dtype=np.float64), "tensor": lambda v: torch.tensor(v),
+            "0-d tensors": lambda v: [torch.tensor(x) for x in v], "tuple": tuple}[shape]
+    fns = RewardFunctions(["math:sqrt"], levels=[0.0, 0.5, 1.0])
+    fns.fns = [lambda prompts, completions, **kw: make([1.0, 0.5, 0.0])]
+    out = fns.score([Call("p", ["a", "b", "c"], [[]] * 3, {})])[0]
+    assert out.scores == [1.0, 0.5, 0.0] and not out.failures, (shape, out.failures)
+    fns.close()
+
+
+def test_none_in_a_numpy_return_or_a_list_is_not_applicable_and_a_string_is_a_bad_return():
+    fns = RewardFunctions(["math:sqrt"])
+    fns.fns = [lambda prompts, completions, **kw: [None, 1.0] if completions[0] == "a" else ["1.0"]]
+    out = fns.score([Call("p", ["a", "b"], [[]] * 2, {})])[0]
+    assert out.scores == [None, 1.0] and dict(out.failures) == {"none": 1}
+    bad = fns.score([Call("p", ["x"], [[]], {})])[0]
+    assert bad.scores == [None] and bad.failures["bad_return"] == 1
+    fns.close()
+
+
+def test_a_reward_within_the_tolerance_of_a_level_is_that_level():
+    fns = RewardFunctions(["math:sqrt"], levels=[0.0, 0.33, 0.67, 1.0], level_tolerance=0.01)
+    fns.fns = [lambda prompts, completions, **kw: [0.0, 1 / 3, 2 / 3, 1.0, 0.5]]
+    out = fns.score([Call("p", list("abcde"), [[]] * 5, {})])[0]
+    assert out.scores == [0.0, 0.33, 0.67, 1.0, None] and dict(out.failures) == {"out_of_scale": 1}
+    exact = RewardFunctions(["math:sqrt"], levels=[0.0, 1 / 3, 1.0], level_tolerance=0.01)
+    exact.fns = [lambda prompts, completions, **kw: [0.33, 0.3334]]
+    assert exact.score([Call("p", ["a", "b"], [[]] * 2, {})])[0].scores == [1 / 3, 1 / 3]
+    fns.close()
+    exact.close()

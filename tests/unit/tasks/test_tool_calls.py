@@ -86,3 +86,22 @@ def test_tool_schema_is_what_chat_templates_take():
     s = environments.schema(undocumented)["function"]
     assert s["description"] == "Counts." and s["parameters"]["required"] == ["n"]
     assert s["parameters"]["properties"] == {"n": {"type": "integer"}, "flag": {"type": "boolean"}}
+
+
+def test_arguments_are_converted_by_the_tools_type_hints_and_a_bad_one_is_a_type_error():
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    args, kwargs = tool_calls.bind(add, ToolCall("add", positional=("173", "26")))
+    assert add(*args, **kwargs) == 199  # not "17326"
+    assert tool_calls.bind(add, ToolCall("add", {"a": "1", "b": 2})) == ((), {"a": 1, "b": 2})
+
+    def many(x: float, flag: bool, xs: list[int], d: dict, s: str, anything=None):
+        pass
+
+    got, _ = tool_calls.bind(many, ToolCall("many", positional=("1.5", "true", "[1, 2]", '{"k": 1}', "hi", "raw")))
+    assert got == (1.5, True, [1, 2], {"k": 1}, "hi", "raw")
+    with pytest.raises(TypeError, match="argument b='many' is not int"):
+        tool_calls.bind(add, ToolCall("add", positional=("1", "many")))
+    with pytest.raises(TypeError, match="argument xs='\\[1,' is not JSON for list\\[int\\]"):
+        tool_calls.bind(many, ToolCall("many", positional=("1", "1", "[1,", "{}", "s")))

@@ -1,0 +1,79 @@
+"""`streamrl samples RUN [--step N] [--best|--worst]`: what the model wrote, from the run's samples.jsonl.
+
+The learner keeps samples of its batches every `log.samples_every` steps (streamrl.learner.samples). Without
+--step this prints the newest logged step's; --best/--worst rank the samples (of that step, or of every logged
+step without --step) by reward, then advantage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+FILE = "samples.jsonl"  # streamrl.learner.samples.FILE (commands never import the learner)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("samples", help="what the model wrote: samples of a run's batches, readably")
+    p.add_argument("run", metavar="RUN", help="the run directory (run_dir/name), or its samples.jsonl")
+    p.add_argument("--step", type=int, default=None, help="the logged step to show (default: the newest)")
+    rank = p.add_mutually_exclusive_group()
+    rank.add_argument("--best", action="store_true", help="highest reward first (every logged step without --step)")
+    rank.add_argument("--worst", action="store_true", help="lowest reward first (every logged step without --step)")
+    p.add_argument("--limit", type=int, default=16, help="most samples to print (default 16)")
+    p.add_argument("--width", type=int, default=100, help="wrap texts at this many characters (default 100)")
+
+
+def load(run: str | Path) -> list[dict]:
+    """Every record of a run's samples.jsonl; ValueError naming what is missing."""
+    path = Path(run)
+    path = path / FILE if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"{path}: no samples log (the learner writes it every log.samples_every steps; "
+                         "log.samples_every=0 turns it off)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def choose(records: list[dict], step: int | None, best: bool, worst: bool) -> list[dict]:
+    """The records to print: one step's (the newest by default, or `step`; ValueError listing the logged steps when
+    it was not logged), or with best/worst and no step every step's, ranked by reward then advantage."""
+    steps = sorted({r["step"] for r in records})
+    if not steps:
+        raise ValueError("the samples log is empty (no logged step yet)")
+    if step is not None and step not in steps:
+        shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+        raise ValueError(f"--step {step}: not logged; logged steps: {shown} (every log.samples_every)")
+    if step is None and not (best or worst):
+        step = steps[-1]
+    chosen = [r for r in records if step is None or r["step"] == step]
+    if best or worst:
+        chosen.sort(key=lambda r: (r["reward"], r["advantage"]), reverse=best)
+    return chosen
+
+
+def render(records: list[dict], width: int = 100) -> str:
+    """Readable text: each prompt once per group, then each sample's reward, advantage, lag and completion."""
+    out, last = [], None
+    for r in records:
+        key = (r["step"], r["group"])
+        if key != last:
+            out.append(f"step {r['step']}  group {r['group']}  {r['prompt_id']}  (from {r['actor']}, policy version "
+                       f"{r['policy_version']}, lag {r['lag']})")
+            out.append(textwrap.indent(textwrap.fill(r["prompt"] or "(empty)", width), "  prompt: "))
+            last = key
+        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens")
+        out.append(textwrap.indent(textwrap.fill(r["completion"] or "(empty)", width), "    | "))
+    return "\n".join(out) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        chosen = choose(load(args.run), args.step, args.best, args.worst)
+    except (ValueError, json.JSONDecodeError) as e:
+        print(f"streamrl samples: error: {e}", file=sys.stderr)
+        return 2
+    print(render(chosen[:max(1, args.limit)], args.width), end="")
+    return 0
