@@ -119,6 +119,8 @@ class RolloutStats(msgspec.Struct):
     reward_non_finite: int = 0
     reward_out_of_scale: int = 0
     reward_none: int = 0
+    reward_no_model_call: int = 0
+    """Agent episodes (task.name: agent) whose agent returned without calling the model."""
     groups_unscored: int = 0
     """Groups not sent because no sample in them could be scored."""
 
