@@ -93,9 +93,22 @@ class AgentEpisodes:
         self.record = Path(cfg.run_path) / "agent_turns" / f"{actor_id}.jsonl" if e.record_turns else None
         self.turns_log: list[Turn] = []
         """Every turn of the last call (tests and the record read it)."""
+        self._client = None
+
+    def _client_for(self, episode_id: str):
+        """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
+        sending its episode's id."""
+        if self._client is None:
+            import openai  # the agent's client: `pip install streamrl[agents]`
+
+            self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
+                                         timeout=self.timeout_s)
+        return self._client.with_options(default_headers={"X-Episode-Id": episode_id})
 
     def close(self) -> None:
         self.endpoint.close()
+        if self._client is not None:
+            self._client.close()
 
     def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats, RolloutStats]:
         self.calls += 1
@@ -148,10 +161,7 @@ class AgentEpisodes:
             running = still
 
     def _start(self, e: _Episode) -> _Episode:
-        import openai  # the agent's client: `pip install streamrl[agents]`
-
-        client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
-                               timeout=self.timeout_s, default_headers={"X-Episode-Id": e.id})
+        client = self._client_for(e.id)
 
         def run() -> None:
             try:
