@@ -17,6 +17,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - generate: the hf actor's lean sampling loop against transformers' `generate` (generate.py).
 - episodes: multi-turn episodes with a tool that sleeps 50 ms against single-turn sampling of the same tokens
   (episodes.py).
+- endpoint: the actor's OpenAI-compatible endpoint (agent episodes) against calling its engine directly, per
+  request, one at a time and sixteen at a time (endpoint.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 """
@@ -31,7 +33,8 @@ from importlib import import_module
 BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights"), "overlap": ("overlap", "overlap"),
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
-           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup")}
+           "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"),
+           "endpoint": ("endpoint", "endpoint")}
 OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
 
 
