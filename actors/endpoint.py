@@ -76,14 +76,20 @@ def check(kind: str, body) -> None:
         raise BadRequest(f"max_tokens={max_tokens!r}: a positive integer")
 
 
+class _Server(ThreadingHTTPServer):
+    # Every episode's client may connect at once (task.agent_workers of them); the default backlog of 5 refuses
+    # connections under load, and the client must not retry a model call (it may have been sampled).
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class Endpoint:
     """The server, on its own daemon thread; `take` hands the actor's runner the next request (None on a wake)."""
 
     def __init__(self, host: str, port: int, request_timeout_s: float, actor_id: str):
         self.requests: queue.Queue[Request | None] = queue.Queue()
         self.timeout_s, self.actor_id = request_timeout_s, actor_id
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, name=f"{actor_id}-endpoint", daemon=True)
         self.thread.start()
         shown = f"[{host}]" if ":" in host else host
