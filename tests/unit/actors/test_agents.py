@@ -81,25 +81,19 @@ def agent(client, row):
     samples = [(g, list(g.prompt_tokens) + g.sample_tokens(i).tolist(), g.sample_model_mask(i),
                 g.sample_logprobs(i)) for g in groups for i in range(g.group_size)]
     assert all(g.policy_version == 7 for g in groups)
-    matched = 0
+    unmatched = list(by_episode.values())
     for g, ids, mask, lps in samples:
-        for turns in by_episode.values():
-            first, second = turns
-            if ids[:len(second["prompt_ids"])] != second["prompt_ids"]:
-                continue
-            # the sequence is exactly: turn-1 prompt, turn-1 ids, environment ids, turn-2 ids
-            assert ids == second["prompt_ids"] + second["ids"]
-            assert second["prompt_ids"][:len(first["prompt_ids"]) + len(first["ids"])] == first["prompt_ids"] + first["ids"]
-            start = len(ids) - len(mask)
-            model = [ids[start + k] for k in range(len(mask)) if mask[k]]
-            assert model == first["ids"] + second["ids"]
-            assert np.allclose(lps[mask], first["logprobs"] + second["logprobs"])
-            assert (lps[~mask] == 0).all() and (~mask).sum() > 0  # "next" and the turn markers: the environment's
-            assert first["names"] == [f"token_id:{t}" for t in first["ids"]]
-            assert first["version"] == second["version"] == 7
-            matched += 1
-            break
-    assert matched == 6
+        # the sequence is exactly: turn-1 prompt, turn-1 ids, the environment's ids, turn-2 ids
+        first, second = next(t for t in unmatched if t[1]["prompt_ids"] + t[1]["ids"] == ids)
+        unmatched.remove([first, second])
+        assert second["prompt_ids"][:len(first["prompt_ids"]) + len(first["ids"])] == first["prompt_ids"] + first["ids"]
+        start = len(ids) - len(mask)
+        assert [ids[start + k] for k in range(len(mask)) if mask[k]] == first["ids"] + second["ids"]
+        assert np.allclose(lps[mask], first["logprobs"] + second["logprobs"])
+        assert (lps[~mask] == 0).all() and (~mask).sum() > 0  # "next" and the turn markers: the environment's
+        assert first["names"] == [f"token_id:{t}" for t in first["ids"]]
+        assert first["version"] == second["version"] == 7
+    assert not unmatched  # every episode the endpoint answered is one sample trained on
     recorded = [json.loads(line) for line in (tmp_path / "copy-agent" / "agent_turns" / "actor-0.jsonl").read_text().splitlines()]
     assert sorted(t["completion_ids"] for t in recorded) == sorted(t["ids"] for ts in returned for t in ts)
     assert all(g.rewards == [0.5, 0.5] for g in groups)
