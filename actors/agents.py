@@ -94,6 +94,8 @@ class AgentEpisodes:
         self.turns_log: list[Turn] = []
         """Every turn of the last call (tests and the record read it)."""
         self._client = None
+        # httpx logs every request at INFO: thousands of lines a minute in the actor's log.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
 
     def _client_for(self, episode_id: str):
         """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
