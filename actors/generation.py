@@ -75,7 +75,12 @@ class Generation:
         self.pending: rollout.Started | None = None
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
         self.episodes = None
-        if cfg.task.environment:
+        if cfg.task.name == "agent":  # the user's agent drives each episode through the actor's endpoint
+            from streamrl.actors.agents import AgentEpisodes
+
+            self.episodes = AgentEpisodes(cfg, index, self.timed, tokenizer, reward, self.actor_id,
+                                          backend.end_ids or [tokenizer.eos_token_id])
+        elif cfg.task.environment:
             # Every end token of the model (the backend's): a turn ending in one closes it.
             end_ids = backend.end_ids or [tokenizer.eos_token_id]
             self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids)
@@ -108,10 +113,11 @@ class Generation:
         return self._finish_call(groups, done, t0)
 
     def _episodes(self, prompts: list, version: int):
-        groups, played = self.episodes.make_groups(prompts, version)
+        groups, played, *failed = self.episodes.make_groups(prompts, version)
         self.episode_totals.add(played)
         self.telemetry.observe_episodes(played)
-        done = rollout.RolloutStats(prompts_too_long=played.prompts_too_long)
+        done = failed[0] if failed else rollout.RolloutStats()  # an agent's failures are counted as reward failures
+        done.prompts_too_long = played.prompts_too_long
         if self.options.filter_zero_variance:
             kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
             done.filtered_zero_variance, groups = len(groups) - len(kept), kept

@@ -121,6 +121,8 @@ class RolloutStats(msgspec.Struct):
     reward_none: int = 0
     reward_calls_failed: int = 0
     """Calls of a reward function that failed, each counted (a group's call and each one-sample retry)."""
+    reward_no_model_call: int = 0
+    """Agent episodes (task.name: agent) whose agent returned without calling the model."""
     groups_unscored: int = 0
     """Groups not sent because no sample in them could be scored."""
 

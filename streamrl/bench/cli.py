@@ -19,6 +19,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   (episodes.py).
 - dealer: dealing a dataset's prompts (task.epochs) against drawing them with replacement, per prompt in process
   and in groups/s of the same tiny dataset run (dealer.py).
+- endpoint: the actor's OpenAI-compatible endpoint (agent episodes) against calling its engine directly, per
+  request, one at a time and sixteen at a time (endpoint.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
 - delta: delta weight versions on real steps at lr 1e-6, release shape: fraction changed, bytes and time per
   version against full versions (delta.py).
@@ -36,7 +38,7 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
-           "dealer": ("dealer", "dealer")}
+           "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
 OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
 
 

@@ -13,6 +13,7 @@ from streamrl.config.advantage import AdvantageConfig
 from streamrl.config.base import (ConfigError, Fraction, NonNegFloat, NonNegInt, Port, PositiveFloat, PositiveInt,
                                   _Section)
 from streamrl.config.difficulty import DifficultyConfig
+from streamrl.config.endpoint import EndpointConfig
 from streamrl.config.evaluation import EvalConfig
 from streamrl.config.grader import GraderConfig
 from streamrl.config.learner import LearnerConfig
@@ -29,7 +30,7 @@ from streamrl.config.task import TaskConfig
 from streamrl.config.transport import TransportConfig
 
 __all__ = [
-    "ActorConfig", "AdvantageConfig", "Config", "ConfigError", "DEFAULT_CONFIG", "DEFAULT_LOSS", "DifficultyConfig",
+    "ActorConfig", "AdvantageConfig", "Config", "ConfigError", "DEFAULT_CONFIG", "DEFAULT_LOSS", "DifficultyConfig", "EndpointConfig",
     "EvalConfig", "Fraction", "GraderConfig", "LORA_TARGETS", "LearnerConfig", "LoraConfig", "LossConfig",
     "MGRPOConfig", "ModelConfig", "MonitoringConfig", "NonNegFloat", "NonNegInt", "OptimConfig", "Port",
     "PositiveFloat", "PositiveInt", "RewardConfig", "TaskConfig", "TransportConfig", "_Section", "dump", "from_dict",

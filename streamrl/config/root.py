@@ -11,6 +11,7 @@ from streamrl.config.actors import ActorConfig
 from streamrl.config.advantage import AdvantageConfig
 from streamrl.config.base import NonNegInt, PositiveInt, _Section
 from streamrl.config.difficulty import DifficultyConfig
+from streamrl.config.endpoint import EndpointConfig
 from streamrl.config.evaluation import EvalConfig
 from streamrl.config.grader import GraderConfig
 from streamrl.config.learner import LearnerConfig
@@ -73,6 +74,8 @@ class Config(_Section):
     """LoRA: train low-rank adapters on a frozen base and send actors only the adapters (rank 0: full fine-tuning)."""
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     """What the run directory keeps of the model's completions (samples.jsonl; `streamrl samples RUN`)."""
+    endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
+    """The OpenAI-compatible endpoint each actor serves over its engine for agent tasks (task.name: agent)."""
 
     def __post_init__(self) -> None:
         self._check_reward_scale()
@@ -102,7 +105,7 @@ class Config(_Section):
             raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
                              "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
                              "in flight; use inflight_updates=false, or the hf backend")
-        if self.task.environment:
+        if self.task.environment or self.task.name == "agent":
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
@@ -119,12 +122,13 @@ class Config(_Section):
                  self.actors.rollout_factor > 1, "actors.inflight_updates=true": self.actors.inflight_updates,
                  f"eval.every={self.eval.every}": self.eval.every > 0}
         if bad := [k for k, v in clash.items() if v]:
-            raise ValueError(f"task.environment={self.task.environment!r}: multi-turn episodes do not combine with "
+            what = f"task.environment={self.task.environment!r}" if self.task.environment else "task.name=agent"
+            raise ValueError(f"{what}: multi-turn episodes do not combine with "
                              f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
-        if self.task.name == "dataset" and not self.task.reward_levels and not self.reward.bucket_edges:
-            raise ValueError("task.reward_levels=[]: a dataset task's reward needs a scale: declare its levels "
+        if self.task.name in ("dataset", "agent") and not self.task.reward_levels and not self.reward.bucket_edges:
+            raise ValueError(f"task.reward_levels=[]: a {self.task.name} task's reward needs a scale: declare its levels "
                              "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")
 
     def _check_r_min_correct(self) -> None:

@@ -75,6 +75,12 @@ class TaskConfig(_Section):
     """environment: longest one tool call may run; a longer one is abandoned and the model told it timed out."""
     tool_workers: PositiveInt = 8
     """environment: threads running tool calls in each actor, while other episodes generate."""
+    agent: str | None = None
+    """agent: fn(client, row) -> float | dict, 'package.module:fn' or 'path/file.py:fn'; client: openai.OpenAI on the actor."""
+    agent_workers: PositiveInt = 16
+    """agent: episodes whose agent code runs at once in each actor (each on a thread of its own)."""
+    agent_timeout_s: PositiveFloat = 60.0
+    """agent: longest one episode's agent call may run; a longer one is abandoned, counted and scored lowest."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -88,6 +94,11 @@ class TaskConfig(_Section):
         if self.epochs and not self.data:
             raise ValueError(f"epochs={self.epochs}: epochs pass over task.data; name={self.name!r} has no data "
                              "file (give task.data, or epochs: 0 to sample)")
+        if self.name == "agent" and (not self.data or not self.agent):
+            raise ValueError(f"name=agent: needs task.data (the rows each episode's agent is given) and task.agent "
+                             f"('package.module:fn' or 'file.py:fn'); got data={self.data!r}, agent={self.agent!r}")
+        if self.agent and self.name != "agent":
+            raise ValueError(f"agent={self.agent!r}: only task.name=agent runs an agent (name={self.name!r})")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
         if self.reward_weights and len(self.reward_weights) != len(refs):
             raise ValueError(f"reward_weights={self.reward_weights}: needs one weight per task.reward ({len(refs)})")

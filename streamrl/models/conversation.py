@@ -67,6 +67,26 @@ class Conversation:
         self.drift = 0
         """Turns whose rendering disagreed with the held ids (see the module docstring)."""
 
+    @classmethod
+    def of_ids(cls, renderer: Renderer, ids: list[int]) -> "Conversation":
+        """An episode opened by token ids (a plain completion request) rather than by messages."""
+        conv = cls.__new__(cls)
+        conv.r, conv.messages, conv.ids, conv.prompt_len = renderer, [], list(ids), len(ids)
+        conv.model_mask, conv.logprobs, conv.drift = [], [], 0
+        return conv
+
+    def extend_to(self, ids: list[int] | None, text: str | None = None) -> bool:
+        """A request's whole prompt (ids, or text) that extends the held ids: its new part is appended as the
+        environment's. False (nothing appended) when it does not start with what is held."""
+        if ids is not None and ids[:len(self.ids)] == self.ids:
+            self._append(ids[len(self.ids):], False)
+            return True
+        held = self.r.decode(self.ids)
+        if text is not None and text.startswith(held):
+            self._append(self.r.ids(text[len(held):]), False)
+            return True
+        return False
+
     @property
     def completion(self) -> list[int]:
         return self.ids[self.prompt_len:]

@@ -28,6 +28,8 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     episodes = [line for line in out if line.startswith("bench=episodes")]  # 64 episodes, 4 turns, a 50 ms tool
     assert len(episodes) == 1 and "ratio_vs_single_turn=" in episodes[0]
     assert float(episodes[0].split("tool_s_per_call=")[1].split()[0]) > 64 * 0.05  # every episode called it
+    endpoint = [line for line in out if line.startswith("bench=endpoint")]  # 1 and 16 requests at a time
+    assert len(endpoint) == 2 and all("ratio_vs_direct=" in line and "overhead_ms=" in line for line in endpoint)
     learner = [line for line in out if line.startswith("bench=learner ")]
     assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
     assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]

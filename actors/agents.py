@@ -1,0 +1,330 @@
+"""Agent episodes (`task.name: agent`): the user's agent code, unchanged, drives each episode through the
+`openai` client, and the actor's own engine answers it.
+
+Each generate call plays G episodes per prompt: `task.agent` is called as fn(client, row) on a thread of its
+own (at most `task.agent_workers` at once), with `client` an `openai.OpenAI` pointed at the actor's endpoint
+(`streamrl.actors.endpoint`) whose every request carries the episode's id. Meanwhile this thread, the actor's,
+serves the endpoint: the requests of concurrent episodes are batched into one generate call (waiting at most
+`endpoint.batch_window_s` for the episodes still thinking), so the engine is only ever used from the actor's
+thread and every turn of a call is sampled with the weights of one version.
+
+Token in, token out (`streamrl.models.conversation`): an episode holds the ids it was given and sampled. Its
+first request opens it (the chat template's rendering of the messages, or the completion prompt's ids); each
+later request must extend what is held: new chat messages after those held are rendered and appended as the
+environment's tokens (the model's own replies are kept as sampled, never re-tokenised from the text the agent
+sends back; a rendering that disagrees counts as template drift, as for `task.environment`), and a completion
+prompt must start with the held ids or their text. Each answer carries the completion's token ids
+(`choices[0].token_ids`, the prompt's in `prompt_token_ids`) and, when asked (`logprobs`), their log-probs
+(`return_tokens_as_token_ids` names the tokens `token_id:N`, as vLLM does). Every model turn is recorded (its
+prompt ids, completion ids, log-probs, policy version; `endpoint.record_turns` writes them to the run directory).
+
+A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return
+is the reward (a dict: rewards by name, summed), shaped onto the task's scale. Failures are counted as reward
+failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
+abandoned, since Python cannot stop a thread; its later requests get 404), returned no number (`bad_return`,
+`non_finite`, `out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens
+is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+
+from streamrl.actors.endpoint import Endpoint, Request
+from streamrl.actors.episodes import EpisodeStats, sequence_cap
+from streamrl.actors.rollout import RolloutStats
+from streamrl.comm.codec import ScoredGroup
+from streamrl.models.conversation import Conversation, Renderer
+from streamrl.models.sampling import capped
+from streamrl.tasks import agent as agent_task
+from streamrl.tasks.environments import row_of
+
+log = logging.getLogger("streamrl.actor")
+
+
+class Turn(msgspec.Struct):
+    """One model call of an episode: what the engine was given and what it sampled."""
+
+    episode: str
+    turn: int
+    version: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+
+
+class _Episode:
+    def __init__(self, episode_id: str, group: int, row: dict):
+        self.id, self.group, self.row = episode_id, group, row
+        self.conv: Conversation | None = None
+        self.turns: list[Turn] = []
+        self.thread: threading.Thread | None = None
+        self.started = self.ended = 0.0
+        self.value, self.error = None, None
+        self.returned = False
+        self.reward: float | None = None
+        self.failure: str | None = None  # the reward-failure reason, if any
+        self.finish = "stop"
+
+
+class AgentEpisodes:
+    """An actor's agent runner: `make_groups(prompts, version)` plays G agent episodes per prompt."""
+
+    def __init__(self, cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+        t, e = cfg.task, cfg.endpoint
+        self.fn = agent_task.load(t.agent)
+        self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
+        self.end_ids = set(end_ids)
+        self.group_size, self.workers, self.timeout_s = cfg.actors.group_size, t.agent_workers, t.agent_timeout_s
+        self.max_new_tokens, self.seq_cap = cfg.actors.max_new_tokens, sequence_cap(cfg)
+        self.window_s = e.batch_window_s
+        self.levels = reward.levels
+        self.off_scale_checked = bool(t.reward_levels) and not cfg.reward.bucket_edges
+        self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
+        self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id)
+        self.live: dict[str, _Episode] = {}
+        self.calls = 0
+        self.record = Path(cfg.run_path) / "agent_turns" / f"{actor_id}.jsonl" if e.record_turns else None
+        self.turns_log: list[Turn] = []
+        """Every turn of the last call (tests and the record read it)."""
+        self._client = None
+        # httpx logs every request at INFO: thousands of lines a minute in the actor's log.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
+
+    def _client_for(self, episode_id: str):
+        """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
+        sending its episode's id."""
+        if self._client is None:
+            import openai  # the agent's client: `pip install streamrl[agents]`
+
+            self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
+                                         timeout=self.timeout_s)
+        return self._client.with_options(default_headers={"X-Episode-Id": episode_id})
+
+    def close(self) -> None:
+        self.endpoint.close()
+        if self._client is not None:
+            self._client.close()
+
+    def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats, RolloutStats]:
+        self.calls += 1
+        stats, done = EpisodeStats(), RolloutStats()
+        episodes = [_Episode(f"{self.actor_id}-{self.calls}-{g}-{i}", g, row_of(p))
+                    for g, p in enumerate(prompts) for i in range(self.group_size)]
+        self._play(episodes, version, stats)
+        groups = []
+        for g, prompt in enumerate(prompts):
+            mine = [e for e in episodes if e.group == g]
+            for e in mine:
+                self._score(e, done)
+            if any(not e.turns for e in mine):  # an episode that sampled nothing leaves no sample to train
+                done.groups_unscored += 1
+                continue
+            groups.append(self._group(prompt.id, mine, version))
+        stats.episodes = len(episodes)
+        stats.turns = [len(e.turns) for e in episodes]
+        stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
+        stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
+        self.turns_log = [t for e in episodes for t in e.turns]
+        if self.record is not None:
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            with self.record.open("ab") as f:
+                f.writelines(msgspec.json.encode(t) + b"\n" for t in self.turns_log)
+        return groups, stats, done
+
+    def _play(self, episodes: list[_Episode], version: int, stats: EpisodeStats) -> None:
+        """Every episode to its end: agents on their threads, their model calls served here in batches."""
+        waiting, running = list(episodes), []
+        while waiting or running:
+            while waiting and len(running) < self.workers:
+                running.append(self._start(waiting.pop(0)))
+            batch = self._gather(running)
+            if batch:
+                self._serve(batch, version, stats)
+            now, still = time.perf_counter(), []
+            for e in running:
+                if e.returned:
+                    e.ended = now
+                elif now - e.started > self.timeout_s:
+                    e.ended, e.failure = now, "timeout"
+                    stats.truncated["agent_timeout"] = stats.truncated.get("agent_timeout", 0) + 1
+                    log.warning("%s: agent episode %s ran past task.agent_timeout_s=%gs: abandoned, counted",
+                                self.actor_id, e.id, self.timeout_s)
+                else:
+                    still.append(e)
+                    continue
+                self.live.pop(e.id, None)  # its later requests are answered 404
+            running = still
+
+    def _start(self, e: _Episode) -> _Episode:
+        client = self._client_for(e.id)
+
+        def run() -> None:
+            try:
+                e.value = self.fn(client, dict(e.row))
+            except BaseException as err:  # the user's bug: counted and logged with where it came from
+                e.error = err
+            finally:
+                e.returned = True
+                self.endpoint.wake()
+
+        self.live[e.id] = e
+        e.started = time.perf_counter()
+        e.thread = threading.Thread(target=run, name=f"{e.id}-agent", daemon=True)
+        e.thread.start()
+        return e
+
+    def _gather(self, running: list[_Episode]) -> list[Request]:
+        """The requests queued now, after waiting (at most batch_window_s) for episodes still thinking to ask."""
+        first = self.endpoint.take(0.05)
+        if first is None:
+            return []
+        batch, deadline = [first], time.perf_counter() + self.window_s
+        while sum(not e.returned for e in running) > len(batch) and (left := deadline - time.perf_counter()) > 0:
+            if (r := self.endpoint.take(left)) is not None:
+                batch.append(r)
+        while (r := self.endpoint.take(0)) is not None:
+            batch.append(r)
+        return batch
+
+    def _serve(self, batch: list[Request], version: int, stats: EpisodeStats) -> None:
+        asks = []
+        for r in batch:
+            e = self.live.get(r.episode_id)
+            if e is None:
+                r.fail(404, f"episode {r.episode_id!r} is not in flight on {self.actor_id} (ended, timed out, or "
+                            "not one of this actor's)", "unknown_episode")
+            elif any(a[1] is e for a in asks):
+                r.fail(409, f"episode {e.id!r}: one model call at a time (its turns are one sequence)", "busy")
+            else:
+                try:
+                    asks.append((r, e, self._prompt(r, e)))
+                except ValueError as err:
+                    r.fail(400, f"episode {e.id!r}: {err}", "bad_prompt")
+        for r, e, room in [a for a in asks if a[2] <= 0]:
+            r.fail(400, f"episode {e.id!r}: no room left under the sequence cap ({len(e.conv.ids)} ids held, "
+                        f"model.max_seq_len or the model's context {self.seq_cap})", "context_full")
+        asks = [a for a in asks if a[2] > 0]
+        if not asks:
+            return
+        drawn = self.backend.generate([e.conv.ids for _, e, _ in asks], 1)
+        for (r, e, room), completions in zip(asks, drawn):
+            c = capped(completions[0], room)
+            prompt_ids = list(e.conv.ids)
+            tokens, logprobs = list(c.tokens), list(c.logprobs)
+            text = e.conv.add_reply(tokens, logprobs, self.end_ids)
+            e.turns.append(Turn(e.id, len(e.turns), version, prompt_ids, tokens, logprobs))
+            e.finish = c.finish_reason
+            r.answer(200, self._response(r, e, prompt_ids, tokens, logprobs, text, c.finish_reason, version))
+
+    def _prompt(self, r: Request, e: _Episode) -> int:
+        """Opens or extends the episode's held ids with the request's prompt; returns the room for the reply."""
+        body = r.body
+        if r.kind == "chat":
+            messages = [{**m, "content": _text(m.get("content"))} for m in body["messages"]]
+            if e.conv is None:
+                e.conv = Conversation(self.renderer, messages)
+            else:
+                held = len(e.conv.messages)
+                if len(messages) <= held or any(m["role"] != h["role"] for m, h in zip(messages, e.conv.messages)):
+                    raise ValueError(f"messages must extend the episode's conversation ({held} messages held, their "
+                                     f"roles {[h['role'] for h in e.conv.messages]}); start a new episode instead")
+                e.conv.add_messages(messages[held:])
+        else:
+            prompt = body["prompt"]
+            ids = prompt if isinstance(prompt, list) else self.renderer.ids(prompt)
+            if e.conv is None:
+                e.conv = Conversation.of_ids(self.renderer, ids)
+            elif not e.conv.extend_to(ids, prompt if isinstance(prompt, str) else None):
+                raise ValueError(f"the prompt does not start with the episode's {len(e.conv.ids)} held ids (nor "
+                                 "their text): a turn extends the previous prompt and completion")
+        asked = body.get("max_completion_tokens", body.get("max_tokens")) or self.max_new_tokens
+        left = self.seq_cap - len(e.conv.ids) if self.seq_cap else self.max_new_tokens
+        return min(asked, self.max_new_tokens, left)
+
+    def _response(self, r: Request, e: _Episode, prompt_ids, tokens, logprobs, text, finish, version) -> dict:
+        body = r.body
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        names = [f"token_id:{t}" if as_ids else self.renderer.decode([t]) for t in tokens]
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
+                 "total_tokens": len(prompt_ids) + len(tokens)}
+        finish = "length" if finish == "length" else "stop"
+        common = {"id": f"{e.id}-{len(e.turns) - 1}", "created": int(time.time()), "model": body.get("model", "policy"),
+                  "usage": usage, "prompt_token_ids": prompt_ids, "policy_version": version}
+        if r.kind == "chat":
+            lp = {"content": [{"token": n, "logprob": p, "bytes": None, "top_logprobs": []}
+                              for n, p in zip(names, logprobs)]} if body.get("logprobs") else None
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                      "logprobs": lp, "token_ids": tokens}
+            return {**common, "object": "chat.completion", "choices": [choice]}
+        lp = {"tokens": names, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []} \
+            if body.get("logprobs") is not None else None
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp, "token_ids": tokens}
+        return {**common, "object": "text_completion", "choices": [choice]}
+
+    def _score(self, e: _Episode, done: RolloutStats) -> None:
+        """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
+        value, why = None, e.failure
+        if why is None and e.error is not None:
+            why = "raised"
+            log.warning("%s: agent %s raised in episode %s (scored lowest, counted): %s: %s", self.actor_id,
+                        getattr(self.fn, "__name__", self.fn), e.id, type(e.error).__name__, e.error)
+        elif why is None and not e.turns:
+            why = "no_model_call"
+            log.warning("%s: agent %s returned without calling the model in episode %s (counted; its group is "
+                        "not sent)", self.actor_id, getattr(self.fn, "__name__", self.fn), e.id)
+        elif why is None:
+            value, why = _reward(e.value)
+            if why is None and self.off_scale_checked and value not in self.levels:
+                value, why = None, "out_of_scale"
+            if why is not None:
+                log.warning("%s: agent episode %s returned %r: %s (scored lowest, counted); return a number on "
+                            "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
+        if why is not None:
+            setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
+        e.failure = why
+        e.reward = self.levels[0] if value is None else self.reward.shape(value)
+
+    def _group(self, prompt_id: str, mine: list[_Episode], version: int) -> ScoredGroup:
+        """The group's prompt is the episodes' common opening; what differs after it rides masked."""
+        first = mine[0].conv
+        common = first.ids[:min(e.conv.prompt_len for e in mine)]
+        for e in mine[1:]:
+            n = next((i for i, (a, b) in enumerate(zip(common, e.conv.ids)) if a != b), len(common))
+            common = common[:n]
+        completions, masks, logprobs = [], [], []
+        for e in mine:
+            c, extra = e.conv, e.conv.prompt_len - len(common)
+            completions.append(c.ids[len(common):])
+            masks.append([False] * extra + c.model_mask)
+            logprobs.append([0.0] * extra + c.logprobs)
+        return ScoredGroup.from_samples(
+            prompt_id=prompt_id, policy_version=version, actor_id=self.actor_id, prompt_tokens=common,
+            completions=completions, logprobs=logprobs, rewards=[e.reward for e in mine],
+            finish_reasons=[e.finish for e in mine], model_token_masks=masks)
+
+
+def _reward(value) -> tuple[float | None, str | None]:
+    """An agent's return as one number (a dict's values summed), or the failure reason."""
+    if isinstance(value, dict):
+        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+            return None, "bad_return"
+        value = sum(value.values())
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None, "bad_return"
+    return (float(value), None) if math.isfinite(value) else (None, "non_finite")
+
+
+def _text(content) -> str:
+    """A message's content as text (a list of parts: its text parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)

@@ -1,0 +1,52 @@
+"""Agents written against the `openai` client, unchanged: `task.name: agent`.
+
+    def my_agent(client: openai.OpenAI, row: dict) -> float | dict[str, float]:
+        reply = client.chat.completions.create(model="policy", messages=row["prompt"])
+        return score(reply.choices[0].message.content, row)
+
+`task.agent` names the function ('package.module:fn' or 'path/file.py:fn'). Each episode calls it once with a
+client pointed at the actor's own OpenAI-compatible endpoint (`streamrl.actors.endpoint`) and the row (its
+"prompt" and other columns from `task.data`, and "id"); every model call it makes is one turn of the episode,
+sampled by the actor's engine, and its return is the episode's reward (a dict: rewards by name, summed). Rows
+come from `task.data` as for `task.name: dataset`; the reward's scale is `task.reward_levels` or
+`reward.bucket_edges`. The episodes themselves are run by `streamrl.actors.agents`.
+"""
+
+from __future__ import annotations
+
+from streamrl.tasks import data, plugins
+from streamrl.tasks.base import Prompt
+from streamrl.tasks.dataset import DatasetTask, converter
+
+
+def load(ref: str):
+    """The agent function `ref` names; ValueError when it is not callable."""
+    fn = plugins.resolve(ref, "task.agent", "fn")
+    if not callable(fn):
+        raise ValueError(f"task.agent={ref!r}: names a {type(fn).__name__}, not a function fn(client, row)")
+    return fn
+
+
+class AgentTask(DatasetTask):
+    """Rows from `task.data`; each sample is an episode of the agent `task.agent`, which returns its reward."""
+
+    grouped = False  # scored by its episodes (streamrl.actors.agents), never by reward functions
+
+    def __init__(self, cfg):
+        if not cfg.data or not cfg.agent:
+            raise ValueError("task agent needs task.data (" + data.FORMATS + ") and task.agent ('module:fn')")
+        convert = converter(cfg.prompt_field)
+        what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
+        self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
+        self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
+        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
+        self.functions = None
+        self.extra_words = list(cfg.vocabulary)
+        self.unparseable = 0
+
+    def close(self) -> None:
+        pass  # no reward functions: the agents' threads belong to the actor's episode runner
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        raise ValueError("task agent: a sample is scored by its agent's episode; single-completion scoring "
+                         "(eval.every, streamrl eval) is not supported for agents yet")

@@ -1,0 +1,70 @@
+"""Agent episodes through the whole loop (docs/guides/agents.md): two actors run examples/copy-agent's agent, plain
+`openai` client code, against their own endpoints; the episodes stream to the DeepSpeed learner and train. A
+failing agent is counted in summary.json. The learning proof (chance towards ≥ 0.6 reward) takes a few hundred
+steps: opt-in, `STREAMRL_AGENT_LEARNING=1 pytest -q tests/integration/test_agents_run.py` (in .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from procs import FREE_PORTS, REPO, metrics, streamrl, summary
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("openai")
+EXAMPLE = REPO / "examples" / "copy-agent"
+QUIET = [*FREE_PORTS, "monitoring.learner_port=0", "monitoring.actor_port=0"]
+
+
+def _args(tmp_path, *more: str) -> list[str]:
+    return [str(EXAMPLE / "config.yaml"), f"task.data={EXAMPLE / 'train.jsonl'}",
+            f"task.agent={EXAMPLE / 'agent.py'}:copy_agent", f"run_dir={tmp_path / 'runs'}", *QUIET, *more]
+
+
+def test_agent_episodes_train_through_the_loop_on_the_tokens_the_endpoints_sampled(tmp_path):
+    streamrl("run", *_args(tmp_path, "steps=6", "endpoint.record_turns=true"), cwd=tmp_path, timeout=400)
+    run = tmp_path / "runs" / "copy-agent"
+    s = summary(run)
+    assert s["status"] == "finished" and s["groups_used"] == 6 * 16, s
+    assert not s.get("reward_failures"), s
+    for i in range(2):
+        turns = [json.loads(x) for x in (run / "agent_turns" / f"actor-{i}.jsonl").read_text().splitlines()]
+        by_episode: dict[str, list] = {}
+        for t in turns:
+            by_episode.setdefault(t["episode"], []).append(t)
+        assert by_episode and all(len(ts) == 2 for ts in by_episode.values())  # the agent's two model calls
+        for first, second in by_episode.values():
+            # token in, token out: turn 2 was given turn 1's prompt and sampled ids unchanged, then the environment's
+            assert second["prompt_ids"][:len(first["prompt_ids"]) + len(first["completion_ids"])] == \
+                first["prompt_ids"] + first["completion_ids"]
+            assert len(first["completion_ids"]) == len(first["logprobs"]) and all(p <= 0 for p in first["logprobs"])
+            assert first["version"] == second["version"] <= 6
+
+
+def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
+    (tmp_path / "flaky.py").write_text(
+        "import random\n"
+        "def agent(client, row):\n"
+        "    r = client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': row['prompt']}])\n"
+        "    if random.random() < 0.5:\n"
+        "        raise RuntimeError('flaky agent')\n"
+        "    return 0.5\n")
+    streamrl("run", *_args(tmp_path, "steps=3", f"task.agent={tmp_path / 'flaky.py'}:agent"), cwd=tmp_path,
+             timeout=400)
+    s = summary(tmp_path / "runs" / "copy-agent")
+    assert s["status"] == "finished", s
+    assert s["reward_failures"].get("raised", 0) > 0, s
+
+
+@pytest.mark.agent_learning
+@pytest.mark.skipif(not os.environ.get("STREAMRL_AGENT_LEARNING"), reason="opt-in: STREAMRL_AGENT_LEARNING=1")
+@pytest.mark.timeout(900)
+def test_the_copy_agent_learns_from_chance_towards_0_6(tmp_path):
+    streamrl("run", *_args(tmp_path, "steps=400", "optim.lr=1e-3"), cwd=tmp_path, timeout=840)
+    records = metrics(tmp_path / "runs" / "copy-agent")
+    first, last = records[:40], records[-40:]
+    start = sum(r["reward_mean"] for r in first) / len(first)
+    end = sum(r["reward_mean"] for r in last) / len(last)
+    print(f"copy agent: reward {start:.3f} (first 10%) -> {end:.3f} (last 10%)")
+    assert start < 0.25 and end >= 0.6, (start, end)

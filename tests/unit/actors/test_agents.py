@@ -1,0 +1,176 @@
+"""Agent episodes (task.name: agent) on the tiny model: the user's agent drives them through the real `openai`
+client against the actor's endpoint on loopback; the ids a group carries are exactly those the endpoint
+returned, turn by turn, the environment's masked; failures are counted by reason."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamrl import config
+from streamrl.actors import backends
+from streamrl.actors.agents import AgentEpisodes
+from streamrl.comm import codec
+from streamrl.models import model as model_lib
+from streamrl.tasks import rewards
+
+pytest.importorskip("openai")
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "copy-agent"
+
+
+def _setup(tmp_path, agent: str, *overrides):
+    cfg = config.load(str(EXAMPLE / "config.yaml"), [
+        f"task.data={EXAMPLE / 'train.jsonl'}", f"task.agent={agent}", "actors.group_size=2",
+        f"run_dir={tmp_path}", *overrides])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    return cfg, reward, tok, runner
+
+
+def _prompts(reward, k):
+    rng = random.Random(0)
+    return [reward.task.sample(rng) for _ in range(k)]
+
+
+def _agents(tmp_path, body: str) -> str:
+    path = tmp_path / "agents.py"
+    path.write_text(body)
+    return str(path)
+
+
+def test_the_ids_trained_on_are_the_ids_the_endpoint_returned_turn_by_turn(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    ref = _agents(tmp_path, f"""
+import json, threading
+lock = threading.Lock()
+def agent(client, row):
+    messages = [{{"role": "user", "content": row["prompt"]}}]
+    got = []
+    for say in ("next", None):
+        r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, logprobs=True,
+                                           extra_body={{"return_tokens_as_token_ids": True}})
+        c = r.choices[0]
+        got.append({{"id": r.id, "ids": c.token_ids, "prompt_ids": r.prompt_token_ids,
+                     "logprobs": [t.logprob for t in c.logprobs.content],
+                     "names": [t.token for t in c.logprobs.content], "version": r.policy_version}})
+        if say:
+            messages += [{{"role": "assistant", "content": c.message.content}}, {{"role": "user", "content": say}}]
+    with lock, open({str(seen)!r}, "a") as f:
+        f.write(json.dumps(got) + "\\n")
+    return 0.5
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent", "endpoint.record_turns=true")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(reward, 3), version=7)
+    finally:
+        runner.close()
+    assert len(groups) == 3 and stats.episodes == 6 and stats.turns == [2] * 6
+    returned = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(returned) == 6
+    by_episode = {turns[0]["id"].rsplit("-", 1)[0]: turns for turns in returned}
+    # what the learner receives: the groups through the real wire (msgspec header, raw frames)
+    frames = [bytes(memoryview(f)) for f in codec.encode_groups(groups)]  # as ZeroMQ hands them over
+    groups = codec.decode_groups(frames, vocab_size=len(tok))
+    samples = [(g, list(g.prompt_tokens) + g.sample_tokens(i).tolist(), g.sample_model_mask(i),
+                g.sample_logprobs(i)) for g in groups for i in range(g.group_size)]
+    assert all(g.policy_version == 7 for g in groups)
+    unmatched = list(by_episode.values())
+    for g, ids, mask, lps in samples:
+        # the sequence is exactly: turn-1 prompt, turn-1 ids, the environment's ids, turn-2 ids
+        first, second = next(t for t in unmatched if t[1]["prompt_ids"] + t[1]["ids"] == ids)
+        unmatched.remove([first, second])
+        assert second["prompt_ids"][:len(first["prompt_ids"]) + len(first["ids"])] == first["prompt_ids"] + first["ids"]
+        start = len(ids) - len(mask)
+        assert [ids[start + k] for k in range(len(mask)) if mask[k]] == first["ids"] + second["ids"]
+        assert np.allclose(lps[mask], first["logprobs"] + second["logprobs"])
+        assert (lps[~mask] == 0).all() and (~mask).sum() > 0  # "next" and the turn markers: the environment's
+        assert first["names"] == [f"token_id:{t}" for t in first["ids"]]
+        assert first["version"] == second["version"] == 7
+    assert not unmatched  # every episode the endpoint answered is one sample trained on
+    recorded = [json.loads(line) for line in (tmp_path / "copy-agent" / "agent_turns" / "actor-0.jsonl").read_text().splitlines()]
+    assert sorted(t["completion_ids"] for t in recorded) == sorted(t["ids"] for ts in returned for t in ts)
+    assert all(g.rewards == [0.5, 0.5] for g in groups)
+    assert done.reward_raised == done.reward_no_model_call == 0
+
+
+def test_completions_extend_the_held_ids_and_a_rewritten_prompt_is_refused(tmp_path):
+    ref = _agents(tmp_path, """
+import openai
+def agent(client, row):
+    r = client.completions.create(model="policy", prompt=row["prompt"], max_tokens=2, logprobs=1)
+    ids = r.prompt_token_ids + r.choices[0].token_ids
+    r2 = client.completions.create(model="policy", prompt=ids + ids[-1:], max_tokens=2)
+    assert r2.prompt_token_ids == ids + ids[-1:]
+    try:
+        client.completions.create(model="policy", prompt="copy : d d d d =", max_tokens=2)
+    except openai.BadRequestError as e:
+        assert "does not start with" in str(e)
+    else:
+        raise AssertionError("a prompt that rewrites the episode was served")
+    return 1.0
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(reward, 2), version=0)
+    finally:
+        runner.close()
+    assert done.reward_raised == 0 and len(groups) == 2 and stats.turns == [2] * 4
+    for g in groups:
+        assert (~g.model_token_mask).sum() == 2 * 1  # one repeated id per sample, the environment's
+
+
+def test_an_agent_that_raises_hangs_or_never_calls_the_model_is_counted(tmp_path):
+    ref = _agents(tmp_path, """
+import time
+def agent(client, row):
+    kind = row["kind"]
+    if kind == "silent":
+        return 1.0
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    if kind == "raise":
+        raise RuntimeError("the agent's own bug")
+    if kind == "hang":
+        time.sleep(30)
+    if kind == "bad":
+        return "yes"
+    return {"format": 0.25, "copy": 0.5}
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent", "task.agent_timeout_s=1.5")
+    from streamrl.tasks.base import Prompt
+
+    prompts = [Prompt(id=k, text="copy : a b c d =", columns={"kind": k, "target": "a b c d"})
+               for k in ("raise", "hang", "silent", "ok", "bad")]
+    t0 = time.perf_counter()
+    try:
+        groups, stats, done = runner.make_groups(prompts, version=0)
+    finally:
+        runner.close()
+    assert time.perf_counter() - t0 < 25  # the hung agent was abandoned, not waited for
+    assert (done.reward_raised, done.reward_timeout, done.reward_no_model_call, done.reward_bad_return) == (2, 2, 2, 2)
+    assert done.groups_unscored == 1  # the silent agent's: no tokens to train on
+    rewards_by_prompt = {g.prompt_id: g.rewards for g in groups}
+    assert rewards_by_prompt == {"raise": [0.0] * 2, "hang": [0.0] * 2, "ok": [0.75] * 2, "bad": [0.0] * 2}
+
+
+def test_bad_requests_get_openai_shaped_errors(tmp_path):
+    import openai
+
+    ref = _agents(tmp_path, "def agent(client, row):\n    return 0.0\n")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        client = openai.OpenAI(base_url=runner.endpoint.url, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no episode id"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}])
+        with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}], stream=True,
+                                           user="e")
+        assert [m.id for m in client.models.list()] == ["policy"]
+    finally:
+        runner.close()
