@@ -17,6 +17,7 @@ from streamrl.learner.ranks import Ranks
 from streamrl.learner.session import Position, Session
 from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
+from streamrl.run import preflight
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import rewards
 from streamrl.telemetry.startup import Phases
@@ -79,8 +80,12 @@ def _build(cfg: Config, phases: Phases):
     ranks = Ranks.current()
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
+    if cfg.learner.resume and resumed is None and (found := preflight.results_in(cfg.run_path)):
+        raise RuntimeError(f"learner.resume=true: {cfg.run_path} holds a run ({', '.join(found)}) but no complete "
+                           "checkpoint; refusing to restart at step 0 over its records (--overwrite moves it aside)")
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    return engine, ranks, Position(step, version, saved_at=step), tokenizer.pad_token_id, reward, vocab_size
+    at = Position(step, version, saved_at=step, restored=resumed[1].get("intake") if resumed else None)
+    return engine, ranks, at, tokenizer.pad_token_id, reward, vocab_size
 
 
 class AfterStep:

@@ -36,6 +36,8 @@ class Position:
     step: int
     version: int
     saved_at: int
+    restored: dict | None = None
+    """A resumed run: its checkpoint's accounting (`Intake.state`), which the intake goes on from."""
 
     def advance(self) -> None:
         self.step, self.version = self.step + 1, self.version + 1
@@ -73,7 +75,7 @@ class Session:
         self.gate = security.Gatekeeper(self.ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
         security.warn_if_exposed(t.host, self.curve)
         self.receiver = GroupReceiver(self.ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
-                                      vocab_size, self.curve)
+                                      vocab_size, self.curve, self.reward_range)
         self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
         self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
         self.control = ControlServer(self.ctx, endpoint(t.host, t.weights_request_port), self.weights.publisher,
@@ -87,13 +89,16 @@ class Session:
         self.intake = Intake(self.receiver, self.control, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
                              strict=cfg.strict, ranks=cfg.learner.ranks, wait=self.poll)
+        if at.restored is not None:  # a resumed run's accounting goes on from its checkpoint's
+            self.intake.restore(at.restored)
         self.started = time.time()
 
     def checkpoint(self) -> None:
         # The copy is done and the parameters stay the published version (a save changes nothing),
         # so weight requests are still answered from them (settle would stop that until the next publish).
         self.weights.flush()
-        state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting()}
+        state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting(),
+                 "intake": self.intake.state()}
         policy, extra = self.engine.full_state_dict(), None
         if self.cfg.lora.rank:  # the adapter as a PEFT folder naming its base, beside the whole policy
             from streamrl.models import lora
