@@ -8,16 +8,31 @@ import sys
 from typing import Callable
 
 
-def stop_on_signals() -> Callable[[], bool]:
-    """SIGTERM/SIGINT set a flag the main loop checks between steps, so a stop is always clean."""
-    flag = {"stop": False}
+_early: list[dict] = []  # the stop flag catch_stop_signals set up in a child before its main loop asked for one
 
+
+def catch_stop_signals() -> None:
+    """From a forked child's first instruction on: SIGTERM/SIGINT set the stop flag `stop_on_signals` will return,
+    so a stop asked during start-up is kept (the launcher's own handler, inherited through fork, would eat it)."""
+    flag = {"stop": False}
+    _early[:] = [flag]
+    _install(flag)
+
+
+def stop_on_signals() -> Callable[[], bool]:
+    """SIGTERM/SIGINT set a flag the main loop checks between steps, so a stop is always clean. A stop that came
+    earlier in a child that called `catch_stop_signals` is already set."""
+    flag = _early.pop() if _early else {"stop": False}
+    _install(flag)
+    return lambda: flag["stop"]
+
+
+def _install(flag: dict) -> None:
     def handler(signum, frame):
         flag["stop"] = True
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    return lambda: flag["stop"]
 
 
 _handler: list[logging.Handler] = []  # the handler setup_logging installed, if any
