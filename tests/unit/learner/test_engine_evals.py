@@ -250,3 +250,21 @@ def test_a_version_due_for_evaluation_is_kept_and_the_newest_comes_again_after_g
         control.close()
         pub.close()
         ctx.term()
+
+
+def test_an_evaluation_slower_than_eval_every_steps_makes_the_step_before_the_last_wait_so_each_gets_a_record():
+    cfg = config.load(None, ["eval.every=4", "steps=12"])
+    evals = Evals.__new__(Evals)  # owed() reads the schedule and the bookkeeping only
+    evals.cfg, evals.ready, evals.rounds = cfg, [], {}
+
+    def waits(step: int) -> bool:  # learner/main.py's rule
+        return evals.owed(step, cfg.steps) >= cfg.steps - step
+
+    assert not any(waits(s) for s in range(11))  # nothing out: no step before the last waits
+    evals.rounds = {8: object()}  # version 8 (asked at step 7) still out at steps 8..10
+    assert not waits(8) and not waits(9)
+    assert waits(10)  # else versions 8 and 12 would both come back at step 11, one record for two
+    evals.rounds = {12: object()}
+    assert waits(11)  # the run's last step waits for the evaluation it asked for
+    evals.ready = [{"eval_version": 8}]
+    assert evals.owed(11, 12) == 2
