@@ -194,6 +194,14 @@ class Intake:
                          and lost == 0 and not contradicted),
         }
 
+    def sessions(self) -> list[dict]:
+        """Every actor session's counts, for sessions.json (summary.json holds the first 100: its size stays
+        within the space reserved for it whatever the number of sessions)."""
+        return [{"actor": a, "session": s, "sent": c.sent, "received": c.received, "rejected": c.rejected,
+                 "duplicates": c.duplicates, "lost": c.lost, "lost_in_learner_restart": c.restart_lost,
+                 "reported": c.report is not None, "contradiction": c.contradiction}
+                for (a, s), c in self.receiver.sessions.items()]
+
     def state(self) -> dict:
         """What a checkpoint keeps of the accounting, for a resumed learner to go on from (`restore`)."""
         return {"used": self.used, "dropped": dict(self.dropped), "demands_sent": self.demands_sent,

@@ -103,8 +103,7 @@ class AfterStep:
         self.phases.mark("ready")
         s.health.beat(step=at.step, learner_version=at.version)
         log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
-                 at.version, at.step, s.engine.device, s.ranks.world, "s" if s.ranks.world > 1 else "",
-                 self.cfg.transport.group_port)
+                 at.version, at.step, s.engine.device, s.ranks.world, "s" if s.ranks.world > 1 else "", s.bound())
 
     def __call__(self, done: Step, due: schedule.Due, stopping: Callable[[], bool]) -> None:
         cfg, s, at = self.cfg, self.s, self.s.at

@@ -23,7 +23,7 @@ from streamrl.learner.intake import Intake
 from streamrl.learner.ranks import Ranks
 from streamrl.learner.runlog import RunLog
 from streamrl.learner.weights import LearnerWeights
-from streamrl.run import fingerprint, storage
+from streamrl.run import fingerprint, jsonfiles, storage
 from streamrl.telemetry import exporter, prometheus_metrics, trackers
 
 log = logging.getLogger("streamrl.learner")
@@ -93,6 +93,15 @@ class Session:
             self.intake.restore(at.restored)
         self.started = time.time()
 
+    def bound(self) -> str:
+        """The ports this learner actually listens on (a configured 0 is any free port: the real one is said)."""
+        def port(sock: zmq.Socket) -> str:
+            return sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[-1]
+
+        ports = (f"group port {port(self.receiver.sock)}, weights port {port(self.weights.publisher.pub)}, "
+                 f"weights request port {port(self.control.sock)}")
+        return ports + (f", metrics port {self.server.port}" if self.server else "")
+
     def checkpoint(self) -> None:
         # The copy is done and the parameters stay the published version (a save changes nothing),
         # so weight requests are still answered from them (settle would stop that until the next publish).
@@ -136,6 +145,10 @@ class Session:
              **self.weights.report()},
             reward_range=self.reward_range)
         self.runlog.close()
+        try:  # every session's detail beside the summary, which holds the first 100
+            jsonfiles.write(cfg.run_path / "sessions.json", self.intake.sessions())
+        except OSError as e:
+            log.warning("sessions.json not written (%s); summary.json holds the first 100 sessions", storage.reason(e))
         self.receiver.close()
         if self.gate:
             self.gate.stop()

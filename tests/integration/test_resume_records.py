@@ -110,3 +110,30 @@ def test_a_killed_learner_resumed_redoes_its_steps_and_keeps_the_earlier_metrics
     assert r["lost_in_learner_restart"] > 0 and r["lost_in_transit"] == 0 and r["balanced"], r
     state = json.loads((run / "checkpoints" / "step-30" / "streamrl.json").read_text())
     assert state["intake"]["used"] == 30 * BATCH_GROUPS
+
+
+def test_a_standalone_learner_on_port_zero_says_the_ports_it_bound_and_an_actor_joins_on_them(tmp_path):
+    import re
+
+    args = [TINY, "name=zero", f"run_dir={tmp_path / 'runs'}", "steps=3", "transport.group_port=0",
+            "transport.weights_port=0", "transport.weights_request_port=0", "monitoring.learner_port=0",
+            "monitoring.actor_port=0"]
+    log = tmp_path / "learner.log"
+    learner = spawn(["learner", *args], log)
+    with reaped(learner):
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"group port (\d+), weights port (\d+), weights request port (\d+)",
+                                  log.read_text(errors="replace"))):
+            assert learner.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        group, weights, requests = (int(p) for p in m.groups())
+        assert 0 not in (group, weights, requests) and len({group, weights, requests}) == 3
+        ports = [f"transport.group_port={group}", f"transport.weights_port={weights}",
+                 f"transport.weights_request_port={requests}"]
+        actors = [spawn(["actor", *args, *ports, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+        with reaped(actors):
+            assert learner.wait(timeout=240) == 0, log.read_text()[-3000:]
+    s = summary(tmp_path / "runs" / "zero")
+    assert s["steps"] == 3 and s["reconciliation"]["balanced"]
+    sessions = json.loads((tmp_path / "runs" / "zero" / "sessions.json").read_text())
+    assert len(sessions) == 2 and all(x["reported"] and x["lost"] == 0 for x in sessions)
