@@ -88,21 +88,28 @@ class Evals:
         later = sum(1 for done in range(step + 2, steps + 1) if every and done % every == 0)
         return len(self.ready) + len(self.rounds) + later
 
-    def take(self, wait: bool = False, stop: Callable[[], bool] = lambda: False) -> dict:
+    def take(self, wait: bool = False, stop: Callable[[], bool] = lambda: False, last: bool = True) -> dict:
         """The oldest evaluation completed since the last call (eval/* and its tags), or {}. wait: first wait, at
         most eval.timeout_s, until one is complete (when every step left has an evaluation owed to it: the run's
         last step, or one before it while evaluations slower than eval.every steps pile up, so each evaluation
-        gets its step's record; the run's last one is never lost)."""
+        gets its step's record; the run's last one is never lost). Groups read meanwhile (the answers queue behind
+        them) are dropped as lost_at_shutdown after the `last` step, else handed back for the next batch."""
         self.poll()
         deadline = self.clock() + self.cfg.eval.timeout_s
+        held = []
         while wait and self.rounds and not self.ready and self.clock() < deadline and not stop():
             self.wait(50)
-            if self.receiver.take() is not None:  # the run has its steps: a group arriving now is not trained on
-                self.dropped["lost_at_shutdown"] += 1
+            if (group := self.receiver.take()) is not None:
+                if last:  # the run has its steps: a group arriving now is not trained on
+                    self.dropped["lost_at_shutdown"] += 1
+                else:
+                    held.append(group)
             self.poll()
+        self.receiver.hand_back(held)
         if wait and self.rounds and not self.ready:
-            log.warning("evaluation of version(s) %s not complete after %.0fs (eval.timeout_s); not recorded",
-                        sorted(self.rounds), self.cfg.eval.timeout_s)
+            log.warning("evaluation of version(s) %s not complete after %.0fs (eval.timeout_s); %s",
+                        sorted(self.rounds), self.cfg.eval.timeout_s,
+                        "not recorded" if last else "training goes on, and it is recorded if it comes")
         return self.ready.pop(0) if self.ready else {}
 
     def poll(self) -> None:

@@ -67,7 +67,7 @@ class Intake:
         have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop():
-            self.wait(0 if self.receiver.pending else 100)  # groups of a batch message already wait
+            self.wait(0 if self.receiver.pending or self.receiver.handed_back else 100)  # groups already wait
             while have < n:
                 group = self.receiver.take()
                 if group is None:

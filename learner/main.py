@@ -111,7 +111,8 @@ class AfterStep:
         if due.evaluate:
             self.evals.request(at.step, at.version + 1)
         # a step waits for an evaluation when every step left owes one a record: none is lost to the end of the run
-        came_back = self.evals.take(wait=self.evals.owed(at.step, cfg.steps) >= cfg.steps - at.step, stop=stopping)
+        came_back = self.evals.take(wait=self.evals.owed(at.step, cfg.steps) >= cfg.steps - at.step, stop=stopping,
+                                    last=at.step + 1 == cfg.steps)
         at.advance()
         s.health.beat(step=at.step, learner_version=at.version)
         s.runlog.step(done, {**came_back, **accounting, "elapsed_s": time.time() - s.started})

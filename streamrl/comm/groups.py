@@ -155,7 +155,8 @@ class SessionCount:
             return f"{self.after_report} groups after its report"
         quiet_since_restore = self.restored_seq is not None and self.max_seq == self.restored_seq
         if self.report is not None and self.report.groups_sent != self.max_seq + 1 and not quiet_since_restore:
-            return f"reported {self.report.groups_sent} groups sent; the last that arrived was number {self.max_seq + 1}"
+            return (f"reported {self.report.groups_sent} groups sent; the last that arrived was number "
+                    f"{self.max_seq + 1}")
         return None
 
     def seen(self, seq: int) -> None:
@@ -204,6 +205,7 @@ class GroupReceiver:
         self.rejected = RejectCounter("group receiver")
         self.received = 0
         self.sessions: dict[tuple[str, str], SessionCount] = {}
+        self.handed_back: collections.deque[ScoredGroup] = collections.deque()
         self.pending: collections.deque[ScoredGroup] = collections.deque()
         """Groups of a batch message already decoded and not yet taken."""
         self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
@@ -212,6 +214,8 @@ class GroupReceiver:
     def take(self) -> ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
         Actor reports on the way are recorded in `sessions`."""
+        if self.handed_back:
+            return self.handed_back.popleft()
         while True:
             if self.pending:
                 if (group := self._count(self.pending.popleft())) is not None:
@@ -240,6 +244,11 @@ class GroupReceiver:
                     count.rejected += len(header.groups)
                     count.seen(max(g.seq for g in header.groups))
                 return None
+
+    def hand_back(self, groups: list[ScoredGroup]) -> None:
+        """Groups taken (and counted) but not used yet: `take` returns them first, in order, without counting again
+        (evaluation bookkeeping reads past them to the answers queued behind them)."""
+        self.handed_back.extend(groups)
 
     def _reported(self, report: wire.ActorReport) -> None:
         count = self._session(report.actor_id, report.session)

@@ -1,8 +1,8 @@
 """Serve a process's Prometheus registry on /metrics, and /healthz, from a background thread.
 
 The server is bounded (`_ThreadingServer`): at most MAX_WORKERS threads answer requests, and connections that
-send nothing hold no thread and are closed after IDLE_S. Each process owns its CollectorRegistry (never prometheus_client's global one), so several
-exporters can live in one test process and nothing is registered twice.
+send nothing hold no thread and are closed after IDLE_S. Each process owns its CollectorRegistry (never
+prometheus_client's global one), so several exporters can live in one test process and nothing is registered twice.
 """
 
 from __future__ import annotations

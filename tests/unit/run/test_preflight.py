@@ -52,7 +52,8 @@ def test_a_resume_of_a_run_without_a_complete_checkpoint_is_refused_and_leaves_i
     [line] = _errors(capsys)
     assert "no complete checkpoint" in line and "--overwrite" in line and "name=" in line, line
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
-    assert preflight.existing_run(config.load(None, [f"run_dir={tmp_path}", "name=fresh", "learner.resume=true"])) is None
+    fresh = config.load(None, [f"run_dir={tmp_path}", "name=fresh", "learner.resume=true"])
+    assert preflight.existing_run(fresh) is None  # nothing there to destroy: a first start
 
 
 def test_overwrite_moves_the_old_run_aside_and_never_deletes_it(tmp_path):
