@@ -113,7 +113,7 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str], die_with_parent)
     try:
         os.setsid()
         die_with_parent()
-        lifecycle.catch_stop_signals()  # a stop from now on is kept for the learner's or actor's main loop
+        lifecycle.catch_stop_signals(fresh=True)  # a stop from now on is kept for the learner's or actor's loop
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # a resume goes on after the old log
         null = os.open(os.devnull, os.O_RDONLY)

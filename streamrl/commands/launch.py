@@ -26,7 +26,7 @@ from streamrl import resources
 from streamrl.commands import forked, options, start
 from streamrl.commands.supervisor import Supervisor
 from streamrl.config import Config
-from streamrl.run import fingerprint, lock, preflight
+from streamrl.run import fingerprint, lifecycle, lock, preflight
 from streamrl.run.placement import actor_gpus
 from streamrl.telemetry.startup import SPAWNED_AT, Phases
 
@@ -240,6 +240,9 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
               file=sys.stderr, flush=True)
         return 2
     cfg = with_free_ports(cfg)
+    if signum := lifecycle.stop_asked():  # Ctrl-C before the run directory was claimed: nothing started or written
+        print("streamrl: stopped before the run started (nothing was written)", file=out, flush=True)
+        return 128 + signum
     if (cfg_file := _claim_run_dir(cfg, out, overwrite)) is None:
         return 2
     # spawn is handed over rather than imported there: launch imports the supervisor, and this module's spawn is

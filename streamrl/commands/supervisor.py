@@ -18,6 +18,7 @@ from typing import Callable
 
 from streamrl.commands import forked
 from streamrl.config import Config
+from streamrl.run import lifecycle
 from streamrl.telemetry.startup import Phases
 
 
@@ -51,6 +52,8 @@ class Supervisor:
     def start(self, phases: Phases) -> None:
         # Before any child exists: a Ctrl-C during start-up stops the run like one later.
         self.handlers = {s: signal.signal(s, self.on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        if signum := lifecycle.stop_asked():  # during the launcher's own start-up (streamrl/__main__.py)
+            self.on_interrupt(signum, None)
         phases.mark("configured")
         # On CPU the children are forked from this process once it has imported what they all need:
         # those imports are most of their start-up, and 2 cores would otherwise do them three times.

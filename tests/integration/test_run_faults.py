@@ -117,7 +117,11 @@ def test_ctrl_c_at_any_moment_of_start_up_stops_the_run_and_its_children_with_a_
         out, _ = proc.communicate(timeout=90)
         took = time.monotonic() - t0
     assert proc.returncode == 130, out
-    assert "streamrl: stopping" in out and "Traceback" not in out, out
+    assert "Traceback" not in out, out
+    if "stopped before the run started" in out:  # a loaded machine: the stop came before the run directory
+        assert not run.exists() and not children_of_run(run), out
+        return
+    assert "streamrl: stopping" in out, out
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "stopped" and s["stopped_early"], s
     assert s["steps"] == len(metrics(run)) if (run / "metrics.jsonl").exists() else s["steps"] == 0
