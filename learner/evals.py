@@ -7,8 +7,9 @@ with EvalResults on the group channel, the intake keeps them aside, and `take` (
 shard not answered within `eval.timeout_s`, or whose actor exited, errs or sent a malformed answer, is asked of
 another actor (`eval_reissued`). Once every shard of a version is in, its eval/* figures (`set_metrics`, the
 code `streamrl eval` runs) go into the next step's metrics.jsonl record, tagged `eval_version`, `eval_step` and
-`eval_actors` (shards per actor), into Prometheus, and one line per evaluation into evals.jsonl. The last
-step waits for the evaluations still out (at most eval.timeout_s), so a run's final evaluation is never lost.
+`eval_actors` (shards per actor), into Prometheus, and one line per evaluation into evals.jsonl. A step after
+which every step left owes a record to an evaluation waits for the oldest one out (at most eval.timeout_s), so a
+run's final evaluation is never lost, nor one that was slower than eval.every steps.
 """
 
 from __future__ import annotations
@@ -80,19 +81,35 @@ class Evals:
             self._ask(r, shard, live[slot:] + live[:slot])
         self.requested += 1
 
-    def take(self, wait: bool = False, stop: Callable[[], bool] = lambda: False) -> dict:
-        """The oldest evaluation completed since the last call (eval/* and its tags), or {}. wait: first wait for
-        every evaluation still out, at most eval.timeout_s (the run's last step)."""
+    def owed(self, step: int, steps: int) -> int:
+        """Evaluations that still need a metrics record after step `step` (0-based) was taken: those ready, those
+        out, and those the steps after it will ask for."""
+        every = self.cfg.eval.every
+        later = sum(1 for done in range(step + 2, steps + 1) if every and done % every == 0)
+        return len(self.ready) + len(self.rounds) + later
+
+    def take(self, wait: bool = False, stop: Callable[[], bool] = lambda: False, last: bool = True) -> dict:
+        """The oldest evaluation completed since the last call (eval/* and its tags), or {}. wait: first wait, at
+        most eval.timeout_s, until one is complete (when every step left has an evaluation owed to it: the run's
+        last step, or one before it while evaluations slower than eval.every steps pile up, so each evaluation
+        gets its step's record; the run's last one is never lost). Groups read meanwhile (the answers queue behind
+        them) are dropped as lost_at_shutdown after the `last` step, else handed back for the next batch."""
         self.poll()
         deadline = self.clock() + self.cfg.eval.timeout_s
-        while wait and self.rounds and self.clock() < deadline and not stop():
+        held = []
+        while wait and self.rounds and not self.ready and self.clock() < deadline and not stop():
             self.wait(50)
-            if self.receiver.take() is not None:  # the run has its steps: a group arriving now is not trained on
-                self.dropped["lost_at_shutdown"] += 1
+            if (group := self.receiver.take()) is not None:
+                if last:  # the run has its steps: a group arriving now is not trained on
+                    self.dropped["lost_at_shutdown"] += 1
+                else:
+                    held.append(group)
             self.poll()
-        if wait and self.rounds:
-            log.warning("evaluation of version(s) %s not complete after %.0fs (eval.timeout_s); not recorded",
-                        sorted(self.rounds), self.cfg.eval.timeout_s)
+        self.receiver.hand_back(held)
+        if wait and self.rounds and not self.ready:
+            log.warning("evaluation of version(s) %s not complete after %.0fs (eval.timeout_s); %s",
+                        sorted(self.rounds), self.cfg.eval.timeout_s,
+                        "not recorded" if last else "training goes on, and it is recorded if it comes")
         return self.ready.pop(0) if self.ready else {}
 
     def poll(self) -> None:

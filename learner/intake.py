@@ -76,7 +76,7 @@ class Intake:
         have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop() and not self.exhausted:
-            self.wait(0 if self.receiver.pending else 100)  # groups of a batch message already wait
+            self.wait(0 if self.receiver.pending or self.receiver.handed_back else 100)  # groups already wait
             while have < n:
                 group = self.receiver.take()
                 if group is None:
@@ -197,30 +197,59 @@ class Intake:
     def reconciliation(self) -> dict:
         """Every group, from each actor session's own count to what became of it at the learner.
 
-        For a session that reported, groups sent = received (ZeroMQ keeps order, and the report
+        For a session that reported, groups sent = received + rejected (ZeroMQ keeps order, and the report
         comes last). For one that did not (killed), what it sent after the last group the learner
-        saw is unknowable; `sent` is then what the learner saw, and the session is listed.
+        saw is unknowable; `sent` is then what the learner saw, and the session is listed. A report that
+        does not match the session's own numbering is listed in `contradicted_sessions`. `balanced`: every
+        group the actors sent was used, dropped (by reason), rejected, or lost with a restarted learner's
+        process, none lost otherwise, and no report contradicts what arrived.
         """
         sessions = self.receiver.sessions
         sent = sum(c.sent for c in sessions.values())
         received_by_session = sum(c.received for c in sessions.values())
-        dropped = sum(self.dropped.values())
+        lost = sum(c.lost for c in sessions.values())
+        contradicted = {f"{a}/{s}": why for (a, s), c in sessions.items() if (why := c.contradiction)}
         return {
             "actor_sessions": len(sessions),
             "groups_sent_by_actors": sent,
             "groups_generated_by_actors": sum(c.report.groups_generated for c in sessions.values() if c.report),
-            "lost_in_transit": sent - received_by_session,
-            "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None),
+            "groups_rejected": sum(c.rejected for c in sessions.values()),
+            "duplicates": self.receiver.duplicates,
+            "lost_in_learner_restart": sum(c.restart_lost for c in sessions.values()),
+            "lost_in_transit": lost,
+            "unreported_sessions": sorted(f"{a}/{s}" for (a, s), c in sessions.items() if c.report is None)[:100],
+            "unreported_session_count": sum(c.report is None for c in sessions.values()),
+            "contradicted_sessions": dict(list(contradicted.items())[:100]),
             "sessions": {f"{a}/{s}": {"sent": c.sent, "received": c.received, "reported": c.report is not None}
-                         for (a, s), c in list(sessions.items())[:1000]},
-            "balanced": self.received == self.used + dropped and received_by_session == self.received,
+                         for (a, s), c in list(sessions.items())[:100]},
+            "balanced": (self.received == self.used + sum(self.dropped.values()) + self.receiver.duplicates
+                         and received_by_session + self.receiver.duplicates == self.received
+                         and lost == 0 and not contradicted),
         }
+
+    def sessions(self) -> list[dict]:
+        """Every actor session's counts, for sessions.json (summary.json holds the first 100: its size stays
+        within the space reserved for it whatever the number of sessions)."""
+        return [{"actor": a, "session": s, "sent": c.sent, "received": c.received, "rejected": c.rejected,
+                 "duplicates": c.duplicates, "lost": c.lost, "lost_in_learner_restart": c.restart_lost,
+                 "reported": c.report is not None, "contradiction": c.contradiction}
+                for (a, s), c in self.receiver.sessions.items()]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the accounting, for a resumed learner to go on from (`restore`)."""
+        return {"used": self.used, "dropped": dict(self.dropped), "demands_sent": self.demands_sent,
+                "receiver": self.receiver.state()}
+
+    def restore(self, state: dict) -> None:
+        self.used, self.demands_sent = state["used"], state["demands_sent"]
+        self.dropped.update(state["dropped"])
+        self.receiver.restore(state["receiver"])
 
     def accounting(self) -> dict:
         return {
             "groups_received": self.received,
             "groups_used": self.used,
-            "groups_dropped": dict(self.dropped),
+            "groups_dropped": {**self.dropped, **({"duplicate": d} if (d := self.receiver.duplicates) else {})},
             "reward_failures": reward_failures(c.reward_failure_counts for c in self.receiver.sessions.values()),
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.control.rejected.counts),

@@ -18,6 +18,7 @@ from streamrl.learner.samples import SamplesLog
 from streamrl.learner.session import Position, Session
 from streamrl.learner.step import Step, train
 from streamrl.models import model as model_lib
+from streamrl.run import preflight
 from streamrl.run.lifecycle import stop_on_signals
 from streamrl.tasks import epochs, rewards
 from streamrl.telemetry.startup import Phases
@@ -92,8 +93,12 @@ def _build(cfg: Config, phases: Phases):
     ranks = Ranks.current()
     ckpt_dir = cfg.run_path / "checkpoints"
     resumed = checkpoints.resume(engine, ckpt_dir) if cfg.learner.resume else None  # a filesystem all ranks share
+    if cfg.learner.resume and resumed is None and (found := preflight.results_in(cfg.run_path)):
+        raise RuntimeError(f"learner.resume=true: {cfg.run_path} holds a run ({', '.join(found)}) but no complete "
+                           "checkpoint; refusing to restart at step 0 over its records (--overwrite moves it aside)")
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    return cfg, engine, ranks, Position(step, version, saved_at=step), tokenizer, reward, vocab_size
+    at = Position(step, version, saved_at=step, restored=resumed[1].get("intake") if resumed else None)
+    return cfg, engine, ranks, at, tokenizer, reward, vocab_size
 
 
 class AfterStep:
@@ -111,16 +116,16 @@ class AfterStep:
         self.phases.mark("ready")
         s.health.beat(step=at.step, learner_version=at.version)
         log.info("learner ready at version %d, step %d, training on %s (%d rank%s); waiting for actors on %s",
-                 at.version, at.step, s.engine.device, s.ranks.world, "s" if s.ranks.world > 1 else "",
-                 self.cfg.transport.group_port)
+                 at.version, at.step, s.engine.device, s.ranks.world, "s" if s.ranks.world > 1 else "", s.bound())
 
     def __call__(self, done: Step, due: schedule.Due, stopping: Callable[[], bool]) -> None:
         cfg, s, at = self.cfg, self.s, self.s.at
         accounting = self.observe(done)
         if due.evaluate:
             self.evals.request(at.step, at.version + 1)
-        # the run's last step waits for the evaluations still out: none is lost to the end of the run
-        came_back = self.evals.take(wait=at.step + 1 == cfg.steps, stop=stopping)
+        # a step waits for an evaluation when every step left owes one a record: none is lost to the end of the run
+        came_back = self.evals.take(wait=self.evals.owed(at.step, cfg.steps) >= cfg.steps - at.step, stop=stopping,
+                                    last=at.step + 1 == cfg.steps)
         at.advance()
         s.health.beat(step=at.step, learner_version=at.version)
         s.runlog.step(done, {**came_back, **accounting, "elapsed_s": time.time() - s.started})

@@ -9,7 +9,9 @@ final summary (marked failed, with the reason) is written over it in place when 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 
 from streamrl import config as config_lib
 from streamrl.algo import mgrpo
@@ -17,6 +19,7 @@ from streamrl.learner.step import Step
 from streamrl.run import fingerprint, jsonfiles, storage
 from streamrl.telemetry.trackers import Trackers
 
+log = logging.getLogger("streamrl.learner")
 SUMMARY_RESERVE_BYTES = 64 * 1024  # summary.json's reserved space: far more than a summary takes
 
 
@@ -46,13 +49,17 @@ class RunLog:
             raise (storage.DiskFull(path) if storage.is_disk_full(e, path) else e) from e
 
     def open(self, resumed_step: int) -> None:
-        """Start metrics.jsonl afresh, or keep the records of the steps a resumed checkpoint holds
-        (steps logged after that checkpoint are dropped: they are about to be redone)."""
+        """Start metrics.jsonl afresh, or keep the records of the steps a resumed checkpoint holds. Steps logged
+        after that checkpoint are about to be redone: the whole earlier file is first moved aside
+        (`metrics.jsonl.before-resume-<step>-<time>`), never cut, so no record is destroyed."""
         path = self.dir / "metrics.jsonl"
-        kept = []
-        if resumed_step and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] < resumed_step]
+        lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        kept = [line for line in lines if json.loads(line)["step"] < resumed_step]
+        if len(kept) < len(lines):
+            aside = path.with_name(f"{path.name}.before-resume-{resumed_step}-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(path, aside)
+            log.warning("metrics.jsonl: steps %d and later are redone from the checkpoint; the earlier file is kept "
+                        "as %s", resumed_step, aside.name)
         self._write(path, "".join(line + "\n" for line in kept))
         self.rewards = [json.loads(line)["reward_mean"] for line in kept]
         for line in kept:

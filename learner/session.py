@@ -23,7 +23,7 @@ from streamrl.learner.intake import Intake
 from streamrl.learner.ranks import Ranks
 from streamrl.learner.runlog import RunLog
 from streamrl.learner.weights import LearnerWeights
-from streamrl.run import fingerprint, storage
+from streamrl.run import fingerprint, jsonfiles, storage
 from streamrl.telemetry import exporter, prometheus_metrics, trackers
 
 log = logging.getLogger("streamrl.learner")
@@ -36,6 +36,8 @@ class Position:
     step: int
     version: int
     saved_at: int
+    restored: dict | None = None
+    """A resumed run: its checkpoint's accounting (`Intake.state`), which the intake goes on from."""
 
     def advance(self) -> None:
         self.step, self.version = self.step + 1, self.version + 1
@@ -73,7 +75,7 @@ class Session:
         self.gate = security.Gatekeeper(self.ctx, t.curve_keys) if t.curve_keys else None  # before any socket binds
         security.warn_if_exposed(t.host, self.curve)
         self.receiver = GroupReceiver(self.ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
-                                      vocab_size, self.curve)
+                                      vocab_size, self.curve, self.reward_range)
         self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
         self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
         self.control = ControlServer(self.ctx, endpoint(t.host, t.weights_request_port), self.weights.publisher,
@@ -87,14 +89,26 @@ class Session:
         self.intake = Intake(self.receiver, self.control, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
                              strict=cfg.strict, ranks=cfg.learner.ranks, wait=self.poll)
+        if at.restored is not None:  # a resumed run's accounting goes on from its checkpoint's
+            self.intake.restore(at.restored)
         self.started = time.time()
         self.dealing = None  # task.epochs: the dealer of the prompts (learner.dealing.attach)
+
+    def bound(self) -> str:
+        """The ports this learner actually listens on (a configured 0 is any free port: the real one is said)."""
+        def port(sock: zmq.Socket) -> str:
+            return sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[-1]
+
+        ports = (f"group port {port(self.receiver.sock)}, weights port {port(self.weights.publisher.pub)}, "
+                 f"weights request port {port(self.control.sock)}")
+        return ports + (f", metrics port {self.server.port}" if self.server else "")
 
     def checkpoint(self) -> None:
         # The copy is done and the parameters stay the published version (a save changes nothing),
         # so weight requests are still answered from them (settle would stop that until the next publish).
         self.weights.flush()
-        state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting()}
+        state = {"step": self.at.step, "version": self.at.version, "accounting": self.intake.accounting(),
+                 "intake": self.intake.state()}
         policy, extra = self.engine.full_state_dict(), None
         if self.cfg.lora.rank:  # the adapter as a PEFT folder naming its base, beside the whole policy
             from streamrl.models import lora
@@ -136,6 +150,10 @@ class Session:
              **({"epochs": self.dealing.summary()} if self.dealing is not None else {})},
             reward_range=self.reward_range)
         self.runlog.close()
+        try:  # every session's detail beside the summary, which holds the first 100
+            jsonfiles.write(cfg.run_path / "sessions.json", self.intake.sessions())
+        except OSError as e:
+            log.warning("sessions.json not written (%s); summary.json holds the first 100 sessions", storage.reason(e))
         if self.dealing is not None:
             self.dealing.close()
         self.receiver.close()

@@ -25,6 +25,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - delta: delta weight versions on real steps at lr 1e-6, release shape: fraction changed, bytes and time per
   version against full versions (delta.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
+- soak (optional, only when named): the default job for STREAMRL_SOAK_STEPS steps (20,000; --short 300), each
+  process's RSS slope per 1,000 steps against its own RSS after warm-up (soak.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
            "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
-OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
+# never part of a plain `streamrl bench`: trl needs TRL installed, soak runs for hours at its full length
+OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak")}
 
 
 def names() -> list[str]:
@@ -63,7 +66,8 @@ def run(names: list[str], short: bool) -> list[dict]:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     p.add_argument("names", nargs="*", choices=[*names(), []],
-                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
+                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`) and soak "
+                   "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
 
 

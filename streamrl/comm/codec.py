@@ -247,6 +247,24 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
     return groups
 
 
+def check_rewards(groups: Sequence[ScoredGroup], reward_range: tuple[float, float] | None) -> None:
+    """Every sample's reward (and correction reward) within the run's shaped scale [low, high]; a peer that sends
+    1e30 would otherwise train the learner on it. reward_range None: no bound."""
+    if reward_range is None:
+        return
+    low, high = reward_range
+    slack = 1e-6 * max(1.0, high - low)  # shaping's float arithmetic, not a wider scale
+    values = [r for g in groups for s in g.samples for r in (s.reward, s.correction) if r is not None]
+    if low - slack <= min(values) and max(values) <= high + slack:
+        return
+    for gi, g in enumerate(groups):
+        for i, s in enumerate(g.samples):
+            for what, r in (("reward", s.reward), ("correction reward", s.correction)):
+                if r is not None and not low - slack <= r <= high + slack:
+                    raise WireError("reward_out_of_range", f"group {gi} sample {i}: {what} {r} is outside the run's "
+                                    f"reward scale [{low}, {high}]")
+
+
 def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
     """The header checks of every group at once (a few C-level passes instead of a Python loop per
     sample). Returns where each group's completion tokens start, then the total: (num_groups + 1,)."""

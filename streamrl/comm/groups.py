@@ -115,17 +115,30 @@ class GroupSender:
 
 
 MAX_SESSIONS = 10_000
+OVERFLOW = ("(too many sessions)", "")  # the one count of every session past MAX_SESSIONS: its seqs interleave
 
 
 @dataclasses.dataclass
 class SessionCount:
-    """What the learner saw from one life of one actor."""
+    """What the learner saw from one life of one actor. Its groups carry seq 0, 1, 2, … in send order and ZeroMQ
+    keeps a connection's order, so a seq at or below the highest seen is a duplicate, and a report that does not
+    match the highest seq contradicts what arrived."""
 
     received: int = 0
     max_seq: int = -1
     report: wire.ActorReport | None = None
     reward_failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """What its groups carried of its reward failures (the report, when it comes, holds the session's total)."""
+    rejected: int = 0
+    """Groups of its messages rejected at the wire (counted when the message's header still named the session)."""
+    duplicates: int = 0
+    reports: int = 0
+    after_report: int = 0
+    """Groups that arrived after its report, which ZeroMQ's order makes impossible for an honest actor."""
+    restored_seq: int | None = None
+    """The session's max_seq in the checkpoint a resumed learner started from; None: seen only in this life."""
+    restart_lost: int = 0
+    """Groups it sent to the learner's previous life after that checkpoint: lost with that process."""
 
     broken: dict[str, int] = dataclasses.field(default_factory=dict)
     """Its ActorFailure's counts (the reward functions' own totals, which a report sent after it may lack)."""
@@ -140,7 +153,49 @@ class SessionCount:
     @property
     def sent(self) -> int:
         """The actor's own count if it reported; else at least every seq the learner saw."""
-        return self.report.groups_sent if self.report else max(self.max_seq + 1, self.received)
+        return self.report.groups_sent if self.report else max(self.max_seq + 1, self.received + self.rejected)
+
+    @property
+    def lost(self) -> int:
+        """Sent and neither received, rejected, nor lost with a restarted learner: 0 unless something went wrong."""
+        return self.sent - self.received - self.rejected - self.restart_lost
+
+    @property
+    def contradiction(self) -> str | None:
+        """Why what this session reported cannot be what it sent, or None."""
+        if self.reports > 1:
+            return f"{self.reports} reports"
+        if self.after_report:
+            return f"{self.after_report} groups after its report"
+        quiet_since_restore = self.restored_seq is not None and self.max_seq == self.restored_seq
+        if self.report is not None and self.report.groups_sent != self.max_seq + 1 and not quiet_since_restore:
+            return (f"reported {self.report.groups_sent} groups sent; the last that arrived was number "
+                    f"{self.max_seq + 1}")
+        return None
+
+    def seen(self, seq: int) -> None:
+        """A group numbered seq arrived (or was rejected with its header readable)."""
+        if self.restored_seq is not None and self.max_seq == self.restored_seq and seq > self.max_seq + 1:
+            self.restart_lost = seq - self.max_seq - 1  # the first group of this learner life
+        self.max_seq = max(self.max_seq, seq)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the session (JSON)."""
+        r = self.report
+        return {"received": self.received, "max_seq": self.max_seq, "rejected": self.rejected,
+                "duplicates": self.duplicates, "restart_lost": self.restart_lost,
+                "reward_failures": dict(self.reward_failures),
+                "report": None if r is None else {"groups_sent": r.groups_sent, "groups_generated": r.groups_generated,
+                                                  "reason": r.reason, "reward_failures": dict(r.reward_failures)}}
+
+    @classmethod
+    def restore(cls, actor_id: str, session: str, state: dict) -> "SessionCount":
+        r = state.get("report")
+        report = None if r is None else wire.ActorReport(actor_id=actor_id, session=session, **r)
+        return cls(received=state["received"], max_seq=state["max_seq"], report=report, reports=int(report is not None),
+                   reward_failures=collections.Counter(state.get("reward_failures", {})),
+                   rejected=state.get("rejected", 0), duplicates=state.get("duplicates", 0),
+                   restart_lost=state.get("restart_lost", 0), restored_seq=state["max_seq"])
 
 
 class GroupReceiver:
@@ -152,7 +207,11 @@ class GroupReceiver:
     """
 
     def __init__(self, ctx: zmq.Context, addr: str, hwm: int, max_bytes: int, vocab_size: int | None,
-                 curve: Curve | None = None):
+                 curve: Curve | None = None, reward_range: tuple[float, float] | None = None):
+        """reward_range: the run's lowest and highest shaped reward; a group with a reward outside it is rejected
+        (`reward_out_of_range`). None: any finite reward."""
+        self.reward_range = reward_range
+        self.duplicates = 0
         self.sock = make(ctx, zmq.PULL, max_bytes, curve)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
         bind(self.sock, addr, "group channel")
@@ -160,6 +219,7 @@ class GroupReceiver:
         self.rejected = RejectCounter("group receiver")
         self.received = 0
         self.sessions: dict[tuple[str, str], SessionCount] = {}
+        self.handed_back: collections.deque[ScoredGroup] = collections.deque()
         self.pending: collections.deque[ScoredGroup] = collections.deque()
         """Groups of a batch message already decoded and not yet taken."""
         self.eval_results: collections.deque[wire.EvalResult] = collections.deque(maxlen=MAX_SESSIONS)
@@ -170,17 +230,22 @@ class GroupReceiver:
     def take(self) -> ScoredGroup | None:
         """One waiting group, decoded and validated; None if nothing waits or it was rejected.
         Actor reports on the way are recorded in `sessions`."""
+        if self.handed_back:
+            return self.handed_back.popleft()
         while True:
             if self.pending:
-                return self._count(self.pending.popleft())
+                if (group := self._count(self.pending.popleft())) is not None:
+                    return group
+                continue
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return None
+            header = None
             try:
                 header = wire.decode_header(frames)
                 if isinstance(header, wire.ActorReport):
-                    self._session(header.actor_id, header.session).report = header
+                    self._reported(header)
                     continue
                 if isinstance(header, wire.EvalResult):
                     self.eval_results.append(header)
@@ -189,24 +254,61 @@ class GroupReceiver:
                     self.failures.append(header)
                     self._session(header.actor_id, header.session).broken = dict(header.reward_failures)
                     continue
-                self.pending.extend(codec.decode_groups(frames, header, vocab_size=self.vocab_size))
+                groups = codec.decode_groups(frames, header, vocab_size=self.vocab_size)
+                codec.check_rewards(groups, self.reward_range)
+                self.pending.extend(groups)
             except wire.WireError as e:
                 self.rejected(e)
+                if isinstance(header, codec.GroupBatchHeader) and header.groups:  # whose groups they were
+                    count = self._session(header.actor_id, header.session)
+                    count.rejected += len(header.groups)
+                    count.seen(max(g.seq for g in header.groups))
                 return None
 
-    def _count(self, group: ScoredGroup) -> ScoredGroup:
+    def hand_back(self, groups: list[ScoredGroup]) -> None:
+        """Groups taken (and counted) but not used yet: `take` returns them first, in order, without counting again
+        (evaluation bookkeeping reads past them to the answers queued behind them)."""
+        self.handed_back.extend(groups)
+
+    def _reported(self, report: wire.ActorReport) -> None:
+        count = self._session(report.actor_id, report.session)
+        count.reports += 1
+        if count.report is None:  # the first word stands; a second one is a contradiction, flagged
+            count.report = report
+            if count.restored_seq is not None and count.max_seq == count.restored_seq:
+                count.restart_lost = max(0, report.groups_sent - count.max_seq - 1)
+
+    def _count(self, group: ScoredGroup) -> ScoredGroup | None:
+        """The group, counted; None for a duplicate (a seq its session already sent), counted apart."""
         self.received += 1
         count = self._session(group.actor_id, group.session)
+        if 0 <= group.seq <= count.max_seq and count is not self.sessions.get(OVERFLOW):
+            count.duplicates += 1
+            self.duplicates += 1
+            return None
+        if count.report is not None and count is not self.sessions.get(OVERFLOW):
+            count.after_report += 1
         count.received += 1
-        count.max_seq = max(count.max_seq, group.seq)
+        count.seen(group.seq)
         if group.reward_failures:
             count.reward_failures.update(group.reward_failures)
         return group
 
+    def state(self) -> dict:
+        """The accounting a checkpoint keeps: what was received, rejected and duplicated, and every session's count."""
+        return {"received": self.received, "duplicates": self.duplicates, "rejected": dict(self.rejected.counts),
+                "sessions": [[a, s, c.state()] for (a, s), c in self.sessions.items()]}
+
+    def restore(self, state: dict) -> None:
+        """Continue the accounting of a checkpoint (a resumed learner): its sessions go on where it saw them."""
+        self.received, self.duplicates = state["received"], state["duplicates"]
+        self.rejected.counts.update(state["rejected"])
+        self.sessions = {(a, s): SessionCount.restore(a, s, c) for a, s, c in state["sessions"]}
+
     def _session(self, actor_id: str, session: str) -> SessionCount:
         key = (actor_id, session)
         if key not in self.sessions and len(self.sessions) >= MAX_SESSIONS:
-            key = ("(too many sessions)", "")  # memory stays bounded whatever peers claim to be
+            key = OVERFLOW  # memory stays bounded whatever peers claim to be
         if key not in self.sessions:
             self.sessions[key] = SessionCount()
         return self.sessions[key]

@@ -26,6 +26,8 @@ import time
 import traceback
 from pathlib import Path
 
+from streamrl.run import lifecycle
+
 ENV = "STREAMRL_FORK"
 
 
@@ -95,15 +97,24 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str], die_with_parent)
     """`streamrl ARGS` in a forked child, output to `log_path`, with `env` as its environment."""
     for stream in (sys.stdout, sys.stderr):  # what the launcher printed must not be printed again
         stream.flush()
-    pid = os.fork()
+    # Blocked across the fork: a stop sent to the child before it has handlers of its own waits for them, rather
+    # than run the launcher's inherited handler in the child and vanish (a run that then trained to the end).
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         return Forked(pid)
     code = 1
     try:
         os.setsid()
         die_with_parent()
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        lifecycle.catch_stop_signals(fresh=True)  # a stop from now on is kept for the learner's or actor's loop
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # a resume goes on after the old log
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

@@ -26,7 +26,7 @@ from streamrl import resources
 from streamrl.commands import forked, options, start
 from streamrl.commands.supervisor import Supervisor
 from streamrl.config import Config
-from streamrl.run import fingerprint, lock, preflight
+from streamrl.run import fingerprint, lifecycle, lock, preflight
 from streamrl.run.placement import actor_gpus
 from streamrl.tasks import epochs
 from streamrl.telemetry.startup import SPAWNED_AT, Phases
@@ -241,6 +241,9 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
               file=sys.stderr, flush=True)
         return 2
     cfg = with_free_ports(cfg)
+    if signum := lifecycle.stop_asked():  # Ctrl-C before the run directory was claimed: nothing started or written
+        print("streamrl: stopped before the run started (nothing was written)", file=out, flush=True)
+        return 128 + signum
     if cfg.task.epochs and (rows := epochs.rows_of(cfg)):  # the steps follow from the data, shown and saved
         cfg = epochs.plan(cfg, rows)
         print(f"streamrl: {epochs.describe(cfg, rows)}", file=out, flush=True)

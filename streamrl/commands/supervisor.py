@@ -7,6 +7,7 @@ behind. Progress is read from the learner's metrics.jsonl; what the run waits fo
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Callable
 
 from streamrl.commands import forked
 from streamrl.config import Config
+from streamrl.run import lifecycle
 from streamrl.telemetry.startup import Phases
 
 
@@ -34,6 +36,7 @@ class Supervisor:
         self.interrupts, self.signalled = 0, None
         self.failure: str | None = None
         self.reported: set[int] = set()  # the actors whose failure is told
+        self.orphaned_since: float | None = None  # when the last actor this command started failed
         # A resumed run's metrics.jsonl holds the earlier steps: they are not shown as new progress.
         self.old_lines = _line_hashes(self.run_dir / "metrics.jsonl") if cfg.learner.resume else set()
         self.tail = _Tail(self.run_dir / "metrics.jsonl")
@@ -49,6 +52,8 @@ class Supervisor:
     def start(self, phases: Phases) -> None:
         # Before any child exists: a Ctrl-C during start-up stops the run like one later.
         self.handlers = {s: signal.signal(s, self.on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        if signum := lifecycle.stop_asked():  # during the launcher's own start-up (streamrl/__main__.py)
+            self.on_interrupt(signum, None)
         phases.mark("configured")
         # On CPU the children are forked from this process once it has imported what they all need:
         # those imports are most of their start-up, and 2 cores would otherwise do them three times.
@@ -59,8 +64,9 @@ class Supervisor:
             phases.mark("imports")
         self.learner = self.spawn(["learner", str(self.cfg_file)], self.logs / "learner.log", cfg.learner.ranks,
                                   self.learner_env, fork=fork)
-        if self.interrupts:
+        if self.interrupts:  # stopped during start-up: the learner writes a true (empty) summary, no actor starts
             self.learner.send_signal(signal.SIGTERM)
+            return
         self.actors = [self.spawn(["actor", str(self.cfg_file), "--index", str(i)], self.logs / f"actor-{i}.log",
                                   env_extra=self.actor_envs[i], fork=fork)
                        for i in range(cfg.actors.num)]
@@ -116,8 +122,18 @@ class Supervisor:
                 self.reported.add(i)
                 if self.interrupts < 2:
                     self.say(_child_failure(f"actor-{i}", p.returncode, self.logs / f"actor-{i}.log"))
-        # An actor that exits 0 has had the learner's shutdown notice: only all of them failing is fatal.
-        if self.actors and self.failure is None and len(self.reported) == len(self.actors):
+        # An actor that exits 0 has had the learner's shutdown notice: only all of them failing is fatal, and only
+        # once the learner has no live actor either: one started by hand (`streamrl actor`) joins the run too,
+        # and while its groups arrive the learner steps.
+        if not self.actors or self.failure is not None or len(self.reported) < len(self.actors):
+            return
+        if self.orphaned_since is None:
+            self.orphaned_since = time.monotonic()
+            if self.interrupts < 2:
+                self.say("every actor this command started has failed; the run goes on while the learner still "
+                         f"steps (an actor started elsewhere), and stops after {self.waits.silence_limit():.0f}s "
+                         "without a step")
+        if self.waits.silent_for() > self.waits.silence_limit():
             self.failure = "every actor failed"
             self.say(f"{self.failure}; stopping the learner")
             self.waits.stopping()
@@ -260,6 +276,7 @@ def _read_summary(path: Path) -> dict | None:
 
 STOP_GRACE_S = 30.0  # a learner asked to stop that is not running at all (SIGSTOP, traced) is killed after this
 STOP_LIMIT_S = 300.0  # any learner asked to stop is killed after this (a big model's final checkpoint fits in it)
+ORPHAN_GRACE_S = 20.0  # every started actor failed: the run stops after this long with no step (or 3× recent gaps)
 WAIT_NOTE_S = 15.0  # with no new step for this long, the supervisor says what the run is waiting for
 
 
@@ -271,10 +288,23 @@ class _Waits:
         self.since = self.last_note = time.monotonic()
         self.stop_asked: float | None = None
         self.steps = 0
+        self.gaps: collections.deque[float] = collections.deque(maxlen=20)  # between recent steps
 
     def progressed(self) -> None:
-        self.since = self.last_note = time.monotonic()
+        now = time.monotonic()
+        if self.steps:
+            self.gaps.append(now - self.since)
+        self.since = self.last_note = now
         self.steps += 1
+
+    def silent_for(self) -> float:
+        """Seconds since the last new step (or the start)."""
+        return time.monotonic() - self.since
+
+    def silence_limit(self) -> float:
+        """How long without a step means no actor is feeding the learner: ORPHAN_GRACE_S, or 3× the longest recent
+        gap between steps (a big model's steps take minutes)."""
+        return max(ORPHAN_GRACE_S, 3 * max(self.gaps, default=0.0))
 
     def stopping(self) -> None:
         self.stop_asked = self.stop_asked or time.monotonic()

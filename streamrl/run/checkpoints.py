@@ -27,16 +27,17 @@ POLICY = "policy.safetensors"
 def newest_complete(directory: Path) -> tuple[str, dict] | None:
     """(tag, state) of the newest complete checkpoint under `directory`, or None when there is none.
 
-    `latest` names it normally; a missing, empty or dangling `latest` falls back to the complete
-    tag with the highest step (and says so).
+    The complete tag with the highest step; `latest` names it normally, and when a missing, empty, dangling or
+    stale `latest` does not, that is said.
     """
     found = complete_newest_first(directory, warn=True)
     return found[0] if found else None
 
 
 def complete_newest_first(directory: Path, warn: bool = False) -> list[tuple[str, dict]]:
-    """Every complete checkpoint under `directory` as (tag, state): the one `latest` names first
-    (when it names a complete one), then the others by step, newest first."""
+    """Every complete checkpoint under `directory` as (tag, state), by step, newest first. `latest` is not trusted
+    to name the newest: a learner killed after a checkpoint's streamrl.json was written but before `latest` moved
+    left a newer complete one (each candidate is checked, and a stale `latest` said)."""
     directory = Path(directory)
     try:
         tag = (directory / LATEST).read_text().strip()
@@ -45,10 +46,12 @@ def complete_newest_first(directory: Path, warn: bool = False) -> list[tuple[str
     complete = sorted(((s["step"], t, s) for t in _tags(directory) if (s := _state(directory, t)) is not None),
                       key=lambda c: (c[0], c[1]), reverse=True)
     ordered = [(t, s) for _, t, s in complete]
-    named = next((c for c in ordered if c[0] == tag), None)
-    if named is not None:
-        return [named, *(c for c in ordered if c is not named)]
-    if ordered and warn:
+    if ordered and ordered[0][0] == tag:
+        return ordered
+    if ordered and warn and any(t == tag for t, _ in ordered):
+        log.warning("checkpoints: %s names %s, but %s is complete and newer (the pointer did not move before the "
+                    "learner stopped); using %s", directory / LATEST, tag, ordered[0][0], ordered[0][0])
+    elif ordered and warn:
         log.warning("checkpoints: %s does not name a complete checkpoint; using %s, the newest complete one",
                     directory / LATEST, ordered[0][0])
     return ordered

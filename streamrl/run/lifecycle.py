@@ -8,16 +8,38 @@ import sys
 from typing import Callable
 
 
-def stop_on_signals() -> Callable[[], bool]:
-    """SIGTERM/SIGINT set a flag the main loop checks between steps, so a stop is always clean."""
-    flag = {"stop": False}
+_early: list[dict] = []  # the stop flag catch_stop_signals set up in a child before its main loop asked for one
 
+
+def catch_stop_signals(fresh: bool = False) -> None:
+    """From a process's first instruction on (`streamrl run|learner|actor`, and a forked child): SIGTERM/SIGINT set
+    the stop flag `stop_on_signals` will return, so a stop asked during start-up is kept, neither a traceback out of
+    an import nor eaten by a launcher's handler inherited through fork. A second call keeps the flag (a stop
+    already asked stays asked); fresh: a new one (a forked child, whose launcher's flag is not its own)."""
+    flag = _early[0] if _early and not fresh else {"stop": 0}
+    _early[:] = [flag]
+    _install(flag)
+
+
+def stop_asked() -> int:
+    """The signal that asked this process to stop before its main loop set up its own handling, or 0."""
+    return _early[0]["stop"] if _early else 0
+
+
+def stop_on_signals() -> Callable[[], bool]:
+    """SIGTERM/SIGINT set a flag the main loop checks between steps, so a stop is always clean. A stop that came
+    earlier in a child that called `catch_stop_signals` is already set."""
+    flag = _early.pop() if _early else {"stop": 0}
+    _install(flag)
+    return lambda: bool(flag["stop"])
+
+
+def _install(flag: dict) -> None:
     def handler(signum, frame):
-        flag["stop"] = True
+        flag["stop"] = signum
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    return lambda: flag["stop"]
 
 
 _handler: list[logging.Handler] = []  # the handler setup_logging installed, if any

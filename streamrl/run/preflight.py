@@ -153,14 +153,26 @@ def results_in(run_path: Path) -> list[str]:
 
 
 def existing_run(cfg: Config) -> str | None:
-    """One line refusing a fresh run over a run directory that holds results; None when it is free."""
-    if cfg.learner.resume:
-        return None
+    """One line refusing a fresh run over a run directory that holds results, or a resume of one that has no complete
+    checkpoint (it would restart at step 0 over the run's records); None when it is free."""
     found = results_in(cfg.run_path)
+    if cfg.learner.resume:
+        if not found or complete_checkpoint(cfg.run_path):
+            return None
+        return (f"learner.resume=true: {cfg.run_path} holds a run ({', '.join(found)}) but no complete checkpoint to "
+                f"resume from (set learner.checkpoint_every to save them during a run); pass --overwrite to move it "
+                f"aside to {cfg.run_path}.old-<time> and start afresh, or choose a new name (name=...)")
     if not found:
         return None
     return (f"{cfg.run_path} already holds a run ({', '.join(found)}); choose a new name (name=...), continue it "
             f"(learner.resume=true), or pass --overwrite to move it aside to {cfg.run_path}.old-<time>")
+
+
+def complete_checkpoint(run_path: Path) -> bool:
+    """Whether the run has a checkpoint a resume can start from (its streamrl.json written)."""
+    from streamrl.run.checkpoints import complete_newest_first
+
+    return bool(complete_newest_first(run_path / "checkpoints"))
 
 
 def move_aside(run_path: Path) -> Path:

@@ -1,13 +1,16 @@
 """Serve a process's Prometheus registry on /metrics, and /healthz, from a background thread.
 
-Each process owns its CollectorRegistry (never prometheus_client's global one), so several
-exporters can live in one test process and nothing is registered twice.
+The server is bounded (`_ThreadingServer`): at most MAX_WORKERS threads answer requests, and connections that
+send nothing hold no thread and are closed after IDLE_S. Each process owns its CollectorRegistry (never
+prometheus_client's global one), so several exporters can live in one test process and nothing is registered twice.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import selectors
+import socket
 import socketserver
 import threading
 import time
@@ -41,9 +44,71 @@ class Health:
                     "healthy_within_s": self.healthy_within_s, **self.info}
 
 
+MAX_WORKERS = 8  # threads answering requests at once
+MAX_WAITING = 256  # accepted connections that have sent nothing yet; past this the oldest is closed
+IDLE_S = 10.0  # a connection that sends no request in this long is closed
+IO_TIMEOUT_S = 5.0  # a request that stalls mid-way (slowloris) loses its worker after this long
+
+
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    """Threads only for connections that have sent something, at most MAX_WORKERS at once: a connection that
+    sends nothing waits in one selector (no thread) until it does or IDLE_S passes, and no more than MAX_WAITING
+    of them wait, so hundreds of idle connections cost file descriptors for seconds, never threads, and
+    /metrics still answers."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of connections waits in the kernel's queue, not in SYN retries
+
+    def __init__(self, *args, **kwargs):
+        self.waiting: dict[socket.socket, float] = {}  # accepted connection -> when
+        self.selector = selectors.DefaultSelector()
+        self.workers = threading.BoundedSemaphore(MAX_WORKERS)
+        self.closed_idle = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        """On accept: wait (without a thread) for the request to arrive."""
+        if len(self.waiting) >= MAX_WAITING:
+            self._drop(next(iter(self.waiting)))
+        self.waiting[request] = time.monotonic()
+        self.selector.register(request, selectors.EVENT_READ, client_address)
+
+    def service_actions(self) -> None:
+        """Between accepts (every poll interval): hand the connections that sent something to a worker, close
+        the ones idle too long."""
+        for key, _ in self.selector.select(0) if self.waiting else ():
+            if not self.workers.acquire(blocking=False):
+                break  # every worker busy: the request waits its turn in the selector
+            request = key.fileobj
+            self.selector.unregister(request)
+            del self.waiting[request]
+            request.settimeout(IO_TIMEOUT_S)
+            super().process_request(request, key.data)
+        now = time.monotonic()
+        for request in [r for r, t in self.waiting.items() if now - t > IDLE_S]:
+            self._drop(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.workers.release()
+
+    def handle_error(self, request, client_address):  # a peer that timed out or vanished is no error of ours
+        pass
+
+    def _drop(self, request) -> None:
+        self.selector.unregister(request)
+        del self.waiting[request]
+        self.shutdown_request(request)
+        self.closed_idle += 1
+
+    def server_close(self) -> None:
+        for request in list(self.waiting):
+            self._drop(request)
+        self.selector.close()
+        super().server_close()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -79,7 +144,7 @@ class Exporter:
 
         self.server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="metrics", daemon=True)
         self.thread.start()
 
     def close(self) -> None:

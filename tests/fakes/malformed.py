@@ -1,7 +1,8 @@
 """Malformed messages for fuzzing every socket: random bytes, truncated and extra frames, wrong tags
 and schema versions, and well-formed messages with wrong content. Deterministic for a seed.
 
-Each maker returns (kind, frames). Every message a receiver must reject; `future` groups are
+Each maker returns (kind, frames). Every message a receiver must reject (a group receiver declaring the
+reward scale `REWARD_RANGE`); `future` groups are
 valid on the wire and the learner's gate drops them instead, so they are kept apart.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from streamrl.comm import codec, wire
 
+REWARD_RANGE = (0.0, 1.0)  # the scale a fuzzed group receiver declares: the valid groups' rewards are 1.0 and 0.0
 VOCAB = 64  # the tiny job's vocabulary is larger; the fuzzer only uses ids that are out of range on purpose
 
 
@@ -101,6 +103,11 @@ MAKERS = {
     "nan_reward": lambda r: _group(r, samples=_samples((2, math.nan, "stop"), (1, 0.0, "length"))),
     "inf_reward": lambda r: _group(r, samples=_samples((2, r.choice([math.inf, -math.inf]), "stop"),
                                                        (1, 0.0, "length"))),
+    # well-formed, finite, and outside the run's reward scale (the fuzz receivers declare [0, 1])
+    "reward_above_scale": lambda r: _group(r, samples=_samples((2, r.choice([1e30, 3e38, 1.5]), "stop"),
+                                                               (1, 0.0, "length"))),
+    "reward_below_scale": lambda r: _group(r, samples=_samples((2, r.choice([-1e30, -0.5]), "stop"), (1, 0.0, "stop"))),
+    "batch_reward_above_scale": lambda r: _batch(r, samples=_samples((2, 1e30, "stop"), (1, 0.0, "stop"))),
     "nan_logprob": lambda r: _arrays(_group(r), logprobs=[math.nan, -1.0, -2.0]),
     "inf_logprob": lambda r: _arrays(_group(r), logprobs=[-math.inf, -1.0, -2.0]),
     "positive_logprob": lambda r: _arrays(_group(r), logprobs=[0.5, -1.0, -2.0]),

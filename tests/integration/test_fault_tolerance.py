@@ -159,6 +159,7 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
         ctx.term()
     s = summary(run)
     assert sum(s["messages_rejected"].values()) == 10_000 and len(s["messages_rejected"]) >= 12
+    assert s["messages_rejected"]["reward_out_of_range"] > 0  # well-formed, finite, off the run's reward scale
     assert sum(s["weight_requests_rejected"].values()) == 1_000
     assert s["groups_dropped"]["future"] == 100
     assert s["reconciliation"]["balanced"]
@@ -193,3 +194,50 @@ def test_a_killed_learner_resumes_and_its_actors_resync_by_themselves(tmp_path):
         assert "the learner restarted" in (tmp_path / f"actor-{i}.log").read_text()
     s = summary(run)
     assert s["steps"] == 60 and not s["stopped_early"] and s["reconciliation"]["balanced"]
+
+
+def test_a_peer_with_valid_frames_cannot_inflate_rewards_replay_groups_or_forge_its_report(tmp_path):
+    import zmq
+
+    from streamrl.comm import codec, wire
+
+    args = _args(tmp_path, "liar", steps=100_000) + ["actors.num=1"]
+    group_port = int(args[4].split("=")[1])
+    run = tmp_path / "runs" / "liar"
+    learner = spawn(["learner", *args], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", "0"], tmp_path / "actor-0.log")]
+
+    def group(seq: int, reward: float) -> list:
+        g = codec.ScoredGroup.from_samples(
+            prompt_id="p", policy_version=0, actor_id="liar", prompt_tokens=[1, 2], completions=[[3]] * 8,
+            logprobs=[[-1.0]] * 8, rewards=[reward] + [0.0] * 7, finish_reasons=["stop"] * 8)
+        g.session, g.seq = "replay", seq
+        return codec.encode_groups([g])
+
+    with reaped(learner, actors):
+        _wait_steps(run, 5, learner)
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.connect(f"tcp://127.0.0.1:{group_port}")
+        push.send_multipart(group(0, 1e30))  # well-formed and finite, far outside the copy task's [0, 1]
+        push.send_multipart(group(1, 3e38))
+        push.send_multipart(group(2, 1.0))
+        push.send_multipart(group(2, 1.0))  # the same session and sequence number again: a replay
+        push.send_multipart(wire.encode(wire.ActorReport(actor_id="liar", session="replay", groups_sent=10**9,
+                                                         groups_generated=10**9)))
+        deadline = time.monotonic() + 120
+        while not (last := metrics(run)[-1])["groups_dropped"].get("duplicate"):
+            assert learner.poll() is None and time.monotonic() < deadline, last
+            time.sleep(0.2)
+        learner.send_signal(signal.SIGTERM)
+        assert learner.wait(timeout=120) == 0
+        push.close(0)
+        ctx.term()
+    s = summary(run)
+    assert s["messages_rejected"] == {"reward_out_of_range": 2}, s["messages_rejected"]
+    assert s["groups_dropped"]["duplicate"] == 1
+    assert all(r["reward_mean"] is not None and 0 <= r["reward_mean"] <= 1 for r in metrics(run))  # never trained on
+    r = s["reconciliation"]
+    assert r["groups_rejected"] == 2 and r["duplicates"] == 1
+    assert "liar/replay" in r["contradicted_sessions"] and not r["balanced"], r
+    assert r["lost_in_transit"] == 10**9 - 3

@@ -142,3 +142,33 @@ def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tm
     assert "every actor failed; stopping the learner" in out
     assert summary(run)["stopped_early"] is True
     assert children_of_run(run) == []
+
+
+def test_an_actor_restarted_by_hand_keeps_the_run_alive_when_the_other_started_actor_dies(tmp_path):
+    proc, run = _start_run(tmp_path, "by-hand", steps=100000)
+    with reaped(proc):
+        def actor(i: int) -> int:
+            return next(pid for pid in children_of_run(run)
+                        if f"--index\x00{i}".encode() in (Path("/proc") / str(pid) / "cmdline").read_bytes())
+
+        os.kill(actor(0), signal.SIGKILL)
+        log = tmp_path / "by-hand.log"
+        again = spawn(["actor", str(run / "config.yaml"), "--index", "0"], log)
+        with reaped(again):
+            deadline = time.monotonic() + 120
+            while "starting at policy version" not in log.read_text(errors="replace"):
+                assert again.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            os.kill(actor(1), signal.SIGKILL)  # every actor `streamrl run` started is now dead
+            steps = len(metrics(run))
+            deadline = time.monotonic() + 90
+            while len(metrics(run)) < steps + 30:  # the hand-started actor alone feeds the learner
+                assert proc.poll() is None, proc.communicate()[0][-3000:]
+                assert time.monotonic() < deadline, "the run stalled"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
+            again.wait(timeout=60)
+    assert proc.returncode == 130, out  # stopped by Ctrl-C, not by "every actor failed" (3)
+    assert "every actor failed" not in out and "every actor this command started has failed" in out, out
+    assert summary(run)["reconciliation"]["actor_sessions"] == 3

@@ -102,3 +102,29 @@ def test_a_second_ctrl_c_kills_the_run_and_exits_130_without_a_log_tail(tmp_path
         out = "".join(lines) + out
     assert proc.returncode == 130, out
     assert "killed the learner and actors" in out and "Traceback" not in out and "status -9" not in out, out
+
+
+@pytest.mark.parametrize("after_s", [0.5, 1.5, 3.0])
+def test_ctrl_c_at_any_moment_of_start_up_stops_the_run_and_its_children_with_a_true_summary(tmp_path, after_s):
+    from procs import children_of_run
+
+    run = tmp_path / "runs" / "early"
+    proc = _run(tmp_path, tmp_path / "runs", "early")
+    with reaped(proc):
+        time.sleep(after_s)  # a moment of start-up: imports, the children's spawn, the model, the engine
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+        took = time.monotonic() - t0
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out, out
+    if "stopped before the run started" in out:  # a loaded machine: the stop came before the run directory
+        assert not run.exists() and not children_of_run(run), out
+        return
+    assert "streamrl: stopping" in out, out
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "stopped" and s["stopped_early"], s
+    assert s["steps"] == len(metrics(run)) if (run / "metrics.jsonl").exists() else s["steps"] == 0
+    assert s["steps"] < 300, "the run trained on after the stop"
+    assert not children_of_run(run), "a child outlived the run"
+    assert took < 60, f"{took:.0f}s to stop"

@@ -3,9 +3,11 @@ logged once per kind, and the socket still takes valid messages afterwards."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
+import msgspec
 import pytest
 import torch
 import zmq
@@ -29,7 +31,8 @@ def _endpoint(sock: zmq.Socket) -> str:
 
 def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once_per_kind(caplog):
     ctx = zmq.Context()
-    receiver = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB)
+    receiver = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB,
+                             reward_range=malformed.REWARD_RANGE)
     push = ctx.socket(zmq.PUSH)
     push.connect(_endpoint(receiver.sock))
     msgs = malformed.messages(N, seed=1)
@@ -45,6 +48,7 @@ def test_ten_thousand_malformed_groups_are_each_rejected_counted_and_logged_once
     assert taken == 0 and receiver.received == 0
     assert receiver.rejected.total == N  # every one counted, none lost, none accepted
     assert len(receiver.rejected.counts) >= 12  # told apart by reason
+    assert receiver.rejected.counts["reward_out_of_range"] > 0  # finite, well-formed, and not the run's scale
     assert len(caplog.records) == len(receiver.rejected.counts)  # one log line per kind, not per message
     good = malformed._group(malformed.random.Random(0))
     push.send_multipart(good)
@@ -149,4 +153,79 @@ def test_a_message_above_the_size_limit_is_refused_without_being_buffered_and_th
     for s in (huge, good):
         s.close(0)
     receiver.close()
+    ctx.term()
+
+
+def _taken(receiver: GroupReceiver, until, timeout_s: float = 10) -> list:
+    got, deadline = [], time.monotonic() + timeout_s
+    while not until() and time.monotonic() < deadline:
+        if (g := receiver.take()) is not None:
+            got.append(g)
+        else:
+            time.sleep(0.005)
+    return got
+
+
+def test_a_group_sent_twice_is_dropped_as_a_duplicate_and_a_forged_report_is_flagged_not_balanced():
+    from streamrl.comm.groups import GroupSender
+    from streamrl.learner.intake import Intake
+
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB,
+                             reward_range=malformed.REWARD_RANGE)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
+    intake = Intake(receiver, control, group_size=2, max_staleness=1)
+    sender = GroupSender(ctx, _endpoint(receiver.sock), hwm=1000, actor_id="fuzz")
+    good = malformed.wire.decode_header(malformed._group(malformed.random.Random(0)))
+    groups = malformed.codec.decode_groups(malformed._group(malformed.random.Random(0)), good)
+    for i in range(20):
+        assert sender.send(groups[0], timeout_s=2)
+        if i % 10 == 9:  # every 10th group again: same session, same sequence number (a replay)
+            sender.sent -= 1
+            assert sender.send(groups[0], timeout_s=2)
+    got = _taken(receiver, lambda: receiver.received >= 22)
+    assert len(got) == 20 and receiver.duplicates == 2 and [g.seq for g in got] == list(range(20))
+    intake.used = 20
+    clean = intake.reconciliation()
+    assert clean["balanced"] and clean["duplicates"] == 2 and clean["lost_in_transit"] == 0
+    assert intake.accounting()["groups_dropped"] == {"duplicate": 2}
+    # A report claiming far more than the session's own numbering says it sent: flagged, and never balanced.
+    sender.sent = 10**9
+    assert sender.report(groups_generated=10**9, reason="shutdown")
+    _taken(receiver, lambda: receiver.sessions[("fuzz", sender.session)].report is not None)
+    forged = intake.reconciliation()
+    assert not forged["balanced"] and forged["lost_in_transit"] == 10**9 - 20
+    assert f"fuzz/{sender.session}" in forged["contradicted_sessions"]
+    for s in (sender, receiver, control, publisher):
+        s.close()
+    ctx.term()
+
+
+def test_a_resumed_receiver_goes_on_from_its_checkpoints_counts_and_counts_what_the_dead_learner_took():
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(_endpoint(receiver.sock))
+    frames = malformed._batch(malformed.random.Random(0))  # seqs 0..k-1 of session fuzz-session
+    push.send_multipart(frames)
+    k = len(malformed.wire.decode_header(frames).groups)
+    _taken(receiver, lambda: receiver.received >= k)
+    state = json.loads(json.dumps(receiver.state()))  # what a checkpoint keeps, through JSON
+    receiver.close()
+    again = GroupReceiver(ctx, ANY, hwm=1000, max_bytes=1 << 20, vocab_size=malformed.VOCAB)
+    again.restore(state)
+    push.close(0)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(_endpoint(again.sock))
+    header = msgspec.msgpack.decode(frames[0])
+    for i, g in enumerate(header["groups"]):  # the same session goes on at seq k + 5: 5 went to the dead learner
+        g[malformed._ENTRY_FIELDS.index("seq")] = k + 5 + i
+    push.send_multipart([msgspec.msgpack.encode(header), *frames[1:]])
+    _taken(again, lambda: again.received >= 2 * k)
+    count = again.sessions[("fuzz", "fuzz-session")]
+    assert again.received == 2 * k and count.received == 2 * k and count.restart_lost == 5
+    assert count.lost == 0 and count.contradiction is None
+    push.close(0)
+    again.close()
     ctx.term()

@@ -250,3 +250,50 @@ def test_a_version_due_for_evaluation_is_kept_and_the_newest_comes_again_after_g
         control.close()
         pub.close()
         ctx.term()
+
+
+def test_an_evaluation_slower_than_eval_every_steps_makes_the_step_before_the_last_wait_so_each_gets_a_record():
+    cfg = config.load(None, ["eval.every=4", "steps=12"])
+    evals = Evals.__new__(Evals)  # owed() reads the schedule and the bookkeeping only
+    evals.cfg, evals.ready, evals.rounds = cfg, [], {}
+
+    def waits(step: int) -> bool:  # learner/main.py's rule
+        return evals.owed(step, cfg.steps) >= cfg.steps - step
+
+    assert not any(waits(s) for s in range(11))  # nothing out: no step before the last waits
+    evals.rounds = {8: object()}  # version 8 (asked at step 7) still out at steps 8..10
+    assert not waits(8) and not waits(9)
+    assert waits(10)  # else versions 8 and 12 would both come back at step 11, one record for two
+    evals.rounds = {12: object()}
+    assert waits(11)  # the run's last step waits for the evaluation it asked for
+    evals.ready = [{"eval_version": 8}]
+    assert evals.owed(11, 12) == 2
+
+
+def test_groups_read_while_a_step_waits_for_an_evaluation_are_handed_back_for_training_not_dropped(tmp_path):
+    cfg = config.load(None, ["eval.every=1", "eval.prompts=4", "eval.samples=2", "eval.ks=[1,2]",
+                             "eval.timeout_s=0.5", f"run_dir={tmp_path}", "name=t"])
+    cfg.run_path.mkdir()
+    ctx = zmq.Context()
+    pub = WeightPublisher(ctx, ANY, max_bytes=1 << 20)
+    control = ControlServer(ctx, ANY, pub)
+    receiver = GroupReceiver(ctx, ANY, 64, 1 << 20, None)
+    telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0.0, 1.0], 2)
+    dropped: collections.Counter = collections.Counter()
+    evals = Evals(cfg, rewards.build(cfg).task, control, receiver, telemetry, dropped)
+    sender = GroupSender(ctx, bound(receiver.sock), hwm=64, actor_id="actor-0")
+    try:
+        g = codec.ScoredGroup.from_samples(prompt_id="p", policy_version=0, actor_id="actor-0", prompt_tokens=[1],
+                                           completions=[[2]] * 2, logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0],
+                                           finish_reasons=["stop"] * 2)
+        for _ in range(3):
+            assert sender.send(g, timeout_s=2)
+        evals.request(step=3, version=4)  # nobody answers: the wait ends at eval.timeout_s
+        assert evals.take(wait=True, last=False) == {}
+        assert not dropped and receiver.received == 3  # read past, counted once, kept
+        assert [receiver.take().seq for _ in range(3)] == [0, 1, 2] and receiver.take() is None
+        assert receiver.received == 3
+    finally:
+        for s in (sender, receiver, control, pub):
+            s.close()
+        ctx.term()

@@ -191,3 +191,20 @@ def test_the_sessions_poller_answers_a_weight_request_while_the_intake_waits_for
         for s in (sub, inbox, control, publisher, receiver):
             s.close()
         ctx.term()
+
+
+def test_ten_thousand_sessions_keep_the_summarys_accounting_within_its_reserved_space(intake):
+    import json
+
+    from streamrl.comm.groups import SessionCount
+    from streamrl.learner.runlog import SUMMARY_RESERVE_BYTES
+
+    it, _ = intake
+    for i in range(10_000):  # actors killed before they reported, each a session
+        it.receiver.sessions[(f"actor-{i}", f"{i:012x}")] = SessionCount(received=3, max_seq=2)
+    it.receiver.received = it.used = 30_000
+    part = json.dumps({**it.accounting(), "reconciliation": it.reconciliation()})
+    assert len(part) < SUMMARY_RESERVE_BYTES // 4, len(part)
+    r = it.reconciliation()
+    assert r["unreported_session_count"] == 10_000 and r["actor_sessions"] == 10_000 and r["balanced"]
+    assert len(it.sessions()) == 10_000  # the whole detail, for sessions.json

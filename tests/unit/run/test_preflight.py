@@ -23,6 +23,7 @@ def _errors(capsys) -> list[str]:
 def _finished_run(run_dir, name="x"):
     run = run_dir / name
     (run / "checkpoints" / "step-3").mkdir(parents=True)
+    (run / "checkpoints" / "step-3" / "streamrl.json").write_text('{"step": 3, "version": 3}')
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     (run / "summary.json").write_text(json.dumps({"status": "finished", "steps": 3}))
     (run / "config.yaml").write_text("steps: 3\n")
@@ -41,6 +42,19 @@ def test_a_run_name_that_holds_results_is_refused_with_its_options_and_left_unto
     warned = [line for line in _errors(capsys) if "already holds a run" in line]
     assert warned and "warning" in warned[0] and "`streamrl run` would refuse it" in warned[0], warned
     assert preflight.existing_run(config.load(None, [f"run_dir={tmp_path}", "name=x", "learner.resume=true"])) is None
+
+
+def test_a_resume_of_a_run_without_a_complete_checkpoint_is_refused_and_leaves_it_untouched(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    (run / "checkpoints" / "step-3" / "streamrl.json").unlink()  # killed before its first checkpoint completed
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    cfg = config.load(None, [f"run_dir={tmp_path}", "name=x", "learner.resume=true", *FREE])
+    assert launch.run(cfg) == 2
+    [line] = _errors(capsys)
+    assert "no complete checkpoint" in line and "--overwrite" in line and "name=" in line, line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    fresh = config.load(None, [f"run_dir={tmp_path}", "name=fresh", "learner.resume=true"])
+    assert preflight.existing_run(fresh) is None  # nothing there to destroy: a first start
 
 
 def test_overwrite_moves_the_old_run_aside_and_never_deletes_it(tmp_path):
