@@ -15,6 +15,7 @@ import socket
 import time
 from typing import Callable
 
+import msgspec
 import torch
 
 from streamrl.algo import learning_signal, losses
@@ -82,7 +83,10 @@ def _concat(outs: list[losses.LossOutput], width: int) -> losses.LossOutput:
     return losses.LossOutput(loss=torch.stack([o.loss for o in outs]).sum().cpu(),
                              token_loss=cat([o.token_loss for o in outs], 0.0),
                              ratio=cat([o.ratio for o in outs], 1.0),
-                             clipped=cat([o.clipped.to(torch.uint8) for o in outs], 0).bool())
+                             clipped=cat([o.clipped.to(torch.uint8) for o in outs], 0).bool(),
+                             truncated=cat([o.truncated.to(torch.uint8) for o in outs], 0).bool(),
+                             masked=cat([o.masked.to(torch.uint8) for o in outs], 0).bool(),
+                             weights=cat([o.weights for o in outs], 0.0))
 
 
 def _grad_norm(module: torch.nn.Module) -> float:
@@ -266,16 +270,20 @@ class Engine:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = self.token_logprobs(self.ref_model.to(dev), ids, attn, positions)
-        out = losses.compute(
-            lc.name, logp, batch.behaviour_logprobs[rows, :length - 1].to(dev), adv.to(dev), mask,
-            clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, kl_coef=lc.kl_coef,
-            entropy_coef=lc.entropy_coef, ref_logprobs=ref, entropy=entropy, token_count=n_tokens,
-            aggregation=lc.aggregation, sequence_count=n_seqs)
+        behaviour = batch.behaviour_logprobs[rows, :length - 1].to(dev)
+        # Strict mode has proved (check_strict) that the actors sampled from these weights, so the objective
+        # sees behaviour = current: every importance weight is exactly 1, not 1 ± the engines' rounding. The
+        # check itself reads the ratio against the actors' log-probs, reported below.
+        seen = logp.detach() if self.cfg.on_policy == "strict" else behaviour
+        knobs = {k: v for k, v in msgspec.structs.asdict(lc).items() if k != "name"}
+        out = losses.compute(lc.name, logp, seen, adv.to(dev), mask, **knobs, ref_logprobs=ref, entropy=entropy,
+                             token_count=n_tokens, sequence_count=n_seqs).filled(mask)
         t0 = time.perf_counter()
         self.engine.backward(out.loss)
         self._backward_s += time.perf_counter() - t0
-        return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=out.ratio,
-                                 clipped=out.clipped)
+        ratio = losses.importance_ratio(logp.detach(), behaviour) if seen is not behaviour else out.ratio
+        return losses.LossOutput(loss=out.loss.detach(), token_loss=out.token_loss, ratio=ratio,
+                                 clipped=out.clipped, truncated=out.truncated, masked=out.masked, weights=out.weights)
 
     def weight_stats(self) -> dict[str, float]:
         """learning_signal.weight_stats over every parameter, streamed: no copy of the weights.

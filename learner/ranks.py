@@ -100,7 +100,9 @@ class Ranks:
         # Each rank's token losses are scaled by world / its share (see Engine.train_step): undo it.
         token_loss = cat(out.token_loss) / self.world
         return LossOutput(loss=token_loss.sum(), token_loss=token_loss, ratio=cat(out.ratio),
-                          clipped=cat(out.clipped.to(torch.uint8)).bool())
+                          clipped=cat(out.clipped.to(torch.uint8)).bool(),
+                          truncated=cat(out.truncated.to(torch.uint8)).bool(),
+                          masked=cat(out.masked.to(torch.uint8)).bool(), weights=cat(out.weights))
 
     def _send(self, cmd: Command) -> None:
         self._broadcast(torch.tensor([cmd.kind, *cmd.shape], dtype=torch.int64, device=self.device))

@@ -121,6 +121,12 @@ class Step(msgspec.Struct, kw_only=True, dict=True):
     """Largest per-sample mean |log ratio| over the B samples."""
     clipped_fraction: float
     """Share of completion tokens whose ratio the loss clipped."""
+    truncated_fraction: float
+    """Share of completion tokens whose importance weight the objective capped (tis, seq_mask, decoupled_ppo)."""
+    masked_fraction: float
+    """Share of completion tokens an importance-sampling mask took out (mis/icepop, seq_mask, m2po)."""
+    is_ess_fraction: float
+    """Effective sample size of the tokens' importance weights w over their number N, (Σw)² / (N Σw²), in [0, 1]."""
     loss: float
     """The step's loss."""
     grad_norm: float | None

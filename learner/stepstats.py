@@ -48,6 +48,7 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
         "is_ratio_max_abs_dev": float((ratio - 1).abs().max()),
         **log_ratio_stats(out.ratio, batch.completion_mask, G),
         "clipped_fraction": float(out.clipped[m].float().mean()),
+        **correction_stats(out.filled(batch.completion_mask), m),
         **train,
         **{k: round(v, 6) for k, v in timings.items()},
         "step_s": wall,
@@ -86,6 +87,18 @@ def log_ratio_stats(ratio: torch.Tensor, completion_mask: torch.Tensor, group_si
     n = mask.sum().clamp_min(1)
     return {"kl_behaviour_learner": float(k3.sum() / n), "group_kl_behaviour_learner_max": float(per_group.max()),
             "log_ratio_abs_mean": float(dev.sum() / n), "sample_log_ratio_abs_max": float(per_sample.max())}
+
+
+def correction_stats(out: LossOutput, m: torch.Tensor) -> dict:
+    """The off-policy correction's footprint over the batch's model tokens m (B, L-1) bool: the shares of tokens
+    whose importance weight was truncated or which a mask took out, and the effective sample size of the
+    importance weights w as a fraction of the N tokens, (Σw)² / (N Σw²): 1 when every weight is equal, 1/N when one
+    token carries them all, 0 when every token is masked."""
+    w = out.weights[m].double()
+    sq = float((w * w).sum())
+    ess = float(w.sum()) ** 2 / (w.numel() * sq) if sq > 0 else 0.0
+    return {"truncated_fraction": float(out.truncated[m].float().mean()),
+            "masked_fraction": float(out.masked[m].float().mean()), "is_ess_fraction": ess}
 
 
 def version_spans(batch: Batch) -> dict:

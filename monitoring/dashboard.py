@@ -132,6 +132,22 @@ def build() -> dict:
         "Importance ratio", "Quantiles of pi_learner/pi_behaviour over trained tokens, and the clipped share.",
         [(f"histogram_quantile({q}, sum by (le) (rate(streamrl_importance_ratio_bucket{L}[{RI}])))", f"p{int(q * 100)}")
          for q in (0.01, 0.5, 0.99)] + [(f"streamrl_clipped_token_fraction{L}", "clipped")]))
+    # ── Off-policy correction ──────────────────────────────────────────────────────────────────
+    p.row("Off-policy correction")
+    p.add(timeseries(
+        "Corrected tokens", "Share of the last batch's tokens the objective clipped (trust region), truncated "
+        "(importance weight capped) or masked (no gradient): loss.name decides which can happen.",
+        [(f"streamrl_clipped_token_fraction{L}", "clipped {{run}}"),
+         (f"streamrl_truncated_token_fraction{L}", "truncated {{run}}"),
+         (f"streamrl_masked_token_fraction{L}", "masked {{run}}")], unit="percentunit"))
+    p.add(timeseries(
+        "Importance weights' effective sample size", "(sum w)^2 / (N sum w^2) over the last batch's N tokens: 1 when "
+        "every token weighs the same, small when a few tokens carry the update (StreamrlImportanceESSCollapse).",
+        [(f"streamrl_importance_ess_fraction{L}", "ESS {{run}}")], unit="percentunit"))
+    p.add(timeseries(
+        "Behaviour-learner KL", "KL(behaviour || learner) over the last batch's tokens: how far the policy that "
+        "sampled the batch is from the one training on it (staleness, engine mismatch).",
+        [(f"streamrl_behaviour_learner_kl{L}", "KL {{run}}")]))
     # ── Pipeline health ────────────────────────────────────────────────────────────────────────
     p.row("Pipeline health")
     p.add(heatmap("Staleness of consumed samples", "Lag (learner version - generating version) per interval.",

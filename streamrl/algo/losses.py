@@ -13,6 +13,7 @@ mean over each sequence's tokens, then the mean over sequences (GRPO's and MGRPO
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import msgspec
@@ -33,6 +34,21 @@ class LossOutput(msgspec.Struct):
     """(B, T) importance ratio pi_theta / pi_behaviour (detached)."""
     clipped: torch.Tensor
     """(B, T) bool: token whose gradient the PPO clip or the truncation cap removed."""
+    truncated: torch.Tensor | None = None
+    """(B, T) bool: token whose importance weight was capped (its gradient kept, scaled down); None: all False."""
+    masked: torch.Tensor | None = None
+    """(B, T) bool: token an importance-sampling mask took out (no gradient at all); None: all False."""
+    weights: torch.Tensor | None = None
+    """(B, T) importance weight each token's gradient carries (detached; 0 where masked, 0 on padding);
+    None: `ratio`. Their effective sample size is the telemetry's `is_ess_fraction`."""
+
+    def filled(self, mask: torch.Tensor) -> "LossOutput":
+        """The same output with truncated, masked and weights made explicit tensors (B, T)."""
+        none = torch.zeros_like(self.clipped, dtype=torch.bool)
+        return LossOutput(loss=self.loss, token_loss=self.token_loss, ratio=self.ratio, clipped=self.clipped,
+                          truncated=none if self.truncated is None else self.truncated,
+                          masked=none if self.masked is None else self.masked,
+                          weights=(self.ratio * mask.to(self.ratio.dtype)) if self.weights is None else self.weights)
 
 
 AGGREGATIONS = ("token", "sequence")
@@ -99,18 +115,50 @@ def token_pg(
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     surrogate = torch.where(adv < 0, torch.maximum(surrogate, is_cap * adv), surrogate)
     token_loss = -surrogate * w
-    loss = token_loss.sum()
+    loss = regularised(token_loss.sum(), logprobs, w, kl_coef, ref_logprobs, entropy_coef, entropy)
+    with torch.no_grad():
+        unclipped = ratio * adv
+        # the dual clip's floor removes the gradient (a constant), so it counts as clipped, not truncated
+        clipped = (surrogate.detach() != unclipped) & mask.bool()
+    return LossOutput(loss=loss, token_loss=token_loss.detach(), ratio=ratio.detach(), clipped=clipped,
+                      weights=ratio.detach() * mask)
+
+
+def regularised(loss: torch.Tensor, logprobs: torch.Tensor, w: torch.Tensor, kl_coef: float,
+                ref_logprobs: torch.Tensor | None, entropy_coef: float, entropy: torch.Tensor | None) -> torch.Tensor:
+    """`loss` plus the KL penalty against the reference policy and minus the entropy bonus, each token
+    weighted by w (B, T) as the policy-gradient term is."""
     if kl_coef and ref_logprobs is not None:
         # k3 estimator of KL(pi_theta || pi_ref): unbiased and always >= 0.
         d = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
         loss = loss + kl_coef * ((torch.exp(d) - d - 1) * w).sum()
     if entropy_coef and entropy is not None:
         loss = loss - entropy_coef * (entropy * w).sum()
-    with torch.no_grad():
-        unclipped = ratio * adv
-        clipped = (surrogate.detach() != unclipped) & mask.bool()
-    return LossOutput(loss=loss, token_loss=token_loss.detach(), ratio=ratio.detach(), clipped=clipped)
+    return loss
+
+
+def importance_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor) -> torch.Tensor:
+    """(B, T) pi_theta / pi_behaviour, the log-ratio clamped so an off-policy token cannot overflow."""
+    return torch.exp((logprobs - behaviour_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
 
 
 def compute(name: str, logprobs, behaviour_logprobs, advantages, mask, **kwargs) -> LossOutput:
-    return LOSSES.get(name)(logprobs, behaviour_logprobs, advantages, mask, **kwargs)
+    """The loss `name` on the batch; of `kwargs` (the whole `loss` section's knobs) each objective takes
+    those its signature names, so an objective's own knobs (tis_cap, m2po_tau, ...) reach only it."""
+    fn = LOSSES.get(name)
+    unknown = set(kwargs) - set().union(*(_parameters(LOSSES.get(n)) for n in LOSSES.names()))
+    if unknown:  # a typo must not vanish in the filtering below
+        raise TypeError(f"losses.compute({name!r}): no loss takes {', '.join(sorted(unknown))}")
+    accepted = _parameters(fn)
+    return fn(logprobs, behaviour_logprobs, advantages, mask, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(fn) -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(fn).parameters)
+
+
+# The off-policy objectives register themselves in LOSSES (a sibling module keeps this one small).
+from streamrl.algo import offpolicy  # noqa: E402,F401  (registration)

@@ -14,7 +14,7 @@ DEFAULT_LOSS = "token_pg"
 
 class LossConfig(_Section):
     name: str = DEFAULT_LOSS
-    """Policy loss from the loss registry (see `streamrl.algo.losses.LOSSES`)."""
+    """Policy loss from the loss registry: token_pg (PPO clip against the behaviour policy, dual clip for A < 0), or an off-policy objective (streamrl/algo/offpolicy.py): decoupled_ppo (AReaL), tis (truncated IS), mis / icepop (masked IS), seq_mask (sequence geometric-mean masking, then TIS), m2po (second-moment trust region)."""
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     """PPO clip range below 1 for the importance ratio."""
     clip_high: NonNegFloat = 0.2
@@ -25,6 +25,18 @@ class LossConfig(_Section):
     """Weight of the k3 KL penalty against the initial (reference) policy."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
+    tis_cap: Annotated[float, Meta(ge=1)] = 2.0
+    """Truncation cap C on the importance weight min(ratio, C) of tis and seq_mask, and on decoupled_ppo's behaviour weight pi_prox / pi_behaviour."""
+    mis_low: Annotated[float, Meta(ge=0, le=1)] = 0.5
+    """mis / icepop: a token whose ratio pi_theta / pi_behaviour is below this gets no gradient (IcePop: 0.5)."""
+    mis_high: Annotated[float, Meta(ge=1)] = 5.0
+    """mis / icepop: a token whose ratio is above this gets no gradient (IcePop: 5)."""
+    seq_mask_low: Annotated[float, Meta(ge=0, le=1)] = 0.5
+    """seq_mask: a sequence whose geometric-mean ratio exp(mean log ratio) is below this gets no gradient."""
+    seq_mask_high: Annotated[float, Meta(ge=1)] = 2.0
+    """seq_mask: a sequence whose geometric-mean ratio is above this gets no gradient."""
+    m2po_tau: Annotated[float, Meta(gt=0)] = 0.04
+    """m2po: the bound on the mean squared log-ratio of the tokens kept; the largest are masked until it holds (the paper's 0.04)."""
     aggregation: Literal["token", "sequence"] = "token"
     """How token losses add up: token (mean over the batch's tokens, DAPO) or sequence (mean per sequence, then over sequences: GRPO, MGRPO)."""
 

@@ -184,7 +184,7 @@ def test_compute_dispatches_by_name_and_lists_valid_names_on_a_bad_one():
     a = losses.compute("token_pg", behaviour + 0.05, behaviour, adv, MASK, clip_high=0.1)
     b = token_pg(behaviour + 0.05, behaviour, adv, MASK, clip_high=0.1)
     assert torch.equal(a.loss, b.loss)
-    with pytest.raises(KeyError, match="valid: token_pg"):
+    with pytest.raises(KeyError, match="valid: decoupled_ppo, icepop, m2po, mis, seq_mask, tis, token_pg"):
         losses.compute("nope", behaviour, behaviour, adv, MASK)
 
 

@@ -87,3 +87,28 @@ def test_the_compose_file_mounts_files_that_exist():
     provisioned = yaml.safe_load((MONITORING / "grafana/provisioning/dashboards/streamrl.yml").read_text())
     assert provisioned["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
     assert json.loads((MONITORING / "grafana/dashboards/streamrl.json").read_text())["uid"] == "streamrl"
+
+
+def test_the_ess_collapse_alert_fires_on_a_collapsed_effective_sample_size_and_not_on_a_healthy_one(
+        promtool_bin, tmp_path):
+    # One scrape a minute for 30 minutes: run "bad" sits at an ESS of 0.1, run "ok" at 0.9 (promtool test rules).
+    tests = {
+        "rule_files": [str(MONITORING / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'streamrl_importance_ess_fraction{run="bad", estimator="corpo"}', "values": "0.1x30"},
+                {"series": 'streamrl_importance_ess_fraction{run="ok", estimator="corpo"}', "values": "0.9x30"}],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "StreamrlImportanceESSCollapse", "exp_alerts": []},
+                {"eval_time": "25m", "alertname": "StreamrlImportanceESSCollapse", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "run": "bad", "estimator": "corpo"},
+                    "exp_annotations": {
+                        "summary": "run bad: the importance weights' effective sample size is 10% of the tokens",
+                        "description": next(r for r in RULES if r["alert"] == "StreamrlImportanceESSCollapse")
+                        ["annotations"]["description"]}}]}]}]}
+    path = tmp_path / "ess_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    check = subprocess.run([promtool_bin, "test", "rules", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
