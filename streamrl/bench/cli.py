@@ -32,7 +32,8 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup")}
-OPTIONAL = {"trl": ("trl", "trl")}  # needs TRL installed; never part of a plain `streamrl bench`
+# never part of a plain `streamrl bench`: trl needs TRL installed; staleness trains dozens of runs (minutes to hours)
+OPTIONAL = {"trl": ("trl", "trl"), "staleness": ("staleness", "staleness")}
 
 
 def names() -> list[str]:
@@ -44,10 +45,12 @@ def bench(name: str):
     return getattr(import_module(f"streamrl.bench.{module}"), function)
 
 
-def run(names: list[str], short: bool) -> list[dict]:
+def run(names: list[str], short: bool, staleness: dict | None = None) -> list[dict]:
+    """staleness: the staleness bench's options (objectives, lags, seeds, steps, tasks, jobs, out), given only to it."""
     rows = []
     for name in names or list(BENCHES):
-        for row in bench(name)(short=short):
+        options = {k: v for k, v in (staleness or {}).items() if v is not None} if name == "staleness" else {}
+        for row in bench(name)(short=short, **options):
             print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
             rows.append(row)
     return rows
@@ -58,8 +61,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("names", nargs="*", choices=[*names(), []],
                    help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+    s = p.add_argument_group("staleness", "the staleness bench's sweep (docs/reference/benchmarks.md)")
+    s.add_argument("--objectives", nargs="+", metavar="LOSS", help="loss.name of each objective (default: token_pg)")
+    s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
+    s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
+    s.add_argument("--steps", type=int, help="learner steps per run (default: 300)")
+    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, chat-dataset")
+    s.add_argument("--jobs", type=int, help="runs at once, one torch thread each (default: 2)")
+    s.add_argument("--out", metavar="DIR", help="write DIR/staleness.json (every run) and DIR/staleness.png")
+    s.add_argument("--set", nargs="+", dest="overrides", metavar="KEY=VALUE", help="config overrides for every run")
 
 
 def main(args: argparse.Namespace) -> int:
-    run(args.names, short=args.short)
+    run(args.names, short=args.short, staleness={k: getattr(args, k) for k in (
+        "objectives", "lags", "seeds", "steps", "tasks", "jobs", "out", "overrides")})
     return 0

@@ -11,8 +11,9 @@ torch.distributed), on one torch thread; `jobs` of them at once.
 
 The score of a run is the final policy's mean shaped reward on the task's fixed eval set (`eval.prompts` prompts,
 `eval.samples` samples each, `eval.seed`): the same prompts and draws for every run, never the batch reward.
-The table gives, per objective and lag, the mean over seeds and its ratio to the same objective's lag 0
-(strict); `--out DIR` writes every run (with its per-step lag, clipped share and ratio extremes) to
+Lag 0 (strict) runs once per seed, with the first objective named: at lag 0 every objective's importance
+weight is 1 to rounding and its gradient the on-policy one. The table gives, per objective and lag, the mean over
+seeds and its ratio to strict (the task's lag-0 mean); `--out DIR` writes every run (with its per-step lag, clipped share and ratio extremes) to
 DIR/staleness.json and the reward-vs-lag curves to DIR/staleness.png.
 """
 
@@ -31,8 +32,9 @@ TASKS = {
     "reverse": (None, ["task.name=reverse", "task.num_symbols=6", "task.length=5", "actors.max_new_tokens=5",
                        "advantage.estimator=grpo", "advantage.r_min_correct=0.8"]),
     "copy": (None, []),
-    "chat-dataset": ("examples/chat-dataset/config.yaml", []),
+    "chat-dataset": ("examples/chat-dataset/config.yaml", ["eval.prompts=all", "eval.samples=16"]),
 }
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's (a source checkout's) examples/
 # What every run shares, whatever the task: the fixed eval set, one optimizer step per batch.
 COMMON = ["eval.prompts=128", "eval.samples=4", "eval.ks=[1]", "eval.actors=1"]
 
@@ -43,6 +45,8 @@ def _config(task: str, objective: str, seed: int, steps: int, extra: list[str]):
     if task not in TASKS:
         raise ValueError(f"staleness bench: task {task!r} unknown; allowed: {', '.join(TASKS)}")
     recipe, overrides = TASKS[task]
+    if recipe is not None:
+        recipe = str(EXAMPLES.parent / recipe)
     return config.load(recipe, [*COMMON, *overrides, f"loss.name={objective}", f"seed={seed}", f"steps={steps}",
                                 *extra])
 
@@ -88,7 +92,8 @@ def one_run(spec: dict) -> dict:
             ring.append((s + 1, {k: v.clone() for k, v in engine.full_state_dict().items()}))
             steps.append({"lag_max": rec.lag_max, "lag_mean": rec.lag_mean, "reward_mean": rec.reward_mean,
                           "clipped_fraction": rec.clipped_fraction, "is_ratio_max": rec.is_ratio_max,
-                          "is_ratio_min": rec.is_ratio_min})
+                          "is_ratio_min": rec.is_ratio_min, "truncated_fraction": rec.truncated_fraction,
+                          "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction})
         train_s = time.perf_counter() - t0
         final = Evaluator(cfg, reward, copy.deepcopy(actor.model), tok).run(engine.full_state_dict())
     finally:
@@ -115,12 +120,15 @@ def sweep(specs: list[dict], jobs: int = 2, log=print) -> list[dict]:
 
 def table(records: list[dict]) -> list[dict]:
     """One row per (task, objective, lag): seeds, mean and per-seed final reward, ratio to the objective's lag 0,
-    mean clipped share and largest importance ratio over the steps at full lag."""
+    the mean clipped, truncated and masked shares and importance-weight ESS fraction, and the largest importance
+    ratio, over the steps at full lag."""
     rows = []
     keys = sorted({(r["task"], r["objective"]) for r in records})
     for task, obj in keys:
         mine = [r for r in records if (r["task"], r["objective"]) == (task, obj)]
-        strict = [r["final_reward"] for r in mine if r["lag"] == 0]
+        # strict: the objective's own lag-0 runs, else the task's (one objective ran lag 0 for all)
+        strict = ([r["final_reward"] for r in mine if r["lag"] == 0]
+                  or [r["final_reward"] for r in records if r["task"] == task and r["lag"] == 0])
         ref = statistics.mean(strict) if strict else None
         for lag in sorted({r["lag"] for r in mine}):
             at = [r for r in mine if r["lag"] == lag]
@@ -129,7 +137,8 @@ def table(records: list[dict]) -> list[dict]:
             rows.append({"task": task, "objective": obj, "lag": lag, "seeds": len(at), "steps": at[0]["steps"],
                          "final_reward": mean, "per_seed": [round(r["final_reward"], 3) for r in at],
                          "ratio_to_strict": mean / ref if ref else None,
-                         "clipped_fraction": statistics.mean(s["clipped_fraction"] for s in full) if full else 0.0,
+                         **{k: statistics.mean(s[k] for s in full) if full else 0.0
+                            for k in ("clipped_fraction", "truncated_fraction", "masked_fraction", "is_ess_fraction")},
                          "is_ratio_max": max((s["is_ratio_max"] for s in full), default=1.0)})
     return rows
 
@@ -161,6 +170,20 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _chat_data(folder: Path) -> Path:
+    """examples/chat-dataset's rows (its make_data.py: 400 train, 32 eval) written to `folder`."""
+    import runpy
+
+    if not (EXAMPLES / "chat-dataset" / "make_data.py").is_file():
+        raise FileNotFoundError(f"staleness bench: task chat-dataset needs the repository's examples/ ({EXAMPLES}); "
+                                "run it from a source checkout")
+    rows = runpy.run_path(str(EXAMPLES / "chat-dataset" / "make_data.py"))["rows"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n, seed in (("train.jsonl", 400, 0), ("eval.jsonl", 32, 1)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)))
+    return folder.resolve()
+
+
 def staleness(short: bool = False, objectives: list[str] | None = None, lags: list[int] | None = None,
               seeds: int | None = None, steps: int | None = None, tasks: list[str] | None = None,
               jobs: int = 2, out: str | None = None, overrides: list[str] | None = None) -> list[dict]:
@@ -170,8 +193,16 @@ def staleness(short: bool = False, objectives: list[str] | None = None, lags: li
     lags = lags if lags is not None else ([0, 2] if short else list(LAGS))
     seeds, steps = seeds or (1 if short else 3), steps or (8 if short else 300)
     tasks = tasks or (["copy"] if short else ["reverse"])
+    # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
+    # every objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is shared.
     specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides or []}
-             for t in tasks for o in objectives for k in lags for s in range(seeds)]
+             for t in tasks for o in objectives for k in lags for s in range(seeds) if k or o == objectives[0]]
+    if "chat-dataset" in tasks:
+        data = _chat_data(Path(out or ".") / "chat-dataset")
+        for spec in specs:
+            if spec["task"] == "chat-dataset":
+                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
+                                     *spec["overrides"]]
     t0 = time.time()
     records = sweep(specs, jobs=jobs)
     rows = table(records)
