@@ -19,6 +19,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   (episodes.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
+- staleness (optional, only when named; a sweep of many training runs): final-policy reward at forced lags, per
+  loss objective, as a ratio of strict's (staleness.py; its options are the `staleness` group below).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def run(names: list[str], short: bool, staleness: dict | None = None) -> list[di
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     p.add_argument("names", nargs="*", choices=[*names(), []],
-                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`)")
+                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`) and "
+                        "staleness (reward against forced lag: many training runs)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     s = p.add_argument_group("staleness", "the staleness bench's sweep (docs/reference/benchmarks.md)")
     s.add_argument("--objectives", nargs="+", metavar="LOSS", help="loss.name of each objective (default: token_pg)")
