@@ -32,3 +32,16 @@ def test_a_lag_8_run_under_tis_trains_and_records_its_truncation_and_ess_in_rang
     first = statistics.mean(r["reward_mean"] for r in recs[:30])
     last = statistics.mean(r["reward_mean"] for r in recs[-30:])
     assert last > first + 0.03, (first, last)
+
+
+def test_strict_mode_hands_the_objective_weights_of_exactly_one(run_job):
+    # m2po with a bound no rounding noise meets: had the objective seen the actors' log-probs (equal to the learner's
+    # only to the engines' rounding), it would mask nearly every token; in strict mode it sees behaviour = current.
+    run = run_job("on_policy=strict", "loss.name=m2po", "loss.m2po_tau=1e-30", "steps=10",
+                  "monitoring.learner_port=0", "monitoring.actor_port=0", name="strict-m2po")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(10))
+    for r in recs:
+        assert r["lag_max"] == 0 and r["optimizer_steps"] == 1
+        assert (r["masked_fraction"], r["truncated_fraction"], r["clipped_fraction"], r["is_ess_fraction"]) == \
+            (0.0, 0.0, 0.0, 1.0)

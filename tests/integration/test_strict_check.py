@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 
 import pytest
 import torch
@@ -26,7 +27,10 @@ def _cases(dtype: str, out_path: str) -> None:
     from streamrl.learner.engine import Engine
     from streamrl.models import model, sampling
 
-    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=16", "advantage.estimator=grpo"])
+    # STREAMRL_STRICT_CHECK_OVERRIDES: more overrides, to check by hand another objective (loss.name=m2po) or the
+    # engine's strict path (on_policy=strict), which must both leave the check's verdicts unchanged
+    more = os.environ.get("STREAMRL_STRICT_CHECK_OVERRIDES", "").split()
+    cfg = config.load(None, [f"model.dtype={dtype}", "learner.batch_groups=16", "advantage.estimator=grpo", *more])
     task = tasks.build(cfg.task)
     m, tok = model.build(cfg, task.vocabulary)
     actor = copy.deepcopy(m).eval()
