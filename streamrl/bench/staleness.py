@@ -119,7 +119,8 @@ def sweep(specs: list[dict], jobs: int = 2, log=print) -> list[dict]:
 
 
 def table(records: list[dict]) -> list[dict]:
-    """One row per (task, objective, lag): seeds, mean and per-seed final reward, ratio to the objective's lag 0,
+    """One row per (task, objective, lag; lag 0 from the shared strict runs where the objective ran none): seeds,
+    mean and per-seed final reward, ratio to strict,
     the mean clipped, truncated and masked shares and importance-weight ESS fraction, and the largest importance
     ratio, over the steps at full lag."""
     rows = []
@@ -127,11 +128,11 @@ def table(records: list[dict]) -> list[dict]:
     for task, obj in keys:
         mine = [r for r in records if (r["task"], r["objective"]) == (task, obj)]
         # strict: the objective's own lag-0 runs, else the task's (one objective ran lag 0 for all)
-        strict = ([r["final_reward"] for r in mine if r["lag"] == 0]
-                  or [r["final_reward"] for r in records if r["task"] == task and r["lag"] == 0])
+        shared = [r for r in records if r["task"] == task and r["lag"] == 0]
+        strict = [r["final_reward"] for r in mine if r["lag"] == 0] or [r["final_reward"] for r in shared]
         ref = statistics.mean(strict) if strict else None
-        for lag in sorted({r["lag"] for r in mine}):
-            at = [r for r in mine if r["lag"] == lag]
+        for lag in sorted({r["lag"] for r in mine} | ({0} if shared else set())):
+            at = [r for r in mine if r["lag"] == lag] or shared  # lag 0 only: the shared strict runs
             mean = statistics.mean(r["final_reward"] for r in at)
             full = [s for r in at for s in r["per_step"] if s["lag_max"] == lag]
             rows.append({"task": task, "objective": obj, "lag": lag, "seeds": len(at), "steps": at[0]["steps"],

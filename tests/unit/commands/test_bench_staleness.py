@@ -20,7 +20,8 @@ def test_ratios_are_to_the_mean_of_the_shared_strict_runs_and_shares_count_full_
     runs = [_run("token_pg", 0, 0, 0.5, 0.0), _run("token_pg", 0, 1, 0.7, 0.0),
             _run("token_pg", 2, 0, 0.3), _run("token_pg", 2, 1, 0.5), _run("tis", 2, 0, 0.6), _run("tis", 2, 1, 0.6)]
     rows = {(r["objective"], r["lag"]): r for r in staleness.table(runs)}
-    assert set(rows) == {("token_pg", 0), ("token_pg", 2), ("tis", 2)}
+    assert set(rows) == {("token_pg", 0), ("token_pg", 2), ("tis", 0), ("tis", 2)}
+    assert rows["tis", 0]["per_seed"] == [0.5, 0.7] and rows["tis", 0]["ratio_to_strict"] == 1.0  # shared strict
     assert rows["token_pg", 0]["ratio_to_strict"] == 1.0
     assert rows["token_pg", 2]["ratio_to_strict"] == pytest.approx(0.4 / 0.6)
     assert rows["tis", 2]["ratio_to_strict"] == pytest.approx(1.0)  # tis has no lag 0 of its own: the task's strict
