@@ -202,7 +202,9 @@ def staleness(short: bool = False, objectives: list[str] | None = None, lags: li
         data = _chat_data(Path(out or ".") / "chat-dataset")
         for spec in specs:
             if spec["task"] == "chat-dataset":
+                # the recipe's paths are relative to where the command runs: every one made absolute
                 spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
+                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
                                      *spec["overrides"]]
     t0 = time.time()
     records = sweep(specs, jobs=jobs)
