@@ -369,9 +369,3 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
 def test_inflight_updates_with_lora_on_vllm_are_refused_naming_why():
     msg = _error("actors.backend=vllm", "actors.inflight_updates=true", "lora.rank=8")
     assert "lora.rank > 0 on vllm" in msg and "LoRARequest" in msg
-
-
-def test_the_default_loss_is_registered_and_is_the_one_the_staleness_benchmark_chose():
-    from streamrl.algo.losses import LOSSES
-
-    assert config.DEFAULT_LOSS in LOSSES and load(None).loss.name == config.DEFAULT_LOSS == "tis"
