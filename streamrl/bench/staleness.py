@@ -152,13 +152,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = sorted({r["task"] for r in rows})
+    colour = {o: f"C{i}" for i, o in enumerate(sorted({r["objective"] for r in rows}))}  # the same in every panel
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for obj in sorted({r["objective"] for r in rows if r["task"] == task}):
             pts = [(r["lag"], r["ratio_to_strict"]) for r in rows
                    if (r["task"], r["objective"]) == (task, obj) and r["ratio_to_strict"] is not None]
             if pts:
-                ax.plot([max(k, 0.5) for k, _ in pts], [v for _, v in pts], marker="o", label=obj)
+                ax.plot([max(k, 0.5) for k, _ in pts], [v for _, v in pts], marker="o", label=obj, color=colour[obj])
         for level in (0.95, 0.90):
             ax.axhline(level, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log", base=2)
