@@ -1,10 +1,10 @@
 """Off-policy objectives: the policy-gradient losses that correct for stale or mismatched behaviour policies.
 
-Each is a small pure function registered in `streamrl.algo.losses.LOSSES`, with token_pg's tensors and
-conventions (all (B, T), `mask` 1 on the completion tokens the model sampled, `advantages` (B,), token
-losses weighted by `losses.token_weights`). Each returns the per-token bool tensors `clipped` (a trust
-region removed the gradient), `truncated` (an importance weight was capped: gradient kept, scaled
-down) and `masked` (an importance-sampling mask removed the gradient), and the importance `weights`
+Each is a small pure function registered in `streamrl.algo.losses.LOSSES` (`streamrl.algo.loss_base`'s), with
+token_pg's tensors and conventions (all (B, T), `mask` 1 on the completion tokens the model sampled,
+`advantages` (B,), token losses weighted by `losses.token_weights`). Each returns the per-token bool tensors
+`clipped` (a trust region removed the gradient), `truncated` (an importance weight was capped: gradient kept,
+scaled down) and `masked` (an importance-sampling mask removed the gradient), and the importance `weights`
 each token's gradient carries (0 where masked), from which the learner counts and reports them.
 
 With behaviour = the current policy (behaviour_logprobs == logprobs.detach(), as the learner passes in
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.algo.losses import LOSSES, LossOutput, importance_ratio, regularised, token_weights
+from streamrl.algo.loss_base import LOSSES, LossOutput, importance_ratio, regularised, token_weights
 
 
 def _setup(logprobs, behaviour_logprobs, advantages, mask, token_count, aggregation, sequence_count):
@@ -137,8 +137,8 @@ def m2po(logprobs, behaviour_logprobs, advantages, mask, *, m2po_tau: float = 0.
 
     Zheng et al. 2025, "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data on
     LLMs?" (M2PO; AReaL's docs/algorithms/m2po.md, `m2_threshold`; tau = 0.04, stable with data 256
-    versions stale). The second moment is taken over the tokens of one call: the whole batch when it fits one micro-batch
-    (learner.micro_batch_tokens) on one rank, else each micro-batch's own.
+    versions stale). The second moment is taken over the tokens of one call: the whole batch when it fits one
+    micro-batch (learner.micro_batch_tokens) on one rank, else each micro-batch's own.
     """
     m, w, adv, ratio, _ = _setup(logprobs, behaviour_logprobs, advantages, mask, token_count, aggregation,
                                  sequence_count)

@@ -369,3 +369,13 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
 def test_inflight_updates_with_lora_on_vllm_are_refused_naming_why():
     msg = _error("actors.backend=vllm", "actors.inflight_updates=true", "lora.rank=8")
     assert "lora.rank > 0 on vllm" in msg and "LoRARequest" in msg
+
+
+def test_the_off_policy_objectives_and_their_knobs_load_and_a_knob_out_of_range_is_named():
+    cfg = load(None, ["loss.name=icepop", "loss.mis_low=0.7", "loss.mis_high=3", "loss.m2po_tau=0.01"])
+    assert (cfg.loss.name, cfg.loss.mis_low, cfg.loss.mis_high, cfg.loss.m2po_tau) == ("icepop", 0.7, 3.0, 0.01)
+    msg = _error("loss.mis_low=2")
+    assert "loss.mis_low=2" in msg and "allowed: float ≥ 0 and ≤ 1" in msg
+    msg = _error("loss.tis_cap=0.5")
+    assert "loss.tis_cap=0.5" in msg and "≥ 1" in msg
+    assert "m2po" in _error("loss.name=m2p")
