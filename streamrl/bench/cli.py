@@ -27,6 +27,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
 - soak (optional, only when named): the default job for STREAMRL_SOAK_STEPS steps (20,000; --short 300), each
   process's RSS slope per 1,000 steps against its own RSS after warm-up (soak.py).
+- staleness (optional, only when named; a sweep of many training runs): final-policy reward at forced lags, per
+  loss objective, as a ratio of strict's (staleness.py; its options are the `staleness` group below).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
            "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
-# never part of a plain `streamrl bench`: trl needs TRL installed, soak runs for hours at its full length
-OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak")}
+# never part of a plain `streamrl bench`: trl needs TRL installed; soak runs for hours at its full length;
+# staleness trains dozens of runs (minutes to hours)
+OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness")}
 
 
 def names() -> list[str]:
@@ -54,10 +57,12 @@ def bench(name: str):
     return getattr(import_module(f"streamrl.bench.{module}"), function)
 
 
-def run(names: list[str], short: bool) -> list[dict]:
+def run(names: list[str], short: bool, staleness: dict | None = None) -> list[dict]:
+    """staleness: the staleness bench's options (objectives, lags, seeds, steps, tasks, jobs, out), given only to it."""
     rows = []
     for name in names or list(BENCHES):
-        for row in bench(name)(short=short):
+        options = {k: v for k, v in (staleness or {}).items() if v is not None} if name == "staleness" else {}
+        for row in bench(name)(short=short, **options):
             print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
             rows.append(row)
     return rows
@@ -66,11 +71,22 @@ def run(names: list[str], short: bool) -> list[dict]:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     p.add_argument("names", nargs="*", choices=[*names(), []],
-                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`) and soak "
-                   "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default)")
+                   help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`), soak "
+                        "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default) and staleness (reward against "
+                        "forced lag: many training runs)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+    s = p.add_argument_group("staleness", "the staleness bench's sweep (docs/reference/benchmarks.md)")
+    s.add_argument("--objectives", nargs="+", metavar="LOSS", help="loss.name of each objective (default: token_pg)")
+    s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
+    s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
+    s.add_argument("--steps", type=int, help="learner steps per run (default: 300)")
+    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, chat-dataset")
+    s.add_argument("--jobs", type=int, help="runs at once, one torch thread each (default: 2)")
+    s.add_argument("--out", metavar="DIR", help="write DIR/staleness.json (every run) and DIR/staleness.png")
+    s.add_argument("--set", nargs="+", dest="overrides", metavar="KEY=VALUE", help="config overrides for every run")
 
 
 def main(args: argparse.Namespace) -> int:
-    run(args.names, short=args.short)
+    run(args.names, short=args.short, staleness={k: getattr(args, k) for k in (
+        "objectives", "lags", "seeds", "steps", "tasks", "jobs", "out", "overrides")})
     return 0
