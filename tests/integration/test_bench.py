@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from procs import streamrl
 
 
+@pytest.mark.long
 def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     out = streamrl("bench", "--short", cwd=tmp_path, timeout=500).stdout.splitlines()
     transport = [line for line in out if line.startswith("bench=transport")]

@@ -68,6 +68,7 @@ def flaky(prompts, completions, answer, **kwargs):
 '''
 
 
+@pytest.mark.long
 def test_a_reward_that_raises_and_hangs_is_counted_exactly_and_stops_no_actor(tmp_path, monkeypatch):
     chat_data(tmp_path)
     (tmp_path / "flaky.py").write_text(FAULTY)

@@ -43,6 +43,7 @@ def _wait_steps(run, n: int, proc, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.long
 def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactly_twice(tmp_path, monkeypatch):
     monkeypatch.setenv("SAID_LOG", str(tmp_path / "said.jsonl"))
     args = _args(tmp_path, "epochs")

@@ -108,6 +108,7 @@ def test_resume_skips_half_written_and_damaged_checkpoints_and_restores_step_and
 
 
 
+@pytest.mark.long
 def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_each_and_keeps_stepping(tmp_path):
     import random
 

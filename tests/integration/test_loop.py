@@ -131,6 +131,7 @@ def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     assert s["groups_received"] == s["groups_used"] + sum(s["groups_dropped"].values())
 
 
+@pytest.mark.long
 def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tmp_path):
     proc, run = _start_run(tmp_path, "all-down", steps=100000)
     with reaped(proc):

@@ -16,6 +16,7 @@ from streamrl.models import lora, model
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_a_lora_run_publishes_only_adapters_checkpoints_them_and_resumes(run_job):
     run = run_job("lora.rank=8", "optim.lr=3e-3", "steps=12", "learner.checkpoint_every=6", name="lora")
     s = summary(run)
@@ -48,6 +49,7 @@ def test_the_strict_self_check_holds_at_lag_0_with_lora(run_job):
     assert max(r["is_ratio_max_abs_dev"] for r in recs) < 1e-4  # strict mode stopped the run otherwise
 
 
+@pytest.mark.long
 def test_the_tiny_lora_recipe_learns_the_default_task(run_job):
     from pathlib import Path
 

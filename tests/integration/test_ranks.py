@@ -212,6 +212,7 @@ def test_under_zero3_weight_stats_read_only_shards_and_only_rank_0_copies_the_we
         assert zero["sharded"][k] == pytest.approx(v, rel=1e-9), k
 
 
+@pytest.mark.long
 def test_a_run_with_a_two_rank_learner_trains_resumes_and_balances(run_job):
     run = run_job("learner.ranks=2", "learner.zero_stage=3", "learner.checkpoint_every=4", "steps=8", name="ranks")
     assert len(metrics(run)) == 8 and summary(run)["reconciliation"]["balanced"]

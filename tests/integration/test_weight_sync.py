@@ -135,6 +135,7 @@ def test_a_strict_run_over_the_collective_samples_from_exactly_the_broadcast_wei
     assert all(a["failed"] is None and a["syncs"] == sync["syncs"] for a in actors)
 
 
+@pytest.mark.long
 def test_a_dead_actor_turns_the_collective_back_into_zeromq_and_the_run_goes_on(tmp_path):
     ports = free_ports(4)
     args = [str(REPO / "configs" / "tiny.yaml"), "name=dead", f"run_dir={tmp_path / 'runs'}", "steps=30",
