@@ -68,6 +68,7 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     ckpt = run / "checkpoints"
     first = summary(run)
     assert first["groups_used"] == 6 * BATCH_GROUPS
+    saved = json.loads((ckpt / "step-6" / "streamrl.json").read_text())["intake"]  # the accounting resumed from
     # Killed after step-6's files were complete but before the pointer moved: latest still names step-3.
     (ckpt / "latest").write_text("step-3")
     _job(tmp_path, _args(tmp_path, "ptr", steps=8) + ["learner.resume=true"], "second")
@@ -77,10 +78,19 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     assert [r["step"] for r in recs] == list(range(8))
     assert not list(run.glob("metrics.jsonl.before-resume-*")), "no step was redone, so nothing was set aside"
     s = summary(run)
-    # The accounting goes on from the checkpoint's: the summary counts the whole run, not the last leg.
+    # The accounting goes on from the checkpoint's: the summary counts the whole run, not the last leg. The base is
+    # step-6's own accounting, not the first summary's: the first learner went on receiving (and draining, as
+    # lost_at_shutdown) after that checkpoint, and how many came then is timing, which no resume can know of.
     assert s["steps"] == 8 and s["groups_used"] == 8 * BATCH_GROUPS, s
-    assert s["groups_received"] >= first["groups_received"] + 2 * BATCH_GROUPS
+    assert saved["used"] == 6 * BATCH_GROUPS and first["groups_received"] >= saved["receiver"]["received"], saved
     r = s["reconciliation"]
+    sessions = {(x["actor"], x["session"]): x for x in json.loads((run / "sessions.json").read_text())}
+    restored = {(a, sid): c for a, sid, c in saved["receiver"]["sessions"]}
+    assert all(sessions[k]["received"] == c["received"] for k, c in restored.items()), "restored counts overwritten"
+    new = sum(x["received"] for k, x in sessions.items() if k not in restored)
+    assert new >= 2 * BATCH_GROUPS  # the second leg's groups, every one counted on top of the checkpoint's
+    assert s["groups_received"] == saved["receiver"]["received"] + new + r["duplicates"] - saved["receiver"][
+        "duplicates"], (s["groups_received"], saved["receiver"]["received"], new)
     assert r["actor_sessions"] == 4 and r["balanced"] and r["lost_in_transit"] == 0, r
 
 
