@@ -59,12 +59,20 @@ def bench(name: str):
 
 def run(names: list[str], short: bool, staleness: dict | None = None) -> list[dict]:
     """staleness: the staleness bench's options (objectives, lags, seeds, steps, tasks, jobs, out), given only to it."""
+    import os
+
     rows = []
+    env = dict(os.environ)
     for name in names or list(BENCHES):
         options = {k: v for k, v in (staleness or {}).items() if v is not None} if name == "staleness" else {}
-        for row in bench(name)(short=short, **options):
-            print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-            rows.append(row)
+        try:
+            for row in bench(name)(short=short, **options):
+                print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                      flush=True)
+                rows.append(row)
+        finally:  # each bench starts from the command's environment: an in-process engine (learner) sets RANK,
+            os.environ.clear()  # MASTER_PORT..., whose port a later bench's learner process must not reuse
+            os.environ.update(env)
     return rows
 
 

@@ -28,13 +28,31 @@ LR = 1e-6
 
 
 def _versions(n: int, seed: int = 0) -> list[dict]:
-    """The fp32 weights after 0..n optimizer steps of the learner's engine at lr 1e-6 (host copies)."""
+    """The fp32 weights after 0..n optimizer steps of the learner's engine at lr 1e-6 (host copies), trained in a
+    spawned process of its own: the engine initialises torch.distributed and DeepSpeed, whose module-level group
+    caches (`deepspeed.utils.groups`) outlive a destroyed process group, so an engine made after another one in the
+    same process (`streamrl bench --short` runs every bench in one) fails in `deepspeed.initialize`."""
+    import multiprocessing as mp
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "versions.pt")  # a file, not the pool's pipe: its tensors would be shared memory
+        with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:  # whose sender has left
+            pool.apply(_train_versions, (n, seed, torch.get_num_threads(), path))
+        return torch.load(path)
+
+
+def _train_versions(n: int, seed: int, threads: int, path: str) -> None:
+    """(In its own process) `_versions`, saved to `path`."""
     from streamrl import config
     from streamrl.bench.learner import _batch, _model
     from streamrl.learner.engine import Engine
 
     cfg = config.load(None, ["learner.batch_groups=2", "actors.group_size=8", "learner.micro_batch_tokens=512",
                              f"optim.lr={LR}", "optim.warmup_steps=0"])
+    torch.set_num_threads(threads)
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(k, None)  # an earlier engine in the parent set them: its port may still be held there
     model = _model(seed)
     engine = Engine(cfg, model)
     try:
@@ -46,7 +64,7 @@ def _versions(n: int, seed: int = 0) -> list[dict]:
             out.append({k: t.detach().clone() for k, t in engine.published_state().items()})
     finally:
         engine.close()
-    return out
+    torch.save(out, path)
 
 
 def _changed(a: dict, b: dict) -> float:

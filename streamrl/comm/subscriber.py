@@ -70,6 +70,8 @@ class WeightSubscriber:
         self.keep_base = keep_base
         self._base: tuple[str, int, list] | None = None
         """(learner, version, each chunk's received pieces) of the version last taken in, with keep_base."""
+        self._asked_full: tuple[str, int] | None = None
+        """(learner, version) of the last delta dropped for want of any base: one request per version, not chunk."""
         self.deltas = self.fulls = 0
         """Versions taken in as deltas and in full."""
         self.last_chunk = 0.0
@@ -79,7 +81,16 @@ class WeightSubscriber:
         self.poller.register(inbox.sock, zmq.POLLIN)
 
     def request(self, have_version: int) -> None:
-        self.inbox.request(have_version)
+        """Ask for the newest weights, telling the learner `have_version`, or the base this subscriber holds for a
+        delta where that is older (none: -1). The learner sends the next version as a delta to an asker only if it
+        holds that delta's base, so the claim must never be newer than the base: a caller's "I have min_version - 1"
+        (`wait_for`, `hold`) or the version last assembled (a collective one sets no base) may be."""
+        self.inbox.request(min(have_version, self._base_version()))
+
+    def _base_version(self) -> int:
+        """The version whose bytes a delta from the current learner life can be applied to, or -1."""
+        base = self._base
+        return base[1] if self.keep_base and base is not None and base[0] == self.learner else -1
 
     def watch(self, timeout_ms: int = 0) -> None:
         """Take in whatever arrived within `timeout_ms`: notices, and the newest weights (kept for `poll`)."""
@@ -207,10 +218,19 @@ class WeightSubscriber:
         if len(frames) != 2:
             raise wire.WireError("frame_count", f"weights delta chunk needs 2 frames, got {len(frames)}")
         base = self._base
+        if base is None or base[0] != h.learner:
+            # No version of this learner life held yet: a subscriber that just joined (or whose learner restarted)
+            # sees the deltas broadcast before the full version it asked for comes. PUB/SUB cannot keep them from
+            # it, and the learner sent them to those holding their base, not to it: not a refusal. The version is
+            # dropped and a full one asked for (the learner sends one to an asker that holds no base).
+            if self._asked_full != (h.learner, h.version):
+                self._asked_full = (h.learner, h.version)
+                self.request(-1)
+            return None
         try:
-            if base is None or (base[0], base[1]) != (h.learner, d.base) or len(base[2]) != h.count:
+            if (base[0], base[1]) != (h.learner, d.base) or len(base[2]) != h.count:
                 raise wire.WireError("delta_base", f"weights version {h.version} is a delta from version {d.base}, "
-                                     f"this actor holds {base[1] if base else 'none'}")
+                                     f"this actor holds {base[1]}")
             old = base[2][h.index]
             old = np.frombuffer(old[0], np.uint8) if len(old) == 1 else \
                 np.concatenate([np.frombuffer(b, np.uint8) for b in old])

@@ -155,6 +155,45 @@ def test_a_delta_from_a_base_the_actor_lacks_is_refused_and_the_next_version_goe
         ctx.destroy(linger=0)
 
 
+def test_an_actor_that_joins_between_deltas_drops_them_unrefused_and_starts_from_a_full_version(channel):
+    """A subscriber holding no version yet sees the deltas broadcast before the full version it asked for: they
+    were never its to apply (PUB/SUB cannot keep them from it), so they are not refused; it asks, and the learner
+    answers with the version in full (a healthy run's joining actor logged a `delta_base` refusal)."""
+    pub, control, sub = channel()
+    state = {"w": torch.arange(4096, dtype=torch.float32).view(64, 64), "b": torch.ones(7)}
+    pub.publish(0, state)
+    pub.flush()
+    while sub.sub.poll(1000):  # version 0 went by before this actor joined
+        sub.sub.recv_multipart()
+    pub.settle()
+    state["w"][3, :5] += 1.0
+    pub.publish(1, state)  # a delta from version 0, which this actor never held
+    got = receive(sub, 1, control)
+    assert torch.equal(got["w"], state["w"]) and pub.delta.stats["delta"][0] == 1 and pub.rebroadcasts >= 1
+    assert dict(sub.rejected.counts) == {} and (sub.fulls, sub.deltas) == (1, 0)
+    pub.settle()
+    state["w"][5, :5] -= 1.0
+    pub.publish(2, state)  # from here on its deltas apply
+    got = receive(sub, 2, control)
+    assert torch.equal(got["w"], state["w"]) and sub.deltas == 1 and dict(sub.rejected.counts) == {}
+
+
+def test_a_request_never_claims_a_newer_version_than_the_delta_base_held(channel):
+    """`wait_for(v)` asks as holding v - 1; the learner must not take that for the base of its next delta."""
+    pub, control, sub = channel()
+    state = {"w": torch.zeros(256)}
+    pub.publish(0, state)
+    receive(sub, 0)
+    pub.settle()  # no version live: the request waits for the next publish
+    sub.request(5)
+    for _ in range(500):
+        control.serve()
+        if pub._asked:
+            break
+        sub.watch(10)
+    assert pub._asked == 1 and pub._asked_have == 0
+
+
 def test_auto_sends_a_delta_only_when_it_is_smaller_and_a_full_version_every_n():
     layout_state = {"w": torch.randn(4096, generator=torch.Generator().manual_seed(0))}
     layout = chunks.Layout(layout_state)
