@@ -23,6 +23,7 @@ import sys
 import time
 
 import torch
+from safetensors.torch import load_file, save_file
 
 LR = 1e-6
 
@@ -36,14 +37,15 @@ def _versions(n: int, seed: int = 0) -> list[dict]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "versions.pt")  # a file, not the pool's pipe: its tensors would be shared memory
-        with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:  # whose sender has left
-            pool.apply(_train_versions, (n, seed, torch.get_num_threads(), path))
-        return torch.load(path)
+        # Files, not the pool's pipe (its tensors would be shared memory whose sender has left), and safetensors,
+        # not torch.save: nothing in streamrl unpickles (tests/unit/core/test_no_pickle.py).
+        with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+            pool.apply(_train_versions, (n, seed, torch.get_num_threads(), tmp))
+        return [load_file(os.path.join(tmp, f"v{v}.safetensors")) for v in range(n + 1)]
 
 
-def _train_versions(n: int, seed: int, threads: int, path: str) -> None:
-    """(In its own process) `_versions`, saved to `path`."""
+def _train_versions(n: int, seed: int, threads: int, folder: str) -> None:
+    """(In its own process) `_versions`, each saved as `folder`/v<version>.safetensors."""
     from streamrl import config
     from streamrl.bench.learner import _batch, _model
     from streamrl.learner.engine import Engine
@@ -64,7 +66,8 @@ def _train_versions(n: int, seed: int, threads: int, path: str) -> None:
             out.append({k: t.detach().clone() for k, t in engine.published_state().items()})
     finally:
         engine.close()
-    torch.save(out, path)
+    for v, state in enumerate(out):
+        save_file({k: t.contiguous() for k, t in state.items()}, os.path.join(folder, f"v{v}.safetensors"))
 
 
 def _changed(a: dict, b: dict) -> float:
