@@ -85,6 +85,14 @@ def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int = 5, timeou
         time.sleep(0.1)
 
 
+def wait_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Return once the learner `proc` (its output in a log file) has logged `n` steps; fail if it stops or stalls."""
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= n):
+        assert proc.poll() is None and time.monotonic() < deadline, f"learner stopped or stalled before step {n}"
+        time.sleep(0.05)
+
+
 def children_of_run(run_dir: Path) -> list[int]:
     """Processes started for the run in run_dir (their command line names its config.yaml)."""
     marker = str(run_dir / "config.yaml")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, spawn, summary
+from procs import REPO, free_ports, reaped, spawn, summary, wait_steps
 
 pytestmark = pytest.mark.slow
 ROWS = 64
@@ -36,12 +35,6 @@ def _args(tmp, name: str) -> list[str]:
             "monitoring.learner_port=0", "monitoring.actor_port=0"]
 
 
-def _wait_steps(run, n: int, proc, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= n):
-        assert proc.poll() is None and time.monotonic() < deadline, f"learner stopped or stalled before step {n}"
-        time.sleep(0.05)
-
 
 @pytest.mark.long
 def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactly_twice(tmp_path, monkeypatch):
@@ -51,11 +44,11 @@ def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactl
     learner = spawn(["learner", *args], tmp_path / "learner.log")
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        _wait_steps(run, 5, learner)  # epoch 1 is 8 steps: killed in its middle, past the checkpoint of step 4
+        wait_steps(run, 5, learner)  # epoch 1 is 8 steps: killed in its middle, past the checkpoint of step 4
         learner.kill()
         learner.wait()
         learner = spawn(["learner", *args, "learner.resume=true"], tmp_path / "learner-again.log")
-        _wait_steps(run, 11, learner)  # into epoch 2
+        wait_steps(run, 11, learner)  # into epoch 2
         actors[1].send_signal(signal.SIGKILL)
         actors[1].wait()
         actors.append(spawn(["actor", *args, "--index", "1"], tmp_path / "actor-1-again.log"))

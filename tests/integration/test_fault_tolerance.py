@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, rss_mb, spawn, streamrl, summary
+from procs import REPO, free_ports, metrics, reaped, rss_mb, spawn, streamrl, summary, wait_steps
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -22,12 +22,6 @@ def _args(tmp, name: str, steps: int) -> list[str]:
             f"transport.weights_port={weights}", f"transport.weights_request_port={requests}",
             "monitoring.learner_port=0", "monitoring.actor_port=0"]
 
-
-def _wait_steps(run, n: int, proc, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= n):
-        assert proc.poll() is None and time.monotonic() < deadline, f"learner stopped or stalled before step {n}"
-        time.sleep(0.1)
 
 
 def _final_stats(log) -> dict:
@@ -42,10 +36,10 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
     learner = spawn(["learner", *args], tmp_path / "learner.log")
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        _wait_steps(run, 20, learner)
+        wait_steps(run, 20, learner)
         actors[1].send_signal(signal.SIGKILL)
         actors[1].wait()
-        _wait_steps(run, 40, learner)
+        wait_steps(run, 40, learner)
         again = tmp_path / "actor-1-again.log"
         actors.append(spawn(["actor", *args, "--index", "1"], again))
         # The learner trains on until the restarted actor has joined and worked beside it for 10 steps (a
@@ -54,7 +48,7 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
         while "actor-1: starting at policy version" not in again.read_text(errors="replace"):
             assert actors[2].poll() is None and time.monotonic() < deadline, again.read_text()[-3000:]
             time.sleep(0.1)
-        _wait_steps(run, len(metrics(run)) + 10, learner)
+        wait_steps(run, len(metrics(run)) + 10, learner)
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=240) == 0
         for a in (actors[0], actors[2]):
@@ -126,7 +120,7 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
     learner = spawn(["learner", *args], tmp_path / "learner.log")
     actors = [spawn(["actor", *args, "--index", "0"], tmp_path / "actor-0.log")]
     with reaped(learner, actors):
-        _wait_steps(run, 10, learner)
+        wait_steps(run, 10, learner)
         rss_before = rss_mb(learner.pid)
         ctx = zmq.Context()
         pushes, dealer = [ctx.socket(zmq.PUSH) for _ in range(10)], ctx.socket(zmq.DEALER)
@@ -151,7 +145,7 @@ def test_a_training_learner_fuzzed_with_ten_thousand_malformed_messages_counts_e
             assert learner.poll() is None and time.monotonic() < deadline, last
             time.sleep(0.2)
         steps_when_done = last["step"]
-        _wait_steps(run, steps_when_done + 20, learner)  # and it goes on training
+        wait_steps(run, steps_when_done + 20, learner)  # and it goes on training
         rss_after = rss_mb(learner.pid)
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=60) == 0
@@ -182,7 +176,7 @@ def test_a_killed_learner_resumes_and_its_actors_resync_by_themselves(tmp_path):
     learner = spawn(["learner", *args], tmp_path / "learner.log")
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        _wait_steps(run, 25, learner)
+        wait_steps(run, 25, learner)
         learner.kill()  # no checkpoint, no shutdown notice: the actors are left waiting or blocked
         learner.wait()
         learner = spawn(["learner", *args, "learner.resume=true"], tmp_path / "learner-again.log")
@@ -216,7 +210,7 @@ def test_a_peer_with_valid_frames_cannot_inflate_rewards_replay_groups_or_forge_
         return codec.encode_groups([g])
 
     with reaped(learner, actors):
-        _wait_steps(run, 5, learner)
+        wait_steps(run, 5, learner)
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
         push.connect(f"tcp://127.0.0.1:{group_port}")

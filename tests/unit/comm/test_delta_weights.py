@@ -4,7 +4,6 @@ full version, and `auto` picks the smaller of the two."""
 
 from __future__ import annotations
 
-import socket
 
 import numpy as np
 import pytest
@@ -17,18 +16,10 @@ from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
 from streamrl.comm.subscriber import WeightSubscriber
 from streamrl.comm.weights import WeightPublisher
+from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture
