@@ -28,7 +28,11 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - soak (optional, only when named): the default job for STREAMRL_SOAK_STEPS steps (20,000; --short 300), each
   process's RSS slope per 1,000 steps against its own RSS after warm-up (soak.py).
 - staleness (optional, only when named; a sweep of many training runs): final-policy reward at forced lags, per
-  loss objective, as a ratio of strict's (staleness.py; its options are the `staleness` group below).
+  loss objective, as a ratio of strict's (staleness.py; its options are the `sweeps` group below).
+- stability (optional, only when named; hours): the whole tiny job for 5,000 steps per objective and seed, what
+  each run kept of its peak rolling reward (stability.py).
+- time-to-target (optional, only when named): the whole tiny job at each max_staleness, wall time to a reward
+  target against the default max_staleness's (time_to_target.py).
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
 # never part of a plain `streamrl bench`: trl needs TRL installed; soak runs for hours at its full length;
 # staleness trains dozens of runs (minutes to hours)
-OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness")}
+OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness"),
+            "stability": ("stability", "stability"), "time-to-target": ("time_to_target", "time_to_target")}
+SWEEPS = ("staleness", "stability", "time-to-target")  # the benches that take the `sweeps` options
 
 
 def names() -> list[str]:
@@ -57,14 +63,16 @@ def bench(name: str):
     return getattr(import_module(f"streamrl.bench.{module}"), function)
 
 
-def run(names: list[str], short: bool, staleness: dict | None = None) -> list[dict]:
-    """staleness: the staleness bench's options (objectives, lags, seeds, steps, tasks, jobs, out), given only to it."""
+def run(names: list[str], short: bool, sweeps: dict | None = None) -> list[dict]:
+    """sweeps: the sweep benches' options (objectives, lags, seeds, steps, ...), each given the ones it takes."""
+    import inspect
     import os
 
     rows = []
     env = dict(os.environ)
     for name in names or list(BENCHES):
-        options = {k: v for k, v in (staleness or {}).items() if v is not None} if name == "staleness" else {}
+        takes = inspect.signature(bench(name)).parameters if name in SWEEPS else {}
+        options = {k: v for k, v in (sweeps or {}).items() if v is not None and k in takes}
         try:
             for row in bench(name)(short=short, **options):
                 print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
@@ -80,21 +88,34 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="hot-path benchmarks, as ratios against same-run references")
     p.add_argument("names", nargs="*", choices=[*names(), []],
                    help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`), soak "
-                        "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default) and staleness (reward against "
-                        "forced lag: many training runs)")
+                        "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default), staleness (reward against "
+                        "forced lag: many training runs), stability (5,000-step runs) and time-to-target "
+                        "(max_staleness against wall time to a reward)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
-    s = p.add_argument_group("staleness", "the staleness bench's sweep (docs/reference/benchmarks.md)")
-    s.add_argument("--objectives", nargs="+", metavar="LOSS", help="loss.name of each objective (default: token_pg)")
+    s = p.add_argument_group("sweeps", "options of staleness, stability and time-to-target, each taking those "
+                                       "that apply to it (docs/reference/benchmarks.md)")
+    s.add_argument("--objectives", nargs="+", metavar="LOSS",
+                   help="loss.name of each objective (default: token_pg; stability: the default loss)")
     s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
     s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
-    s.add_argument("--steps", type=int, help="learner steps per run (default: 300)")
+    s.add_argument("--steps", type=int, help="learner steps per run (default: staleness 300, stability 5000, "
+                                             "time-to-target 600)")
     s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, chat-dataset")
-    s.add_argument("--jobs", type=int, help="runs at once, one torch thread each (default: 2)")
+    s.add_argument("--jobs", type=int, help="runs at once (staleness: one torch thread each, default 2; stability, "
+                                            "time-to-target: default as many as --cores-per-run allows)")
+    s.add_argument("--cores-per-run", type=int, dest="cores_per_run",
+                   help="stability, time-to-target: cores pinned to each whole run (default: 2)")
+    s.add_argument("--max-staleness", nargs="+", type=int, dest="values", metavar="K",
+                   help="time-to-target: the max_staleness values (default: 1 2 4 8, and the default's)")
+    s.add_argument("--target", type=float, help="time-to-target: the reward target (default: 0.75)")
+    s.add_argument("--timeout", type=float, dest="timeout_s", metavar="S",
+                   help="stability, time-to-target: stop a run after S seconds and report the steps it made")
     s.add_argument("--out", metavar="DIR", help="write DIR/staleness.json (every run) and DIR/staleness.png")
     s.add_argument("--set", nargs="+", dest="overrides", metavar="KEY=VALUE", help="config overrides for every run")
 
 
 def main(args: argparse.Namespace) -> int:
-    run(args.names, short=args.short, staleness={k: getattr(args, k) for k in (
-        "objectives", "lags", "seeds", "steps", "tasks", "jobs", "out", "overrides")})
+    run(args.names, short=args.short, sweeps={k: getattr(args, k) for k in (
+        "objectives", "lags", "seeds", "steps", "tasks", "jobs", "out", "overrides", "cores_per_run", "values",
+        "target", "timeout_s")})
     return 0

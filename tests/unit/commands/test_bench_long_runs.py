@@ -1,0 +1,72 @@
+"""`streamrl bench stability` and `time-to-target`: their arithmetic on made-up curves, the core slots the runs are
+pinned to, and (long) both benches end to end on the real command."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from streamrl.bench import cli, stability, time_to_target, tinyruns
+
+
+def _records(rewards, seconds_per_step=0.1):
+    return [{"step": i, "reward_mean": r, "elapsed_s": (i + 1) * seconds_per_step} for i, r in enumerate(rewards)]
+
+
+def test_rolling_is_the_mean_of_the_last_window_values():
+    assert tinyruns.rolling([1, 2, 3, 4, 5], 2) == [1, 1.5, 2.5, 3.5, 4.5]
+    assert tinyruns.rolling([4.0], 10) == [4.0]
+
+
+def test_a_run_that_falls_after_its_peak_did_not_hold_and_one_that_stays_did():
+    rise = [i / 100 for i in range(100)]
+    fell = stability.summary(_records(rise + [0.99] * 200 + [0.25] * 200), window=10)
+    assert fell["peak"] == pytest.approx(0.99) and fell["final"] == pytest.approx(0.25)
+    assert fell["final_over_peak"] == pytest.approx(0.25 / 0.99) and fell["worst_after_peak"] == pytest.approx(0.25)
+    stayed = stability.summary(_records(rise + [0.99] * 400), window=10)
+    assert stayed["final_over_peak"] == pytest.approx(1.0)
+    assert stability.summary([]) == {"steps": 0}
+
+
+def test_time_to_target_is_the_first_time_the_rolling_mean_reaches_it():
+    recs = _records([0.0] * 10 + [1.0] * 10, seconds_per_step=0.5)
+    # the 5-step mean first reaches 0.8 at the 4th step of ones: step index 13, elapsed (13 + 1) * 0.5
+    assert time_to_target.time_to(recs, 0.8, window=5) == pytest.approx(7.0)
+    assert time_to_target.time_to(recs, 1.01, window=5) is None
+
+
+def test_slots_are_disjoint_sets_of_this_process_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    got = tinyruns.slots(1)
+    assert [c for s in got for c in s] == cores
+    assert tinyruns.slots(1, jobs=1) == [[cores[0]]]
+    with pytest.raises(ValueError, match="cores per run"):
+        tinyruns.slots(len(cores) + 1)
+
+
+def test_a_torn_last_metrics_line_is_left_out(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "reward_mean": 0.5, "loss": 1.0}\n{"step": 1, "rew')
+    assert tinyruns.read_metrics(path) == [{"step": 0, "reward_mean": 0.5}]
+
+
+def test_the_long_run_benches_run_only_when_named_and_take_the_sweep_options():
+    for name in ("stability", "time-to-target"):
+        assert name in cli.names() and name not in cli.BENCHES and name in cli.SWEEPS
+
+
+@pytest.mark.long
+def test_both_benches_run_the_real_command_and_a_run_past_its_time_limit_keeps_its_steps(tmp_path, capsys):
+    rows = cli.run(["stability", "time-to-target"], short=True,
+                   sweeps={"jobs": 1, "cores_per_run": 1, "out": str(tmp_path)})
+    stab = [r for r in rows if r["bench"] == "stability" and "seed" in r]
+    assert len(stab) == 1 and stab[0]["exit"] == 0 and stab[0]["steps"] == stability.SHORT_STEPS
+    ttt = [r for r in rows if r["bench"] == "time-to-target"]
+    assert [r["max_staleness"] for r in ttt] == [2] and ttt[0]["reached"] == 1 and ttt[0]["ratio_to_default"] == 1
+    assert (tmp_path / "stability.png").stat().st_size > 0
+    assert json.loads((tmp_path / "time_to_target.json").read_text())["runs"][0]["steps"] == time_to_target.SHORT_STEPS
+    # a run stopped at its time limit: reported, with the steps it made
+    cut = stability.stability(steps=100_000, jobs=1, cores_per_run=1, timeout_s=10)
+    assert cut[0]["exit"] != 0 and 0 < cut[0]["steps"] < 100_000
