@@ -28,6 +28,7 @@ import asyncio
 import socket
 import threading
 import typing
+import warnings
 
 from streamrl.tasks import plugins
 from streamrl.tasks.adapted import AdaptedTask, check_reward, opening, to_level
@@ -74,7 +75,11 @@ def serve(app, host: str = "127.0.0.1") -> tuple[str, object]:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets"))
+    config = uvicorn.Config(app, log_level="warning", ws="websockets")  # "auto" logs a traceback per closed session
+    with warnings.catch_warnings():  # uvicorn deprecates this implementation, still its sound one for OpenEnv's
+        warnings.simplefilter("ignore")
+        config.load()
+    server = uvicorn.Server(config)
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="openenv-server", daemon=True).start()
     deadline = time.monotonic() + 30
     while not server.started:
