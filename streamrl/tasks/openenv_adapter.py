@@ -4,8 +4,10 @@ The environment runs behind an OpenEnv server: a running one (`task.env_url`), o
 `create_app(Env, Action, Observation, ...)` named by `task.env_app`, which each actor serves itself with
 uvicorn on a loopback port of its own. Each episode talks to it through OpenEnv's own client
 (`task.environment`, an `EnvClient` subclass as "module:Client" / "file.py:Client"; null: `GenericEnvClient`),
-one WebSocket session per episode, so the server's `max_concurrent_envs` must cover the actor's episodes in
-flight (`actors.prompts_per_generate` x `actors.group_size`); a session refused is an environment failure.
+one WebSocket session per episode in flight, so the server's `max_concurrent_envs` must cover the actor's
+episodes (`actors.prompts_per_generate` x `actors.group_size`); a session refused is an environment failure. A
+session whose episode ended with `done` is reset again by a later episode (OpenEnv's Gym-style use of a client),
+saving a connection per episode; one that failed or was cut short is closed.
 
 An episode: `reset(**columns)` with the row's columns (the server hands the env's `reset` those it accepts:
 its seed, its episode_id, its own keyword arguments); the opening messages are the row's prompt followed by
@@ -128,17 +130,31 @@ class OpenEnvEnvironment(EnvironmentDefaults):
     levels: list[float] = []
     tolerance: float = 0.01
 
+    idle: list = []
+    """Sessions whose episode ended well, for the next episode's reset (a new class's own list)."""
+
     def __init__(self, row: dict):
         self.row = row
-        self.client = self.client_cls(base_url=self.url, message_timeout_s=self.timeout_s)
-        self.total, self.turns, self.closed = 0.0, 0, False
+        try:  # a session outlives its episode, as a Gym-style client is reset again: no handshake per episode
+            self.client, self.reused = self.idle.pop(), True
+        except IndexError:
+            self.client, self.reused = self.client_cls(base_url=self.url, message_timeout_s=self.timeout_s), False
+        self.total, self.turns, self.closed, self.ok = 0.0, 0, False, False
 
     def _run(self, coro):
         return _Loop.run(coro, self.timeout_s + 5)
 
     def reset(self) -> list[dict]:
         kwargs = {k: v for k, v in self.row.items() if k not in ("prompt", "id")}
-        result = self._run(self.client.reset(**kwargs))
+        try:
+            result = self._run(self.client.reset(**kwargs))
+        except Exception:
+            if not self.reused:
+                raise
+            # A kept session the server has since closed (its idle timeout): a new one, once.
+            self._run(self.client.close())
+            self.client, self.reused = self.client_cls(base_url=self.url, message_timeout_s=self.timeout_s), False
+            result = self._run(self.client.reset(**kwargs))
         text = field_of(result.observation, self.observation_field, f"{self.client_cls.__name__}.reset")
         return opening(self.row) + ([{"role": "user", "content": text}] if text else [])
 
@@ -151,15 +167,21 @@ class OpenEnvEnvironment(EnvironmentDefaults):
         result = self._run(self.client.step(action))
         self.total += check_reward(result.reward, where)
         if result.done:
+            level = to_level(self.total, self.levels, self.tolerance, where)  # a bad reward fails the episode
+            self.ok = True
             self.close()
-            return [], to_level(self.total, self.levels, self.tolerance, where), True
+            return [], level, True
         text = field_of(result.observation, self.observation_field, where)
         return ([{"role": "user", "content": text}] if text else []), None, False
 
     def close(self) -> None:
+        """A session whose episode ended with done goes back for reuse; any other (an error, a truncation) closes."""
         if not self.closed:
             self.closed = True
-            self._run(self.client.close())
+            if self.ok:
+                self.idle.append(self.client)
+            else:
+                self._run(self.client.close())
 
 
 _served: dict[str, str] = {}  # env_app ref → the URL this process serves it on
@@ -184,4 +206,4 @@ def environment_class(task) -> type:
     return type(f"OpenEnv[{client_cls.__name__}]", (OpenEnvEnvironment,), {
         "client_cls": client_cls, "url": url, "action_field": task.env_action_field,
         "observation_field": task.env_observation_field or None, "timeout_s": task.tool_timeout_s,
-        "levels": sorted(task.reward_levels), "tolerance": task.reward_level_tolerance})
+        "levels": sorted(task.reward_levels), "tolerance": task.reward_level_tolerance, "idle": []})

@@ -87,3 +87,18 @@ def test_a_client_class_that_is_no_envclient_is_refused(tmp_path):
     (tmp_path / "c.py").write_text("class NotAClient:\n    pass\n")
     with pytest.raises(ValueError, match="not an OpenEnv EnvClient"):
         openenv_adapter.environment_class(_task(environment=f"{tmp_path / 'c.py'}:NotAClient"))
+
+
+def test_a_session_whose_episode_ended_serves_the_next_episode_and_a_failed_one_is_closed(served):
+    cls = openenv_adapter.environment_class(_task(reward_levels=[0.0, 1.0], env_app=None, env_url=served))
+    first = cls(ROW)
+    first.reset()
+    first.step("a b")
+    assert first.step("c d") == ([], 1.0, True)
+    second = cls(ROW)
+    assert second.client is first.client and second.reset()  # reset again on the kept session
+    second.step("a b")
+    with pytest.raises(BadReward):
+        second.step("c a")  # 0.75: the episode failed, so its session is not kept
+    second.close()
+    assert cls.idle == [] and cls(ROW).client is not first.client
