@@ -12,7 +12,7 @@ from openenv.core.env_server.types import State
 from copy_models import CopyAction, CopyObservation
 
 
-class CopyEnvironment(Environment):
+class CopyEnvironment(Environment[CopyAction, CopyObservation, State]):
     SUPPORTS_CONCURRENT_SESSIONS = True  # each WebSocket session gets its own instance
 
     def __init__(self):

@@ -72,7 +72,7 @@ class TaskConfig(_Section):
     env_url: str | None = None
     """openenv: the base URL of a running OpenEnv server (http://host:port); or task.env_app."""
     env_app: str | None = None
-    """openenv: an OpenEnv server app ('module:app' or 'file.py:app', from create_app) each actor serves on loopback."""
+    """openenv: what each actor serves on loopback: an app from create_app, or an Environment[Action, Obs, State] class ('module:name', 'file.py:name')."""
     env_action_field: str = "message"
     """openenv: the Action field the model's reply fills (the rest of the Action keeps its defaults)."""
     env_observation_field: str = "message"

@@ -1,8 +1,8 @@
 """OpenEnv environments, unchanged: `task.name: openenv` (docs/guides/openenv.md).
 
-The environment runs behind an OpenEnv server: a running one (`task.env_url`), or the app of OpenEnv's
-`create_app(Env, Action, Observation, ...)` named by `task.env_app`, which each actor serves itself with
-uvicorn on a loopback port of its own. Each episode talks to it through OpenEnv's own client
+The environment runs behind an OpenEnv server: a running one (`task.env_url`), or one each actor serves itself
+with uvicorn on a loopback port of its own (`task.env_app`): the app of OpenEnv's `create_app(Env, Action,
+Observation, ...)`, or the `Environment[Action, Observation, State]` class, for which the actor makes that app. Each episode talks to it through OpenEnv's own client
 (`task.environment`, an `EnvClient` subclass as "module:Client" / "file.py:Client"; null: `GenericEnvClient`),
 one WebSocket session per episode in flight, so the server's `max_concurrent_envs` must cover the actor's
 episodes (`actors.prompts_per_generate` x `actors.group_size`); a session refused is an environment failure. A
@@ -91,14 +91,31 @@ def serve(app, host: str = "127.0.0.1") -> tuple[str, object]:
     return f"http://{host}:{sock.getsockname()[1]}", server
 
 
-def action_class(client_cls: type):
-    """The Action type of an `EnvClient[Action, Observation, State]` subclass; dict when it has none."""
-    for klass in client_cls.__mro__:
+def _type_params(cls: type) -> tuple:
+    """The type arguments of the first parametrised base of `cls` (`EnvClient[A, O, S]`: (A, O, S)); () if none."""
+    for klass in cls.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
             args = typing.get_args(base)
             if args and isinstance(args[0], type):
-                return args[0]
-    return dict
+                return args
+    return ()
+
+
+def action_class(client_cls: type):
+    """The Action type of an `EnvClient[Action, Observation, State]` subclass; dict when it has none."""
+    return (_type_params(client_cls) or (dict,))[0]
+
+
+def app_of(env_cls: type, sessions: int = 256):
+    """OpenEnv's own app (`create_app`) for an `Environment[Action, Observation, State]` subclass, taking up to
+    `sessions` WebSocket sessions at once (the class must say SUPPORTS_CONCURRENT_SESSIONS)."""
+    from openenv.core.env_server.http_server import create_app
+
+    params = _type_params(env_cls)
+    if len(params) < 2:
+        raise ValueError(f"task.env_app: {env_cls.__name__} does not declare its types: subclass "
+                         "Environment[Action, Observation, State], or give the app create_app made")
+    return create_app(env_cls, params[0], params[1], env_name=env_cls.__name__, max_concurrent_envs=sessions)
 
 
 def field_of(observation, name: str | None, where: str) -> str:
@@ -201,7 +218,10 @@ def environment_class(task) -> type:
     url = task.env_url
     if task.env_app:
         if task.env_app not in _served:
-            _served[task.env_app] = serve(plugins.resolve(task.env_app, "task.env_app", "app"))[0]
+            app = plugins.resolve(task.env_app, "task.env_app", "app")
+            if isinstance(app, type) and issubclass(app, core.Environment):  # the environment class itself
+                app = app_of(app)
+            _served[task.env_app] = serve(app)[0]
         url = _served[task.env_app]
     return type(f"OpenEnv[{client_cls.__name__}]", (OpenEnvEnvironment,), {
         "client_cls": client_cls, "url": url, "action_field": task.env_action_field,

@@ -102,3 +102,12 @@ def test_a_session_whose_episode_ended_serves_the_next_episode_and_a_failed_one_
         second.step("c a")  # 0.75: the episode failed, so its session is not kept
     second.close()
     assert cls.idle == [] and cls(ROW).client is not first.client
+
+
+def test_an_environment_class_as_env_app_is_served_by_openenvs_own_app():
+    cls = openenv_adapter.environment_class(_task(env_app=f"{EXAMPLE / 'copy_environment.py'}:CopyEnvironment"))
+    assert cls.url != openenv_adapter.environment_class(_task()).url  # its own server, made by create_app
+    env = cls(ROW)
+    env.reset()
+    env.step("a b")
+    assert env.step("c d") == ([], 1.0, True)
