@@ -129,7 +129,8 @@ class Config(_Section):
                              f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
-        if self.task.name in ("dataset", "agent", "skyrl_gym", "openenv") and not self.task.reward_levels and not self.reward.bucket_edges:
+        rows_rewarded = ("dataset", "agent", "skyrl_gym", "openenv")  # a scale the config must declare
+        if self.task.name in rows_rewarded and not self.task.reward_levels and not self.reward.bucket_edges:
             raise ValueError(f"task.reward_levels=[]: a {self.task.name} task's reward needs a scale: declare its levels "
                              "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")
 

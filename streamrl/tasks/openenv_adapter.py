@@ -1,23 +1,24 @@
 """OpenEnv environments, unchanged: `task.name: openenv` (docs/guides/openenv.md).
 
-The environment runs behind an OpenEnv server: a running one (`task.env_url`), or one each actor serves itself
-with uvicorn on a loopback port of its own (`task.env_app`): the app of OpenEnv's `create_app(Env, Action,
-Observation, ...)`, or the `Environment[Action, Observation, State]` class, for which the actor makes that app. Each episode talks to it through OpenEnv's own client
-(`task.environment`, an `EnvClient` subclass as "module:Client" / "file.py:Client"; null: `GenericEnvClient`),
-one WebSocket session per episode in flight, so the server's `max_concurrent_envs` must cover the actor's
-episodes (`actors.prompts_per_generate` x `actors.group_size`); a session refused is an environment failure. A
-session whose episode ended with `done` is reset again by a later episode (OpenEnv's Gym-style use of a client),
-saving a connection per episode; one that failed or was cut short is closed.
+The environment runs behind an OpenEnv server: a running one (`task.env_url`), or one each actor serves itself with
+uvicorn on a loopback port of its own (`task.env_app`): the app of OpenEnv's `create_app(Env, Action, Observation,
+...)`, or the `Environment[Action, Observation, State]` class, for which the actor makes that app. Each episode
+talks to it through OpenEnv's own client (`task.environment`, an `EnvClient` subclass as "module:Client" /
+"file.py:Client"; null: `GenericEnvClient`), one WebSocket session per episode in flight, so the server's
+`max_concurrent_envs` must cover the actor's episodes (`actors.prompts_per_generate` x `actors.group_size`); a
+session refused is an environment failure. A session whose episode ended with `done` is reset again by a later
+episode (OpenEnv's Gym-style use of a client), saving a connection per episode; one that failed or was cut short is
+closed.
 
-An episode: `reset(**columns)` with the row's columns (the server hands the env's `reset` those it accepts:
-its seed, its episode_id, its own keyword arguments); the opening messages are the row's prompt followed by
-the reset observation's text (its `task.env_observation_field`) as a user message when it has any. Each model
-reply becomes an Action with the reply in `task.env_action_field` (the client's Action class, read from its
-`EnvClient[Action, Observation, State]` parameters; a dict for GenericEnvClient) and goes to `step`; the
-observation's text is appended as the next user message, until the result says `done`. The episode's reward
-is the sum of its steps' rewards (None: 0), mapped onto `task.reward_levels` by `streamrl.tasks.adapted`. A
-server error, a timeout (`task.tool_timeout_s` per message), or a reward that is not a finite number or is on
-no level ends the episode as an environment failure.
+An episode: `reset(**columns)` with the row's columns (the server hands the env's `reset` those it accepts: its
+seed, its episode_id, its own keyword arguments); the opening messages are the row's prompt followed by the reset
+observation's text (its `task.env_observation_field`) as a user message when it has any. Each model reply becomes
+an Action with the reply in `task.env_action_field` (the client's Action class, read from its `EnvClient[Action,
+Observation, State]` parameters; a dict for GenericEnvClient) and goes to `step`; the observation's text is
+appended as the next user message, until the result says `done`. The episode's reward is the sum of its steps'
+rewards (None: 0), mapped onto `task.reward_levels` by `streamrl.tasks.adapted`. A server error, a timeout
+(`task.tool_timeout_s` per message), or a reward that is not a finite number or is on no level ends the episode as
+an environment failure.
 
 Not kept: rubrics' per-component scores (only the observation's reward is read), MCP tool mode ("production"
 clients), container/hub providers (`from_docker_image`, `from_env`: start the server yourself and give
