@@ -1,7 +1,7 @@
 """SkyRL-Gym environments, unchanged: `task.name: skyrl_gym` (docs/guides/skyrl-gym.md).
 
-`task.environment` is an env id registered with `skyrl_gym.register` (made with `skyrl_gym.make`, its module
-imported first when written "module:env_id"), or the `BaseTextEnv` subclass itself as "package.module:Class" /
+`task.environment` is an env id registered with `skyrl_gym.register` (made with `skyrl_gym.make`; written
+"module:env_id" or "file.py:env_id", the module that registers it is imported first), or the `BaseTextEnv` subclass itself as "package.module:Class" /
 "path/file.py:Class"; a row's `env_class` column overrides it for that row, as in SkyRL's datasets. Each episode
 is one env, built as SkyRL's generator builds it: `make(id, env_config=task.env_config, extras=row)`, where the
 extras are the row's columns but its prompt (and streamrl's "id", and `env_class`), with `max_turns` set to
@@ -18,6 +18,7 @@ that returns one is counted in the log, once, and ignored), `get_metrics`, and S
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from streamrl.tasks import plugins
@@ -45,29 +46,34 @@ def _skyrl_gym():
 def _check_ref(ref: str) -> None:
     """ValueError when `ref` names neither a registered env id nor a BaseTextEnv class (said at the actor's start)."""
     skyrl_gym = _skyrl_gym()
-    if _env_class(ref) is not None:
+    cls, env_id = resolve(ref)
+    if cls is not None:
         return
     try:
-        skyrl_gym.spec(ref)
+        skyrl_gym.spec(env_id)
     except Exception as e:
         ids = ", ".join(sorted(skyrl_gym.registry))
         raise ValueError(f"task.environment={ref!r}: no SkyRL-Gym env by that id ({type(e).__name__}: {e}); "
                          f"registered: {ids}; or give 'package.module:Class' / 'file.py:Class'") from e
 
 
-def _env_class(ref: str) -> type | None:
-    """The skyrl_gym.Env subclass `ref` names as "module:Class" / "file.py:Class"; None for an env id."""
+@functools.lru_cache(maxsize=None)
+def resolve(ref: str) -> tuple[type | None, str]:
+    """(the skyrl_gym.Env subclass, "") that "module:Class" / "file.py:Class" names, or (None, the env id) for an
+    id: a plain one, or "module:env_id" / "file.py:env_id", whose module is imported first (SkyRL registers an
+    env when the module that calls skyrl_gym.register is imported, which skyrl_gym.make does not do itself)."""
     if ":" not in ref:
-        return None
+        return None, ref
+    name = ref.rpartition(":")[2]
     try:
         found = plugins.resolve(ref, "task.environment", "Class")
-    except ValueError:
-        if ref.split(":")[0].endswith(".py"):
-            raise
-        return None  # "module:env_id": skyrl_gym.make imports the module, whose import registers the id
+    except ValueError as e:
+        if name in _skyrl_gym().registry:  # the module's import registered it
+            return None, name
+        raise ValueError(f"{e}; nor is {name!r} a registered SkyRL-Gym env id") from e
     if not (isinstance(found, type) and issubclass(found, _skyrl_gym().Env)):
         raise ValueError(f"task.environment={ref!r}: names {found!r}, not a skyrl_gym.Env (BaseTextEnv) subclass")
-    return found
+    return found, ""
 
 
 def make(ref: str, env_config: dict, extras: dict):
@@ -79,9 +85,9 @@ def make(ref: str, env_config: dict, extras: dict):
         config = OmegaConf.create(dict(env_config))  # what SkyRL hands an env (attribute and key access)
     except ImportError:
         config = dict(env_config)
-    cls = _env_class(ref)
+    cls, env_id = resolve(ref)
     return cls(env_config=config, extras=extras) if cls is not None else skyrl_gym.make(
-        ref, env_config=config, extras=extras)
+        env_id, env_config=config, extras=extras)
 
 
 class SkyRLGymEnvironment(EnvironmentDefaults):

@@ -114,3 +114,21 @@ def test_the_skyrl_gym_task_is_episodic_and_its_factory_is_the_adapter():
     task = _task("gsm8k")
     assert environments.episodic(task)
     assert environments.factory(task).__name__ == "SkyRLGym[gsm8k]"
+
+
+def test_an_id_registered_by_the_users_module_is_made_after_importing_it(tmp_path):
+    (tmp_path / "my_envs.py").write_text(
+        "import skyrl_gym\n"
+        "from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput\n"
+        "class Echo(BaseTextEnv):\n"
+        "    def __init__(self, env_config=None, extras={}):\n"
+        "        super().__init__()\n"
+        "    def step(self, action):\n"
+        "        return BaseTextEnvStepOutput(observations=[], reward=float(action == 'yes'), done=True, metadata={})\n"
+        "skyrl_gym.register(id='streamrl-test-echo', entry_point=Echo)\n")
+    cls = environment_class(_task(f"{tmp_path / 'my_envs.py'}:streamrl-test-echo"))
+    env = cls({"prompt": "say yes", "id": "r"})
+    env.reset()
+    assert env.step("yes") == ([], 1.0, True) and type(env.env).__name__ == "Echo"
+    with pytest.raises(ValueError, match="nor is 'no-such-id' a registered SkyRL-Gym env id"):
+        environment_class(_task(f"{tmp_path / 'my_envs.py'}:no-such-id"))
