@@ -132,3 +132,20 @@ def test_an_id_registered_by_the_users_module_is_made_after_importing_it(tmp_pat
     assert env.step("yes") == ([], 1.0, True) and type(env.env).__name__ == "Echo"
     with pytest.raises(ValueError, match="nor is 'no-such-id' a registered SkyRL-Gym env id"):
         environment_class(_task(f"{tmp_path / 'my_envs.py'}:no-such-id"))
+
+
+class _Configured(BaseTextEnv):
+    def __init__(self, env_config=None, extras={}):
+        super().__init__()
+        self.bonus = env_config.bonus  # attribute access, as on the DictConfig SkyRL hands an env
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        return BaseTextEnvStepOutput(observations=[], reward=self.bonus, done=True, metadata={})
+
+
+def test_task_env_config_reaches_the_env_as_skyrl_hands_it():
+    skyrl_gym.register(id="streamrl-test-configured", entry_point=_Configured)
+    cls = environment_class(_task("streamrl-test-configured", env_config={"bonus": 1.0}))
+    env = cls({"prompt": "q", "id": "r"})
+    env.reset()
+    assert env.step("anything") == ([], 1.0, True)
