@@ -107,7 +107,7 @@ class Episodes:
 
     def __init__(self, cfg, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         t = cfg.task
-        self.env_cls = environments.load(t.environment)
+        self.env_cls = environments.factory(t)
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.group_size, self.max_turns, self.timeout_s = cfg.actors.group_size, t.max_turns, t.tool_timeout_s
         self.max_new_tokens, self.seq_cap = cfg.actors.max_new_tokens, sequence_cap(cfg)
@@ -284,6 +284,10 @@ class Episodes:
 
     def _end(self, e: _Episode, reward: float | None, finish: str) -> None:
         e.done, e.finish, e.ended = True, finish, time.perf_counter()
+        try:  # an environment holding a connection or a process lets it go however the episode ended
+            getattr(e.env, "close", lambda: None)()
+        except Exception as err:
+            log.warning("%s: %s.close raised: %s: %s", self.actor_id, type(e.env).__name__, type(err).__name__, err)
         value = self.lowest if reward is None or not math.isfinite(reward) else self.reward.shape(float(reward))
         e.reward = value
 

@@ -17,6 +17,7 @@ from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
 from streamrl.config import Config
+from streamrl.tasks import environments
 from streamrl.telemetry import actor_metrics
 
 log = logging.getLogger("streamrl.actor")
@@ -80,7 +81,7 @@ class Generation:
 
             self.episodes = AgentEpisodes(cfg, index, self.timed, tokenizer, reward, self.actor_id,
                                           backend.end_ids or [tokenizer.eos_token_id])
-        elif cfg.task.environment:
+        elif environments.episodic(cfg.task):
             # Every end token of the model (the backend's): a turn ending in one closes it.
             end_ids = backend.end_ids or [tokenizer.eos_token_id]
             self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids)

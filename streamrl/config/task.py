@@ -66,7 +66,17 @@ class TaskConfig(_Section):
     options: dict[str, Any] = {}
     """reasoning_gym: keyword options of reasoning_gym.create_dataset (size: 1000 and seed: 0 unless given)."""
     environment: str | None = None
-    """Multi-turn episodes: the environment class, 'package.module:Class', 'path/file.py:Class' or an entry point."""
+    """Multi-turn episodes: the environment class, 'package.module:Class', 'path/file.py:Class' or an entry point; skyrl_gym: its env id or BaseTextEnv class; openenv: its EnvClient class (null: GenericEnvClient)."""
+    env_config: dict[str, Any] = {}
+    """skyrl_gym: the env_config its envs are made with (SkyRL's skyrl_gym config section for the env)."""
+    env_url: str | None = None
+    """openenv: the base URL of a running OpenEnv server (http://host:port); or task.env_app."""
+    env_app: str | None = None
+    """openenv: what each actor serves on loopback: an app from create_app, or an Environment[Action, Obs, State] class ('module:name', 'file.py:name')."""
+    env_action_field: str = "message"
+    """openenv: the Action field the model's reply fills (the rest of the Action keeps its defaults)."""
+    env_observation_field: str = "message"
+    """openenv: the Observation field whose text is the environment's next user message ("": none)."""
     max_turns: PositiveInt = 4
     """environment: most model turns per episode (more: the episode ends truncated)."""
     tool_parser: str = "auto"
@@ -97,6 +107,15 @@ class TaskConfig(_Section):
         if self.name == "agent" and (not self.data or not self.agent):
             raise ValueError(f"name=agent: needs task.data (the rows each episode's agent is given) and task.agent "
                              f"('package.module:fn' or 'file.py:fn'); got data={self.data!r}, agent={self.agent!r}")
+        if self.name in ("skyrl_gym", "openenv") and not self.data:
+            raise ValueError(f"name={self.name}: needs task.data (the rows each episode's environment is made from)")
+        if self.name == "skyrl_gym" and not self.environment:
+            raise ValueError("name=skyrl_gym: needs task.environment, a registered env id or 'module:Class' / "
+                             "'file.py:Class' (a BaseTextEnv subclass)")
+        if self.name == "openenv" and (self.env_url is None) == (self.env_app is None):
+            raise ValueError(f"name=openenv: needs exactly one of task.env_url (a running server) and task.env_app "
+                             f"('module:app', served by each actor); got env_url={self.env_url!r}, "
+                             f"env_app={self.env_app!r}")
         if self.agent and self.name != "agent":
             raise ValueError(f"agent={self.agent!r}: only task.name=agent runs an agent (name={self.name!r})")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []

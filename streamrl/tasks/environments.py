@@ -62,6 +62,24 @@ def load(ref: str) -> type:
     return cls
 
 
+ADAPTERS = {"skyrl_gym": "streamrl.tasks.skyrl_adapter", "openenv": "streamrl.tasks.openenv_adapter"}
+"""task.name → the module whose `environment_class(task)` adapts that ecosystem's environments."""
+
+
+def episodic(task) -> bool:
+    """Whether a task config's samples are multi-turn episodes of an environment (streamrl.actors.episodes)."""
+    return bool(task.environment) or task.name in ADAPTERS
+
+
+def factory(task) -> type:
+    """The class each episode's environment is built from, `Cls(row)`: an adapter's, else task.environment's."""
+    if task.name in ADAPTERS:
+        import importlib
+
+        return importlib.import_module(ADAPTERS[task.name]).environment_class(task)
+    return load(task.environment)
+
+
 def row_of(prompt) -> dict:
     """The row an environment is built from: a task Prompt's columns, its "prompt" (messages or text) and "id"."""
     return {**prompt.columns, "prompt": list(prompt.messages) if prompt.messages else prompt.text, "id": prompt.id}

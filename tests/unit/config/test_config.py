@@ -113,7 +113,7 @@ def test_a_bad_estimator_name_names_key_value_and_allowed():
 
 def test_a_bad_task_or_loss_name_names_key_value_and_allowed():
     msg = _error("task.name=sort")
-    assert "task.name='sort'" in msg and "code_verifier, copy, dataset, lookup, math, reasoning_gym, repeat_first, reverse" in msg
+    assert "task.name='sort'" in msg and "code_verifier, copy, dataset, lookup, math, openenv, reasoning_gym, repeat_first, reverse, skyrl_gym" in msg
     msg = _error("loss.name=dpo")
     assert "loss.name='dpo'" in msg and "token_pg" in msg
 

@@ -93,7 +93,7 @@ def test_build_follows_the_task_config():
 
 
 def test_unknown_task_lists_valid_ones():
-    with pytest.raises(KeyError, match="valid: agent, code_verifier, copy, dataset, lookup, math, reasoning_gym, repeat_first, reverse"):
+    with pytest.raises(KeyError, match="valid: agent, code_verifier, copy, dataset, lookup, math, openenv, reasoning_gym, repeat_first, reverse, skyrl_gym"):
         tasks.TASKS.get("sort")
 
 

@@ -1,0 +1,13 @@
+"""Writes train.jsonl: every copy prompt over 4 symbols of length 4, in SkyRL's dataset shape (the prompt, and
+the env's extras: `reward_spec` with the `ground_truth`)."""
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    rows = [{"prompt": f"copy : {' '.join(s)} =", "reward_spec": {"method": "rule", "ground_truth": " ".join(s)}}
+            for s in itertools.product("abcd", repeat=4)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,0 +1,76 @@
+"""What the ecosystem adapters share (`task.name: skyrl_gym`, `task.name: openenv`): a data-row task whose
+episodes are played by another ecosystem's environment through streamrl's own `Environment` protocol, and the
+map from that environment's return onto the task's ordinal levels.
+
+An adapted environment plays its episode through `streamrl.actors.episodes` like any `task.environment`, so it
+keeps token-in-token-out turns, the environment-token mask and every backend (hf, vLLM); the adapter only
+translates the calls. Its return (the sum of the rewards of its steps, as SkyRL's outcome estimators and
+OpenEnv's episode return add them) is mapped onto `task.reward_levels`: the level within
+`task.reward_level_tolerance` of it; with `reward.bucket_edges` instead of levels, the return as it is (the
+buckets shape it). A return that is not a finite number, or is on no level, raises (`BadReward`): the episode
+counts as an environment failure (`episodes_step_raised`) and is scored lowest, never silently.
+"""
+
+from __future__ import annotations
+
+import math
+
+from streamrl.tasks import data
+from streamrl.tasks.base import Prompt
+from streamrl.tasks.dataset import DatasetTask, converter
+
+
+class BadReward(ValueError):
+    """An environment's reward that is not a finite number or is on none of the task's levels."""
+
+
+def check_reward(value, where: str) -> float:
+    """A step's reward as a float (None: 0.0, a step that gave none); BadReward for anything not a finite number."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise BadReward(f"{where}: reward {value!r} is not a finite number")
+    return float(value)
+
+
+def to_level(total: float, levels: list[float], tolerance: float, where: str) -> float:
+    """The level of `levels` within `tolerance` of `total` ([] levels: `total` unchanged, for bucketing)."""
+    if not levels:
+        return total
+    near = min(levels, key=lambda v: abs(v - total))
+    if abs(near - total) > tolerance:
+        raise BadReward(f"{where}: the episode's reward {total:g} is on none of task.reward_levels {levels} "
+                        f"(tolerance {tolerance:g}); declare its levels, or bucket it with reward.bucket_edges")
+    return near
+
+
+class AdaptedTask(DatasetTask):
+    """Rows from `task.data`; each sample is an episode of the adapted environment, which gives its reward."""
+
+    grouped = False  # scored by its episodes (streamrl.actors.episodes), never by reward functions
+    adapter = "adapted"
+
+    def __init__(self, cfg):
+        if not cfg.data:
+            raise ValueError(f"task {self.adapter} needs task.data: " + data.FORMATS)
+        convert = converter(cfg.prompt_field)
+        what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
+        self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
+        self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
+        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
+        self.functions = None
+        self.extra_words = list(cfg.vocabulary)
+        self.unparseable = 0
+
+    def close(self) -> None:
+        pass  # no reward functions: the environments belong to the actor's episode runner
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        raise ValueError(f"task {self.adapter}: a sample is scored by its environment's episode; single-completion "
+                         "scoring (eval.every, streamrl eval) is not supported for it yet")
+
+
+def opening(row: dict) -> list[dict]:
+    """The row's prompt as chat messages (a text prompt becomes one user message)."""
+    prompt = row["prompt"]
+    return [dict(m) for m in prompt] if isinstance(prompt, (list, tuple)) else [{"role": "user", "content": prompt}]
