@@ -184,12 +184,17 @@ def _scored(reward: Reward, drawn, texts, handle, stats: RolloutStats | None) ->
     return [list(zip(cs, ts, fill_unscored(rs))) for cs, ts, rs in zip(drawn, texts, scored)]
 
 
+class StandIn(float):
+    """An unscored sample's reward: its group's mean standing in for the score it did not get. The type travels
+    with the sample through selection (dynamic rollouts), so its group marks it unscored on the wire."""
+
+
 def fill_unscored(rewards: list[float | None]) -> list[float]:
-    """Unscored samples (None) take the mean of the scored ones, so they move no other sample's advantage under
-    a mean baseline; with none scored, NaN (the group is dropped and counted)."""
+    """Unscored samples (None) take the mean of the scored ones (a StandIn), so they move no other sample's
+    advantage under a mean baseline; with none scored, NaN (the group is dropped and counted)."""
     scored = [r for r in rewards if r is not None]
     mean = sum(scored) / len(scored) if scored else math.nan
-    return [mean if r is None else r for r in rewards]
+    return [StandIn(mean) if r is None else r for r in rewards]
 
 
 def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, actor_id: str,
@@ -199,7 +204,8 @@ def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, 
         completions=[c.tokens for c, _, _ in samples], logprobs=[c.logprobs for c, _, _ in samples],
         rewards=[r for _, _, r in samples], finish_reasons=[c.finish_reason for c, _, _ in samples],
         corrections=corrections, layer=layer,
-        last_versions=[c.versions[1] if c.versions else None for c, _, _ in samples])
+        last_versions=[c.versions[1] if c.versions else None for c, _, _ in samples],
+        scored=[not isinstance(r, StandIn) for _, _, r in samples])
 
 
 def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,

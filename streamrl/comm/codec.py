@@ -67,6 +67,11 @@ class ScoredGroup(Struct, kw_only=True):
         return [s.reward for s in self.samples]
 
     @property
+    def scored(self) -> list[bool]:
+        """Which samples' rewards are scores (False: it stands in for one a user's function failed to give)."""
+        return [s.scored for s in self.samples]
+
+    @property
     def last_versions(self) -> list[int]:
         """The newest policy version behind each sample (policy_version where no in-flight update hit it)."""
         return [self.policy_version if s.last_version is None else s.last_version for s in self.samples]
@@ -113,6 +118,7 @@ class ScoredGroup(Struct, kw_only=True):
         layer: int = 1,
         last_versions: Sequence[int | None] | None = None,
         model_token_masks: Sequence[np.ndarray] | None = None,
+        scored: Sequence[bool] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges.
@@ -120,7 +126,10 @@ class ScoredGroup(Struct, kw_only=True):
         model_token_masks[i]: (T_i,) bool aligned with completions[i], True where the model sampled the
         token, False under an environment token; None: all the model's. logprobs stay aligned with
         every token; entries under environment tokens are ignored (sent as 0). A group whose masks are
-        all True travels as one without masks (and arrives with model_token_mask None)."""
+        all True travels as one without masks (and arrives with model_token_mask None).
+
+        scored[i]: False where sample i's reward stands in for a score it did not get (a reward function or
+        environment failed on it); None: every sample scored."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -136,7 +145,8 @@ class ScoredGroup(Struct, kw_only=True):
             behaviour_logprobs=logprob_array,
             samples=[
                 SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
-                           correction=None if corrections is None else float(corrections[i]), last_version=last[i])
+                           correction=None if corrections is None else float(corrections[i]), last_version=last[i],
+                           scored=True if scored is None else bool(scored[i]))
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,

@@ -47,6 +47,10 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """Multi-layer GRPO, layer 1: the reward of this sample's first correction (left out otherwise)."""
     last_version: int | None = None
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
+    scored: bool = True
+    """False: no score came for it (a reward function or environment failed on it) and its reward stands in
+    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports.
+    Last, with a default: a message from before it decodes as scored."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):
@@ -294,8 +298,8 @@ class Deal(Struct, tag="deal", kw_only=True):
 
 
 class ActorFailure(Struct, tag="actor_failure", kw_only=True):
-    """An actor's word that a user's function is broken (streamrl.tasks.reward_health): it fails on most of its
-    samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
+    """An actor's word that a user's function (a reward function, grader, environment, tool) is broken
+    (streamrl.tasks.reward_health): it fails on most of its samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
 
     schema: int = SCHEMA_VERSION
     actor_id: str
@@ -312,6 +316,11 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """The first failure's traceback (or what was wrong with the returned value)."""
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
     """Every failure of the session so far, by reason (samples; calls_failed: calls)."""
+    kind: str = "reward function"
+    """What the function is (streamrl.tasks.reward_health.KINDS: reward function, grader, environment, tool,
+    agent); an actor from before kinds existed meant a reward function."""
+    unit: str = "samples"
+    """What its window counts: samples, episodes (an environment), calls (a tool)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
