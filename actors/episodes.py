@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.actors.rollout import fill_unscored
 from streamrl.comm.codec import ScoredGroup
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
@@ -64,6 +65,8 @@ class EpisodeStats(msgspec.Struct):
     """Episodes ended because the environment's step or reset raised (scored lowest, logged)."""
     prompts_too_long: int = 0
     """Prompts whose opening left no room for a reply (their groups are not made)."""
+    groups_unscored: int = 0
+    """Groups not made because the environment raised in every one of their episodes."""
 
     def add(self, other: "EpisodeStats") -> None:
         self.episodes += other.episodes
@@ -73,6 +76,7 @@ class EpisodeStats(msgspec.Struct):
         self.template_drift += other.template_drift
         self.step_raised += other.step_raised
         self.prompts_too_long += other.prompts_too_long
+        self.groups_unscored += other.groups_unscored
         self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
         self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
 
@@ -88,7 +92,7 @@ class _Episode:
     def __init__(self, env, conv: Conversation, tools: dict, group: int):
         self.env, self.conv, self.tools, self.group = env, conv, tools, group
         self.turns, self.reward, self.finish = 0, None, "stop"
-        self.scored = True  # False: the environment raised, and the lowest level stands in for a score
+        self.scored = True  # False: the environment raised, so no score came for it
         self.calls: list[tuple] = []  # (call, future | None, started, message if settled)
         self.started = time.perf_counter()
         self.done = False
@@ -160,10 +164,16 @@ class Episodes:
         for g in kept:
             mine = [e for e in episodes if e.group == g]
             c = [e.conv for e in mine]
+            # An episode the environment failed takes the mean of its group's scored ones, as an unscored sample
+            # does (rollout.fill_unscored): the model's reply is not what failed.
+            rewards = fill_unscored([e.reward if e.scored else None for e in mine])
+            if not any(e.scored for e in mine):
+                stats.groups_unscored += 1
+                continue
             groups.append(ScoredGroup.from_samples(
                 prompt_id=prompts[g].id, policy_version=version, actor_id=self.actor_id,
                 prompt_tokens=c[0].ids[:c[0].prompt_len], completions=[x.completion for x in c],
-                logprobs=[x.logprobs for x in c], rewards=[e.reward for e in mine],
+                logprobs=[x.logprobs for x in c], rewards=rewards,
                 finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c],
                 scored=[e.scored for e in mine]))
         stats.episodes = len(episodes)

@@ -118,6 +118,7 @@ class Generation:
         self.telemetry.observe_episodes(played)
         done = failed[0] if failed else rollout.RolloutStats()  # an agent's failures are counted as reward failures
         done.prompts_too_long = played.prompts_too_long
+        done.groups_unscored += played.groups_unscored  # an environment that raised in all of a group's episodes
         if self.options.filter_zero_variance:
             kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
             done.filtered_zero_variance, groups = len(groups) - len(kept), kept

@@ -111,12 +111,31 @@ def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window
         class Bad(LookupEnv):
             def step(self, reply):
                 raise ValueError("no state " + reply)
+
+        class Half(LookupEnv):
+            made = 0
+
+            def __init__(self, row):
+                super().__init__(row)
+                Half.made += 1
+                self.bad = Half.made % 2 == 0
+
+            def step(self, reply):
+                if self.bad:
+                    raise ValueError("every other one")
+                return [], 1.0, True
     """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Half"], reply=lambda t: "a")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)  # 1 of its window of 50: it goes on
+    runner.close()
+    # the failed episode takes its group's scored mean (not the lowest level: the model's reply did not fail)
+    assert groups[0].scored == [True, False] and groups[0].rewards == [1.0, 1.0] and stats.step_raised == 1
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad"], reply=lambda t: "a")
     runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)  # 2 of its window of 50: it goes on
-    assert groups[0].scored == [False, False] and stats.step_raised == 2
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
+    assert groups == [] and stats.groups_unscored == 1 and stats.step_raised == 2  # nothing scored: not sent
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad", "task.reward_fail_window=4"],
                                        reply=lambda t: "a")
     runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
