@@ -45,9 +45,11 @@ class _Timed:
 
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
-                 telemetry: actor_metrics.ActorMetrics, dealt: DealtPrompts | None = None):
+                 telemetry: actor_metrics.ActorMetrics, dealt: DealtPrompts | None = None, health=None):
         """start_version: the version the actor's weights started at (its prompt stream depends on it); dealt: the
-        learner deals the prompts (task.epochs) instead of the actor drawing them."""
+        learner deals the prompts (task.epochs) instead of the actor drawing them; health: the actor's /healthz
+        (exporter.Health), told when each call starts and ends, so a call that never ends reports stalled."""
+        self.health = health
         self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
         self.actor_id = f"actor-{index}"
         self.prompts_per_call = cfg.actors.prompts_per_generate
@@ -90,6 +92,15 @@ class Generation:
         """Up to `budget` layer-1 groups made with the weights of `version` (between_steps: in-flight updates),
         after the layer-2 groups of their responses (multi-layer GRPO), which the budget does not count: they join
         the batch beside them."""
+        if self.health is not None:
+            self.health.busy("a generate call")
+        try:
+            return self._call(budget, version, between_steps)
+        finally:
+            if self.health is not None:
+                self.health.done()
+
+    def _call(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         t0 = time.perf_counter()
         tracker = self.tracker
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
