@@ -93,6 +93,7 @@ class _Episode:
         self.env, self.conv, self.tools, self.group = env, conv, tools, group
         self.turns, self.reward, self.finish = 0, None, "stop"
         self.scored = True  # False: the environment raised, so no score came for it
+        self.tool_calls: Counter = Counter()  # 'tool/outcome' → calls, for the samples log
         self.calls: list[tuple] = []  # (call, future | None, started, message if settled)
         self.started = time.perf_counter()
         self.done = False
@@ -175,7 +176,8 @@ class Episodes:
                 prompt_tokens=c[0].ids[:c[0].prompt_len], completions=[x.completion for x in c],
                 logprobs=[x.logprobs for x in c], rewards=rewards,
                 finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c],
-                scored=[e.scored for e in mine]))
+                scored=[e.scored for e in mine], turns=[e.turns for e in mine],
+                tool_calls=[e.tool_calls for e in mine]))
         stats.episodes = len(episodes)
         stats.turns = [e.turns for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes)
@@ -289,6 +291,7 @@ class Episodes:
             # Labelled by the tool's own name only: a name the model made up must not mint a new series.
             key = f"{m['name'] if m['name'] in e.tools else '(unknown)'}/{m['_outcome']}"
             stats.tool_calls[key] = stats.tool_calls.get(key, 0) + 1
+            e.tool_calls[key] += 1
             if m["_outcome"] in ("ok", "raised", "timeout") and m["name"] in e.tools:  # the tool's own doing
                 self._tool_fate(m["name"], m["_outcome"], m.get("_error"))
             stats.tool_s += m["_seconds"]

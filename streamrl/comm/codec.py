@@ -119,6 +119,9 @@ class ScoredGroup(Struct, kw_only=True):
         last_versions: Sequence[int | None] | None = None,
         model_token_masks: Sequence[np.ndarray] | None = None,
         scored: Sequence[bool] | None = None,
+        parts: Sequence[list | None] | None = None,
+        turns: Sequence[int] | None = None,
+        tool_calls: Sequence[dict[str, int]] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges.
@@ -129,7 +132,8 @@ class ScoredGroup(Struct, kw_only=True):
         all True travels as one without masks (and arrives with model_token_mask None).
 
         scored[i]: False where sample i's reward stands in for a score it did not get (a reward function or
-        environment failed on it); None: every sample scored."""
+        environment failed on it); None: every sample scored. parts[i], turns[i], tool_calls[i]: sample i's reward
+        functions' own values, an episode's turns and tool calls (wire.SampleInfo; the samples log shows them)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -146,7 +150,10 @@ class ScoredGroup(Struct, kw_only=True):
             samples=[
                 SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
                            correction=None if corrections is None else float(corrections[i]), last_version=last[i],
-                           scored=True if scored is None else bool(scored[i]))
+                           scored=True if scored is None else bool(scored[i]),
+                           parts=None if parts is None or parts[i] is None else [_part(v) for v in parts[i]],
+                           turns=None if turns is None else int(turns[i]),
+                           tool_calls=None if tool_calls is None else dict(tool_calls[i]))
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
@@ -154,6 +161,16 @@ class ScoredGroup(Struct, kw_only=True):
         )
 
     make = from_samples  # the name issue 26's multi-turn episodes build groups by
+
+
+def _part(v) -> float | None:
+    """A reward function's value as the wire takes it: a finite float, or None (not applicable, failed, not a
+    finite number)."""
+    try:
+        v = None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if v is not None and math.isfinite(v) else None
 
 
 def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray] | None) -> np.ndarray | None:

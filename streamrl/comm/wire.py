@@ -51,6 +51,13 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """False: no score came for it (a reward function or environment failed on it) and its reward stands in
     (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports.
     Last, with a default: a message from before it decodes as scored."""
+    parts: list[float | None] | None = None
+    """Reward functions by reference (task.reward): each function's own value for the sample, in task.reward's
+    order (None: not applicable, or it failed); None: not such a task. For the samples log."""
+    turns: int | None = None
+    """A multi-turn episode's model turns (None: a single-turn sample). For the samples log."""
+    tool_calls: dict[str, int] | None = None
+    """A multi-turn episode's tool calls, 'tool/outcome' → calls (None: a single-turn sample)."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):

@@ -120,10 +120,11 @@ class Call:
 
 
 class Outcome:
-    """Per-sample scores (None: unscored) and the failures by reason."""
+    """Per-sample scores (None: unscored) and the failures by reason; parts: per sample, each function's own value
+    (None where it failed or said not applicable), for the samples log."""
 
-    def __init__(self, scores: list[float | None], failures: Counter):
-        self.scores, self.failures = scores, failures
+    def __init__(self, scores: list[float | None], failures: Counter, parts: list[list] | None = None):
+        self.scores, self.failures, self.parts = scores, failures, parts
 
 
 class RewardFunctions:
@@ -262,7 +263,8 @@ class RewardFunctions:
         self.totals.update(failures)
         for name, why, n in fates:
             self.health.record(name, why, self.totals, n)
-        return Outcome(scores, failures)
+        parts = [[None if v[i] is FAILED else v[i] for v in per_fn] for i in range(call.n)]
+        return Outcome(scores, failures, parts)
 
     def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter,
                        fates: list) -> list:
