@@ -80,6 +80,15 @@ class EpisodeStats(msgspec.Struct):
         self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
         self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
 
+    def counts(self) -> dict[str, int]:
+        """What the learner's metrics.jsonl and summary.json count ({} without episodes): episodes,
+        tool_calls/<tool>/<outcome>, truncated/<reason>, step_raised."""
+        if not self.episodes:
+            return {}
+        return {"episodes": self.episodes, **{f"tool_calls/{k}": v for k, v in self.tool_calls.items()},
+                **{f"truncated/{k}": v for k, v in self.truncated.items()},
+                **({"step_raised": self.step_raised} if self.step_raised else {})}
+
     def report(self) -> dict:
         """The actor's report: totals, mean turns, and the share of episode time spent in tools."""
         return {"episodes": self.episodes, "episode_turns_mean": round(sum(self.turns) / max(1, len(self.turns)), 3),

@@ -68,6 +68,8 @@ class Generation:
         self.filtered_in_a_row = 0
         self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
         self.unsent_failures: dict[str, int] = {}  # reward failures not yet carried by a group
+        self.unsent_episodes: dict[str, int] = {}  # episodes' counts not yet carried by a group
+        self.played: dict[str, int] = {}  # this call's episodes' counts
         # Reward functions score a call's groups while the next call generates (task.reward_overlap): only where a
         # call's groups need no score to go on (one round, layer 1) and may wait one call (not strict).
         self.overlap = (reward.grouped and cfg.task.reward_overlap and cfg.actors.rollout_factor == 1
@@ -126,6 +128,7 @@ class Generation:
     def _episodes(self, prompts: list, version: int):
         groups, played, *failed = self.episodes.make_groups(prompts, version)
         self.episode_totals.add(played)
+        self.played = played.counts()  # carried by the groups that go (_account)
         self.telemetry.observe_episodes(played)
         done = failed[0] if failed else rollout.RolloutStats()  # an agent's failures are counted as reward failures
         done.prompts_too_long = played.prompts_too_long
@@ -183,6 +186,7 @@ class Generation:
         self.telemetry.observe_rollout(done)
         self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         self.unsent_failures = carry_reward_failures(groups, done, self.unsent_failures)
+        self.unsent_episodes, self.played = carry_counts(groups, "episode_counts", self.played, self.unsent_episodes), {}
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
 
@@ -224,6 +228,16 @@ def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
         groups[0].filtered = unsent
         return None
     return unsent
+
+
+def carry_counts(groups: list[ScoredGroup], field: str, now: dict[str, int], unsent: dict[str, int]) -> dict[str, int]:
+    """This call's counts (`now`), with earlier calls' that no group carried (`unsent`), ride on the first group made
+    (its `field`), so the learner's metrics.jsonl shows them as groups arrive. Returns what is still unsent."""
+    counts = {k: unsent.get(k, 0) + now.get(k, 0) for k in {*unsent, *now}}
+    if groups and counts:
+        setattr(groups[0], field, counts)
+        return {}
+    return counts
 
 
 def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats,

@@ -140,7 +140,8 @@ def _episode_counts(stats: dict) -> dict[str, int]:
     if not stats.get("episodes"):
         return {}
     return {"episodes": stats["episodes"], **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
-            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()}}
+            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()},
+            **({"step_raised": n} if (n := stats.get("episodes_step_raised")) else {})}
 
 
 def _close_generation(generate: Generation, stats: dict) -> None:

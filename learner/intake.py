@@ -252,6 +252,8 @@ class Intake:
             "groups_used": self.used,
             "groups_dropped": {**self.dropped, **({"duplicate": d} if (d := self.receiver.duplicates) else {})},
             "reward_failures": reward_failures(c.reward_failure_counts for c in self.receiver.sessions.values()),
+            # multi-turn episodes so far: tool calls by tool/outcome, truncations by reason, step_raised ({}: none)
+            "episode_counts": reward_failures(c.episode_count_totals for c in self.receiver.sessions.values()),
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.control.rejected.counts),
             "weight_requests_served": self.control.publisher.requests_served,

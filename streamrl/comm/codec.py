@@ -54,6 +54,8 @@ class ScoredGroup(Struct, kw_only=True):
     """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
     reward_failures: dict[str, int] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    episode_counts: dict[str, int] | None = None
+    """Multi-turn episodes' counts since its previous group (wire.GroupEntry.episode_counts); None: none."""
     model_token_mask: np.ndarray | None = None
     """(sum T_i,) bool, True where the model sampled the completion token, False under an environment token
     (its behaviour log-prob is meaningless and ignored); None: every token is the model's."""
@@ -203,7 +205,7 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
         session=first.session,
         sent_at=time.time(),
         groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
-                           g.layer, g.filtered, g.reward_failures) for g in groups],
+                           g.layer, g.filtered, g.reward_failures, g.episode_counts) for g in groups],
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
@@ -265,6 +267,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
             layer=e.layer,
             filtered=e.filtered,
             reward_failures=e.reward_failures,
+            episode_counts=e.episode_counts,
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]

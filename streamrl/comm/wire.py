@@ -91,6 +91,9 @@ class GroupEntry(Struct, array_like=True, frozen=True):
     """Groups the actor filtered out before this one (dynamic filtering), for the census before filtering."""
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    episode_counts: dict[str, Annotated[int, Meta(ge=0)]] | None = None
+    """Multi-turn episodes the actor played since its previous group: episodes, tool_calls/<tool>/<outcome>,
+    truncated/<reason>, step_raised; None: none (and from actors before it)."""
 
 
 class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):

@@ -11,7 +11,7 @@ import pytest
 
 # A tiny run's first metrics.jsonl line (configs/tiny.yaml, before learner/step.py existed): a step without weight
 # statistics or an evaluation. The loop adds metrics_s, then the intake's accounting and elapsed_s. Added since:
-# samples_unscored (issue 37).
+# samples_unscored, episode_counts (issue 37).
 METRICS_KEYS = [
     "step", "learner_version", "r_count", "r_loss", "loss_pos_sum", "loss_neg_sum", "adv_pos", "adv_neg", "adv_zero",
     "failed_positive_fraction", "corpo_phase_fraction", "census_failed_pos", "census_failed_nonpos",
@@ -24,7 +24,7 @@ METRICS_KEYS = [
     "optimizer_steps", "micro_batches", "micro_batches_idle",
     "fwd_bwd_s", "backward_s", "optimizer_s", "wait_s", "batch_s", "train_s", "publish_s", "step_s", "samples",
     "tokens", "samples_per_s", "tokens_per_s", "metrics_s", "groups_received", "groups_used", "groups_dropped",
-    "reward_failures", "messages_rejected", "weight_requests_rejected", "weight_requests_served", "demands_sent",
+    "reward_failures", "episode_counts", "messages_rejected", "weight_requests_rejected", "weight_requests_served", "demands_sent",
     "peers_refused", "elapsed_s",
 ]
 LOOP_EXTRAS = METRICS_KEYS[METRICS_KEYS.index("metrics_s") + 1:]  # Intake.accounting()'s keys, elapsed_s
