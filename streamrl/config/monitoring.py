@@ -15,8 +15,7 @@ class MonitoringConfig(_Section):
     healthy_within_s: PositiveFloat = 600.0
     """/healthz answers 503 when the main loop has made no progress for this long."""
     actor_stall_s: NonNegFloat = 600.0
-    """An actor's /healthz answers 503 (stalled, with the reason) when one generate call runs this long (0: never);
-    waiting for weights or on the staleness bound is not a stall."""
+    """An actor's /healthz is 503 (stalled, with why) when one generate call runs this long (0: never)."""
     report_to: list[str] = []
     """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/guides/trackers.md)."""
     tracker_project: str = "streamrl"
