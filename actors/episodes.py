@@ -40,6 +40,11 @@ from streamrl.tasks.reward_health import FailureWindow
 
 log = logging.getLogger("streamrl.actor")
 
+REFUSALS = (ValueError, TypeError, LookupError)
+"""What a tool raises to refuse its input (`KeyError("no key x")`, a bad value): the model's mistake, told to it and
+counted as `raised`, never a sign that the tool is broken. Any other exception, and a timeout, on most of a tool's
+recent calls stops the run (the failure window)."""
+
 OUTCOMES = ("ok", "raised", "timeout", "unknown_tool", "bad_call")
 """A tool call's outcome: returned; raised; ran past task.tool_timeout_s; named no tool; unreadable or its
 arguments did not fit the tool."""
@@ -288,7 +293,7 @@ class Episodes:
                 except Exception as err:  # the model sees what went wrong; the call is counted
                     item[3] = {**self._tool_message(call, f"error: {call.name} raised {type(err).__name__}: {err}",
                                                     "raised"), "_seconds": now - started,
-                               "_error": _user_traceback(err)}
+                               "_error": None if isinstance(err, REFUSALS) else _user_traceback(err)}
             elif now - started >= self.timeout_s:
                 future.cancel()
                 item[3] = {**self._tool_message(call, f"error: {call.name} timed out after {self.timeout_s:g}s",
@@ -301,7 +306,8 @@ class Episodes:
             key = f"{m['name'] if m['name'] in e.tools else '(unknown)'}/{m['_outcome']}"
             stats.tool_calls[key] = stats.tool_calls.get(key, 0) + 1
             e.tool_calls[key] += 1
-            if m["_outcome"] in ("ok", "raised", "timeout") and m["name"] in e.tools:  # the tool's own doing
+            refused = m["_outcome"] == "raised" and m.get("_error") is None  # the model's input: not the tool's fault
+            if m["_outcome"] in ("ok", "raised", "timeout") and m["name"] in e.tools and not refused:
                 self._tool_fate(m["name"], m["_outcome"], m.get("_error"))
             stats.tool_s += m["_seconds"]
             messages.append({k: v for k, v in m.items() if not k.startswith("_")})

@@ -92,15 +92,38 @@ def test_a_raising_tool_becomes_an_error_message_and_is_counted():
     assert groups[0].rewards == [0.0, 0.0]
 
 
-def test_a_tool_raising_on_most_calls_stops_the_actor_naming_it_with_its_traceback():
-    cfg, reward, tok, backend = _setup(["task.reward_fail_window=4"],
-                                       reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
+def test_a_tool_raising_on_most_calls_stops_the_actor_naming_it_with_its_traceback(tmp_path):
+    env = tmp_path / "down_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class Down(LookupEnv):
+            def __init__(self, row):
+                super().__init__(row)
+                self.tools = [self.lookup]
+
+            def lookup(self, key: str) -> str:
+                raise ConnectionError("the symbol service is down")
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Down", "task.reward_fail_window=4"],
+                                       reply=lookup_then_answer)
     runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    with pytest.raises(UserCodeFailure, match=r"tool lookup failed on 4 of its last 4 calls \(raised\)") as e:
+    with pytest.raises(UserCodeFailure, match=r"tool lookup failed on 4 of its last 4 calls \(raised\): "
+                                              r"ConnectionError: the symbol service is down") as e:
         runner.make_groups(_prompts(reward.task, 2), 0)
     runner.close()
     assert e.value.kind == "tool" and e.value.counts == {"tool_raised": 4}
     assert "in lookup" in e.value.traceback and "concurrent" not in e.value.traceback  # from the user's frame down
+
+
+def test_a_tool_refusing_the_models_input_is_never_judged_broken():
+    # LookupEnv's lookup raises KeyError for a key it does not have: the model's mistake, told to it, counted
+    cfg, reward, tok, backend = _setup(["task.reward_fail_window=2"],
+                                       reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats = runner.make_groups(_prompts(reward.task, 3), 0)
+    runner.close()
+    assert stats.tool_calls == {"lookup/raised": 6} and runner.failures == {}
 
 
 def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window_stops_the_actor(tmp_path):
