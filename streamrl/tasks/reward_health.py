@@ -49,6 +49,8 @@ class FailureWindow:
         if window < 1 or not 0.0 <= threshold <= 1.0:
             raise ValueError(f"{kind} failure window={window} (needs >= 1), threshold={threshold} (needs 0..1)")
         self.window, self.threshold, self.kind = window, threshold, kind
+        self.kinds: dict[str, str] = {}
+        """name → its kind where it is not `kind` (a grader among reward functions)."""
         self._fates: dict[str, collections.deque] = {}
         self._failed: collections.Counter = collections.Counter()
         self.first: dict[str, tuple[str, str]] = {}
@@ -71,4 +73,4 @@ class FailureWindow:
             why = collections.Counter(r for r in fates if r is not None).most_common(1)[0][0]
             first_reason, detail = self.first.get(name, (why, "(no detail kept)"))
             raise UserCodeFailure(name, why, self._failed[name], self.window, error_line(detail), detail.rstrip(),
-                                  dict(counts), self.kind)
+                                  dict(counts), self.kinds.get(name, self.kind))
