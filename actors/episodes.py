@@ -67,7 +67,7 @@ class EpisodeStats(msgspec.Struct):
     template_drift: int = 0
     """Turns whose chat-template rendering disagreed with the ids held (see streamrl.models.conversation)."""
     step_raised: int = 0
-    """Episodes ended because the environment's step or reset raised (scored lowest, logged)."""
+    """Episodes ended because the environment's step or reset raised (unscored, logged)."""
     prompts_too_long: int = 0
     """Prompts whose opening left no room for a reply (their groups are not made)."""
     groups_unscored: int = 0
@@ -355,7 +355,8 @@ def _user_traceback(err: BaseException) -> str:
     """err's traceback from the user's code down: this module's and the thread pool's frames say nothing to its
     author."""
     tb = err.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__ or "concurrent" in tb.tb_frame.f_code.co_filename):
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or "concurrent" in tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(err), err, tb or err.__traceback__))
 

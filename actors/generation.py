@@ -186,7 +186,8 @@ class Generation:
         self.telemetry.observe_rollout(done)
         self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         self.unsent_failures = carry_reward_failures(groups, done, self.unsent_failures)
-        self.unsent_episodes, self.played = carry_counts(groups, "episode_counts", self.played, self.unsent_episodes), {}
+        self.unsent_episodes = carry_counts(groups, "episode_counts", self.played, self.unsent_episodes)
+        self.played = {}
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
 

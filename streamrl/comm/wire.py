@@ -309,7 +309,8 @@ class Deal(Struct, tag="deal", kw_only=True):
 
 class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """An actor's word that a user's function (a reward function, grader, environment, tool) is broken
-    (streamrl.tasks.reward_health): it fails on most of its samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
+    (streamrl.tasks.reward_health): it fails on most of its samples, so the run must stop and say why. Sent on the
+    group channel just before the actor exits."""
 
     schema: int = SCHEMA_VERSION
     actor_id: str

@@ -65,7 +65,8 @@ def render(records: list[dict], width: int = 100) -> str:
             out.append(textwrap.indent(textwrap.fill(r["prompt"] or "(empty)", width), "  prompt: "))
             last = key
         out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens"
-                   + ("" if r.get("scored", True) else "  UNSCORED (a user's function failed; its group's mean stands in)"))
+                   + ("" if r.get("scored", True) else "  UNSCORED (a user's function failed on it; its group's mean "
+                                                       "stands in)"))
         if parts := r.get("rewards_by_function"):
             out.append("    by function: " + ", ".join(f"{k} {_value(v)}" for k, v in parts.items()))
         if "turns" in r:

@@ -24,8 +24,8 @@ METRICS_KEYS = [
     "optimizer_steps", "micro_batches", "micro_batches_idle",
     "fwd_bwd_s", "backward_s", "optimizer_s", "wait_s", "batch_s", "train_s", "publish_s", "step_s", "samples",
     "tokens", "samples_per_s", "tokens_per_s", "metrics_s", "groups_received", "groups_used", "groups_dropped",
-    "reward_failures", "episode_counts", "messages_rejected", "weight_requests_rejected", "weight_requests_served", "demands_sent",
-    "peers_refused", "elapsed_s",
+    "reward_failures", "episode_counts", "messages_rejected", "weight_requests_rejected", "weight_requests_served",
+    "demands_sent", "peers_refused", "elapsed_s",
 ]
 LOOP_EXTRAS = METRICS_KEYS[METRICS_KEYS.index("metrics_s") + 1:]  # Intake.accounting()'s keys, elapsed_s
 WEIGHT_KEYS = ["weights_l1", "weights_l2", "weights_min", "weights_max", "weights_mean", "weights_median"]

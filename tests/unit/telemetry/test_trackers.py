@@ -133,7 +133,8 @@ def test_mlflow_file_store_holds_every_step_the_config_as_params_and_the_outcome
     assert run.data.metrics["summary/steps"] == 4
     summary = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))).read_text())
     assert summary["status"] == "finished" and summary["trackers"]["failures"] == {"mlflow": 0}
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "samples/step-2.json", str(tmp_path))).read_text())
+    artifact = client.download_artifacts(run.info.run_id, "samples/step-2.json", str(tmp_path))
+    table = json.loads(Path(artifact).read_text())
     assert table == {"columns": SAMPLES[0], "data": SAMPLES[1]}
 
 
