@@ -24,18 +24,26 @@ import json
 import logging
 import math
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
 import msgspec
 
+from streamrl.actors.rollout import fill_unscored
 from streamrl.comm.codec import ScoredGroup
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import environments, tool_calls
 from streamrl.tasks.environments import row_of
+from streamrl.tasks.reward_health import FailureWindow
 
 log = logging.getLogger("streamrl.actor")
+
+REFUSALS = (ValueError, TypeError, LookupError)
+"""What a tool raises to refuse its input (`KeyError("no key x")`, a bad value): the model's mistake, told to it and
+counted as `raised`, never a sign that the tool is broken. Any other exception, and a timeout, on most of a tool's
+recent calls stops the run (the failure window)."""
 
 OUTCOMES = ("ok", "raised", "timeout", "unknown_tool", "bad_call")
 """A tool call's outcome: returned; raised; ran past task.tool_timeout_s; named no tool; unreadable or its
@@ -59,9 +67,11 @@ class EpisodeStats(msgspec.Struct):
     template_drift: int = 0
     """Turns whose chat-template rendering disagreed with the ids held (see streamrl.models.conversation)."""
     step_raised: int = 0
-    """Episodes ended because the environment's step or reset raised (scored lowest, logged)."""
+    """Episodes ended because the environment's step or reset raised (unscored, logged)."""
     prompts_too_long: int = 0
     """Prompts whose opening left no room for a reply (their groups are not made)."""
+    groups_unscored: int = 0
+    """Groups not made because the environment raised in every one of their episodes."""
 
     def add(self, other: "EpisodeStats") -> None:
         self.episodes += other.episodes
@@ -71,8 +81,18 @@ class EpisodeStats(msgspec.Struct):
         self.template_drift += other.template_drift
         self.step_raised += other.step_raised
         self.prompts_too_long += other.prompts_too_long
+        self.groups_unscored += other.groups_unscored
         self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
         self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
+
+    def counts(self) -> dict[str, int]:
+        """What the learner's metrics.jsonl and summary.json count ({} without episodes): episodes,
+        tool_calls/<tool>/<outcome>, truncated/<reason>, step_raised."""
+        if not self.episodes:
+            return {}
+        return {"episodes": self.episodes, **{f"tool_calls/{k}": v for k, v in self.tool_calls.items()},
+                **{f"truncated/{k}": v for k, v in self.truncated.items()},
+                **({"step_raised": self.step_raised} if self.step_raised else {})}
 
     def report(self) -> dict:
         """The actor's report: totals, mean turns, and the share of episode time spent in tools."""
@@ -86,6 +106,8 @@ class _Episode:
     def __init__(self, env, conv: Conversation, tools: dict, group: int):
         self.env, self.conv, self.tools, self.group = env, conv, tools, group
         self.turns, self.reward, self.finish = 0, None, "stop"
+        self.scored = True  # False: the environment raised, so no score came for it
+        self.tool_calls: Counter = Counter()  # 'tool/outcome' → calls, for the samples log
         self.calls: list[tuple] = []  # (call, future | None, started, message if settled)
         self.started = time.perf_counter()
         self.done = False
@@ -118,6 +140,13 @@ class Episodes:
         self.tool_parser = t.tool_parser
         self.pool = cf.ThreadPoolExecutor(t.tool_workers, thread_name_prefix=f"{actor_id}-tools")
         self._schemas: dict = {}
+        # The user's code failing on most episodes (the environment) or calls (a tool) stops the run, as a broken
+        # reward function does (reward_health); the model's own bad calls (bad_call, unknown_tool) never count.
+        self.env_name = t.environment
+        self.env_health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, kind="environment")
+        self.tool_health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, kind="tool")
+        self.failures: Counter = Counter()
+        """environment_raised (episodes), tool_raised and tool_timeout (calls): what a UserCodeFailure carries."""
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -150,11 +179,19 @@ class Episodes:
         for g in kept:
             mine = [e for e in episodes if e.group == g]
             c = [e.conv for e in mine]
+            # An episode the environment failed takes the mean of its group's scored ones, as an unscored sample
+            # does (rollout.fill_unscored): the model's reply is not what failed.
+            rewards = fill_unscored([e.reward if e.scored else None for e in mine])
+            if not any(e.scored for e in mine):
+                stats.groups_unscored += 1
+                continue
             groups.append(ScoredGroup.from_samples(
                 prompt_id=prompts[g].id, policy_version=version, actor_id=self.actor_id,
                 prompt_tokens=c[0].ids[:c[0].prompt_len], completions=[x.completion for x in c],
-                logprobs=[x.logprobs for x in c], rewards=[e.reward for e in mine],
-                finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c]))
+                logprobs=[x.logprobs for x in c], rewards=rewards,
+                finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c],
+                scored=[e.scored for e in mine], turns=[e.turns for e in mine],
+                tool_calls=[e.tool_calls for e in mine]))
         stats.episodes = len(episodes)
         stats.turns = [e.turns for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes)
@@ -170,6 +207,7 @@ class Episodes:
             stats.step_raised += 1
             log.warning("%s: %s could not start an episode of prompt %s: %s: %s", self.actor_id,
                         self.env_cls.__name__, prompt.id, type(e).__name__, e)
+            self._env_failed(e)
             return None
         return _Episode(env, Conversation(self._renderer(tools), opening), tools, group)
 
@@ -213,9 +251,11 @@ class Episodes:
             messages, reward, done = e.env.step(text)
         except Exception as err:
             stats.step_raised += 1
-            log.warning("%s: %s.step raised (episode ended, scored lowest): %s: %s", self.actor_id,
+            log.warning("%s: %s.step raised (episode ended, unscored): %s: %s", self.actor_id,
                         type(e.env).__name__, type(err).__name__, err)
-            return self._end(e, None, "stop")
+            e.scored = False
+            self._end(e, None, "stop")
+            return self._env_failed(err)
         if done:
             return self._end(e, reward, "stop")
         self._continue(e, list(messages), stats)
@@ -252,7 +292,8 @@ class Episodes:
                     item[3] = {**self._tool_message(call, tool_calls.result_text(value), "ok"), "_seconds": seconds}
                 except Exception as err:  # the model sees what went wrong; the call is counted
                     item[3] = {**self._tool_message(call, f"error: {call.name} raised {type(err).__name__}: {err}",
-                                                    "raised"), "_seconds": now - started}
+                                                    "raised"), "_seconds": now - started,
+                               "_error": None if isinstance(err, REFUSALS) else _user_traceback(err)}
             elif now - started >= self.timeout_s:
                 future.cancel()
                 item[3] = {**self._tool_message(call, f"error: {call.name} timed out after {self.timeout_s:g}s",
@@ -264,6 +305,10 @@ class Episodes:
             # Labelled by the tool's own name only: a name the model made up must not mint a new series.
             key = f"{m['name'] if m['name'] in e.tools else '(unknown)'}/{m['_outcome']}"
             stats.tool_calls[key] = stats.tool_calls.get(key, 0) + 1
+            e.tool_calls[key] += 1
+            refused = m["_outcome"] == "raised" and m.get("_error") is None  # the model's input: not the tool's fault
+            if m["_outcome"] in ("ok", "raised", "timeout") and m["name"] in e.tools and not refused:
+                self._tool_fate(m["name"], m["_outcome"], m.get("_error"))
             stats.tool_s += m["_seconds"]
             messages.append({k: v for k, v in m.items() if not k.startswith("_")})
         e.calls = []
@@ -282,14 +327,42 @@ class Episodes:
             stats.truncated["max_seq_len"] = stats.truncated.get("max_seq_len", 0) + 1
             return self._end(e, None, "length")
 
+    def _env_failed(self, err: BaseException | None) -> None:
+        """An episode the environment's reset or step ended by raising (err); raises UserCodeFailure once most of
+        the window's episodes did."""
+        self.failures["environment_raised"] += 1
+        self.env_health.note(self.env_name, "raised", _user_traceback(err))
+        self.env_health.record(self.env_name, "raised", self.failures)
+
+    def _tool_fate(self, name: str, outcome: str, detail: str | None) -> None:
+        """A call of tool `name` ended `outcome` (ok, raised, timeout); raises UserCodeFailure once most of its
+        window's calls failed."""
+        if outcome != "ok":
+            self.failures[f"tool_{outcome}"] += 1
+            self.tool_health.note(name, outcome, detail or f"a call took longer than task.tool_timeout_s="
+                                                           f"{self.timeout_s:g} (abandoned)")
+        self.tool_health.record(name, None if outcome == "ok" else outcome, self.failures)
+
     def _end(self, e: _Episode, reward: float | None, finish: str) -> None:
         e.done, e.finish, e.ended = True, finish, time.perf_counter()
         try:  # an environment holding a connection or a process lets it go however the episode ended
             getattr(e.env, "close", lambda: None)()
         except Exception as err:
             log.warning("%s: %s.close raised: %s: %s", self.actor_id, type(e.env).__name__, type(err).__name__, err)
+        if e.scored:  # the environment did its part (a raise is recorded by _env_failed)
+            self.env_health.record(self.env_name, None, self.failures)
         value = self.lowest if reward is None or not math.isfinite(reward) else self.reward.shape(float(reward))
         e.reward = value
+
+
+def _user_traceback(err: BaseException) -> str:
+    """err's traceback from the user's code down: this module's and the thread pool's frames say nothing to its
+    author."""
+    tb = err.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or "concurrent" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb or err.__traceback__))
 
 
 def _timed(fn, args, kwargs):

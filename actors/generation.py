@@ -46,9 +46,11 @@ class _Timed:
 
 class Generation:
     def __init__(self, cfg: Config, index: int, start_version: int, backend, tokenizer, reward,
-                 telemetry: actor_metrics.ActorMetrics, dealt: DealtPrompts | None = None):
+                 telemetry: actor_metrics.ActorMetrics, dealt: DealtPrompts | None = None, health=None):
         """start_version: the version the actor's weights started at (its prompt stream depends on it); dealt: the
-        learner deals the prompts (task.epochs) instead of the actor drawing them."""
+        learner deals the prompts (task.epochs) instead of the actor drawing them; health: the actor's /healthz
+        (exporter.Health), told when each call starts and ends, so a call that never ends reports stalled."""
+        self.health = health
         self.backend, self.tokenizer, self.reward, self.telemetry = backend, tokenizer, reward, telemetry
         self.actor_id = f"actor-{index}"
         self.prompts_per_call = cfg.actors.prompts_per_generate
@@ -67,6 +69,8 @@ class Generation:
         self.filtered_in_a_row = 0
         self.unsent_filtered: FilteredCensus | None = None  # filtered groups not yet carried by a sent group
         self.unsent_failures: dict[str, int] = {}  # reward failures not yet carried by a group
+        self.unsent_episodes: dict[str, int] = {}  # episodes' counts not yet carried by a group
+        self.played: dict[str, int] = {}  # this call's episodes' counts
         # Reward functions score a call's groups while the next call generates (task.reward_overlap): only where a
         # call's groups need no score to go on (one round, layer 1) and may wait one call (not strict).
         self.overlap = (reward.grouped and cfg.task.reward_overlap and cfg.actors.rollout_factor == 1
@@ -91,6 +95,15 @@ class Generation:
         """Up to `budget` layer-1 groups made with the weights of `version` (between_steps: in-flight updates),
         after the layer-2 groups of their responses (multi-layer GRPO), which the budget does not count: they join
         the batch beside them."""
+        if self.health is not None:
+            self.health.busy("a generate call")
+        try:
+            return self._call(budget, version, between_steps)
+        finally:
+            if self.health is not None:
+                self.health.done()
+
+    def _call(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
         t0 = time.perf_counter()
         tracker = self.tracker
         observe = (lambda pid, rs: tracker.observe(pid, rs, self.r_min_correct)) if tracker else None
@@ -116,9 +129,11 @@ class Generation:
     def _episodes(self, prompts: list, version: int):
         groups, played, *failed = self.episodes.make_groups(prompts, version)
         self.episode_totals.add(played)
+        self.played = played.counts()  # carried by the groups that go (_account)
         self.telemetry.observe_episodes(played)
         done = failed[0] if failed else rollout.RolloutStats()  # an agent's failures are counted as reward failures
         done.prompts_too_long = played.prompts_too_long
+        done.groups_unscored += played.groups_unscored  # an environment that raised in all of a group's episodes
         if self.options.filter_zero_variance:
             kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
             done.filtered_zero_variance, groups = len(groups) - len(kept), kept
@@ -172,6 +187,8 @@ class Generation:
         self.telemetry.observe_rollout(done)
         self.unsent_filtered = carry_filtered(groups, done, self.unsent_filtered)
         self.unsent_failures = carry_reward_failures(groups, done, self.unsent_failures)
+        self.unsent_episodes = carry_counts(groups, "episode_counts", self.played, self.unsent_episodes)
+        self.played = {}
         for key in done.__struct_fields__:
             self.totals[key] = self.totals.get(key, 0) + getattr(done, key)
 
@@ -213,6 +230,16 @@ def carry_filtered(groups: list[ScoredGroup], done: rollout.RolloutStats,
         groups[0].filtered = unsent
         return None
     return unsent
+
+
+def carry_counts(groups: list[ScoredGroup], field: str, now: dict[str, int], unsent: dict[str, int]) -> dict[str, int]:
+    """This call's counts (`now`), with earlier calls' that no group carried (`unsent`), ride on the first group made
+    (its `field`), so the learner's metrics.jsonl shows them as groups arrive. Returns what is still unsent."""
+    counts = {k: unsent.get(k, 0) + now.get(k, 0) for k in {*unsent, *now}}
+    if groups and counts:
+        setattr(groups[0], field, counts)
+        return {}
+    return counts
 
 
 def carry_reward_failures(groups: list[ScoredGroup], done: rollout.RolloutStats,

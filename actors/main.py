@@ -71,7 +71,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         # task.epochs: the learner deals the prompts; two calls' worth in hand beyond the current one hide its steps
         dealt = (DealtPrompts(inbox, reward.task, actor_id, sender.session, 2 * cfg.actors.prompts_per_generate,
                               stopping) if cfg.task.epochs else None)
-        generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry, dealt)
+        generate = Generation(cfg, index, throttle.start_version, backend, tokenizer, reward, telemetry, dealt, health)
         closing.callback(_close_generation, generate, stats)
         while not stopping() and inbox.shutdown is None:
             weights.update()                                           # newest weights, between generate calls
@@ -140,7 +140,8 @@ def _episode_counts(stats: dict) -> dict[str, int]:
     if not stats.get("episodes"):
         return {}
     return {"episodes": stats["episodes"], **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
-            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()}}
+            **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()},
+            **({"step_raised": n} if (n := stats.get("episodes_step_raised")) else {})}
 
 
 def _close_generation(generate: Generation, stats: dict) -> None:
@@ -186,7 +187,7 @@ def _monitoring(cfg: Config, index: int, actor_id: str, stop, closing: contextli
     hundred ms while waiting, so each ask is proof of life."""
     registry = prometheus_metrics.new_registry()
     telemetry = actor_metrics.ActorMetrics(registry, cfg.name, actor_id)
-    health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s)
+    health = exporter.Health(actor_id, cfg.monitoring.healthy_within_s, cfg.monitoring.actor_stall_s)
     port = cfg.monitoring.actor_port + index if cfg.monitoring.actor_port else 0
     server = exporter.serve(registry, health, cfg.monitoring.host, port)
     if server:

@@ -177,19 +177,35 @@ def _tokens(drawn) -> list[list[list[int]]]:
 
 def _scored(reward: Reward, drawn, texts, handle, stats: RolloutStats | None) -> list[list[Sample]]:
     """The samples of a grouped reward's submitted calls (`handle`), once scored; failures added to `stats`."""
-    scored, failures = reward.collect_groups(handle)
+    parts: list = []
+    scored, failures = reward.collect_groups(handle, parts)
     if stats is not None:
         for why, count in failures.items():
             setattr(stats, f"reward_{why}", getattr(stats, f"reward_{why}") + count)
-    return [list(zip(cs, ts, fill_unscored(rs))) for cs, ts, rs in zip(drawn, texts, scored)]
+    out = []
+    for cs, ts, rs, ps in zip(drawn, texts, scored, parts):
+        filled = [SampleReward(r, r.scored, p) for r, p in zip(fill_unscored(rs), ps or [None] * len(rs))]
+        out.append(list(zip(cs, ts, filled)))
+    return out
+
+
+class SampleReward(float):
+    """A sample's reward, and what its group tells the learner of it: whether it was scored (False: its group's
+    mean stands in for the score it did not get) and each reward function's own value (`parts`). They travel with
+    the sample through selection (dynamic rollouts) into its group (`_group`)."""
+
+    def __new__(cls, value: float, scored: bool = True, parts: list | None = None):
+        r = super().__new__(cls, value)
+        r.scored, r.parts = scored, parts
+        return r
 
 
 def fill_unscored(rewards: list[float | None]) -> list[float]:
-    """Unscored samples (None) take the mean of the scored ones, so they move no other sample's advantage under
-    a mean baseline; with none scored, NaN (the group is dropped and counted)."""
+    """Unscored samples (None) take the mean of the scored ones (marked unscored: a SampleReward), so they move no
+    other sample's advantage under a mean baseline; with none scored, NaN (the group is dropped and counted)."""
     scored = [r for r in rewards if r is not None]
     mean = sum(scored) / len(scored) if scored else math.nan
-    return [mean if r is None else r for r in rewards]
+    return [SampleReward(mean, scored=False) if r is None else SampleReward(r) for r in rewards]
 
 
 def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, actor_id: str,
@@ -199,7 +215,9 @@ def _group(prompt_id: str, ids: list[int], samples: list[Sample], version: int, 
         completions=[c.tokens for c, _, _ in samples], logprobs=[c.logprobs for c, _, _ in samples],
         rewards=[r for _, _, r in samples], finish_reasons=[c.finish_reason for c, _, _ in samples],
         corrections=corrections, layer=layer,
-        last_versions=[c.versions[1] if c.versions else None for c, _, _ in samples])
+        last_versions=[c.versions[1] if c.versions else None for c, _, _ in samples],
+        scored=[getattr(r, "scored", True) for _, _, r in samples],
+        parts=[getattr(r, "parts", None) for _, _, r in samples])
 
 
 def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Prompt], opts: RolloutOptions,

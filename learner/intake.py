@@ -25,7 +25,7 @@ class UserCodeFailed(RuntimeError):
     """An actor reported that a user's function fails on most of its samples (a wire.ActorFailure)."""
 
     def __init__(self, f):
-        super().__init__(f"reward function {f.function} failed on {f.failed} of its last {f.window} samples in "
+        super().__init__(f"{f.kind} {f.function} failed on {f.failed} of its last {f.window} {f.unit} in "
                          f"{f.actor_id} ({f.reason}): {f.error}")
 
 
@@ -190,7 +190,8 @@ class Intake:
         if not self.receiver.failures:
             return out
         f = self.receiver.failures[0]
-        return {**out, "user_code_failure": {"actor": f.actor_id, "function": f.function, "reason": f.reason,
+        return {**out, "user_code_failure": {"actor": f.actor_id, "kind": f.kind, "function": f.function,
+                                             "reason": f.reason,
                                       "failed": f.failed, "window": f.window, "error": f.error,
                                       "traceback": f.traceback, "counts": dict(f.reward_failures)}}
 
@@ -251,6 +252,8 @@ class Intake:
             "groups_used": self.used,
             "groups_dropped": {**self.dropped, **({"duplicate": d} if (d := self.receiver.duplicates) else {})},
             "reward_failures": reward_failures(c.reward_failure_counts for c in self.receiver.sessions.values()),
+            # multi-turn episodes so far: tool calls by tool/outcome, truncations by reason, step_raised ({}: none)
+            "episode_counts": reward_failures(c.episode_count_totals for c in self.receiver.sessions.values()),
             "messages_rejected": dict(self.receiver.rejected.counts),
             "weight_requests_rejected": dict(self.control.rejected.counts),
             "weight_requests_served": self.control.publisher.requests_served,

@@ -40,7 +40,7 @@ def run(cfg: Config, phases: Phases | None = None) -> dict:
         dealing.attach(s, dealt)
     evals = Evals(cfg, reward.task, s.control, s.receiver, s.telemetry, s.intake.dropped, wait=s.poll)  # on the actors
     after = AfterStep(cfg, s, evals, phases)
-    samples = SamplesLog(cfg, tokenizer, cfg.run_path)  # what the model wrote, every log.samples_every steps
+    samples = SamplesLog(cfg, tokenizer, cfg.run_path, at.step, s.runlog.trackers)  # what the model wrote
 
     def stopping() -> bool:  # the intake asks every 100 ms while it waits: proof of life for /healthz
         s.health.beat()

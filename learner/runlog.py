@@ -93,13 +93,15 @@ class RunLog:
             self.layer2.append((record["step"], record.get("layer2_groups", 0), record.get("acc_t2") or 0.0))
 
     def summary(self, extra: dict, reward_range: tuple[float, float]) -> dict:
-        n = len(self.rewards)
+        # a step with no scored sample has no reward (None): the means are over the steps that have one
+        rewards = [r for r in self.rewards if r is not None]
+        n = len(rewards)
         k = max(1, n // 10)
-        first = sum(self.rewards[:k]) / k if n else None
-        last = sum(self.rewards[-k:]) / k if n else None
+        first = sum(rewards[:k]) / k if n else None
+        last = sum(rewards[-k:]) / k if n else None
         span = reward_range[1] - reward_range[0]
         out = {
-            "steps": n,
+            "steps": len(self.rewards),
             "reward_first_10pct": first,
             "reward_last_10pct": last,
             "reward_range": list(reward_range),

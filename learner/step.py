@@ -61,8 +61,11 @@ class Step(msgspec.Struct, kw_only=True, dict=True):
     """Share passed with A > 0."""
     census_passed_nonpos: float
     """Share passed with A ≤ 0."""
-    reward_mean: float
-    """Mean reward over the (groups, G) rewards."""
+    reward_mean: float | None
+    """Mean reward over the scored samples of the (groups, G) rewards (None: none scored); an unscored sample's
+    stand-in reward (its group's mean, an episode's lowest level) is trained on but not reported."""
+    samples_unscored: int = 0
+    """Samples of the batch whose reward function or environment failed on them (scored False on the wire)."""
     success_rate: float
     """Share of samples at or above r_min_correct."""
     groups_filtered: int
@@ -209,7 +212,7 @@ def train(engine, groups: Sequence[ScoredGroup], cfg: Config, pad_id: int, *, st
     t3 = time.perf_counter()
     timings = {"wait_s": wait_s, "batch_s": t1 - t0, "train_s": t2 - t1 - settle_s, "publish_s": t3 - t2 + settle_s}
     fields = stepstats.record(step, version, batch, adv, out, trained, a.r_min_correct, timings,
-                              filtered=[g.filtered for g in groups])
+                              filtered=[g.filtered for g in groups], scored=[g.scored for g in groups])
     if weight_stats:
         fields.update(engine.weight_stats())
     done = Step(**fields)

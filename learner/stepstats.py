@@ -18,10 +18,12 @@ class StrictModeViolation(RuntimeError):
 
 
 def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out: LossOutput, train: dict,
-           r_min_correct: float, timings: dict, filtered: Sequence[FilteredCensus | None] = ()) -> dict:
+           r_min_correct: float, timings: dict, filtered: Sequence[FilteredCensus | None] = (),
+           scored: Sequence[Sequence[bool]] = ()) -> dict:
     """Metrics of one step, the batch consumed at `learner_version` (the step makes learner_version + 1): the
     fields of learner.step.Step, which step.train makes of them (a key Step lacks fails there, loudly).
-    filtered: what the batch's groups carry of the groups actors filtered out (ScoredGroup.filtered)."""
+    filtered: what the batch's groups carry of the groups actors filtered out (ScoredGroup.filtered).
+    scored: (num_groups, G) whether each sample's reward is a score (ScoredGroup.scored; empty: all are)."""
     num_groups, G = batch.rewards.shape
     sample_loss = out.token_loss.sum(-1).view(num_groups, G)
     m = batch.completion_mask.bool()
@@ -35,6 +37,7 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
         **learning_signal.learning_signal(batch.rewards, adv, sample_loss, r_min_correct),
         **before_filtering(batch.rewards, adv, r_min_correct, filtered),
         **mgrpo_metrics(batch, r_min_correct),
+        **scored_reward(batch.rewards, scored),
         "reward_std": float(batch.rewards.std()),
         "advantage_mean": float(adv.mean()),
         "lag_max": max(lags),
@@ -57,6 +60,16 @@ def record(step: int, learner_version: int, batch: Batch, adv: torch.Tensor, out
         "samples_per_s": num_groups * G / wall if wall else None,
         "tokens_per_s": int(m.sum()) / wall if wall else None,
     }
+
+
+def scored_reward(rewards: torch.Tensor, scored: Sequence[Sequence[bool]]) -> dict:
+    """reward_mean over the scored samples alone (None when none is), and how many were not. rewards:
+    (num_groups, G); scored: the same shape as lists, or empty for all scored."""
+    if not len(scored):
+        return {"reward_mean": float(rewards.mean()), "samples_unscored": 0}
+    mask = torch.tensor([list(s) for s in scored], dtype=torch.bool)
+    return {"reward_mean": float(rewards[mask].mean()) if bool(mask.any()) else None,
+            "samples_unscored": int((~mask).sum())}
 
 
 def before_filtering(rewards: torch.Tensor, adv: torch.Tensor, r_min_correct: float,

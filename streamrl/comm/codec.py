@@ -54,6 +54,8 @@ class ScoredGroup(Struct, kw_only=True):
     """Groups the actor's dynamic filter dropped since its previous group (see FilteredCensus); None: none."""
     reward_failures: dict[str, int] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    episode_counts: dict[str, int] | None = None
+    """Multi-turn episodes' counts since its previous group (wire.GroupEntry.episode_counts); None: none."""
     model_token_mask: np.ndarray | None = None
     """(sum T_i,) bool, True where the model sampled the completion token, False under an environment token
     (its behaviour log-prob is meaningless and ignored); None: every token is the model's."""
@@ -65,6 +67,11 @@ class ScoredGroup(Struct, kw_only=True):
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+    @property
+    def scored(self) -> list[bool]:
+        """Which samples' rewards are scores (False: it stands in for one a user's function failed to give)."""
+        return [s.scored for s in self.samples]
 
     @property
     def last_versions(self) -> list[int]:
@@ -113,6 +120,10 @@ class ScoredGroup(Struct, kw_only=True):
         layer: int = 1,
         last_versions: Sequence[int | None] | None = None,
         model_token_masks: Sequence[np.ndarray] | None = None,
+        scored: Sequence[bool] | None = None,
+        parts: Sequence[list | None] | None = None,
+        turns: Sequence[int] | None = None,
+        tool_calls: Sequence[dict[str, int]] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges.
@@ -120,7 +131,11 @@ class ScoredGroup(Struct, kw_only=True):
         model_token_masks[i]: (T_i,) bool aligned with completions[i], True where the model sampled the
         token, False under an environment token; None: all the model's. logprobs stay aligned with
         every token; entries under environment tokens are ignored (sent as 0). A group whose masks are
-        all True travels as one without masks (and arrives with model_token_mask None)."""
+        all True travels as one without masks (and arrives with model_token_mask None).
+
+        scored[i]: False where sample i's reward stands in for a score it did not get (a reward function or
+        environment failed on it); None: every sample scored. parts[i], turns[i], tool_calls[i]: sample i's reward
+        functions' own values, an episode's turns and tool calls (wire.SampleInfo; the samples log shows them)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -136,7 +151,11 @@ class ScoredGroup(Struct, kw_only=True):
             behaviour_logprobs=logprob_array,
             samples=[
                 SampleInfo(num_tokens=len(c), reward=float(r), finish_reason=f,  # type: ignore[arg-type]
-                           correction=None if corrections is None else float(corrections[i]), last_version=last[i])
+                           correction=None if corrections is None else float(corrections[i]), last_version=last[i],
+                           scored=True if scored is None else bool(scored[i]),
+                           parts=None if parts is None or parts[i] is None else [_part(v) for v in parts[i]],
+                           turns=None if turns is None else int(turns[i]),
+                           tool_calls=None if tool_calls is None else dict(tool_calls[i]))
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
@@ -144,6 +163,16 @@ class ScoredGroup(Struct, kw_only=True):
         )
 
     make = from_samples  # the name issue 26's multi-turn episodes build groups by
+
+
+def _part(v) -> float | None:
+    """A reward function's value as the wire takes it: a finite float, or None (not applicable, failed, not a
+    finite number)."""
+    try:
+        v = None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if v is not None and math.isfinite(v) else None
 
 
 def _model_mask(completions: Sequence[Sequence[int]], masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
@@ -176,7 +205,7 @@ def encode_groups(groups: Sequence[ScoredGroup]) -> list:
         session=first.session,
         sent_at=time.time(),
         groups=[GroupEntry(g.prompt_id, g.policy_version, int(g.prompt_tokens.size), g.samples, g.created_at, g.seq,
-                           g.layer, g.filtered, g.reward_failures) for g in groups],
+                           g.layer, g.filtered, g.reward_failures, g.episode_counts) for g in groups],
     )
     if len(groups) == 1:
         arrays = [np.ascontiguousarray(getattr(first, name), dtype=dtype) for name, dtype in _ARRAYS]
@@ -238,6 +267,7 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
             layer=e.layer,
             filtered=e.filtered,
             reward_failures=e.reward_failures,
+            episode_counts=e.episode_counts,
         )
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]

@@ -98,7 +98,8 @@ class GroupSender:
         with its cause; False if the learner took nothing for timeout_s."""
         msg = wire.ActorFailure(actor_id=self.actor_id, session=self.session, function=error.function,
                                 reason=error.reason, failed=error.failed, window=error.window, error=error.error,
-                                traceback=error.traceback[-8000:], reward_failures=error.counts)
+                                traceback=error.traceback[-8000:], reward_failures=error.counts,
+                                kind=error.kind, unit=error.unit)
         return self.notice(msg, timeout_s)
 
     def notice(self, msg: wire.EvalResult | wire.ActorFailure, timeout_s: float) -> bool:
@@ -140,6 +141,8 @@ class SessionCount:
     restart_lost: int = 0
     """Groups it sent to the learner's previous life after that checkpoint: lost with that process."""
 
+    episode_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """What its groups carried of its episodes' counts (the report, when it comes, holds the session's total)."""
     broken: dict[str, int] = dataclasses.field(default_factory=dict)
     """Its ActorFailure's counts (the reward functions' own totals, which a report sent after it may lack)."""
 
@@ -149,6 +152,11 @@ class SessionCount:
         reason at least what its ActorFailure said: every count is a running total)."""
         counts = dict(self.report.reward_failures) if self.report else dict(self.reward_failures)
         return {k: max(counts.get(k, 0), self.broken.get(k, 0)) for k in sorted({*counts, *self.broken})}
+
+    @property
+    def episode_count_totals(self) -> dict[str, int]:
+        """The session's episode counts: its report's once it reported, else what its groups carried."""
+        return dict(self.report.episode_counts) if self.report else dict(self.episode_counts)
 
     @property
     def sent(self) -> int:
@@ -184,9 +192,10 @@ class SessionCount:
         r = self.report
         return {"received": self.received, "max_seq": self.max_seq, "rejected": self.rejected,
                 "duplicates": self.duplicates, "restart_lost": self.restart_lost,
-                "reward_failures": dict(self.reward_failures),
+                "reward_failures": dict(self.reward_failures), "episode_counts": dict(self.episode_counts),
                 "report": None if r is None else {"groups_sent": r.groups_sent, "groups_generated": r.groups_generated,
-                                                  "reason": r.reason, "reward_failures": dict(r.reward_failures)}}
+                                                  "reason": r.reason, "reward_failures": dict(r.reward_failures),
+                                                  "episode_counts": dict(r.episode_counts)}}
 
     @classmethod
     def restore(cls, actor_id: str, session: str, state: dict) -> "SessionCount":
@@ -194,6 +203,7 @@ class SessionCount:
         report = None if r is None else wire.ActorReport(actor_id=actor_id, session=session, **r)
         return cls(received=state["received"], max_seq=state["max_seq"], report=report, reports=int(report is not None),
                    reward_failures=collections.Counter(state.get("reward_failures", {})),
+                   episode_counts=collections.Counter(state.get("episode_counts", {})),
                    rejected=state.get("rejected", 0), duplicates=state.get("duplicates", 0),
                    restart_lost=state.get("restart_lost", 0), restored_seq=state["max_seq"])
 
@@ -292,6 +302,8 @@ class GroupReceiver:
         count.seen(group.seq)
         if group.reward_failures:
             count.reward_failures.update(group.reward_failures)
+        if group.episode_counts:
+            count.episode_counts.update(group.episode_counts)
         return group
 
     def state(self) -> dict:

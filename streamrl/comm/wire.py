@@ -47,6 +47,17 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """Multi-layer GRPO, layer 1: the reward of this sample's first correction (left out otherwise)."""
     last_version: int | None = None
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
+    scored: bool = True
+    """False: no score came for it (a reward function or environment failed on it) and its reward stands in
+    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports.
+    Last, with a default: a message from before it decodes as scored."""
+    parts: list[float | None] | None = None
+    """Reward functions by reference (task.reward): each function's own value for the sample, in task.reward's
+    order (None: not applicable, or it failed); None: not such a task. For the samples log."""
+    turns: int | None = None
+    """A multi-turn episode's model turns (None: a single-turn sample). For the samples log."""
+    tool_calls: dict[str, int] | None = None
+    """A multi-turn episode's tool calls, 'tool/outcome' → calls (None: a single-turn sample)."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):
@@ -80,6 +91,9 @@ class GroupEntry(Struct, array_like=True, frozen=True):
     """Groups the actor filtered out before this one (dynamic filtering), for the census before filtering."""
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] | None = None
     """Samples the actor's reward functions left unscored since its previous group, by reason; None: none."""
+    episode_counts: dict[str, Annotated[int, Meta(ge=0)]] | None = None
+    """Multi-turn episodes the actor played since its previous group: episodes, tool_calls/<tool>/<outcome>,
+    truncated/<reason>, step_raised; None: none (and from actors before it)."""
 
 
 class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
@@ -294,8 +308,9 @@ class Deal(Struct, tag="deal", kw_only=True):
 
 
 class ActorFailure(Struct, tag="actor_failure", kw_only=True):
-    """An actor's word that a user's function is broken (streamrl.tasks.reward_health): it fails on most of its
-    samples, so the run must stop and say why. Sent on the group channel just before the actor exits."""
+    """An actor's word that a user's function (a reward function, grader, environment, tool) is broken
+    (streamrl.tasks.reward_health): it fails on most of its samples, so the run must stop and say why. Sent on the
+    group channel just before the actor exits."""
 
     schema: int = SCHEMA_VERSION
     actor_id: str
@@ -312,6 +327,11 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """The first failure's traceback (or what was wrong with the returned value)."""
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
     """Every failure of the session so far, by reason (samples; calls_failed: calls)."""
+    kind: str = "reward function"
+    """What the function is (streamrl.tasks.reward_health.KINDS: reward function, grader, environment, tool,
+    agent); an actor from before kinds existed meant a reward function."""
+    unit: str = "samples"
+    """What its window counts: samples, episodes (an environment), calls (a tool)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,

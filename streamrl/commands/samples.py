@@ -64,9 +64,20 @@ def render(records: list[dict], width: int = 100) -> str:
                        f"{r['policy_version']}, lag {r['lag']})")
             out.append(textwrap.indent(textwrap.fill(r["prompt"] or "(empty)", width), "  prompt: "))
             last = key
-        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens")
+        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens"
+                   + ("" if r.get("scored", True) else "  UNSCORED (a user's function failed on it; its group's mean "
+                                                       "stands in)"))
+        if parts := r.get("rewards_by_function"):
+            out.append("    by function: " + ", ".join(f"{k} {_value(v)}" for k, v in parts.items()))
+        if "turns" in r:
+            calls = ", ".join(f"{k} ×{n}" for k, n in sorted(r.get("tool_calls", {}).items())) or "none"
+            out.append(f"    {r['turns']} turns, tool calls: {calls}")
         out.append(textwrap.indent(textwrap.fill(r["completion"] or "(empty)", width), "    | "))
     return "\n".join(out) + "\n"
+
+
+def _value(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -155,7 +155,8 @@ class Supervisor:
         if line is not None:
             self.say(line)
         if s is not None and (broken := s.get("user_code_failure")):  # the user's own bug: its traceback, here
-            self.say(f"the first failure of {broken['function']} ({broken['reason']}, in {broken['actor']}):\n"
+            self.say(f"the first failure of {broken.get('kind', 'reward function')} {broken['function']} "
+                     f"({broken['reason']}, in {broken['actor']}):\n"
                      f"{broken['traceback']}\nevery count: {broken['counts']}")
         if self.interrupts >= 2:
             self.say(f"killed the learner and actors; the newest complete checkpoint is "

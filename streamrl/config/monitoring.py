@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamrl.config.base import Port, PositiveFloat, _Section
+from streamrl.config.base import NonNegFloat, Port, PositiveFloat, _Section
 
 
 class MonitoringConfig(_Section):
@@ -14,6 +14,8 @@ class MonitoringConfig(_Section):
     """Actor i serves /metrics and /healthz on actor_port + i; 0 disables."""
     healthy_within_s: PositiveFloat = 600.0
     """/healthz answers 503 when the main loop has made no progress for this long."""
+    actor_stall_s: NonNegFloat = 600.0
+    """An actor's /healthz is 503 (stalled, with why) when one generate call runs this long (0: never)."""
     report_to: list[str] = []
     """Experiment trackers fed the learner's step records (any of tensorboard, wandb, mlflow, trackio; docs/guides/trackers.md)."""
     tracker_project: str = "streamrl"

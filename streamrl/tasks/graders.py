@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 FAILURE_REASONS = ("timeout", "connection", "unparseable")
 """Reasons a sample gets None (plus http_<status> for an HTTP error the server answered with)."""
 
+class Graded(list):
+    """A grader's levels (a plain list to TRL), with `failed`: each sample's failure reason (None: graded) and
+    `where`: the grader it asked. The failure window (streamrl.tasks.reward_health) reads them: a grader failing on
+    most samples (a server down past its retries, a judge that never answers on the scale) stops the run."""
+
+    def __init__(self, levels, failed: list[str | None], where: str):
+        super().__init__(levels)
+        self.failed, self.where = failed, where
+
+
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 
 
@@ -124,7 +134,9 @@ class Grader:
                                  f"({len(completions)})")
         texts = [self.render(p, c, {k: v[i] for k, v in columns.items()})
                  for i, (p, c) in enumerate(zip(prompts, completions))]
-        return list(self._pool.map(self.grade_one, texts))
+        graded = list(self._pool.map(self._grade, texts))
+        return Graded([s for s, _ in graded], [why for _, why in graded],
+                      f"{self.cfg.model} at {self.cfg.base_url} ({self.cfg.retries} retries)")
 
     def render(self, prompt, completion, row: dict) -> str:
         fields = {**row, "prompt": as_text(prompt), "completion": as_text(completion), "scale": self.cfg.scale}
@@ -136,6 +148,10 @@ class Grader:
 
     def grade_one(self, text: str) -> float | None:
         """The level of one filled-in rubric, or None (the reason counted)."""
+        return self._grade(text)[0]
+
+    def _grade(self, text: str) -> tuple[float | None, str | None]:
+        """(the level, None) or (None, why: a FAILURE_REASONS or http_<status>), the reason counted."""
         import openai
 
         messages = ([{"role": "system", "content": self.cfg.system}] if self.cfg.system else []) + \
@@ -175,12 +191,12 @@ class Grader:
                         self.scored += 1
                 if score is None:
                     log.debug("grader: unparseable answer %r", content[:200])
-                    return None
-                return (score - 1) / (self.cfg.scale - 1)
+                    return None, "unparseable"
+                return (score - 1) / (self.cfg.scale - 1), None
             if not retry or attempt == self.cfg.retries:
                 with self._lock:
                     self.failures[reason] += 1
-                return None
+                return None, reason
             attempt += 1
             time.sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
 

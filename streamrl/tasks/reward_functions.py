@@ -120,10 +120,11 @@ class Call:
 
 
 class Outcome:
-    """Per-sample scores (None: unscored) and the failures by reason."""
+    """Per-sample scores (None: unscored) and the failures by reason; parts: per sample, each function's own value
+    (None where it failed or said not applicable), for the samples log."""
 
-    def __init__(self, scores: list[float | None], failures: Counter):
-        self.scores, self.failures = scores, failures
+    def __init__(self, scores: list[float | None], failures: Counter, parts: list[list] | None = None):
+        self.scores, self.failures, self.parts = scores, failures, parts
 
 
 class RewardFunctions:
@@ -246,6 +247,8 @@ class RewardFunctions:
             if values is None:
                 failures["calls_failed"] += 1  # every failed call, the group's and each retry's
                 values = self._one_at_a_time(fn, ref, call, reason, failures, fates)
+            elif (failed := getattr(got, "failed", None)) is not None:  # a grader: its None may be a failure
+                self._graded(ref, got, failed, fates)
             else:
                 fates.append((ref, None, call.n))
             per_fn.append(values)
@@ -262,7 +265,18 @@ class RewardFunctions:
         self.totals.update(failures)
         for name, why, n in fates:
             self.health.record(name, why, self.totals, n)
-        return Outcome(scores, failures)
+        parts = [[None if v[i] is FAILED else v[i] for v in per_fn] for i in range(call.n)]
+        return Outcome(scores, failures, parts)
+
+    def _graded(self, ref: str, got, failed: list, fates: list) -> None:
+        """A grader's samples into its window: those it could not grade (its server down past its retries, an
+        answer off the scale) are failures, though they count as `none` like any None (graders.Graded)."""
+        self.health.kinds[ref] = "grader"
+        for why in failed:
+            if why is not None:
+                self._note(ref, f"grader_{why}", f"the grader {getattr(got, 'where', '')}: {why} "
+                                                 "(streamrl.tasks.graders; grader.retries, grader.timeout_s)")
+            fates.append((ref, None if why is None else f"grader_{why}", 1))
 
     def _one_at_a_time(self, fn: Callable, ref: str, call: Call, reason: str, failures: Counter,
                        fates: list) -> list:

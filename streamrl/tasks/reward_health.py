@@ -1,4 +1,5 @@
-"""Whether a user's reward function is broken rather than flaky: a sliding window of its recent samples.
+"""Whether a user's function (a reward function, grader, environment or tool) is broken rather than flaky: a
+sliding window of its recent samples (an environment's: episodes; a tool's: calls).
 
 A function that raises, returns the wrong shape or rewards off the declared scale on a few samples costs those
 samples (counted, the run goes on). One that fails on most of them is a bug in the user's code or config (a
@@ -14,14 +15,24 @@ import collections
 
 class UserCodeFailure(RuntimeError):
     """A user's function failed on more than `task.reward_fail_threshold` of its last `task.reward_fail_window`
-    samples. `counts`: every failure of this actor so far, by reason (samples; `calls_failed`: calls)."""
+    samples. `counts`: every failure of this actor so far, by reason (samples; `calls_failed`: calls). `kind`: what
+    the function is, as the terminal names it (KINDS)."""
 
     def __init__(self, function: str, reason: str, failed: int, window: int, error: str, traceback: str,
-                 counts: dict[str, int]):
+                 counts: dict[str, int], kind: str = "reward function"):
         self.function, self.reason, self.failed, self.window = function, reason, failed, window
-        self.error, self.traceback, self.counts = error, traceback, counts
-        super().__init__(f"reward function {function} failed on {failed} of its last {window} samples "
+        self.error, self.traceback, self.counts, self.kind, self.unit = error, traceback, counts, kind, unit(kind)
+        super().__init__(f"{kind} {function} failed on {failed} of its last {window} {self.unit} "
                          f"({reason}): {error}")
+
+
+KINDS = ("reward function", "grader", "environment", "tool", "agent")
+"""What a failing function may be: each is judged by the same window, and stops the run the same way."""
+
+
+def unit(kind: str) -> str:
+    """What a window of `kind` counts: a tool's calls, an environment's episodes, anything else's samples."""
+    return {"tool": "calls", "environment": "episodes"}.get(kind, "samples")
 
 
 def error_line(detail: str) -> str:
@@ -34,10 +45,12 @@ class FailureWindow:
     """Per function name, the fate of its last `window` samples (ok or a failure reason) and its first failure's
     detail. `record` raises UserCodeFailure once the window is full and more than `threshold` of it failed."""
 
-    def __init__(self, window: int, threshold: float):
+    def __init__(self, window: int, threshold: float, kind: str = "reward function"):
         if window < 1 or not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"reward failure window={window} (needs >= 1), threshold={threshold} (needs 0..1)")
-        self.window, self.threshold = window, threshold
+            raise ValueError(f"{kind} failure window={window} (needs >= 1), threshold={threshold} (needs 0..1)")
+        self.window, self.threshold, self.kind = window, threshold, kind
+        self.kinds: dict[str, str] = {}
+        """name → its kind where it is not `kind` (a grader among reward functions)."""
         self._fates: dict[str, collections.deque] = {}
         self._failed: collections.Counter = collections.Counter()
         self.first: dict[str, tuple[str, str]] = {}
@@ -60,4 +73,4 @@ class FailureWindow:
             why = collections.Counter(r for r in fates if r is not None).most_common(1)[0][0]
             first_reason, detail = self.first.get(name, (why, "(no detail kept)"))
             raise UserCodeFailure(name, why, self._failed[name], self.window, error_line(detail), detail.rstrip(),
-                                  dict(counts))
+                                  dict(counts), self.kinds.get(name, self.kind))

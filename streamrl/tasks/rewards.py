@@ -106,12 +106,16 @@ class Reward:
         """Start scoring the groups on the task's pool; `collect_groups` waits for them."""
         return self.task.submit_groups(prompts, texts, ids)
 
-    def collect_groups(self, handle):
+    def collect_groups(self, handle, parts: list | None = None):
+        """(each group's shaped rewards, None where unscored; the failures by reason). parts: a list to extend with
+        each group's per-sample values of each reward function (None for a task that does not say)."""
         from collections import Counter
 
         outcomes, failures = self.task.collect_groups(handle), Counter()
         for o in outcomes:
             failures.update(o.failures)
+        if parts is not None:
+            parts.extend(getattr(o, "parts", None) for o in outcomes)
         return [[None if r is None else self.shape(r) for r in o.scores] for o in outcomes], failures
 
 

@@ -25,23 +25,46 @@ log = logging.getLogger("streamrl.telemetry.exporter")
 
 
 class Health:
-    """Proof of life for /healthz: the main loop calls beat(); a silence longer than the limit is 503."""
+    """Proof of life for /healthz: the main loop calls beat(); a silence longer than the limit is 503.
 
-    def __init__(self, role: str, healthy_within_s: float):
+    Progress, where the process has work that should finish (an actor's generate calls): `busy(what)` when it
+    starts and `done()` when it ends; one running past `stall_after_s` is 503 too, however alive the loop is (a
+    hung reward or tool call, an engine that stopped answering). Waiting between pieces of work (an actor the
+    learner holds back on staleness, or waiting for weights) is not a stall: the clock runs only while busy."""
+
+    def __init__(self, role: str, healthy_within_s: float, stall_after_s: float = 0.0):
+        """stall_after_s: longest one piece of work may take before /healthz says stalled (0: no limit)."""
         self.role = role
-        self.healthy_within_s = healthy_within_s
+        self.healthy_within_s, self.stall_after_s = healthy_within_s, stall_after_s
         self.info: dict = {}  # extra fields shown on /healthz (policy version, step, …)
         self._last = time.monotonic()
+        self._busy: tuple[str, float] | None = None  # (what, since when)
 
     def beat(self, **info) -> None:
         self._last = time.monotonic()
         self.info.update(info)
 
+    def busy(self, what: str) -> None:
+        """A piece of work that should finish within stall_after_s starts (`what` names it on /healthz)."""
+        self._busy = (what, time.monotonic())
+
+    def done(self) -> None:
+        """It finished: progress."""
+        self._busy = None
+        self.beat()
+
     def status(self) -> tuple[bool, dict]:
-        age = time.monotonic() - self._last
-        ok = age <= self.healthy_within_s
-        return ok, {"status": "ok" if ok else "stalled", "role": self.role, "last_progress_s_ago": round(age, 3),
-                    "healthy_within_s": self.healthy_within_s, **self.info}
+        now = time.monotonic()
+        age, busy = now - self._last, self._busy
+        reason = None
+        if busy is not None and self.stall_after_s and now - busy[1] > self.stall_after_s:  # the more telling
+            reason = (f"{busy[0]} has made no progress for {now - busy[1]:.0f}s (monitoring.actor_stall_s="
+                      f"{self.stall_after_s:g}): no group made or sent meanwhile")
+        elif age > self.healthy_within_s:
+            reason = f"the main loop has shown no sign of life for {age:.0f}s (monitoring.healthy_within_s)"
+        return reason is None, {"status": "ok" if reason is None else "stalled", "role": self.role,
+                                "last_progress_s_ago": round(age, 3), "healthy_within_s": self.healthy_within_s,
+                                **({"reason": reason} if reason else {}), **self.info}
 
 
 MAX_WORKERS = 8  # threads answering requests at once

@@ -167,6 +167,14 @@ class Trackers:
                           "are dropped for them until they catch up (counted in summary.json)",
                           self._queue.maxsize, ", ".join(self._writers), record["step"])
 
+    def samples(self, step: int, table: tuple[list[str], list[list]]) -> None:
+        """Hand one logged step's samples, (columns, rows), to every writer that keeps tables; returns at once."""
+        if self._writers and not self._closed:
+            try:
+                self._queue.put_nowait(("samples", step, table))
+            except queue.Full:
+                self.dropped += 1
+
     def report(self) -> dict[str, Any]:
         """What summary.json says of the trackers, once they have taken what is pending (at most wait_s)."""
         if not self.names:
@@ -211,13 +219,15 @@ class Trackers:
                     return
                 self._last_step = step
                 t0 = time.perf_counter()
-                self._each("log", payload, step)
+                self._each(what, payload, step)
                 self.log_s += time.perf_counter() - t0
             finally:
                 self._queue.task_done()
 
     def _each(self, method: str, *args) -> None:
         for name, writer in self._writers.items():
+            if not hasattr(writer, method):  # `samples`: a writer that keeps no tables
+                continue
             try:
                 getattr(writer, method)(*args)
             except Exception as e:
@@ -263,6 +273,12 @@ class _TensorBoard:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
+    def samples(self, table: tuple, step: int) -> None:
+        columns, rows = table  # a markdown table: TensorBoard's text tab renders it
+        cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines = ["|".join(columns), "|".join("---" for _ in columns)] + ["|".join(map(cell, r)) for r in rows]
+        self.writer.add_text("samples", "\n".join(lines), step)
+
     def close(self, summary: dict[str, Any]) -> None:
         for key, value in _summary_scalars(summary).items():
             self.writer.add_scalar(f"summary/{key}", value, self.step)
@@ -284,6 +300,9 @@ class _WandB:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def samples(self, table: tuple, step: int) -> None:
+        self.run.log({"samples": self.wandb.Table(columns=list(table[0]), data=table[1])}, step=step)
 
     def close(self, summary: dict[str, Any]) -> None:
         self.run.summary.update(_summary_scalars(summary) | {"status": _status(summary)})
@@ -339,6 +358,9 @@ class _MLflow:
         batch = [self.Metric(mlflow_key(k), v, now, step) for k, v in metrics.items()]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+
+    def samples(self, table: tuple, step: int) -> None:  # an artifact per logged step: samples/step-<N>.json
+        self.client.log_dict(self.run_id, {"columns": list(table[0]), "data": table[1]}, f"samples/step-{step}.json")
 
     def close(self, summary: dict[str, Any]) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")

@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 
+import pytest
 from streamrl import config
 from streamrl.actors import backends
 from streamrl.actors.episodes import Episodes
@@ -18,6 +19,7 @@ from streamrl.models import model as model_lib
 from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
 from streamrl.tasks.base import Prompt
+from streamrl.tasks.reward_health import UserCodeFailure
 
 
 class Scripted:
@@ -88,6 +90,82 @@ def test_a_raising_tool_becomes_an_error_message_and_is_counted():
     text = tok.decode(list(groups[0].completion_tokens[:groups[0].samples[0].num_tokens]))
     assert "error:" in text  # the model saw the error (unknown words of it are <unk> to the word tokenizer)
     assert groups[0].rewards == [0.0, 0.0]
+
+
+def test_a_tool_raising_on_most_calls_stops_the_actor_naming_it_with_its_traceback(tmp_path):
+    env = tmp_path / "down_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class Down(LookupEnv):
+            def __init__(self, row):
+                super().__init__(row)
+                self.tools = [self.lookup]
+
+            def lookup(self, key: str) -> str:
+                raise ConnectionError("the symbol service is down")
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Down", "task.reward_fail_window=4"],
+                                       reply=lookup_then_answer)
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    with pytest.raises(UserCodeFailure, match=r"tool lookup failed on 4 of its last 4 calls \(raised\): "
+                                              r"ConnectionError: the symbol service is down") as e:
+        runner.make_groups(_prompts(reward.task, 2), 0)
+    runner.close()
+    assert e.value.kind == "tool" and e.value.counts == {"tool_raised": 4}
+    assert "in lookup" in e.value.traceback and "concurrent" not in e.value.traceback  # from the user's frame down
+
+
+def test_a_tool_refusing_the_models_input_is_never_judged_broken():
+    # LookupEnv's lookup raises KeyError for a key it does not have: the model's mistake, told to it, counted
+    cfg, reward, tok, backend = _setup(["task.reward_fail_window=2"],
+                                       reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats = runner.make_groups(_prompts(reward.task, 3), 0)
+    runner.close()
+    assert stats.tool_calls == {"lookup/raised": 6} and runner.failures == {}
+
+
+def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window_stops_the_actor(tmp_path):
+    env = tmp_path / "bad_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class Bad(LookupEnv):
+            def step(self, reply):
+                raise ValueError("no state " + reply)
+
+        class Half(LookupEnv):
+            made = 0
+
+            def __init__(self, row):
+                super().__init__(row)
+                Half.made += 1
+                self.bad = Half.made % 2 == 0
+
+            def step(self, reply):
+                if self.bad:
+                    raise ValueError("every other one")
+                return [], 1.0, True
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Half"], reply=lambda t: "a")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)  # 1 of its window of 50: it goes on
+    runner.close()
+    # the failed episode takes its group's scored mean (not the lowest level: the model's reply did not fail)
+    assert groups[0].scored == [True, False] and groups[0].rewards == [1.0, 1.0] and stats.step_raised == 1
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad"], reply=lambda t: "a")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert groups == [] and stats.groups_unscored == 1 and stats.step_raised == 2  # nothing scored: not sent
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad", "task.reward_fail_window=4"],
+                                       reply=lambda t: "a")
+    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    with pytest.raises(UserCodeFailure, match=r"environment .*bad_env.py:Bad failed on 4 of its last 4 episodes "
+                                              r"\(raised\): ValueError: no state a"):
+        runner.make_groups(_prompts(reward.task, 2), 0)
+    runner.close()
 
 
 def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():

@@ -698,3 +698,25 @@ def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_paramete
     pub.publish(2, live)
     got = sub.wait_for(1, timeout_s=20.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub_ctl))
     assert (got[0], got[1]["w"].unique().tolist()) in ((1, [1.0]), (2, [-1.0]))
+
+
+def test_episode_counts_ride_on_the_groups_into_the_sessions_count_until_its_report_holds_the_total(zmq_ctx):
+    from streamrl.actors.generation import carry_counts
+
+    ctx, track = zmq_ctx
+    receiver = track(GroupReceiver(ctx, ANY, hwm=4, max_bytes=MAX_BYTES, vocab_size=VOCAB))
+    sender = track(GroupSender(ctx, bound(receiver.sock), hwm=4, actor_id="actor-0"))  # make_group's
+    assert carry_counts([], "episode_counts", {"episodes": 2}, {}) == {"episodes": 2}  # no group made: kept
+    for unsent in ({"episodes": 2}, {}):
+        g = make_group()
+        assert carry_counts([g], "episode_counts", {"episodes": 4, "tool_calls/add/ok": 3}, unsent) == {}
+        assert sender.send(g, timeout_s=5.0)
+        assert take(receiver).episode_counts == {"episodes": 4 + unsent.get("episodes", 0), "tool_calls/add/ok": 3}
+    [count] = receiver.sessions.values()
+    assert count.episode_count_totals == {"episodes": 10, "tool_calls/add/ok": 6}
+    assert sender.report(2, "stopped", episode_counts={"episodes": 12, "tool_calls/add/ok": 6})
+    deadline = time.monotonic() + 10
+    while count.report is None and time.monotonic() < deadline:
+        receiver.take()
+        time.sleep(0.01)
+    assert count.episode_count_totals == {"episodes": 12, "tool_calls/add/ok": 6}  # the report's total wins

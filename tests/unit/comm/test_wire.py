@@ -809,3 +809,11 @@ def test_make_is_the_name_multi_turn_episodes_build_groups_by():
                               logprobs=[[-1.0, -9.0]], rewards=[1.0], finish_reasons=["stop"],
                               model_token_masks=[np.array([True, False])])
     assert g.model_token_mask.tolist() == [True, False] and g.behaviour_logprobs.tolist() == [-1.0, 0.0]
+
+
+def test_a_sample_left_unscored_travels_as_such_and_one_from_before_the_flag_decodes_as_scored():
+    g = decode_group(to_bytes(encode_group(make_group(scored=[True, False, True, False]))))
+    assert g.scored == [True, False, True, False] and g.rewards == [1.0, 0.25, 0.0, 0.5]
+    old = msgspec.msgpack.encode([2, 1.0, "stop"])  # a SampleInfo as actors sent it before the flag
+    assert msgspec.msgpack.decode(old, type=SampleInfo).scored is True
+    assert decode_group(to_bytes(encode_group(make_group()))).scored == [True] * 4

@@ -135,3 +135,13 @@ def test_masked_and_row_by_row_filling_give_the_same_batch(monkeypatch):
     masked = collate(groups, pad_id=7)
     for name in ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs", "last_versions"):
         assert torch.equal(getattr(rows, name), getattr(masked, name)), name
+
+
+def test_the_reported_reward_is_the_mean_over_scored_samples_and_the_unscored_are_counted():
+    from streamrl.learner.stepstats import scored_reward
+
+    rewards = torch.tensor([[1.0, 0.5, 0.0, 0.5], [0.25, 0.25, 0.25, 0.25]])
+    scored = [[True, False, True, False], [False, False, False, False]]  # stand-ins: a group mean, a low level
+    assert scored_reward(rewards, scored) == {"reward_mean": 0.5, "samples_unscored": 6}
+    assert scored_reward(rewards, [[False] * 4] * 2) == {"reward_mean": None, "samples_unscored": 8}
+    assert scored_reward(rewards, []) == {"reward_mean": float(rewards.mean()), "samples_unscored": 0}

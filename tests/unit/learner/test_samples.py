@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from streamrl import config
 from streamrl.comm.codec import ScoredGroup
 from streamrl.commands import cli, samples as samples_cli
-from streamrl.learner.samples import SamplesLog, records
+from streamrl.learner.samples import SamplesLog, records, table
 
 WORDS = {1: "red", 2: "blue", 3: "pink", 4: "say"}
 
@@ -64,3 +65,38 @@ def test_streamrl_samples_prints_the_newest_step_and_ranks_with_best_and_worst(t
     assert "no samples log" in capsys.readouterr().err
     with pytest.raises(ValueError, match="empty"):
         samples_cli.choose([], None, False, False)
+
+
+def test_records_hold_each_reward_functions_value_and_an_episodes_turns_and_tool_calls(capsys, tmp_path):
+    cfg = config.load(None, ["advantage.r_min_correct=1.0"])
+    g = ScoredGroup.from_samples(prompt_id="e", policy_version=0, actor_id="actor-0", prompt_tokens=[4, 2],
+                                 completions=[[1], [2]], logprobs=[[-1.0]] * 2, rewards=[1.0, 0.5],
+                                 finish_reasons=["stop"] * 2, scored=[True, False], parts=[[1.0, 0.0], [None, 0.5]],
+                                 turns=[3, 1], tool_calls=[{"add/ok": 2}, {}])
+    cfg = msgspec.structs.replace(cfg, task=msgspec.structs.replace(cfg.task, reward=["f.py:right", "f.py:short"]))
+    got = records([g], 4, 4, cfg, decode, 8)
+    assert got[0]["rewards_by_function"] == {"f.py:right": 1.0, "f.py:short": 0.0} and got[0]["scored"] is True
+    assert got[1]["rewards_by_function"] == {"f.py:right": None, "f.py:short": 0.5} and got[1]["scored"] is False
+    assert (got[0]["turns"], got[0]["tool_calls"], got[1]["tool_calls"]) == (3, {"add/ok": 2}, {})
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in got))
+    assert cli.main(["samples", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "by function: f.py:right 1.000, f.py:short 0.000" in out and "3 turns, tool calls: add/ok ×2" in out, out
+    assert "by function: f.py:right -, f.py:short 0.500" in out and "UNSCORED" in out, out
+    columns, rows = table(got)
+    assert columns[-1] == "details" and json.loads(rows[0][-1])["rewards_by_function"]["f.py:short"] == 0.0
+
+
+def test_a_resumed_learner_cuts_the_log_back_to_the_steps_before_its_checkpoint_keeping_the_old_file(tmp_path):
+    cfg = config.load(None, ["log.samples_every=5", "log.samples_per_log=4"])
+    tok = type("T", (), {"decode": staticmethod(lambda ids, **kw: decode(ids))})()
+    log = SamplesLog(cfg, tok, tmp_path)
+    for step in range(16):
+        log(step, step, [group("a", [0.0, 0.5, 1.0, 0.0], step)])
+    SamplesLog(cfg, tok, tmp_path, resumed_step=10)  # steps 10 and later are redone
+    lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in lines}) == [0, 5]
+    [aside] = tmp_path.glob("samples.jsonl.before-resume-10-*")
+    assert len(aside.read_text().splitlines()) == 16  # all 4 logged steps' records, untouched
+    SamplesLog(cfg, tok, tmp_path, resumed_step=10)  # nothing past the checkpoint: nothing moved
+    assert len(list(tmp_path.glob("samples.jsonl.before-resume-*"))) == 1

@@ -10,11 +10,12 @@ import msgspec
 import pytest
 
 # A tiny run's first metrics.jsonl line (configs/tiny.yaml, before learner/step.py existed): a step without weight
-# statistics or an evaluation. The loop adds metrics_s, then the intake's accounting and elapsed_s.
+# statistics or an evaluation. The loop adds metrics_s, then the intake's accounting and elapsed_s. Added since:
+# samples_unscored, episode_counts (issue 37).
 METRICS_KEYS = [
     "step", "learner_version", "r_count", "r_loss", "loss_pos_sum", "loss_neg_sum", "adv_pos", "adv_neg", "adv_zero",
     "failed_positive_fraction", "corpo_phase_fraction", "census_failed_pos", "census_failed_nonpos",
-    "census_passed_pos", "census_passed_nonpos", "reward_mean", "success_rate", "groups_filtered",
+    "census_passed_pos", "census_passed_nonpos", "reward_mean", "samples_unscored", "success_rate", "groups_filtered",
     "census_before_failed_pos", "census_before_failed_nonpos", "census_before_passed_pos",
     "census_before_passed_nonpos", "reward_std", "advantage_mean", "lag_max", "lag_mean", "lag_hist",
     "version_span_max", "inflight_fraction", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_ratio_max_abs_dev",
@@ -23,8 +24,8 @@ METRICS_KEYS = [
     "optimizer_steps", "micro_batches", "micro_batches_idle",
     "fwd_bwd_s", "backward_s", "optimizer_s", "wait_s", "batch_s", "train_s", "publish_s", "step_s", "samples",
     "tokens", "samples_per_s", "tokens_per_s", "metrics_s", "groups_received", "groups_used", "groups_dropped",
-    "reward_failures", "messages_rejected", "weight_requests_rejected", "weight_requests_served", "demands_sent",
-    "peers_refused", "elapsed_s",
+    "reward_failures", "episode_counts", "messages_rejected", "weight_requests_rejected", "weight_requests_served",
+    "demands_sent", "peers_refused", "elapsed_s",
 ]
 LOOP_EXTRAS = METRICS_KEYS[METRICS_KEYS.index("metrics_s") + 1:]  # Intake.accounting()'s keys, elapsed_s
 WEIGHT_KEYS = ["weights_l1", "weights_l2", "weights_min", "weights_max", "weights_mean", "weights_median"]

@@ -205,3 +205,22 @@ def test_the_grader_section_loads_from_overrides(tmp_path):
     assert (cfg.grader.base_url, cfg.grader.scale, cfg.grader.concurrency) == ("http://10.0.0.1:9000/v1", 5, 2)
     with pytest.raises(ConfigError, match="scale"):
         load(None, ["grader.scale=1"])
+
+
+def test_a_grader_failing_on_most_samples_stops_the_run_like_a_broken_reward_and_a_working_one_does_not(server):
+    from streamrl.tasks.reward_functions import Call, RewardFunctions
+    from streamrl.tasks.reward_health import UserCodeFailure
+
+    graders.configure(_cfg(server, scale=3))
+    fns = RewardFunctions(["streamrl.tasks.graders:rubric"], fail_window=4, workers=2)
+    try:
+        outs = fns.score([Call("p", ["SCORE=2", "SCORE=3"], [[], []], {}) for _ in range(3)])
+        assert [o.scores for o in outs] == [[0.5, 1.0]] * 3  # 6 graded samples: nothing to judge
+        server.stop()  # the grader's server goes away for good: every sample fails past its retries
+        with pytest.raises(UserCodeFailure, match=r"grader streamrl.tasks.graders:rubric failed on 3 of its last 4 "
+                                                  r"samples \(grader_connection\)") as e:
+            fns.score([Call("p", ["SCORE=2"] * 2, [[], []], {}) for _ in range(2)])
+        assert e.value.kind == "grader" and "judge at http://127.0.0.1" in e.value.error, e.value.error
+        assert e.value.counts["none"] >= 3  # still counted as today: samples the grader gave None
+    finally:
+        fns.close()

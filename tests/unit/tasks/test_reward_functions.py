@@ -118,6 +118,16 @@ def test_unscored_samples_take_their_groups_mean_and_a_group_with_none_scored_is
     assert all(math.isnan(r) for r in fill_unscored([None, None]))
 
 
+def test_a_group_marks_the_samples_whose_reward_stands_in_for_a_score_unscored():
+    from streamrl.actors.rollout import _group, fill_unscored
+    from streamrl.models.sampling import Completion
+
+    drawn = [Completion(tokens=[3, 4], logprobs=[-0.1, -0.2], finish_reason="stop") for _ in range(3)]
+    samples = list(zip(drawn, ["a"] * 3, fill_unscored([1.0, None, 0.0])))
+    group = _group("p", [1, 2], samples, 0, "actor-0")
+    assert group.rewards == [1.0, 0.5, 0.0] and group.scored == [True, False, True]
+
+
 def test_reward_failures_reach_prometheus_by_reason():
     from prometheus_client import generate_latest
 

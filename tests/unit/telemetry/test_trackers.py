@@ -20,6 +20,9 @@ from streamrl.telemetry import trackers
 from streamrl.telemetry.trackers import TRACKERS, RunInfo, Tracker, Trackers
 
 REWARDS = [0.25, 0.5, 0.125, 0.75]
+# step 2's logged samples, as learner.samples.table makes them of samples.jsonl's records
+SAMPLES = (["step", "prompt", "completion", "reward", "details"],
+           [[2, "add 1 2", "add 1 2 | 3", 1.0, '{"turns": 2}'], [2, "add 1 2", "x", 0.0, '{"turns": 1}']])
 
 
 def _record(step: int) -> dict:
@@ -36,6 +39,8 @@ def _run(tmp_path: Path, names: list[str], **kwargs) -> tuple[RunLog, dict]:
     log.open(resumed_step=0)
     log.trackers = Trackers(names, RunInfo("tr", cfg.run_path, "streamrl-test", config.to_dict(cfg)), **kwargs)
     for step in range(4):
+        if step == 2:
+            log.trackers.samples(step, SAMPLES)
         log.step(_record(step))
     summary = log.summary({"status": "finished"}, reward_range=(0.0, 1.0))
     log.close()
@@ -106,6 +111,9 @@ def test_tensorboard_event_files_hold_every_step_the_config_and_the_summary(tmp_
     assert acc.Scalars("summary/reward_last_10pct")[0].value == pytest.approx(summary["reward_last_10pct"])
     assert "config/text_summary" in acc.Tags()["tensors"]
     assert any("_hparams_/session_start_info" in t for t in acc.summary_metadata)  # the config as hparams
+    [text] = acc.Tensors("samples/text_summary")  # the samples as a markdown table, at their step
+    table = text.tensor_proto.string_val[0].decode()
+    assert text.step == 2 and "step|prompt|completion|reward|details" in table and "add 1 2 \\| 3" in table, table
 
 
 def test_mlflow_file_store_holds_every_step_the_config_as_params_and_the_outcome(tmp_path, monkeypatch):
@@ -125,6 +133,9 @@ def test_mlflow_file_store_holds_every_step_the_config_as_params_and_the_outcome
     assert run.data.metrics["summary/steps"] == 4
     summary = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))).read_text())
     assert summary["status"] == "finished" and summary["trackers"]["failures"] == {"mlflow": 0}
+    artifact = client.download_artifacts(run.info.run_id, "samples/step-2.json", str(tmp_path))
+    table = json.loads(Path(artifact).read_text())
+    assert table == {"columns": SAMPLES[0], "data": SAMPLES[1]}
 
 
 def _wandb_records(path: Path) -> list:
@@ -167,6 +178,10 @@ def test_wandb_offline_run_file_holds_every_step_the_config_and_the_summary(tmp_
     kinds = [r.WhichOneof("record_type") for r in records]
     assert [h["_step"] for h in history] == [0, 1, 2, 3], (path.stat().st_size, kinds)
     assert [h["reward_mean"] for h in history] == pytest.approx(REWARDS)
+    assert history[2]["samples/_type"] == "table-file" and history[2]["samples/nrows"] == 2  # a W&B table, at step 2
+    written = json.loads((path.parent / "files" / history[2]["samples/path"]).read_text())
+    assert written["columns"] == SAMPLES[0] and written["data"] == SAMPLES[1]
+    assert not any(k.startswith("samples") for k in history[1])
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.project, run.display_name) == ("streamrl-test", "tr")
     config_items = {i.key: json.loads(i.value_json) for i in run.config.update}  # the run's config, as sent
