@@ -78,7 +78,8 @@ class AgentEpisodes:
 
     def __init__(self, cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         t, e = cfg.task, cfg.endpoint
-        self.fn = agent_task.load(t.agent)
+        # task.name verifiers: the task's own agent runs the environment's rollout (streamrl.tasks.verifiers_env)
+        self.fn = getattr(reward.task, "agent_fn", None) or agent_task.load(t.agent)
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.end_ids = set(end_ids)
         self.group_size, self.workers, self.timeout_s = cfg.actors.group_size, t.agent_workers, t.agent_timeout_s

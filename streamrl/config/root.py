@@ -105,7 +105,7 @@ class Config(_Section):
             raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
                              "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
                              "in flight; use inflight_updates=false, or the hf backend")
-        if self.task.environment or self.task.name == "agent":
+        if self.task.environment or self.task.name in ("agent", "verifiers"):
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
@@ -122,12 +122,13 @@ class Config(_Section):
                  self.actors.rollout_factor > 1, "actors.inflight_updates=true": self.actors.inflight_updates,
                  f"eval.every={self.eval.every}": self.eval.every > 0}
         if bad := [k for k, v in clash.items() if v]:
-            what = f"task.environment={self.task.environment!r}" if self.task.environment else "task.name=agent"
+            what = (f"task.environment={self.task.environment!r}" if self.task.environment
+                    else f"task.name={self.task.name}")
             raise ValueError(f"{what}: multi-turn episodes do not combine with "
                              f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
-        if self.task.name in ("dataset", "agent") and not self.task.reward_levels and not self.reward.bucket_edges:
+        if self.task.name in ("dataset", "agent", "verifiers") and not self.task.reward_levels and not self.reward.bucket_edges:
             raise ValueError(f"task.reward_levels=[]: a {self.task.name} task's reward needs a scale: declare its levels "
                              "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")
 

@@ -81,6 +81,10 @@ class TaskConfig(_Section):
     """agent: episodes whose agent code runs at once in each actor (each on a thread of its own)."""
     agent_timeout_s: PositiveFloat = 60.0
     """agent: longest one episode's agent call may run; a longer one is abandoned, counted and scored lowest."""
+    verifiers_env: str | None = None
+    """verifiers: an installed environment id (vf.load_environment), 'path/file.py' or 'package.module:loader'."""
+    verifiers_args: dict[str, Any] = {}
+    """verifiers: keyword arguments of the environment's load_environment."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -97,6 +101,10 @@ class TaskConfig(_Section):
         if self.name == "agent" and (not self.data or not self.agent):
             raise ValueError(f"name=agent: needs task.data (the rows each episode's agent is given) and task.agent "
                              f"('package.module:fn' or 'file.py:fn'); got data={self.data!r}, agent={self.agent!r}")
+        if (self.name == "verifiers") != bool(self.verifiers_env):
+            raise ValueError(f"verifiers_env={self.verifiers_env!r} with name={self.name!r}: task.name=verifiers needs "
+                             "task.verifiers_env (an installed environment id, 'file.py' or 'module:loader'), and "
+                             "only it reads one")
         if self.agent and self.name != "agent":
             raise ValueError(f"agent={self.agent!r}: only task.name=agent runs an agent (name={self.name!r})")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []
