@@ -32,6 +32,8 @@ import logging
 import math
 import threading
 import time
+import traceback
+from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -44,6 +46,7 @@ from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import agent as agent_task
 from streamrl.tasks.environments import row_of
+from streamrl.tasks.reward_health import FailureWindow
 
 log = logging.getLogger("streamrl.actor")
 
@@ -80,6 +83,10 @@ class AgentEpisodes:
         t, e = cfg.task, cfg.endpoint
         # task.name verifiers: the task's own agent runs the environment's rollout (streamrl.tasks.verifiers_env)
         self.fn = getattr(reward.task, "agent_fn", None) or agent_task.load(t.agent)
+        # An agent failing on most of its recent episodes is broken, not flaky: the run stops naming it.
+        self.name, self.kind = t.agent or getattr(self.fn, "__name__", "agent"), getattr(self.fn, "kind", "agent")
+        self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
+        self.failures: Counter = Counter()
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.end_ids = set(end_ids)
         self.group_size, self.workers, self.timeout_s = cfg.actors.group_size, t.agent_workers, t.agent_timeout_s
@@ -96,7 +103,8 @@ class AgentEpisodes:
         """Every turn of the last call (tests and the record read it)."""
         self._client = None
         # httpx logs every request at INFO: thousands of lines a minute in the actor's log.
-        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
+        for name in ("httpx", "httpx2"):  # openai 3 sends through httpx2
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
     def _client_for(self, episode_id: str):
         """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
@@ -124,6 +132,9 @@ class AgentEpisodes:
             mine = [e for e in episodes if e.group == g]
             for e in mine:
                 self._score(e, done)
+                if e.failure is not None:
+                    self.failures[e.failure] += 1
+                self.health.record(self.name, e.failure, self.failures)
             if any(not e.turns for e in mine):  # an episode that sampled nothing leaves no sample to train
                 done.groups_unscored += 1
                 continue
@@ -289,8 +300,20 @@ class AgentEpisodes:
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
         if why is not None:
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
+            self.health.note(self.name, why, self._detail(e, why))
         e.failure = why
         e.reward = self.levels[0] if value is None else self.reward.shape(value)
+
+    def _detail(self, e: _Episode, why: str) -> str:
+        """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
+        if why == "raised":  # from the agent's frame down (the first is this runner's thread)
+            tb = e.error.__traceback__
+            return "".join(traceback.format_exception(type(e.error), e.error, tb.tb_next if tb else None))
+        if why == "timeout":
+            return f"episode {e.id} ran past task.agent_timeout_s={self.timeout_s:g}s (abandoned)"
+        if why == "no_model_call":
+            return f"episode {e.id}: the agent returned {e.value!r} without calling the model"
+        return f"episode {e.id}: the agent returned {e.value!r} ({why}); allowed: a number on {self.levels} or a dict"
 
     def _group(self, prompt_id: str, mine: list[_Episode], version: int) -> ScoredGroup:
         """The group's prompt is the episodes' common opening; what differs after it rides masked."""

@@ -25,7 +25,7 @@ class UserCodeFailed(RuntimeError):
     """An actor reported that a user's function fails on most of its samples (a wire.ActorFailure)."""
 
     def __init__(self, f):
-        super().__init__(f"reward function {f.function} failed on {f.failed} of its last {f.window} samples in "
+        super().__init__(f"{f.kind} {f.function} failed on {f.failed} of its last {f.window} samples in "
                          f"{f.actor_id} ({f.reason}): {f.error}")
 
 
@@ -192,7 +192,8 @@ class Intake:
         f = self.receiver.failures[0]
         return {**out, "user_code_failure": {"actor": f.actor_id, "function": f.function, "reason": f.reason,
                                       "failed": f.failed, "window": f.window, "error": f.error,
-                                      "traceback": f.traceback, "counts": dict(f.reward_failures)}}
+                                      "traceback": f.traceback, "counts": dict(f.reward_failures),
+                                      "kind": f.kind}}
 
     def reconciliation(self) -> dict:
         """Every group, from each actor session's own count to what became of it at the learner.

@@ -98,7 +98,7 @@ class GroupSender:
         with its cause; False if the learner took nothing for timeout_s."""
         msg = wire.ActorFailure(actor_id=self.actor_id, session=self.session, function=error.function,
                                 reason=error.reason, failed=error.failed, window=error.window, error=error.error,
-                                traceback=error.traceback[-8000:], reward_failures=error.counts)
+                                traceback=error.traceback[-8000:], reward_failures=error.counts, kind=error.kind)
         return self.notice(msg, timeout_s)
 
     def notice(self, msg: wire.EvalResult | wire.ActorFailure, timeout_s: float) -> bool:

@@ -312,6 +312,8 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """The first failure's traceback (or what was wrong with the returned value)."""
     reward_failures: dict[str, Annotated[int, Meta(ge=0)]] = {}
     """Every failure of the session so far, by reason (samples; calls_failed: calls)."""
+    kind: str = "reward function"
+    """What the function is: "reward function", "agent" (task.name agent or verifiers)."""
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,

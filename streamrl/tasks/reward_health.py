@@ -13,15 +13,14 @@ import collections
 
 
 class UserCodeFailure(RuntimeError):
-    """A user's function failed on more than `task.reward_fail_threshold` of its last `task.reward_fail_window`
+    """A user's function (`kind`: a reward function, an agent) failed on more than `task.reward_fail_threshold` of its last `task.reward_fail_window`
     samples. `counts`: every failure of this actor so far, by reason (samples; `calls_failed`: calls)."""
 
     def __init__(self, function: str, reason: str, failed: int, window: int, error: str, traceback: str,
-                 counts: dict[str, int]):
+                 counts: dict[str, int], kind: str = "reward function"):
         self.function, self.reason, self.failed, self.window = function, reason, failed, window
-        self.error, self.traceback, self.counts = error, traceback, counts
-        super().__init__(f"reward function {function} failed on {failed} of its last {window} samples "
-                         f"({reason}): {error}")
+        self.error, self.traceback, self.counts, self.kind = error, traceback, counts, kind
+        super().__init__(f"{kind} {function} failed on {failed} of its last {window} samples ({reason}): {error}")
 
 
 def error_line(detail: str) -> str:
@@ -34,10 +33,10 @@ class FailureWindow:
     """Per function name, the fate of its last `window` samples (ok or a failure reason) and its first failure's
     detail. `record` raises UserCodeFailure once the window is full and more than `threshold` of it failed."""
 
-    def __init__(self, window: int, threshold: float):
+    def __init__(self, window: int, threshold: float, kind: str = "reward function"):
         if window < 1 or not 0.0 <= threshold <= 1.0:
             raise ValueError(f"reward failure window={window} (needs >= 1), threshold={threshold} (needs 0..1)")
-        self.window, self.threshold = window, threshold
+        self.window, self.threshold, self.kind = window, threshold, kind
         self._fates: dict[str, collections.deque] = {}
         self._failed: collections.Counter = collections.Counter()
         self.first: dict[str, tuple[str, str]] = {}
@@ -60,4 +59,4 @@ class FailureWindow:
             why = collections.Counter(r for r in fates if r is not None).most_common(1)[0][0]
             first_reason, detail = self.first.get(name, (why, "(no detail kept)"))
             raise UserCodeFailure(name, why, self._failed[name], self.window, error_line(detail), detail.rstrip(),
-                                  dict(counts))
+                                  dict(counts), self.kind)

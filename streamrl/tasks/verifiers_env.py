@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import threading
 from pathlib import Path
 
 from streamrl.tasks import plugins
 from streamrl.tasks.agent import AgentTask
+from streamrl.tasks.base import render
 from streamrl.tasks.dataset import Row, converter
 
 log = logging.getLogger("streamrl.tasks")
@@ -103,34 +105,60 @@ class VerifiersTask(AgentTask):
         self.functions = None
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
-        self.agent_fn = self._agent()
+        self.agent_fn = Rollouts(self.env, cfg.reward_levels, f"verifiers:{Path(cfg.verifiers_env).name}")
 
-    def _agent(self):
-        env, levels = self.env, sorted(self.cfg.reward_levels)
+    @property
+    def vocabulary(self) -> list[str]:
+        """Words of the prompts and answers (the tiny word-level model's vocabulary; example ids are no words)."""
+        words = list(self.extra_words)
+        for r in self.train + (self.eval_rows or []):
+            text = r.prompt if isinstance(r.prompt, str) else render(r.prompt)
+            words += text.split() + str(r.columns.get("answer") or "").split()
+        return list(dict.fromkeys(words))
 
-        def rollout(client, row: dict) -> float:
-            import openai
-            from verifiers.clients import OpenAIChatCompletionsClient
+    def close(self) -> None:
+        self.agent_fn.close()
 
-            episode = client.default_headers["X-Episode-Id"]
-            given = {k: row[k] for k in INPUT_FIELDS if k in row}
-            given["prompt"] = row["prompt"]
 
-            async def run() -> dict:
-                oai = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="streamrl", max_retries=0,
-                                         timeout=client.timeout, default_headers={"X-Episode-Id": episode})
-                try:
-                    return await env.run_rollout(given, OpenAIChatCompletionsClient(oai), "policy", {})
-                finally:
-                    await oai.close()
+class Rollouts:
+    """The task's agent: fn(client, row) runs one `env.run_rollout` on an event loop of its own thread, shared by
+    every episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
+    sending its episode's id."""
 
-            out = asyncio.run(run())
-            reward = out.get("reward")
-            if out.get("error"):
-                log.debug("verifiers rollout %s ended with an error: %s", episode, out["error"])
-            if not isinstance(reward, (int, float)):
-                return reward  # the agent runner names a reward that is no number
-            return nearest(float(reward), levels) if levels else float(reward)
+    kind = "verifiers environment"
 
-        rollout.__name__ = f"verifiers:{Path(self.cfg.verifiers_env).name}"
-        return rollout
+    def __init__(self, env, levels: list[float], name: str):
+        self.env, self.levels, self.__name__ = env, sorted(levels), name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._oai = None
+
+    def _start(self, client) -> None:
+        import openai
+
+        with self._lock:
+            if self._loop is None:
+                self._oai = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="streamrl", max_retries=0,
+                                               timeout=client.timeout)
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="verifiers-loop", daemon=True).start()
+                self._loop = loop
+
+    def __call__(self, client, row: dict) -> float:
+        from verifiers.clients import OpenAIChatCompletionsClient
+
+        self._start(client)
+        episode = client.default_headers["X-Episode-Id"]
+        given = {k: row[k] for k in INPUT_FIELDS if k in row}
+        oai = OpenAIChatCompletionsClient(self._oai.with_options(default_headers={"X-Episode-Id": episode}))
+        out = asyncio.run_coroutine_threadsafe(self.env.run_rollout(given, oai, "policy", {}), self._loop).result()
+        if out.get("error"):
+            log.debug("verifiers rollout %s ended with an error (its rubric scored it): %s", episode, out["error"])
+        reward = out.get("reward")
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+            return reward  # the agent runner counts a reward that is no number
+        return nearest(float(reward), self.levels) if self.levels else float(reward)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)

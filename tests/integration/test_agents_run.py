@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from procs import FREE_PORTS, REPO, metrics, streamrl, summary
@@ -47,7 +48,7 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
         "import random\n"
         "def agent(client, row):\n"
         "    r = client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': row['prompt']}])\n"
-        "    if random.random() < 0.5:\n"
+        "    if random.random() < 0.2:  # a minority: counted, the run goes on\n"
         "        raise RuntimeError('flaky agent')\n"
         "    return 0.5\n")
     streamrl("run", *_args(tmp_path, "steps=3", f"task.agent={tmp_path / 'flaky.py'}:agent"), cwd=tmp_path,
@@ -55,6 +56,42 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
     s = summary(tmp_path / "runs" / "copy-agent")
     assert s["status"] == "finished", s
     assert s["reward_failures"].get("raised", 0) > 0, s
+
+
+BROKEN_AGENTS = '''
+import time
+
+def raises(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    return row["no_such_column"]
+
+def hangs(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    time.sleep(30)
+    return 1.0
+
+def never_asks(client, row):
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("agent,reason,shown", [("raises", "raised", "KeyError: 'no_such_column'"),
+                                                ("hangs", "timeout", "task.agent_timeout_s=1s"),
+                                                ("never_asks", "no_model_call", "without calling the model")])
+def test_an_agent_failing_on_most_episodes_stops_the_run_naming_it_and_its_error(tmp_path, agent, reason, shown):
+    (tmp_path / "broken.py").write_text(BROKEN_AGENTS)
+    t0 = time.monotonic()
+    out = streamrl("run", *_args(tmp_path, "steps=300", f"task.agent=broken.py:{agent}", "task.agent_timeout_s=1",
+                                 "task.reward_fail_window=16"), cwd=tmp_path, timeout=200, check=False)
+    terminal = out.stdout + out.stderr
+    assert out.returncode == 1, (out.returncode, terminal[-3000:])
+    assert time.monotonic() - t0 < 150  # not learner.data_timeout_s: the actor says why at once
+    assert f"agent broken.py:{agent} failed on" in terminal and shown in terminal, terminal[-3000:]
+    if agent == "raises":  # the agent's own frame, with the line that raised
+        assert 'broken.py", line 6, in raises' in terminal, terminal[-3000:]
+    s = summary(tmp_path / "runs" / "copy-agent")
+    assert s["status"] == "failed" and s["user_code_failure"]["reason"] == reason, s
+    assert s["user_code_failure"]["kind"] == "agent" and s["user_code_failure"]["counts"][reason] > 8, s
 
 
 @pytest.mark.agent_learning
