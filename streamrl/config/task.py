@@ -40,9 +40,9 @@ class TaskConfig(_Section):
     reward_timeout_s: PositiveFloat = 30.0
     """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
     reward_fail_window: PositiveInt = 50
-    """dataset: each reward function's last this many samples decide whether it is broken (reward_fail_threshold)."""
+    """dataset, agent, verifiers: a reward function's (agent's) last this many samples decide whether it is broken."""
     reward_fail_threshold: Fraction = 0.5
-    """dataset: a function failing on more than this share of its window stops the run, naming it (1: never)."""
+    """dataset, agent, verifiers: failing on more than this share of that window stops the run, naming it (1: never)."""
     reward_overlap: bool = True
     """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
@@ -78,9 +78,9 @@ class TaskConfig(_Section):
     agent: str | None = None
     """agent: fn(client, row) -> float | dict, 'package.module:fn' or 'path/file.py:fn'; client: openai.OpenAI on the actor."""
     agent_workers: PositiveInt = 16
-    """agent: episodes whose agent code runs at once in each actor (each on a thread of its own)."""
+    """agent, verifiers: episodes whose agent code (rollout) runs at once in each actor, each on a thread."""
     agent_timeout_s: PositiveFloat = 60.0
-    """agent: longest one episode's agent call may run; a longer one is abandoned, counted and scored lowest."""
+    """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
     verifiers_env: str | None = None
     """verifiers: an installed environment id (vf.load_environment), 'path/file.py' or 'package.module:loader'."""
     verifiers_args: dict[str, Any] = {}
