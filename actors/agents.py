@@ -38,7 +38,9 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.actors import replies
 from streamrl.actors.endpoint import Endpoint, Request
+from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import EpisodeStats, sequence_cap
 from streamrl.actors.rollout import RolloutStats
 from streamrl.comm.codec import ScoredGroup
@@ -47,6 +49,7 @@ from streamrl.models.sampling import capped
 from streamrl.tasks import agent as agent_task
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.tool_calls import parser_for
 
 log = logging.getLogger("streamrl.actor")
 
@@ -60,6 +63,8 @@ class Turn(msgspec.Struct):
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
+    choice: int = 0
+    """Which of the request's n choices (the episode goes on with the one the agent sends back; 0 by default)."""
 
 
 class _Episode:
@@ -74,6 +79,10 @@ class _Episode:
         self.reward: float | None = None
         self.failure: str | None = None  # the reward-failure reason, if any
         self.finish = "stop"
+        self.tools: list[dict] | None = None  # the tools its first chat request declared
+        self.choices: list[Choice] = []  # the last turn's (n > 1: the agent may go on with any)
+        self.held_before = 0  # the held ids before the last turn's reply
+        self.turn_count = 0
 
 
 class AgentEpisodes:
@@ -95,6 +104,8 @@ class AgentEpisodes:
         self.levels = reward.levels
         self.off_scale_checked = bool(t.reward_levels) and not cfg.reward.bucket_edges
         self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
+        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
+        self.parser = parser_for(t.tool_parser, self.renderer.chat)
         self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id)
         self.live: dict[str, _Episode] = {}
         self.calls = 0
@@ -140,7 +151,7 @@ class AgentEpisodes:
                 continue
             groups.append(self._group(prompt.id, mine, version))
         stats.episodes = len(episodes)
-        stats.turns = [len(e.turns) for e in episodes]
+        stats.turns = [e.turn_count for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
         stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
         self.turns_log = [t for e in episodes for t in e.turns]
@@ -225,15 +236,38 @@ class AgentEpisodes:
         asks = [a for a in asks if a[2] > 0]
         if not asks:
             return
-        drawn = self.backend.generate([e.conv.ids for _, e, _ in asks], 1)
-        for (r, e, room), completions in zip(asks, drawn):
-            c = capped(completions[0], room)
-            prompt_ids = list(e.conv.ids)
-            tokens, logprobs = list(c.tokens), list(c.logprobs)
-            text = e.conv.add_reply(tokens, logprobs, self.end_ids)
-            e.turns.append(Turn(e.id, len(e.turns), version, prompt_ids, tokens, logprobs))
-            e.finish = c.finish_reason
-            r.answer(200, self._response(r, e, prompt_ids, tokens, logprobs, text, c.finish_reason, version))
+        # n > 1: the prompt n times in the batch, each its own sample of the same weights.
+        drawn = iter(self.backend.generate([e.conv.ids for r, e, _ in asks for _ in range(r.body.get("n") or 1)], 1))
+        for r, e, room in asks:
+            prompt_ids, e.choices = list(e.conv.ids), []
+            for k in range(r.body.get("n") or 1):
+                c = capped(next(drawn)[0], room)
+                tokens, logprobs = list(c.tokens), list(c.logprobs)
+                body = tokens[:-1] if tokens and tokens[-1] in self.end_ids else tokens
+                e.choices.append(Choice(tokens, logprobs, self.renderer.decode(body, skip_special_tokens=True),
+                                        c.finish_reason))
+                e.turns.append(Turn(e.id, e.turn_count, version, prompt_ids, tokens, logprobs, k))
+            e.held_before, e.turn_count = len(prompt_ids), e.turn_count + 1
+            self._hold(e, 0)
+            r.answer(200, replies.payload(r.kind, r.body, f"{e.id}-{e.turn_count - 1}", prompt_ids, e.choices,
+                                          version, lambda t: self.renderer.decode([t]), e.tools, self.parser))
+
+    def _hold(self, e: _Episode, k: int) -> None:
+        """The episode goes on with choice k of its last turn (the one held before is dropped)."""
+        if len(e.conv.ids) > e.held_before:
+            e.conv.cut(e.held_before)
+            e.conv.messages.pop()
+        c = e.choices[k]
+        e.conv.add_reply(c.tokens, c.logprobs, self.end_ids)
+        e.finish = c.finish
+
+    def _pick(self, e: _Episode, fits) -> None:
+        """n > 1: the episode goes on with the first choice of its last turn that `fits` the request (the one held,
+        choice 0, when it fits or none does)."""
+        if len(e.choices) < 2 or fits(0):
+            return
+        if (k := next((k for k in range(1, len(e.choices)) if fits(k)), None)) is not None:
+            self._hold(e, k)
 
     def _prompt(self, r: Request, e: _Episode) -> int:
         """Opens or extends the episode's held ids with the request's prompt; returns the room for the reply."""
@@ -241,9 +275,16 @@ class AgentEpisodes:
         if r.kind == "chat":
             messages = [{**m, "content": _text(m.get("content"))} for m in body["messages"]]
             if e.conv is None:
-                e.conv = Conversation(self.renderer, messages)
+                e.tools = body.get("tools") or None
+                renderer = Renderer(self.tokenizer, *self.template, tools=e.tools) if e.tools else self.renderer
+                e.conv = Conversation(renderer, messages)
             else:
                 held = len(e.conv.messages)
+                if e.choices and len(messages) >= held:  # which choice the agent went on with: its text or calls
+                    sent, calls = messages[held - 1]["content"], messages[held - 1].get("tool_calls") or []
+                    ids = [str(c.get("id", "")) for c in calls if isinstance(c, dict)]
+                    self._pick(e, lambda k: e.choices[k].text == sent or any(
+                        i.startswith(f"call-{e.id}-{e.turn_count - 1}-{k}-") for i in ids))
                 if len(messages) <= held or any(m["role"] != h["role"] for m, h in zip(messages, e.conv.messages)):
                     raise ValueError(f"messages must extend the episode's conversation ({held} messages held, their "
                                      f"roles {[h['role'] for h in e.conv.messages]}); start a new episode instead")
@@ -253,32 +294,15 @@ class AgentEpisodes:
             ids = prompt if isinstance(prompt, list) else self.renderer.ids(prompt)
             if e.conv is None:
                 e.conv = Conversation.of_ids(self.renderer, ids)
-            elif not e.conv.extend_to(ids, prompt if isinstance(prompt, str) else None):
+            else:
+                before = e.conv.ids[:e.held_before]
+                self._pick(e, lambda k: _starts(e.conv.r, before + e.choices[k].tokens, ids, prompt))
+            if not e.conv.extend_to(ids, prompt if isinstance(prompt, str) else None):
                 raise ValueError(f"the prompt does not start with the episode's {len(e.conv.ids)} held ids (nor "
                                  "their text): a turn extends the previous prompt and completion")
         asked = body.get("max_completion_tokens", body.get("max_tokens")) or self.max_new_tokens
         left = self.seq_cap - len(e.conv.ids) if self.seq_cap else self.max_new_tokens
         return min(asked, self.max_new_tokens, left)
-
-    def _response(self, r: Request, e: _Episode, prompt_ids, tokens, logprobs, text, finish, version) -> dict:
-        body = r.body
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        names = [f"token_id:{t}" if as_ids else self.renderer.decode([t]) for t in tokens]
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                 "total_tokens": len(prompt_ids) + len(tokens)}
-        finish = "length" if finish == "length" else "stop"
-        common = {"id": f"{e.id}-{len(e.turns) - 1}", "created": int(time.time()), "model": body.get("model", "policy"),
-                  "usage": usage, "prompt_token_ids": prompt_ids, "policy_version": version}
-        if r.kind == "chat":
-            lp = {"content": [{"token": n, "logprob": p, "bytes": None, "top_logprobs": []}
-                              for n, p in zip(names, logprobs)]} if body.get("logprobs") else None
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                      "logprobs": lp, "token_ids": tokens}
-            return {**common, "object": "chat.completion", "choices": [choice]}
-        lp = {"tokens": names, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []} \
-            if body.get("logprobs") is not None else None
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp, "token_ids": tokens}
-        return {**common, "object": "text_completion", "choices": [choice]}
 
     def _score(self, e: _Episode, done: RolloutStats) -> None:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
@@ -343,6 +367,11 @@ def _reward(value) -> tuple[float | None, str | None]:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None, "bad_return"
     return (float(value), None) if math.isfinite(value) else (None, "non_finite")
+
+
+def _starts(renderer: Renderer, held: list[int], ids: list[int], prompt) -> bool:
+    """Whether a completion prompt (its ids, or its text) starts with `held`."""
+    return ids[:len(held)] == held or (isinstance(prompt, str) and prompt.startswith(renderer.decode(held)))
 
 
 def _text(content) -> str:
