@@ -58,6 +58,35 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
     assert s["reward_failures"].get("raised", 0) > 0, s
 
 
+STREAMING_AGENT = '''
+def agent(client, row):
+    """Streams its first turn, asks for two choices of its second, goes on with the second choice."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    chunks = list(client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    last = chunks[-1].choices[0]
+    assert last.finish_reason in ("stop", "length") and last.token_ids, chunks[-1]
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, n=2)
+    held = chunks[-1].prompt_token_ids + last.token_ids  # token in, token out: the streamed ids, unchanged
+    assert len(r.choices) == 2 and r.prompt_token_ids[:len(held)] == held, (held, r.prompt_token_ids)
+    said = (text.split() + r.choices[1].message.content.split())[:4]
+    return sum(a == b for a, b in zip(said, row["target"].split())) / 4
+'''
+
+
+def test_streamed_and_n_choice_turns_train_through_the_loop(tmp_path):
+    (tmp_path / "streaming.py").write_text(STREAMING_AGENT)
+    streamrl("run", *_args(tmp_path, "steps=3", "task.agent=streaming.py:agent", "endpoint.record_turns=true"),
+             cwd=tmp_path, timeout=400)
+    run = tmp_path / "runs" / "copy-agent"
+    s = summary(run)
+    assert s["status"] == "finished" and s["groups_used"] == 3 * 16 and not s.get("reward_failures"), s
+    turns = [json.loads(x) for x in (run / "agent_turns" / "actor-0.jsonl").read_text().splitlines()]
+    assert turns and sorted({t["choice"] for t in turns if t["turn"] == 1}) == [0, 1]
+    assert all(t["choice"] == 0 for t in turns if t["turn"] == 0)
+
+
 BROKEN_AGENTS = '''
 import time
 
