@@ -48,3 +48,62 @@ def test_the_config_asks_for_an_environment_with_the_verifiers_task_only():
         TaskConfig(name="verifiers")
     with pytest.raises(ValueError, match="only it reads one"):
         TaskConfig(name="copy", verifiers_env="copy_env")
+
+
+TOOL_ENV = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+def load_environment(**kwargs):
+    def a(x: str) -> str:
+        """The tool the tiny model calls by writing `a <x>`."""
+        return "b"
+
+    def used_the_tool(completion, **kwargs) -> float:
+        return float(any(m["role"] == "tool" for m in completion))
+
+    rows = [{"question": f"copy : {s} =", "answer": s} for s in ("a b", "b a", "a a", "b b")]
+    return vf.ToolEnv(dataset=Dataset.from_list(rows), tools=[a], max_turns=3,
+                      rubric=vf.Rubric(funcs=[used_the_tool]))
+'''
+
+
+def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path):
+    """verifiers' own ToolEnv: the endpoint hands the model's `a <x>` back as an OpenAI tool call, verifiers runs
+    the tool, and its rubric sees the tool message; an episode ends when a reply calls no tool, or at max_turns."""
+    import random
+
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    (tmp_path / "tool_env.py").write_text(TOOL_ENV)
+    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+        f"task.verifiers_env={tmp_path / 'tool_env.py'}", "task.verifiers_args={}", "task.reward_levels=[0,1]",
+        "advantage.r_min_correct=1", "actors.max_new_tokens=2", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    rng = random.Random(0)
+    try:
+        groups, stats, done = runner.make_groups([reward.task.sample(rng) for _ in range(8)], version=0)
+        turns = runner.turns_log
+    finally:
+        runner.close()
+        reward.close()
+    assert len(groups) == 8 and done.reward_raised == done.reward_timeout == 0
+    by_episode: dict[str, list] = {}
+    for t in turns:
+        by_episode.setdefault(t.episode, []).append(t)
+    first_words = {e: tok.decode(ts[0].completion_ids, skip_special_tokens=True).split()[:1] for e, ts in
+                   by_episode.items()}
+    for e, ts in by_episode.items():
+        assert 1 <= len(ts) <= 3  # max_turns, kept
+        assert (len(ts) > 1) == (first_words[e] == ["a"])  # a tool call, and only one, gets another turn
+    rewards_of = sorted(r for g in groups for r in g.rewards)
+    called = sum(len(ts) > 1 for ts in by_episode.values())
+    assert rewards_of.count(1.0) == called > 0  # the rubric saw every tool message; ~1 in 10 replies calls a
