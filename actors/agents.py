@@ -23,7 +23,11 @@ is the reward (a dict: rewards by name, summed), shaped onto the task's scale. F
 failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
 abandoned, since Python cannot stop a thread; its later requests get 404), returned no number (`bad_return`,
 `non_finite`, `out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens
-is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`).
+is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing
+on most of its last `task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run.
+
+A request may ask for `n` choices (the episode goes on with the one the agent sends back), declare `tools` (the
+reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`streamrl.actors.replies`).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class _Episode:
         self.finish = "stop"
         self.tools: list[dict] | None = None  # the tools its first chat request declared
         self.choices: list[Choice] = []  # the last turn's (n > 1: the agent may go on with any)
-        self.held_before = 0  # the held ids before the last turn's reply
+        self.held_before = self.held_messages = 0  # what the episode held before the last turn's reply
         self.turn_count = 0
 
 
@@ -247,16 +251,15 @@ class AgentEpisodes:
                 e.choices.append(Choice(tokens, logprobs, self.renderer.decode(body, skip_special_tokens=True),
                                         c.finish_reason))
                 e.turns.append(Turn(e.id, e.turn_count, version, prompt_ids, tokens, logprobs, k))
-            e.held_before, e.turn_count = len(prompt_ids), e.turn_count + 1
+            e.held_before, e.held_messages, e.turn_count = len(prompt_ids), len(e.conv.messages), e.turn_count + 1
             self._hold(e, 0)
             r.answer(200, replies.payload(r.kind, r.body, f"{e.id}-{e.turn_count - 1}", prompt_ids, e.choices,
                                           version, lambda t: self.renderer.decode([t]), e.tools, self.parser))
 
     def _hold(self, e: _Episode, k: int) -> None:
         """The episode goes on with choice k of its last turn (the one held before is dropped)."""
-        if len(e.conv.ids) > e.held_before:
-            e.conv.cut(e.held_before)
-            e.conv.messages.pop()
+        e.conv.cut(e.held_before)
+        del e.conv.messages[e.held_messages:]
         c = e.choices[k]
         e.conv.add_reply(c.tokens, c.logprobs, self.end_ids)
         e.finish = c.finish
