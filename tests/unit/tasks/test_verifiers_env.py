@@ -104,6 +104,10 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     for e, ts in by_episode.items():
         assert 1 <= len(ts) <= 3  # max_turns, kept
         assert (len(ts) > 1) == (first_words[e] == ["a"])  # a tool call, and only one, gets another turn
-    rewards_of = sorted(r for g in groups for r in g.rewards)
+    rewards_of = [r for g in groups for r in g.rewards]
     called = sum(len(ts) > 1 for ts in by_episode.values())
-    assert rewards_of.count(1.0) == called > 0  # the rubric saw every tool message; ~1 in 10 replies calls a
+    # The rubric sees the tool message in the completion once the next turn says something (an empty reply is
+    # verifiers' EmptyModelResponseError: the rollout ends errored, before that step is kept).
+    answered = sum(len(ts) > 1 and bool(tok.decode(ts[1].completion_ids, skip_special_tokens=True).strip())
+                   for ts in by_episode.values())
+    assert called > 0 and rewards_of.count(1.0) == answered  # ~1 in 10 replies calls a: 64 episodes
