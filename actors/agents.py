@@ -155,6 +155,8 @@ class AgentEpisodes:
                 continue
             groups.append(self._group(prompt.id, mine, version))
         stats.episodes = len(episodes)
+        if take := getattr(self.fn, "take_errors", None):  # verifiers: rollouts it ended errored (scored by it)
+            stats.truncated.update(take())
         stats.turns = [e.turn_count for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
         stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)

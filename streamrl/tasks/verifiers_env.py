@@ -15,15 +15,15 @@ its parser, its stop conditions) and its rubric scores the rollout. The episodes
 The rubric's weighted reward becomes an ordinal level: with `task.reward_levels` declared it is snapped to the
 nearest level (verifiers' rewards are floats: 0.74999 is 0.75); without, `reward.bucket_edges` buckets it. A
 rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
-its rubric gave it, as in verifiers; an exception out of the environment itself is the agent's failure
-(counted as `raised`, scored lowest).
+its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
+out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib
-import logging
 import threading
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from streamrl.tasks.agent import AgentTask
 from streamrl.tasks.base import render
 from streamrl.tasks.dataset import Row, converter
 
-log = logging.getLogger("streamrl.tasks")
 INPUT_FIELDS = ("prompt", "answer", "info", "task", "example_id")
 """The columns of a verifiers row that make its RolloutInput."""
 
@@ -132,6 +131,7 @@ class Rollouts:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._oai = None
+        self._errors: collections.Counter = collections.Counter()
 
     def _start(self, client) -> None:
         import openai
@@ -152,12 +152,20 @@ class Rollouts:
         given = {k: row[k] for k in INPUT_FIELDS if k in row}
         oai = OpenAIChatCompletionsClient(self._oai.with_options(default_headers={"X-Episode-Id": episode}))
         out = asyncio.run_coroutine_threadsafe(self.env.run_rollout(given, oai, "policy", {}), self._loop).result()
-        if out.get("error"):
-            log.debug("verifiers rollout %s ended with an error (its rubric scored it): %s", episode, out["error"])
+        if err := out.get("error"):
+            name = err.get("error", "error") if isinstance(err, dict) else type(err).__name__
+            with self._lock:
+                self._errors[f"verifiers_{name}"] += 1
         reward = out.get("reward")
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             return reward  # the agent runner counts a reward that is no number
         return nearest(float(reward), self.levels) if self.levels else float(reward)
+
+    def take_errors(self) -> dict[str, int]:
+        """Rollouts verifiers ended errored since the last take, by error (the runner counts them as truncated)."""
+        with self._lock:
+            out, self._errors = dict(self._errors), collections.Counter()
+        return out
 
     def close(self) -> None:
         if self._loop is not None:

@@ -111,3 +111,5 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     answered = sum(len(ts) > 1 and bool(tok.decode(ts[1].completion_ids, skip_special_tokens=True).strip())
                    for ts in by_episode.values())
     assert called > 0 and rewards_of.count(1.0) == answered  # ~1 in 10 replies calls a: 64 episodes
+    empty = sum(not tok.decode(ts[-1].completion_ids, skip_special_tokens=True).strip() for ts in by_episode.values())
+    assert stats.truncated.get("verifiers_EmptyModelResponseError", 0) == empty  # counted, as verifiers ended them
