@@ -41,8 +41,8 @@ def load(ref: str, args: dict):
     try:
         import verifiers as vf
     except ImportError as e:
-        raise ValueError(f"task.verifiers_env={ref!r}: verifiers is not installed (pip install 'verifiers>=0.3,<0.4'"
-                         ", the classic Environment API)") from e
+        raise ValueError(f"task.verifiers_env={ref!r}: verifiers is not installed (pip install "
+                         "'streamrl[verifiers]': verifiers 0.3.x, the classic Environment API)") from e
     if not hasattr(vf, "Environment"):
         raise ValueError(f"task.verifiers_env={ref!r}: verifiers {vf.__version__} has no classic Environment API "
                          "(0.4 ships only verifiers.v1, not supported yet); install verifiers>=0.3,<0.4")
