@@ -59,23 +59,41 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
 
 
 STREAMING_AGENT = '''
+from pathlib import Path
+
+TOOLS = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {
+    "x": {"type": "string"}}}}}]
+
+
 def agent(client, row):
-    """Streams its first turn, asks for two choices of its second, goes on with the second choice."""
+    """Streams its first turn (a tool declared), asks for two choices of its second, goes on with the second."""
     messages = [{"role": "user", "content": row["prompt"]}]
-    chunks = list(client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stream=True))
+    chunks = list(client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stream=True,
+                                                 tools=TOOLS))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
     last = chunks[-1].choices[0]
-    assert last.finish_reason in ("stop", "length") and last.token_ids, chunks[-1]
-    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    assert last.finish_reason == ("tool_calls" if calls else last.finish_reason) in ("stop", "length", "tool_calls")
+    assert last.token_ids and bool(calls) == (last.finish_reason == "tool_calls"), chunks
+    if calls:  # the model wrote `a <x>`: the tool's result goes back as a tool message
+        assert calls[0].function.name == "a" and not text, chunks
+        with open(Path(__file__).with_suffix(".calls"), "a") as f:
+            f.write(calls[0].function.arguments + "\\n")
+        call = {"id": calls[0].id, "type": "function", "function": {"name": "a",
+                                                                    "arguments": calls[0].function.arguments}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": calls[0].id, "content": "b"}]
+    else:
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
     r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, n=2)
     held = chunks[-1].prompt_token_ids + last.token_ids  # token in, token out: the streamed ids, unchanged
     assert len(r.choices) == 2 and r.prompt_token_ids[:len(held)] == held, (held, r.prompt_token_ids)
-    said = (text.split() + r.choices[1].message.content.split())[:4]
+    said = (text.split() + (r.choices[1].message.content or "").split())[:4]  # None: it called the tool
     return sum(a == b for a, b in zip(said, row["target"].split())) / 4
 '''
 
 
-def test_streamed_and_n_choice_turns_train_through_the_loop(tmp_path):
+def test_streamed_n_choice_and_tool_call_turns_train_through_the_loop(tmp_path):
     (tmp_path / "streaming.py").write_text(STREAMING_AGENT)
     streamrl("run", *_args(tmp_path, "steps=3", "task.agent=streaming.py:agent", "endpoint.record_turns=true"),
              cwd=tmp_path, timeout=400)
@@ -85,6 +103,7 @@ def test_streamed_and_n_choice_turns_train_through_the_loop(tmp_path):
     turns = [json.loads(x) for x in (run / "agent_turns" / "actor-0.jsonl").read_text().splitlines()]
     assert turns and sorted({t["choice"] for t in turns if t["turn"] == 1}) == [0, 1]
     assert all(t["choice"] == 0 for t in turns if t["turn"] == 0)
+    assert (tmp_path / "streaming.calls").read_text().strip()  # some replies called the tool (~1 in 10)
 
 
 BROKEN_AGENTS = '''
