@@ -23,7 +23,11 @@ is the reward (a dict: rewards by name, summed), shaped onto the task's scale. F
 failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
 abandoned, since Python cannot stop a thread; its later requests get 404), returned no number (`bad_return`,
 `non_finite`, `out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens
-is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`).
+is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing
+on most of its last `task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run.
+
+A request may ask for `n` choices (the episode goes on with the one the agent sends back), declare `tools` (the
+reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`streamrl.actors.replies`).
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ import logging
 import math
 import threading
 import time
+import traceback
+from collections import Counter
 from pathlib import Path
 
 import msgspec
 
+from streamrl.actors import replies
 from streamrl.actors.endpoint import Endpoint, Request
+from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import EpisodeStats, sequence_cap
 from streamrl.actors.rollout import RolloutStats
 from streamrl.comm.codec import ScoredGroup
@@ -44,6 +52,8 @@ from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import agent as agent_task
 from streamrl.tasks.environments import row_of
+from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.tool_calls import parser_for
 
 log = logging.getLogger("streamrl.actor")
 
@@ -57,6 +67,8 @@ class Turn(msgspec.Struct):
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
+    choice: int = 0
+    """Which of the request's n choices (the episode goes on with the one the agent sends back; 0 by default)."""
 
 
 class _Episode:
@@ -71,6 +83,10 @@ class _Episode:
         self.reward: float | None = None
         self.failure: str | None = None  # the reward-failure reason, if any
         self.finish = "stop"
+        self.tools: list[dict] | None = None  # the tools its first chat request declared
+        self.choices: list[Choice] = []  # the last turn's (n > 1: the agent may go on with any)
+        self.held_before = self.held_messages = 0  # what the episode held before the last turn's reply
+        self.turn_count = 0
 
 
 class AgentEpisodes:
@@ -78,7 +94,12 @@ class AgentEpisodes:
 
     def __init__(self, cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         t, e = cfg.task, cfg.endpoint
-        self.fn = agent_task.load(t.agent)
+        # task.name verifiers: the task's own agent runs the environment's rollout (streamrl.tasks.verifiers_env)
+        self.fn = getattr(reward.task, "agent_fn", None) or agent_task.load(t.agent)
+        # An agent failing on most of its recent episodes is broken, not flaky: the run stops naming it.
+        self.name, self.kind = t.agent or getattr(self.fn, "__name__", "agent"), getattr(self.fn, "kind", "agent")
+        self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
+        self.failures: Counter = Counter()
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.end_ids = set(end_ids)
         self.group_size, self.workers, self.timeout_s = cfg.actors.group_size, t.agent_workers, t.agent_timeout_s
@@ -87,6 +108,8 @@ class AgentEpisodes:
         self.levels = reward.levels
         self.off_scale_checked = bool(t.reward_levels) and not cfg.reward.bucket_edges
         self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
+        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
+        self.parser = parser_for(t.tool_parser, self.renderer.chat)
         self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id)
         self.live: dict[str, _Episode] = {}
         self.calls = 0
@@ -95,7 +118,8 @@ class AgentEpisodes:
         """Every turn of the last call (tests and the record read it)."""
         self._client = None
         # httpx logs every request at INFO: thousands of lines a minute in the actor's log.
-        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
+        for name in ("httpx", "httpx2"):  # openai 3 sends through httpx2
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
     def _client_for(self, episode_id: str):
         """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
@@ -123,12 +147,17 @@ class AgentEpisodes:
             mine = [e for e in episodes if e.group == g]
             for e in mine:
                 self._score(e, done)
+                if e.failure is not None:
+                    self.failures[e.failure] += 1
+                self.health.record(self.name, e.failure, self.failures)
             if any(not e.turns for e in mine):  # an episode that sampled nothing leaves no sample to train
                 done.groups_unscored += 1
                 continue
             groups.append(self._group(prompt.id, mine, version))
         stats.episodes = len(episodes)
-        stats.turns = [len(e.turns) for e in episodes]
+        if take := getattr(self.fn, "take_errors", None):  # verifiers: rollouts it ended errored (scored by it)
+            stats.truncated.update(take())
+        stats.turns = [e.turn_count for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
         stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
         self.turns_log = [t for e in episodes for t in e.turns]
@@ -213,15 +242,37 @@ class AgentEpisodes:
         asks = [a for a in asks if a[2] > 0]
         if not asks:
             return
-        drawn = self.backend.generate([e.conv.ids for _, e, _ in asks], 1)
-        for (r, e, room), completions in zip(asks, drawn):
-            c = capped(completions[0], room)
-            prompt_ids = list(e.conv.ids)
-            tokens, logprobs = list(c.tokens), list(c.logprobs)
-            text = e.conv.add_reply(tokens, logprobs, self.end_ids)
-            e.turns.append(Turn(e.id, len(e.turns), version, prompt_ids, tokens, logprobs))
-            e.finish = c.finish_reason
-            r.answer(200, self._response(r, e, prompt_ids, tokens, logprobs, text, c.finish_reason, version))
+        # n > 1: the prompt n times in the batch, each its own sample of the same weights.
+        drawn = iter(self.backend.generate([e.conv.ids for r, e, _ in asks for _ in range(r.body.get("n") or 1)], 1))
+        for r, e, room in asks:
+            prompt_ids, e.choices = list(e.conv.ids), []
+            for k in range(r.body.get("n") or 1):
+                c = capped(next(drawn)[0], room)
+                tokens, logprobs = list(c.tokens), list(c.logprobs)
+                body = tokens[:-1] if tokens and tokens[-1] in self.end_ids else tokens
+                e.choices.append(Choice(tokens, logprobs, self.renderer.decode(body, skip_special_tokens=True),
+                                        c.finish_reason))
+                e.turns.append(Turn(e.id, e.turn_count, version, prompt_ids, tokens, logprobs, k))
+            e.held_before, e.held_messages, e.turn_count = len(prompt_ids), len(e.conv.messages), e.turn_count + 1
+            self._hold(e, 0)
+            r.answer(200, replies.payload(r.kind, r.body, f"{e.id}-{e.turn_count - 1}", prompt_ids, e.choices,
+                                          version, lambda t: self.renderer.decode([t]), e.tools, self.parser))
+
+    def _hold(self, e: _Episode, k: int) -> None:
+        """The episode goes on with choice k of its last turn (the one held before is dropped)."""
+        e.conv.cut(e.held_before)
+        del e.conv.messages[e.held_messages:]
+        c = e.choices[k]
+        e.conv.add_reply(c.tokens, c.logprobs, self.end_ids)
+        e.finish = c.finish
+
+    def _pick(self, e: _Episode, fits) -> None:
+        """n > 1: the episode goes on with the first choice of its last turn that `fits` the request (the one held,
+        choice 0, when it fits or none does)."""
+        if len(e.choices) < 2 or fits(0):
+            return
+        if (k := next((k for k in range(1, len(e.choices)) if fits(k)), None)) is not None:
+            self._hold(e, k)
 
     def _prompt(self, r: Request, e: _Episode) -> int:
         """Opens or extends the episode's held ids with the request's prompt; returns the room for the reply."""
@@ -229,9 +280,16 @@ class AgentEpisodes:
         if r.kind == "chat":
             messages = [{**m, "content": _text(m.get("content"))} for m in body["messages"]]
             if e.conv is None:
-                e.conv = Conversation(self.renderer, messages)
+                e.tools = body.get("tools") or None
+                renderer = Renderer(self.tokenizer, *self.template, tools=e.tools) if e.tools else self.renderer
+                e.conv = Conversation(renderer, messages)
             else:
                 held = len(e.conv.messages)
+                if e.choices and len(messages) >= held:  # which choice the agent went on with: its text or calls
+                    sent, calls = messages[held - 1]["content"], messages[held - 1].get("tool_calls") or []
+                    ids = [str(c.get("id", "")) for c in calls if isinstance(c, dict)]
+                    self._pick(e, lambda k: e.choices[k].text == sent or any(
+                        i.startswith(f"call-{e.id}-{e.turn_count - 1}-{k}-") for i in ids))
                 if len(messages) <= held or any(m["role"] != h["role"] for m, h in zip(messages, e.conv.messages)):
                     raise ValueError(f"messages must extend the episode's conversation ({held} messages held, their "
                                      f"roles {[h['role'] for h in e.conv.messages]}); start a new episode instead")
@@ -241,32 +299,15 @@ class AgentEpisodes:
             ids = prompt if isinstance(prompt, list) else self.renderer.ids(prompt)
             if e.conv is None:
                 e.conv = Conversation.of_ids(self.renderer, ids)
-            elif not e.conv.extend_to(ids, prompt if isinstance(prompt, str) else None):
+            else:
+                before = e.conv.ids[:e.held_before]
+                self._pick(e, lambda k: _starts(e.conv.r, before + e.choices[k].tokens, ids, prompt))
+            if not e.conv.extend_to(ids, prompt if isinstance(prompt, str) else None):
                 raise ValueError(f"the prompt does not start with the episode's {len(e.conv.ids)} held ids (nor "
                                  "their text): a turn extends the previous prompt and completion")
         asked = body.get("max_completion_tokens", body.get("max_tokens")) or self.max_new_tokens
         left = self.seq_cap - len(e.conv.ids) if self.seq_cap else self.max_new_tokens
         return min(asked, self.max_new_tokens, left)
-
-    def _response(self, r: Request, e: _Episode, prompt_ids, tokens, logprobs, text, finish, version) -> dict:
-        body = r.body
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        names = [f"token_id:{t}" if as_ids else self.renderer.decode([t]) for t in tokens]
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                 "total_tokens": len(prompt_ids) + len(tokens)}
-        finish = "length" if finish == "length" else "stop"
-        common = {"id": f"{e.id}-{len(e.turns) - 1}", "created": int(time.time()), "model": body.get("model", "policy"),
-                  "usage": usage, "prompt_token_ids": prompt_ids, "policy_version": version}
-        if r.kind == "chat":
-            lp = {"content": [{"token": n, "logprob": p, "bytes": None, "top_logprobs": []}
-                              for n, p in zip(names, logprobs)]} if body.get("logprobs") else None
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                      "logprobs": lp, "token_ids": tokens}
-            return {**common, "object": "chat.completion", "choices": [choice]}
-        lp = {"tokens": names, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []} \
-            if body.get("logprobs") is not None else None
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp, "token_ids": tokens}
-        return {**common, "object": "text_completion", "choices": [choice]}
 
     def _score(self, e: _Episode, done: RolloutStats) -> None:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
@@ -288,8 +329,20 @@ class AgentEpisodes:
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
         if why is not None:
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
+            self.health.note(self.name, why, self._detail(e, why))
         e.failure = why
         e.reward = self.levels[0] if value is None else self.reward.shape(value)
+
+    def _detail(self, e: _Episode, why: str) -> str:
+        """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
+        if why == "raised":  # from the agent's frame down (the first is this runner's thread)
+            tb = e.error.__traceback__
+            return "".join(traceback.format_exception(type(e.error), e.error, tb.tb_next if tb else None))
+        if why == "timeout":
+            return f"episode {e.id} ran past task.agent_timeout_s={self.timeout_s:g}s (abandoned)"
+        if why == "no_model_call":
+            return f"episode {e.id}: the agent returned {e.value!r} without calling the model"
+        return f"episode {e.id}: the agent returned {e.value!r} ({why}); allowed: a number on {self.levels} or a dict"
 
     def _group(self, prompt_id: str, mine: list[_Episode], version: int) -> ScoredGroup:
         """The group's prompt is the episodes' common opening; what differs after it rides masked."""
@@ -319,6 +372,11 @@ def _reward(value) -> tuple[float | None, str | None]:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None, "bad_return"
     return (float(value), None) if math.isfinite(value) else (None, "non_finite")
+
+
+def _starts(renderer: Renderer, held: list[int], ids: list[int], prompt) -> bool:
+    """Whether a completion prompt (its ids, or its text) starts with `held`."""
+    return ids[:len(held)] == held or (isinstance(prompt, str) and prompt.startswith(renderer.decode(held)))
 
 
 def _text(content) -> str:

@@ -5,9 +5,9 @@ The server threads never touch the engine. Each request is parsed and checked he
 the actor's episode runner (`streamrl.actors.agents`), which batches the requests of concurrent episodes into
 one generate call on the actor's own thread and answers each (`Request.answer`); the server thread waits for
 that answer (at most `endpoint.request_timeout_s`, then 503). A request names its episode by the header
-`X-Episode-Id` or the body's `user` field; one naming no episode in flight is answered 404. Streaming and
-n > 1 are refused with 400 (not supported yet). Errors use OpenAI's shape: {"error": {"message", "type",
-"code"}}.
+`X-Episode-Id` or the body's `user` field; one naming no episode in flight is answered 404. `stream: true`
+gets the answer as server-sent events and `n` (at most MAX_N) that many choices (`streamrl.actors.replies`).
+Errors use OpenAI's shape: {"error": {"message", "type", "code"}}.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ import queue
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from streamrl.actors import replies
+
 log = logging.getLogger("streamrl.actor")
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 MAX_BODY_BYTES = 16 << 20
+MAX_N = 16
 
 
 class BadRequest(ValueError):
@@ -55,10 +58,15 @@ def check(kind: str, body) -> None:
     """Raises BadRequest for what the endpoint does not serve (the runner checks the rest against its episode)."""
     if not isinstance(body, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
-    if body.get("stream"):
-        raise BadRequest("stream=true: streaming is not supported yet; send stream=false")
-    if body.get("n", 1) != 1:
-        raise BadRequest(f"n={body.get('n')!r}: one completion per request (an episode is one sample)")
+    n = body.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
+        raise BadRequest(f"n={n!r}: an integer from 1 to {MAX_N}")
+    tools = body.get("tools")
+    if tools is not None and (kind != "chat" or not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools)):
+        raise BadRequest("tools: on /v1/chat/completions, a list of {'type': 'function', 'function': {'name': ..., "
+                         "'parameters': {...}}}")
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
@@ -152,12 +160,14 @@ def _handler(endpoint: Endpoint):
             if not request.wait(endpoint.timeout_s):
                 return self._send(503, error(f"not served within {endpoint.timeout_s:g}s "
                                              "(endpoint.request_timeout_s)", "timeout"))
+            if request.status == 200 and body.get("stream"):
+                return self._send(200, None, replies.stream(kind, body, request.payload))
             self._send(request.status, request.payload)
 
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
+        def _send(self, status: int, payload: dict | None, events: bytes | None = None) -> None:
+            data = events if events is not None else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/event-stream" if events is not None else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

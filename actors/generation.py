@@ -80,7 +80,8 @@ class Generation:
         self.pending: rollout.Started | None = None
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
         self.episodes = None
-        if cfg.task.name == "agent":  # the user's agent drives each episode through the actor's endpoint
+        # The user's agent (or verifiers environment) drives each episode through the actor's endpoint.
+        if cfg.task.name in ("agent", "verifiers"):
             from streamrl.actors.agents import AgentEpisodes
 
             self.episodes = AgentEpisodes(cfg, index, self.timed, tokenizer, reward, self.actor_id,

@@ -106,7 +106,7 @@ class Config(_Section):
             raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
                              "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
                              "in flight; use inflight_updates=false, or the hf backend")
-        if environments.episodic(self.task) or self.task.name == "agent":
+        if environments.episodic(self.task) or self.task.name in ("agent", "verifiers"):
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
@@ -129,7 +129,7 @@ class Config(_Section):
                              f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
-        rows_rewarded = ("dataset", "agent", "skyrl_gym", "openenv")  # a scale the config must declare
+        rows_rewarded = ("dataset", "agent", "verifiers", "skyrl_gym", "openenv")  # a scale the config must declare
         if self.task.name in rows_rewarded and not self.task.reward_levels and not self.reward.bucket_edges:
             raise ValueError(f"task.reward_levels=[]: a {self.task.name} task's reward needs a scale: declare its levels "
                              "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")

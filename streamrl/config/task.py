@@ -40,9 +40,11 @@ class TaskConfig(_Section):
     reward_timeout_s: PositiveFloat = 30.0
     """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
     reward_fail_window: PositiveInt = 50
-    """Each reward function's last this many samples (environment: episodes, tool: calls) judge it."""
+    """Each reward function's (agent's, verifiers environment's) last this many samples (environment: episodes, tool:
+    calls) judge it."""
     reward_fail_threshold: Fraction = 0.5
-    """A reward function, environment or tool failing on more than this share of its window stops the run (1: never)."""
+    """A reward function, agent, environment or tool failing on more than this share of its window stops the run,
+    naming it (1: never)."""
     reward_overlap: bool = True
     """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
@@ -88,9 +90,13 @@ class TaskConfig(_Section):
     agent: str | None = None
     """agent: fn(client, row) -> float | dict, 'package.module:fn' or 'path/file.py:fn'; client: openai.OpenAI on the actor."""
     agent_workers: PositiveInt = 16
-    """agent: episodes whose agent code runs at once in each actor (each on a thread of its own)."""
+    """agent, verifiers: episodes whose agent code (rollout) runs at once in each actor, each on a thread."""
     agent_timeout_s: PositiveFloat = 60.0
-    """agent: longest one episode's agent call may run; a longer one is abandoned, counted and scored lowest."""
+    """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
+    verifiers_env: str | None = None
+    """verifiers: an installed environment id (vf.load_environment), 'path/file.py' or 'package.module:loader'."""
+    verifiers_args: dict[str, Any] = {}
+    """verifiers: keyword arguments of the environment's load_environment."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS
@@ -116,6 +122,10 @@ class TaskConfig(_Section):
             raise ValueError(f"name=openenv: needs exactly one of task.env_url (a running server) and task.env_app "
                              f"('module:app', served by each actor); got env_url={self.env_url!r}, "
                              f"env_app={self.env_app!r}")
+        if (self.name == "verifiers") != bool(self.verifiers_env):
+            raise ValueError(f"verifiers_env={self.verifiers_env!r} with name={self.name!r}: task.name=verifiers needs "
+                             "task.verifiers_env (an installed environment id, 'file.py' or 'module:loader'), and "
+                             "only it reads one")
         if self.agent and self.name != "agent":
             raise ValueError(f"agent={self.agent!r}: only task.name=agent runs an agent (name={self.name!r})")
         refs = [self.reward] if isinstance(self.reward, str) else self.reward or []

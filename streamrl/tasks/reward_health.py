@@ -26,7 +26,7 @@ class UserCodeFailure(RuntimeError):
                          f"({reason}): {error}")
 
 
-KINDS = ("reward function", "grader", "environment", "tool", "agent")
+KINDS = ("reward function", "grader", "environment", "tool", "agent", "verifiers environment")
 """What a failing function may be: each is judged by the same window, and stops the run the same way."""
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from procs import FREE_PORTS, REPO, metrics, streamrl, summary
@@ -47,7 +48,7 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
         "import random\n"
         "def agent(client, row):\n"
         "    r = client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': row['prompt']}])\n"
-        "    if random.random() < 0.5:\n"
+        "    if random.random() < 0.2:  # a minority: counted, the run goes on\n"
         "        raise RuntimeError('flaky agent')\n"
         "    return 0.5\n")
     streamrl("run", *_args(tmp_path, "steps=3", f"task.agent={tmp_path / 'flaky.py'}:agent"), cwd=tmp_path,
@@ -55,6 +56,90 @@ def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
     s = summary(tmp_path / "runs" / "copy-agent")
     assert s["status"] == "finished", s
     assert s["reward_failures"].get("raised", 0) > 0, s
+
+
+STREAMING_AGENT = '''
+from pathlib import Path
+
+TOOLS = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {
+    "x": {"type": "string"}}}}}]
+
+
+def agent(client, row):
+    """Streams its first turn (a tool declared), asks for two choices of its second, goes on with the second."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    chunks = list(client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stream=True,
+                                                 tools=TOOLS))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    last = chunks[-1].choices[0]
+    assert last.finish_reason in ("stop", "length", "tool_calls")
+    assert last.token_ids and bool(calls) == (last.finish_reason == "tool_calls"), chunks
+    if calls:  # the model wrote `a <x>`: the tool's result goes back as a tool message
+        assert calls[0].function.name == "a" and not text, chunks
+        with open(Path(__file__).with_suffix(".calls"), "a") as f:
+            f.write(calls[0].function.arguments + "\\n")
+        call = {"id": calls[0].id, "type": "function", "function": {"name": "a",
+                                                                    "arguments": calls[0].function.arguments}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": calls[0].id, "content": "b"}]
+    else:
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, n=2)
+    held = chunks[-1].prompt_token_ids + last.token_ids  # token in, token out: the streamed ids, unchanged
+    assert len(r.choices) == 2 and r.prompt_token_ids[:len(held)] == held, (held, r.prompt_token_ids)
+    said = (text.split() + (r.choices[1].message.content or "").split())[:4]  # None: it called the tool
+    return sum(a == b for a, b in zip(said, row["target"].split())) / 4
+'''
+
+
+def test_streamed_n_choice_and_tool_call_turns_train_through_the_loop(tmp_path):
+    (tmp_path / "streaming.py").write_text(STREAMING_AGENT)
+    streamrl("run", *_args(tmp_path, "steps=3", "task.agent=streaming.py:agent", "endpoint.record_turns=true"),
+             cwd=tmp_path, timeout=400)
+    run = tmp_path / "runs" / "copy-agent"
+    s = summary(run)
+    assert s["status"] == "finished" and s["groups_used"] == 3 * 16 and not s.get("reward_failures"), s
+    turns = [json.loads(x) for x in (run / "agent_turns" / "actor-0.jsonl").read_text().splitlines()]
+    assert turns and sorted({t["choice"] for t in turns if t["turn"] == 1}) == [0, 1]
+    assert all(t["choice"] == 0 for t in turns if t["turn"] == 0)
+    assert (tmp_path / "streaming.calls").read_text().strip()  # some replies called the tool (~1 in 10)
+
+
+BROKEN_AGENTS = '''
+import time
+
+def raises(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    return row["no_such_column"]
+
+def hangs(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    time.sleep(30)
+    return 1.0
+
+def never_asks(client, row):
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("agent,reason,shown", [("raises", "raised", "KeyError: 'no_such_column'"),
+                                                ("hangs", "timeout", "task.agent_timeout_s=1s"),
+                                                ("never_asks", "no_model_call", "without calling the model")])
+def test_an_agent_failing_on_most_episodes_stops_the_run_naming_it_and_its_error(tmp_path, agent, reason, shown):
+    (tmp_path / "broken.py").write_text(BROKEN_AGENTS)
+    t0 = time.monotonic()
+    out = streamrl("run", *_args(tmp_path, "steps=300", f"task.agent=broken.py:{agent}", "task.agent_timeout_s=1",
+                                 "task.reward_fail_window=16"), cwd=tmp_path, timeout=200, check=False)
+    terminal = out.stdout + out.stderr
+    assert out.returncode == 1, (out.returncode, terminal[-3000:])
+    assert time.monotonic() - t0 < 150  # not learner.data_timeout_s: the actor says why at once
+    assert f"agent broken.py:{agent} failed on" in terminal and shown in terminal, terminal[-3000:]
+    if agent == "raises":  # the agent's own frame, with the line that raised
+        assert 'broken.py", line 6, in raises' in terminal, terminal[-3000:]
+    s = summary(tmp_path / "runs" / "copy-agent")
+    assert s["status"] == "failed" and s["user_code_failure"]["reason"] == reason, s
+    assert s["user_code_failure"]["kind"] == "agent" and s["user_code_failure"]["counts"][reason] > 8, s
 
 
 @pytest.mark.agent_learning

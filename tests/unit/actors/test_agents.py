@@ -168,9 +168,121 @@ def test_bad_requests_get_openai_shaped_errors(tmp_path):
         client = openai.OpenAI(base_url=runner.endpoint.url, api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="no episode id"):
             client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}])
-        with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
-            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}], stream=True,
+        with pytest.raises(openai.BadRequestError, match="an integer from 1 to 16"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}], n=17,
                                            user="e")
+        with pytest.raises(openai.BadRequestError, match="tools: on /v1/chat/completions"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}],
+                                           tools=[{"type": "function"}], user="e")
         assert [m.id for m in client.models.list()] == ["policy"]
     finally:
         runner.close()
+
+
+def test_a_streamed_turn_carries_the_text_and_ids_of_the_whole_one_and_the_episode_goes_on(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    ref = _agents(tmp_path, f"""
+import json, threading
+lock = threading.Lock()
+def agent(client, row):
+    messages = [{{"role": "user", "content": row["prompt"]}}]
+    chunks = list(client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stream=True,
+                                                 stream_options={{"include_usage": True}}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    last = [c for c in chunks if c.choices][-1]
+    messages += [{{"role": "assistant", "content": text}}, {{"role": "user", "content": "next"}}]
+    whole = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    with lock, open({str(seen)!r}, "a") as f:
+        f.write(json.dumps({{"text": text, "finish": last.choices[0].finish_reason,
+                            "ids": last.choices[0].token_ids, "prompt_ids": last.prompt_token_ids,
+                            "usage": chunks[-1].usage.completion_tokens,
+                            "next_prompt": whole.prompt_token_ids}}) + "\\n")
+    return 0.5
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(reward, 2), version=0)
+    finally:
+        runner.close()
+    assert done.reward_raised == 0 and len(groups) == 2 and stats.turns == [2] * 4
+    for got in map(json.loads, seen.read_text().splitlines()):
+        assert got["finish"] in ("stop", "length") and got["usage"] == len(got["ids"]) >= 1
+        assert got["text"] == tok.decode(got["ids"], skip_special_tokens=True)
+        # token in, token out: the next turn was given the streamed turn's ids unchanged
+        assert got["next_prompt"][:len(got["prompt_ids"]) + len(got["ids"])] == got["prompt_ids"] + got["ids"]
+
+
+def test_n_choices_are_each_a_turn_record_and_the_episode_goes_on_with_the_one_the_agent_sent_back(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    ref = _agents(tmp_path, f"""
+import json, threading
+lock = threading.Lock()
+def agent(client, row):
+    messages = [{{"role": "user", "content": row["prompt"]}}]
+    r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, n=4)
+    pick = r.choices[3]
+    messages += [{{"role": "assistant", "content": pick.message.content}}, {{"role": "user", "content": "next"}}]
+    r2 = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    texts = [c.message.content for c in r.choices]
+    with lock, open({str(seen)!r}, "a") as f:
+        f.write(json.dumps({{"n": len(r.choices), "ids": [c.token_ids for c in r.choices],
+                            "kept": texts.index(pick.message.content), "second": r2.choices[0].token_ids,
+                            "next_prompt": r2.prompt_token_ids, "prompt_ids": r.prompt_token_ids}}) + "\\n")
+    return 0.5
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(reward, 2), version=3)
+        turns = runner.turns_log
+    finally:
+        runner.close()
+    assert done.reward_raised == 0 and len(groups) == 2 and stats.turns == [2] * 4
+    assert len(turns) == 4 * (4 + 1) and sorted(t.choice for t in turns if t.turn == 0) == sorted([0, 1, 2, 3] * 4)
+    trained = [g.sample_tokens(i)[g.sample_model_mask(i)].tolist() for g in groups for i in range(g.group_size)]
+    for got in map(json.loads, seen.read_text().splitlines()):
+        assert got["n"] == 4
+        kept = got["ids"][got["kept"]]  # the first choice with the text the agent sent back
+        assert got["next_prompt"][:len(got["prompt_ids"]) + len(kept)] == got["prompt_ids"] + kept
+        assert kept + got["second"] in trained  # the sample is the choice it went on with, then its next turn
+
+
+def test_a_reply_calling_a_declared_tool_comes_back_as_openai_tool_calls(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    ref = _agents(tmp_path, f"""
+import json, threading
+lock = threading.Lock()
+TOOLS = [{{"type": "function", "function": {{"name": "a", "description": "the tool the model calls by writing a",
+           "parameters": {{"type": "object", "properties": {{"x": {{"type": "string"}}}}}}}}}}]
+def agent(client, row):
+    messages = [{{"role": "user", "content": row["prompt"]}}]
+    r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, n=16, tools=TOOLS)
+    out = [{{"ids": c.token_ids, "finish": c.finish_reason, "content": c.message.content,
+             "calls": [(t.function.name, json.loads(t.function.arguments), t.id) for t in c.message.tool_calls or []]}}
+           for c in r.choices]
+    call = next((c for c in r.choices if c.message.tool_calls), None)
+    if call is not None:  # the tool's result goes back as a tool message, as any openai agent sends it
+        t = call.message.tool_calls[0]
+        messages += [{{"role": "assistant", "content": None, "tool_calls": [t.model_dump()]}},
+                     {{"role": "tool", "tool_call_id": t.id, "content": "b"}}]
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=2, tools=TOOLS)
+    with lock, open({str(seen)!r}, "a") as f:
+        f.write(json.dumps(out) + "\\n")
+    return 0.5
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(reward, 3), version=0)
+    finally:
+        runner.close()
+    assert done.reward_raised == 0 and len(groups) == 3
+    choices = [c for line in seen.read_text().splitlines() for c in json.loads(line)]
+    assert len(choices) == 6 * 16
+    for c in choices:  # the tiny model has no template: the word format, `a <x>` calls tool a
+        words = tok.decode(c["ids"], skip_special_tokens=True).split()
+        if words and words[0] == "a":
+            (name, args, _), = c["calls"]
+            assert name == "a" and args == ({"x": words[1]} if len(words) > 1 else {}), c
+            assert c["finish"] == "tool_calls" and c["content"] is None, c
+        else:
+            assert c["calls"] == [] and c["finish"] != "tool_calls", c
+    assert any(c["calls"] for c in choices)  # ~1 in 10 replies starts with a: 96 choices all missing it is ~1e-4

@@ -43,6 +43,15 @@ def test_the_window_fires_only_when_full_and_more_than_the_threshold_failed():
     never.record("h", "raised", {}, n=10)  # threshold 1: never stops
 
 
+def test_the_failure_names_what_kind_of_code_failed():
+    w = FailureWindow(window=2, threshold=0.5, kind="agent")
+    with pytest.raises(UserCodeFailure, match="^agent my.py:fn failed on 2 of its last 2 samples") as got:
+        w.record("my.py:fn", "timeout", {"timeout": 2}, n=2)
+    assert got.value.kind == "agent"
+    with pytest.raises(UserCodeFailure, match="^reward function f failed"):
+        FailureWindow(window=1, threshold=0.5).record("f", "raised", {})
+
+
 def test_a_full_window_that_mostly_failed_raises_at_the_record_that_fills_it():
     w = FailureWindow(window=3, threshold=0.5)
     w.record("f", "bad_return", {}, n=2)

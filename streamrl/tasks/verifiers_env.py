@@ -1,0 +1,172 @@
+"""verifiers environments, unchanged: `task.name: verifiers`.
+
+`task.verifiers_env` names a classic verifiers `Environment` (`vf.SingleTurnEnv`, `vf.MultiTurnEnv`,
+`vf.ToolEnv`, ...; verifiers 0.3.x, whose `verifiers.legacy` stack answers at `import verifiers as vf`): an
+installed environment id (`vf.load_environment(id, **task.verifiers_args)`), a 'path/file.py' or
+'package.module' whose `load_environment` builds it, or 'package.module:fn' naming the loader itself.
+
+Rows are the environment's own dataset (`env.get_dataset()`: its formatted `prompt`, `answer`, `info`, `task`,
+`example_id`; `env.get_eval_dataset()` for evaluation rows). Each episode is one `env.run_rollout(...)` through
+the actor's OpenAI-compatible endpoint, with the `openai.AsyncOpenAI` client verifiers itself uses (wrapped in
+its `OpenAIChatCompletionsClient`): the environment keeps its own semantics (max_turns, the tools it declares,
+its parser, its stop conditions) and its rubric scores the rollout. The episodes are run by
+`streamrl.actors.agents` like any agent's (token in, token out; failures counted).
+
+The rubric's weighted reward becomes an ordinal level: with `task.reward_levels` declared it is snapped to the
+nearest level (verifiers' rewards are floats: 0.74999 is 0.75); without, `reward.bucket_edges` buckets it. A
+rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
+its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
+out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import threading
+from pathlib import Path
+
+from streamrl.tasks import plugins
+from streamrl.tasks.agent import AgentTask
+from streamrl.tasks.base import render
+from streamrl.tasks.dataset import Row, converter
+
+INPUT_FIELDS = ("prompt", "answer", "info", "task", "example_id")
+"""The columns of a verifiers row that make its RolloutInput."""
+
+
+def load(ref: str, args: dict):
+    """The environment `ref` names, built with `args`; ValueError naming what is wrong and what is allowed."""
+    try:
+        import verifiers as vf
+    except ImportError as e:
+        raise ValueError(f"task.verifiers_env={ref!r}: verifiers is not installed (pip install "
+                         "'streamrl[verifiers]': verifiers 0.3.x, the classic Environment API)") from e
+    if not hasattr(vf, "Environment"):
+        raise ValueError(f"task.verifiers_env={ref!r}: verifiers {vf.__version__} has no classic Environment API "
+                         "(0.4 ships only verifiers.v1, not supported yet); install verifiers>=0.3,<0.4")
+    if ":" in ref:
+        loader = plugins.resolve(ref, "task.verifiers_env", "load_environment")
+    elif ref.endswith(".py"):
+        loader = plugins.resolve(f"{ref}:load_environment", "task.verifiers_env", "load_environment")
+    else:
+        loader = None
+        try:
+            module = importlib.import_module(ref.replace("-", "_").split("/")[-1])
+            loader = getattr(module, "load_environment", None)
+        except ImportError:
+            pass
+        if loader is None:
+            raise ValueError(f"task.verifiers_env={ref!r}: no installed environment module {ref!r} with a "
+                             "load_environment (install it, e.g. `vf-install`/`prime env install`), or give "
+                             "'path/file.py' or 'package.module:load_environment'")
+    env = loader(**args)
+    if not isinstance(env, vf.Environment):
+        raise ValueError(f"task.verifiers_env={ref!r}: load_environment returned a {type(env).__name__}, not a "
+                         "verifiers Environment")
+    if env.requires_group_rollouts:
+        raise ValueError(f"task.verifiers_env={ref!r}: its rubric scores whole groups (requires_group_rollouts); "
+                         "streamrl scores each rollout as it ends: group rubrics are not supported yet")
+    return env
+
+
+def rows(dataset, where: str) -> list[Row]:
+    """A verifiers dataset's rows as the task's rows: its formatted prompt, the rest as columns."""
+    convert, out = converter("prompt"), []
+    for i, r in enumerate(dataset):
+        r = dict(r)
+        if isinstance(r.get("prompt"), list):  # verifiers keeps None fields (tool_calls, ...) on its messages
+            r["prompt"] = [{"role": m["role"], "content": m["content"]} for m in r["prompt"]]
+        try:
+            out.append(convert(r))
+        except ValueError as e:
+            raise ValueError(f"task.verifiers_env: {where} row {i}: {e}") from e
+    if not out:
+        raise ValueError(f"task.verifiers_env: the environment's {where} dataset is empty")
+    return out
+
+
+def nearest(value: float, levels: list[float]) -> float:
+    """The level closest to `value` (a tie goes to the lower one)."""
+    return min(levels, key=lambda level: (abs(level - value), level))
+
+
+class VerifiersTask(AgentTask):
+    """The environment's dataset; each sample is one rollout of the environment, scored by its rubric."""
+
+    def __init__(self, cfg):
+        self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
+        self.train = rows(self.env.get_dataset(), "train")
+        has_eval = getattr(self.env, "eval_dataset", None) is not None
+        self.eval_rows = rows(self.env.get_eval_dataset(), "eval") if has_eval else None
+        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
+        self.functions = None
+        self.extra_words = list(cfg.vocabulary)
+        self.unparseable = 0
+        self.agent_fn = Rollouts(self.env, cfg.reward_levels, f"verifiers:{Path(cfg.verifiers_env).name}")
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """Words of the prompts and answers (the tiny word-level model's vocabulary; example ids are no words)."""
+        words = list(self.extra_words)
+        for r in self.train + (self.eval_rows or []):
+            text = r.prompt if isinstance(r.prompt, str) else render(r.prompt)
+            words += text.split() + str(r.columns.get("answer") or "").split()
+        return list(dict.fromkeys(words))
+
+    def close(self) -> None:
+        self.agent_fn.close()
+
+
+class Rollouts:
+    """The task's agent: fn(client, row) runs one `env.run_rollout` on an event loop of its own thread, shared by
+    every episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
+    sending its episode's id."""
+
+    kind = "verifiers environment"
+
+    def __init__(self, env, levels: list[float], name: str):
+        self.env, self.levels, self.__name__ = env, sorted(levels), name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._oai = None
+        self._errors: collections.Counter = collections.Counter()
+
+    def _start(self, client) -> None:
+        import openai
+
+        with self._lock:
+            if self._loop is None:
+                self._oai = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="streamrl", max_retries=0,
+                                               timeout=client.timeout)
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="verifiers-loop", daemon=True).start()
+                self._loop = loop
+
+    def __call__(self, client, row: dict) -> float:
+        from verifiers.clients import OpenAIChatCompletionsClient
+
+        self._start(client)
+        episode = client.default_headers["X-Episode-Id"]
+        given = {k: row[k] for k in INPUT_FIELDS if k in row}
+        oai = OpenAIChatCompletionsClient(self._oai.with_options(default_headers={"X-Episode-Id": episode}))
+        out = asyncio.run_coroutine_threadsafe(self.env.run_rollout(given, oai, "policy", {}), self._loop).result()
+        if err := out.get("error"):
+            name = err.get("error", "error") if isinstance(err, dict) else type(err).__name__
+            with self._lock:
+                self._errors[f"verifiers_{name}"] += 1
+        reward = out.get("reward")
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+            return reward  # the agent runner counts a reward that is no number
+        return nearest(float(reward), self.levels) if self.levels else float(reward)
+
+    def take_errors(self) -> dict[str, int]:
+        """Rollouts verifiers ended errored since the last take, by error (the runner counts them as truncated)."""
+        with self._lock:
+            out, self._errors = dict(self._errors), collections.Counter()
+        return out
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
