@@ -40,11 +40,9 @@ class TaskConfig(_Section):
     reward_timeout_s: PositiveFloat = 30.0
     """dataset: longest one reward call may take; a longer one is counted and its samples retried alone."""
     reward_fail_window: PositiveInt = 50
-    """Each reward function's (agent's, verifiers environment's) last this many samples (environment: episodes, tool:
-    calls) judge it."""
+    """Each reward function's (agent's) last this many samples (environment: episodes, tool: calls) judge it."""
     reward_fail_threshold: Fraction = 0.5
-    """A reward function, agent, environment or tool failing on more than this share of its window stops the run,
-    naming it (1: never)."""
+    """A reward function, agent, environment or tool failing on more than this share of its window stops the run (1: never)."""
     reward_overlap: bool = True
     """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
