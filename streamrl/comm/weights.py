@@ -65,6 +65,9 @@ class WeightPublisher:
         """Versions as differences from the previous one (keeps a host copy of it), or None: always full."""
         self.version = -1
         self.bytes_sent = 0
+        self.sent = {"full": 0, "delta": 0}
+        """Bytes put on the broadcast socket (one copy), by how the versions went: in full (re-broadcasts included)
+        or as deltas. Counted once a version's messages are made, before they leave."""
         self.requests_served = 0
         self.rebroadcasts = 0
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
@@ -118,6 +121,7 @@ class WeightPublisher:
         else:
             self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
             self.bytes_sent += self._layout.total
+            self.sent["full"] += self._layout.total
         self.requests_served += self._asked
         self._asked, self._asked_have = 0, 1 << 62
 
@@ -166,6 +170,7 @@ class WeightPublisher:
                                                    self.session, full)
             finally:
                 copied.set()
+            self.sent[kind] += sum(memoryview(f).nbytes for _, *frames in messages for f in frames)
             trackers = []
             for header, *frames in messages:
                 trackers += self._send_chunk(header, frames)
