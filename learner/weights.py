@@ -88,10 +88,12 @@ class LearnerWeights:
 
     def report(self) -> dict:
         """For the run's summary: bytes of the last version (full), with weights_delta the versions and bytes per version
-        sent full and as deltas, and the collective's record (versions over it, their
-        time, why it was left)."""
+        sent full and as deltas and the versions skipped (the one before still on its way), the longest the learner
+        waited for a publish's copy, and the collective's record (versions over it, their time, why it was left)."""
         delta = self.publisher.delta
-        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}),
+        skipped = {"weights_versions_skipped": self.publisher.skipped} if delta else {}
+        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}), **skipped,
+                "weights_settle_max_s": self.publisher.settle_max_s,
                 **({"weight_sync": self.sync.report()} if self.sync else {})}
 
 

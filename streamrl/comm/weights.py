@@ -35,6 +35,13 @@ class WeightPublisher:
     version, and a request is answered by sending it again from them; after it, requests wait for
     the next publish.
 
+    With delta versions (transport.weights_delta) every version is copied into the encoder's base before it is
+    sent, so the learner never waits for the network: a version whose send has not begun when `settle` comes
+    (the one before it still on its way: a slow or dead subscriber holds the broadcast) is skipped, not waited
+    for, and the next goes as a delta from the last one sent (`skipped` counts them); a subscriber that missed a
+    version asks, as after any gap. Without deltas chunks are sent from the parameters themselves, and `settle`
+    waits until they are out (up to `stall_s` for a subscriber that stopped reading).
+
     An answer to a request (`ask`, then `answer`) is a re-broadcast on the PUB socket (the one thread
     that sends weights owns it; ZeroMQ sockets are not thread-safe):
     subscribers that hold the version skip its chunks without copying them, and requests that come
@@ -78,10 +85,16 @@ class WeightPublisher:
         self.send_wait_s = 0.0
         """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
         self.reopened = 0
+        self.skipped = 0
+        """Versions not broadcast because the one before was still being sent when `settle` came (delta mode)."""
+        self.settle_max_s = 0.0
+        """The longest one `settle` waited (the learner's worst step for publishing)."""
         """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
+        self._sending: concurrent.futures.Future | None = None  # the job before the pending one (maybe still sending)
+        self._job_asked = (0, 1 << 62)  # the requests the pending job answers (given back if it is skipped)
         self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
 
     @property
@@ -115,14 +128,20 @@ class WeightPublisher:
         """fresh: a new version (a delta may carry it); else a re-broadcast, always full."""
         copied = threading.Event()
         self._copied = copied
+        self._sending = self._job
         if fresh and self.delta is not None:
             full = self._asked_have < self.delta.base_version  # an asker lacks the base
             self._job = self._pool.submit(self._encode_and_send, version, state, self._layout, copied, full)
+        elif self.delta is not None and self.delta.base_version == version:
+            # A re-broadcast with deltas: from the encoder's copy, so `settle` never waits for this send either.
+            copied.set()
+            self._job = self._pool.submit(self._send_base, version, self._layout)
         else:
             self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
             self.bytes_sent += self._layout.total
             self.sent["full"] += self._layout.total
         self.requests_served += self._asked
+        self._job_asked = (self._asked, self._asked_have)
         self._asked, self._asked_have = 0, 1 << 62
 
     def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
@@ -180,6 +199,22 @@ class WeightPublisher:
             self._error = e
             raise
 
+    def _send_base(self, version: int, layout: chunks.Layout) -> None:
+        """On the publishing thread: the version the delta encoder's base holds, sent in full from it (the next
+        encode runs on this thread, so only after this send)."""
+        try:
+            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
+            trackers = []
+            for h in heads:
+                trackers += self._send_chunk(chunks.encode_chunk_header(h), [self.delta._slice(h, self.chunk_bytes,
+                                                                                                layout.total)])
+            self.sent["full"] += layout.total
+            self.bytes_sent += layout.total
+            self._wait_sent(trackers)
+        except BaseException as e:
+            self._error = e
+            raise
+
     def _send_chunk(self, header: bytes, frames: list) -> list:
         """Send one chunk message; returns the trackers of the frames sent zero-copy."""
         self.pub.send(header, zmq.SNDMORE)
@@ -202,7 +237,15 @@ class WeightPublisher:
         deadline = t0 + self.stall_s
         try:
             for tracker in trackers:
-                tracker.wait(max(0.0, deadline - time.perf_counter()))
+                while not tracker.done:
+                    if time.perf_counter() > deadline:
+                        raise zmq.NotDone
+                    try:
+                        tracker.wait(0.1)
+                    except zmq.NotDone:
+                        # A socket handles its peers' comings and goings only when called: a subscriber gone
+                        # (closed, killed) lets go of the chunks it held only once this socket is asked something.
+                        self.pub.getsockopt(zmq.EVENTS)
         except zmq.NotDone:
             self._reopen_pub()
             for tracker in trackers:
@@ -251,15 +294,26 @@ class WeightPublisher:
 
     def settle(self) -> None:
         """Block until the pending publish has copied `state`; from here on the caller may change the
-        parameters (call it before the optimizer step), and requests wait for the next publish."""
+        parameters (call it before the optimizer step), and requests wait for the next publish. With deltas, a
+        version whose copy has not begun (the one before it is still being sent) is skipped instead."""
+        t0 = time.perf_counter()
+        job = self._job
+        behind = self._sending is not None and not self._sending.done()  # queued behind a send still going
+        if self.delta is not None and job is not None and self._copied is not None and behind and job.cancel():
+            self.skipped += 1
+            self._copied, self._job = None, self._sending  # that one, maybe still on its way, is the pending job
+            self.requests_served -= self._job_asked[0]  # those requests are answered by a later send
+            self._asked += self._job_asked[0]
+            self._asked_have = min(self._asked_have, self._job_asked[1])
         self._wait_copied()
         self._live = None
+        self.settle_max_s = max(self.settle_max_s, time.perf_counter() - t0)
 
     def flush(self) -> None:
         """Wait for the pending copy and its send (before the caller's thread uses the PUB socket)."""
         self._wait_copied()
         job, self._job = self._job, None
-        if job is not None:
+        if job is not None and not job.cancelled():
             job.result()
 
     def ask(self, have_version: int = -1) -> None:

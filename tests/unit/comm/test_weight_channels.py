@@ -195,6 +195,7 @@ def test_prometheus_counts_the_bytes_actually_sent_full_and_as_deltas_apart():
     try:
         learner.publish(0)  # the first version goes full
         for v in (1, 2, 3):
+            learner.flush()  # (the step between two versions: each is sent, none skipped)
             learner.settle()
             state["w"][v, :8] += 1.0  # 8 of 65,536 elements change: a delta of a few hundred bytes
             learner.publish(v)
