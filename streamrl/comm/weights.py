@@ -59,7 +59,11 @@ class WeightPublisher:
         self._ctx, self._curve = ctx, curve
         self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks)
         self.stall_s = stall_s
-        """How long a chunk may wait for a subscriber before the PUB socket is reopened (see _wait_sent)."""
+        """How long a send may go without a chunk leaving before the PUB socket is reopened (see _wait_sent)."""
+        self.superseded_stall_s = min(1.0, stall_s)
+        """The same once a newer version was skipped waiting for this send (see `settle`): a peer that takes
+        nothing holds up every other one's newer weights, not only this version."""
+        self._superseded = threading.Event()  # set by `settle` when it skips a version queued behind the send
         self.pub = self._new_pub()
         bind(self.pub, pub_addr, "weight broadcast")
         self._layout: chunks.Layout | None = None
@@ -149,6 +153,7 @@ class WeightPublisher:
         tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
         once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
         At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
+        self._superseded.clear()
         try:
             tensors = list(state.values())
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
@@ -183,6 +188,7 @@ class WeightPublisher:
                          full: bool) -> None:
         """On the publishing thread: the version copied into the delta encoder's base (then `copied` is set) and
         sent as a delta or in full (from the base, which the next encode may change only once this is sent)."""
+        self._superseded.clear()
         try:
             try:
                 kind, messages = self.delta.encode(version, layout, list(state.values()), self.chunk_bytes,
@@ -202,6 +208,7 @@ class WeightPublisher:
     def _send_base(self, version: int, layout: chunks.Layout) -> None:
         """On the publishing thread: the version the delta encoder's base holds, sent in full from it (the next
         encode runs on this thread, so only after this send)."""
+        self._superseded.clear()
         try:
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
             trackers = []
@@ -229,16 +236,17 @@ class WeightPublisher:
 
     def _wait_sent(self, trackers: list) -> None:
         """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
-        reading (a stopped process) would keep them forever, and a frame that is a view of the live
-        parameters must never go out after the optimizer changed them: after `stall_s` the PUB socket is
-        closed (ZeroMQ drops what it still queues, so the frames are released) and bound again;
-        subscribers reconnect and this version's partial chunks are dropped as `chunk_lost`."""
-        t0 = time.perf_counter()
-        deadline = t0 + self.stall_s
+        reading (a dead link, a stopped process) would keep them forever, and a frame that is a view of the live
+        parameters must never go out after the optimizer changed them: after `stall_s` without a frame released
+        (`superseded_stall_s` once a newer version waits) the PUB socket is closed (ZeroMQ drops what it still
+        queues, so the frames are released) and bound again; subscribers reconnect and this version's partial
+        chunks are dropped as `chunk_lost`. A slow subscriber that still takes chunks is waited for."""
+        t0 = last = time.perf_counter()
         try:
             for tracker in trackers:
                 while not tracker.done:
-                    if time.perf_counter() > deadline:
+                    limit = self.superseded_stall_s if self._superseded.is_set() else self.stall_s
+                    if time.perf_counter() - last > limit:
                         raise zmq.NotDone
                     try:
                         tracker.wait(0.1)
@@ -246,6 +254,7 @@ class WeightPublisher:
                         # A socket handles its peers' comings and goings only when called: a subscriber gone
                         # (closed, killed) lets go of the chunks it held only once this socket is asked something.
                         self.pub.getsockopt(zmq.EVENTS)
+                last = time.perf_counter()
         except zmq.NotDone:
             self._reopen_pub()
             for tracker in trackers:
@@ -255,9 +264,9 @@ class WeightPublisher:
 
     def _reopen_pub(self) -> None:
         addr = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        log.warning("weights: a chunk was not sent within %.0fs (a subscriber that stopped reading?); the "
-                    "broadcast socket is reopened on %s so the parameters it sends from can change",
-                    self.stall_s, addr)
+        log.warning("weights: no chunk left within %.0fs%s (a subscriber that stopped reading?); the broadcast "
+                    "socket is reopened on %s", self.superseded_stall_s if self._superseded.is_set() else self.stall_s,
+                    ", a newer version waiting" if self._superseded.is_set() else "", addr)
         self.pub.close(linger=0)
         self.pub = self._new_pub()
         for attempt in range(50):  # the closed socket's port is freed by ZeroMQ's I/O thread, soon
@@ -301,6 +310,7 @@ class WeightPublisher:
         behind = self._sending is not None and not self._sending.done()  # queued behind a send still going
         if self.delta is not None and job is not None and self._copied is not None and behind and job.cancel():
             self.skipped += 1
+            self._superseded.set()
             self._copied, self._job = None, self._sending  # that one, maybe still on its way, is the pending job
             self.requests_served -= self._job_asked[0]  # those requests are answered by a later send
             self._asked += self._job_asked[0]
