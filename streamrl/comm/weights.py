@@ -21,6 +21,9 @@ from streamrl.comm.sockets import bind, make
 
 log = logging.getLogger(__name__)
 
+SLOW_LINK_BYTES_S = 12.5e6
+"""100 Mbit/s: the slowest link a send is waited for chunk by chunk once a newer version is waiting for it."""
+
 
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts (requests come on streamrl.comm.control).
@@ -40,7 +43,10 @@ class WeightPublisher:
     (the one before it still on its way: a slow or dead subscriber holds the broadcast) is skipped, not waited
     for, and the next goes as a delta from the last one sent (`skipped` counts them); a subscriber that missed a
     version asks, as after any gap. Without deltas chunks are sent from the parameters themselves, and `settle`
-    waits until they are out (up to `stall_s` for a subscriber that stopped reading).
+    waits until they are out. Either way a send that a subscriber holds up (it stopped reading: a dead link, a
+    stopped process) is given up after `superseded_stall_s` without progress once the learner or a newer version
+    waits for it (`stall_s` otherwise): the PUB socket is reopened, which drops that subscriber until it
+    reconnects and asks.
 
     An answer to a request (`ask`, then `answer`) is a re-broadcast on the PUB socket (the one thread
     that sends weights owns it; ZeroMQ sockets are not thread-safe):
@@ -61,9 +67,10 @@ class WeightPublisher:
         self.stall_s = stall_s
         """How long a send may go without a chunk leaving before the PUB socket is reopened (see _wait_sent)."""
         self.superseded_stall_s = min(1.0, stall_s)
-        """The same once a newer version was skipped waiting for this send (see `settle`): a peer that takes
-        nothing holds up every other one's newer weights, not only this version."""
-        self._superseded = threading.Event()  # set by `settle` when it skips a version queued behind the send
+        """The same, plus one chunk's time at SLOW_LINK_BYTES_S, once a newer version waits for this send: then a
+        peer that takes nothing holds up every other one's newer weights, not only this version."""
+        self._superseded = threading.Event()  # set when a newer version is queued behind the send going on
+        self._chunk_s = 0.0  # one chunk of the send going on at SLOW_LINK_BYTES_S
         self.pub = self._new_pub()
         bind(self.pub, pub_addr, "weight broadcast")
         self._layout: chunks.Layout | None = None
@@ -133,6 +140,8 @@ class WeightPublisher:
         copied = threading.Event()
         self._copied = copied
         self._sending = self._job
+        if fresh and self._sending is not None and not self._sending.done():
+            self._superseded.set()  # the send going on is of an older version (a step behind already)
         if fresh and self.delta is not None:
             full = self._asked_have < self.delta.base_version  # an asker lacks the base
             self._job = self._pool.submit(self._encode_and_send, version, state, self._layout, copied, full)
@@ -153,7 +162,7 @@ class WeightPublisher:
         tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
         once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
         At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
-        self._superseded.clear()
+        self._begin(layout)
         try:
             tensors = list(state.values())
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
@@ -188,7 +197,7 @@ class WeightPublisher:
                          full: bool) -> None:
         """On the publishing thread: the version copied into the delta encoder's base (then `copied` is set) and
         sent as a delta or in full (from the base, which the next encode may change only once this is sent)."""
-        self._superseded.clear()
+        self._begin(layout)
         try:
             try:
                 kind, messages = self.delta.encode(version, layout, list(state.values()), self.chunk_bytes,
@@ -208,7 +217,7 @@ class WeightPublisher:
     def _send_base(self, version: int, layout: chunks.Layout) -> None:
         """On the publishing thread: the version the delta encoder's base holds, sent in full from it (the next
         encode runs on this thread, so only after this send)."""
-        self._superseded.clear()
+        self._begin(layout)
         try:
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
             trackers = []
@@ -234,6 +243,11 @@ class WeightPublisher:
                 trackers.append(self.pub.send(frame, flags, copy=False, track=True))
         return trackers
 
+    def _begin(self, layout: chunks.Layout) -> None:
+        """A send starts (on the publishing thread): no newer version waits for it yet."""
+        self._superseded.clear()
+        self._chunk_s = min(self.chunk_bytes, layout.total) / SLOW_LINK_BYTES_S
+
     def _wait_sent(self, trackers: list) -> None:
         """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
         reading (a dead link, a stopped process) would keep them forever, and a frame that is a view of the live
@@ -245,7 +259,7 @@ class WeightPublisher:
         try:
             for tracker in trackers:
                 while not tracker.done:
-                    limit = self.superseded_stall_s if self._superseded.is_set() else self.stall_s
+                    limit = self._stall_limit()
                     if time.perf_counter() - last > limit:
                         raise zmq.NotDone
                     try:
@@ -262,10 +276,15 @@ class WeightPublisher:
         finally:
             self.send_wait_s += time.perf_counter() - t0
 
+    def _stall_limit(self) -> float:
+        if self._superseded.is_set():
+            return min(self.stall_s, self.superseded_stall_s + self._chunk_s)
+        return self.stall_s
+
     def _reopen_pub(self) -> None:
         addr = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         log.warning("weights: no chunk left within %.0fs%s (a subscriber that stopped reading?); the broadcast "
-                    "socket is reopened on %s", self.superseded_stall_s if self._superseded.is_set() else self.stall_s,
+                    "socket is reopened on %s", self._stall_limit(),
                     ", a newer version waiting" if self._superseded.is_set() else "", addr)
         self.pub.close(linger=0)
         self.pub = self._new_pub()
@@ -315,6 +334,8 @@ class WeightPublisher:
             self.requests_served -= self._job_asked[0]  # those requests are answered by a later send
             self._asked += self._job_asked[0]
             self._asked_have = min(self._asked_have, self._job_asked[1])
+        if self._copied is not None and not self._copied.is_set():
+            self._superseded.set()  # the learner itself waits for this send (chunks sent from its parameters)
         self._wait_copied()
         self._live = None
         self.settle_max_s = max(self.settle_max_s, time.perf_counter() - t0)

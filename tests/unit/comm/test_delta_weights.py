@@ -293,3 +293,24 @@ def test_a_subscriber_that_stops_reading_never_holds_the_learners_step_and_the_o
     finally:
         stuck.close(linger=0)
     assert set(sub.rejected.counts) <= {"chunk_lost"}, sub.rejected.counts  # the version cut by the reopen, if any
+
+
+def test_without_deltas_the_learner_waits_for_a_stuck_subscriber_about_a_second_not_the_stall(channel):
+    """Chunks sent from the parameters themselves must be out before the optimizer changes them: `settle` waits, but a
+    send that makes no progress is given up after superseded_stall_s (plus a chunk at 100 Mbit/s), not stall_s."""
+    pub, control, sub = channel(chunk_bytes=1 << 20, mode="off")
+    pub.stall_s = 60.0
+    stuck = _stuck_subscriber(pub)
+    joined(pub.pub, sub.sub, stuck)
+    state = {"w": torch.randn(6 << 20, generator=torch.Generator().manual_seed(0))}
+    try:
+        pub.publish(0, state, wait=False)
+        t0 = time.perf_counter()
+        pub.settle()
+        waited = time.perf_counter() - t0
+        assert waited < 10.0 and pub.reopened == 1, waited  # ~1.1 s here
+        pub.publish(1, state, wait=False)  # the healthy subscriber, reconnected, gets the next version
+        got = receive(sub, 1, control)
+        assert torch.equal(got["w"], state["w"])
+    finally:
+        stuck.close(linger=0)
