@@ -128,7 +128,7 @@ stop() {
   "$HERE/netns_cluster.sh" stop
   rm -rf "$DIR"
   local d
-  for d in /etc/netns/"${P}"n*; do [[ -d $d ]] && rm -rf "$d"; done
+  for d in /etc/netns/"${P}"n[0-9]*; do [[ -d $d ]] && rm -rf "$d"; done
   return 0
 }
 
