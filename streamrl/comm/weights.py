@@ -96,11 +96,11 @@ class WeightPublisher:
         self.send_wait_s = 0.0
         """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
         self.reopened = 0
+        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
         self.skipped = 0
         """Versions not broadcast because the one before was still being sent when `settle` came (delta mode)."""
         self.settle_max_s = 0.0
         """The longest one `settle` waited (the learner's worst step for publishing)."""
-        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
