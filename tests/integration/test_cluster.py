@@ -129,7 +129,7 @@ def test_an_actor_nodes_link_down_20s_the_learner_goes_on_and_the_actor_resyncs_
     slowest = max(down, key=lambda rec: rec["step_s"])
     print(f"\nFAULT link_down_20s: learner steps while down {during}, slowest step then {slowest['step_s']:.2f}s "
           f"(publish {slowest['publish_s']:.2f}s, waiting for data {slowest['wait_s']:.2f}s), longest settle "
-          f"{s['weights_settle_max_s']:.2f}s, versions skipped {s['weights_versions_skipped']}, sends given up "
+          f"{s['weights_settle_max_s']:.2f}s, versions skipped {s.get('weights_versions_skipped', 'n/a')}, sends given up "
           f"{(tmp_path / 'learner.log').read_text().count('the broadcast socket is reopened')}; "
           f"actor 1 on version >= {newest} "
           f"{recover_s:.1f}s after the link came back; sent/received/used/dropped "
