@@ -102,9 +102,13 @@ start() {
   done
   for ((i = 0; i < N; i++)); do
     for _ in $(seq 50); do [[ -s $DIR/node-$i.pid ]] && break; sleep 0.1; done
+    [[ -s $DIR/node-$i.pid ]] || { say "node $i: its namespaces were not made (nsenter/unshare)"; exit 1; }
   done
-  on 0 slurmctld </dev/null >/dev/null 2>&1
-  for ((i = 0; i < N; i++)); do on "$i" slurmd </dev/null >/dev/null 2>&1; done
+  # The daemons fork away: their own output to a file, never to the caller's pipes (which would then stay open).
+  daemon() { on "$@" </dev/null >>"$DIR/daemons.out" 2>&1 || { say "$2 on node $1 failed:"; tail -n 20 "$DIR"/*.log \
+    "$DIR/daemons.out" >&2 || true; exit 1; }; }
+  daemon 0 slurmctld
+  for ((i = 0; i < N; i++)); do daemon "$i" slurmd; done
   local state
   for _ in $(seq 90); do
     state=$(on 0 sinfo -h -o '%n %T' 2>/dev/null || true)
