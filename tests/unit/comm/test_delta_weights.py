@@ -253,10 +253,11 @@ def test_a_subscriber_that_goes_away_releases_the_send_it_held_at_once_not_after
     pub.stall_s = 60.0
     stuck = _stuck_subscriber(pub)
     joined(pub.pub, sub.sub, stuck)
-    state = {"w": torch.randn(6 << 20, generator=torch.Generator().manual_seed(0))}  # 24 MB
+    state = {"w": torch.randn(12 << 20, generator=torch.Generator().manual_seed(0))}  # 48 MB
     pub.publish(0, state, wait=False)
     receive(sub, 0, control)
     time.sleep(0.5)
+    assert not pub._job.done()  # the stuck peer holds the send
     stuck.close(linger=0)  # its process died: the kernel closes the connection
     t0 = time.perf_counter()
     pub.flush()  # the send ends once the socket notices the peer has gone
@@ -272,7 +273,7 @@ def test_a_subscriber_that_stops_reading_never_holds_the_learners_step_and_the_o
     stuck = _stuck_subscriber(pub)
     joined(pub.pub, sub.sub, stuck)
     g = torch.Generator().manual_seed(0)
-    state = {"w": torch.randn(6 << 20, generator=g)}  # 24 MB: more than loopback's socket buffers hold
+    state = {"w": torch.randn(12 << 20, generator=g)}  # 48 MB: more than socket buffers hold
     try:
         pub.publish(0, state, wait=False)
         receive(sub, 0, control)  # the healthy subscriber has it all; the stuck one holds the send
@@ -302,7 +303,7 @@ def test_without_deltas_the_learner_waits_for_a_stuck_subscriber_about_a_second_
     pub.stall_s = 60.0
     stuck = _stuck_subscriber(pub)
     joined(pub.pub, sub.sub, stuck)
-    state = {"w": torch.randn(6 << 20, generator=torch.Generator().manual_seed(0))}
+    state = {"w": torch.randn(12 << 20, generator=torch.Generator().manual_seed(0))}  # 48 MB
     try:
         pub.publish(0, state, wait=False)
         t0 = time.perf_counter()
