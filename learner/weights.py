@@ -36,6 +36,7 @@ class LearnerWeights:
         engine.before_step = self.publisher.settle
         self.last_bytes = 0
         """Bytes of the last version published (the adapters only, with LoRA)."""
+        self._counted = {"full": 0, "delta": 0}  # publisher.sent as far as Prometheus has it
 
     def publish(self, version: int) -> None:
         """Send the engine's weights as `version`: over the collective once its group has formed
@@ -46,12 +47,24 @@ class LearnerWeights:
         state = self.engine.published_state()  # the adapters only, with LoRA
         collective = self.sync is not None and self.sync.formed()
         nbytes = self.publisher.publish(version, state, broadcast=not collective, wait=False)
+        sent = {"full": 0, "delta": 0}
         if collective:
             self.publisher.announce(self.sync.announcement(version, state, self.publisher.session))
-            if not self.sync.send(version, state):
+            if self.sync.send(version, state):
+                sent["full"] = nbytes
+            else:
                 self.publisher.publish(version, state, wait=False)
-        self.telemetry.observe_publish(time.perf_counter() - t0, nbytes)
+        self.telemetry.observe_publish(time.perf_counter() - t0, self._sent_since(sent))
         self.last_bytes = nbytes
+
+    def _sent_since(self, sent: dict[str, int]) -> dict[str, int]:
+        """`sent` plus the bytes the ZeroMQ publisher put out since the last call, by kind. A background publish is
+        counted once its messages are made: the version just started shows at the next publish (or `close`)."""
+        now = dict(self.publisher.sent)
+        for kind, total in now.items():
+            sent[kind] = sent.get(kind, 0) + total - self._counted[kind]
+        self._counted = now
+        return sent
 
     def settle(self) -> None:
         """Wait until the last publish has copied the weights (before anything changes or saves them)."""
@@ -71,13 +84,16 @@ class LearnerWeights:
         if self.sync:
             self.sync.close()
         self.publisher.close()
+        self.telemetry.observe_publish(None, self._sent_since({}))
 
     def report(self) -> dict:
         """For the run's summary: bytes of the last version (full), with weights_delta the versions and bytes per version
-        sent full and as deltas, and the collective's record (versions over it, their
-        time, why it was left)."""
+        sent full and as deltas and the versions skipped (the one before still on its way), the longest the learner
+        waited for a publish's copy, and the collective's record (versions over it, their time, why it was left)."""
         delta = self.publisher.delta
-        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}),
+        skipped = {"weights_versions_skipped": self.publisher.skipped} if delta else {}
+        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}), **skipped,
+                "weights_settle_max_s": self.publisher.settle_max_s,
                 **({"weight_sync": self.sync.report()} if self.sync else {})}
 
 

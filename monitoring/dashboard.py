@@ -189,8 +189,10 @@ def build() -> dict:
                legend="{{run}}"), w=6, h=4)
     p.add(stat("Actors up", "Actor processes Prometheus can scrape.", 'sum(up{job="streamrl-actors"})',
                legend="actors up"), w=6, h=4)
-    p.add(stat("Weights published", "Bytes per second of weights broadcast (one copy).",
-               f"sum by (run) (rate(streamrl_weight_publish_bytes_total{L}[{RI}]))", unit="Bps", legend="{{run}}"),
+    p.add(stat("Weights published", "Bytes per second of weights sent (one copy): whole versions (full) and "
+               "differences from the previous one (delta, transport.weights_delta) apart.",
+               f"sum by (run, kind) (rate(streamrl_weight_publish_bytes_total{L}[{RI}]))", unit="Bps",
+               legend="{{run}} {{kind}}"),
           w=6, h=4)
     p.add(stat("Groups dropped", "Valid groups not trained on since the learner started, all reasons.",
                f"sum by (run) (streamrl_groups_dropped_total{L})", legend="{{run}}"), w=6, h=4)

@@ -21,6 +21,9 @@ from streamrl.comm.sockets import bind, make
 
 log = logging.getLogger(__name__)
 
+SLOW_LINK_BYTES_S = 12.5e6
+"""100 Mbit/s: the slowest link a send is waited for chunk by chunk once a newer version is waiting for it."""
+
 
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts (requests come on streamrl.comm.control).
@@ -34,6 +37,16 @@ class WeightPublisher:
     in-place frame out, every pool copy made). Until then the parameters still are the published
     version, and a request is answered by sending it again from them; after it, requests wait for
     the next publish.
+
+    With delta versions (transport.weights_delta) every version is copied into the encoder's base before it is
+    sent, so the learner never waits for the network: a version whose send has not begun when `settle` comes
+    (the one before it still on its way: a slow or dead subscriber holds the broadcast) is skipped, not waited
+    for, and the next goes as a delta from the last one sent (`skipped` counts them); a subscriber that missed a
+    version asks, as after any gap. Without deltas chunks are sent from the parameters themselves, and `settle`
+    waits until they are out. Either way a send that a subscriber holds up (it stopped reading: a dead link, a
+    stopped process) is given up after `superseded_stall_s` without progress once the learner or a newer version
+    waits for it (`stall_s` otherwise): the PUB socket is reopened, which drops that subscriber until it
+    reconnects and asks.
 
     An answer to a request (`ask`, then `answer`) is a re-broadcast on the PUB socket (the one thread
     that sends weights owns it; ZeroMQ sockets are not thread-safe):
@@ -52,7 +65,12 @@ class WeightPublisher:
         self._ctx, self._curve = ctx, curve
         self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks)
         self.stall_s = stall_s
-        """How long a chunk may wait for a subscriber before the PUB socket is reopened (see _wait_sent)."""
+        """How long a send may go without a chunk leaving before the PUB socket is reopened (see _wait_sent)."""
+        self.superseded_stall_s = min(1.0, stall_s)
+        """The same, plus one chunk's time at SLOW_LINK_BYTES_S, once a newer version waits for this send: then a
+        peer that takes nothing holds up every other one's newer weights, not only this version."""
+        self._superseded = threading.Event()  # set when a newer version is queued behind the send going on
+        self._chunk_s = 0.0  # one chunk of the send going on at SLOW_LINK_BYTES_S
         self.pub = self._new_pub()
         bind(self.pub, pub_addr, "weight broadcast")
         self._layout: chunks.Layout | None = None
@@ -65,6 +83,9 @@ class WeightPublisher:
         """Versions as differences from the previous one (keeps a host copy of it), or None: always full."""
         self.version = -1
         self.bytes_sent = 0
+        self.sent = {"full": 0, "delta": 0}
+        """Bytes put on the broadcast socket (one copy), by how the versions went: in full (re-broadcasts included)
+        or as deltas. Counted once a version's messages are made, before they leave."""
         self.requests_served = 0
         self.rebroadcasts = 0
         self.session = uuid.uuid4().hex[:12]  # this life of the learner, stamped on every broadcast
@@ -76,9 +97,15 @@ class WeightPublisher:
         """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
         self.reopened = 0
         """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
+        self.skipped = 0
+        """Versions not broadcast because the one before was still being sent when `settle` came (delta mode)."""
+        self.settle_max_s = 0.0
+        """The longest one `settle` waited (the learner's worst step for publishing)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
+        self._sending: concurrent.futures.Future | None = None  # the job before the pending one (maybe still sending)
+        self._job_asked = (0, 1 << 62)  # the requests the pending job answers (given back if it is skipped)
         self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
 
     @property
@@ -112,13 +139,22 @@ class WeightPublisher:
         """fresh: a new version (a delta may carry it); else a re-broadcast, always full."""
         copied = threading.Event()
         self._copied = copied
+        self._sending = self._job
+        if fresh and self._sending is not None and not self._sending.done():
+            self._superseded.set()  # the send going on is of an older version (a step behind already)
         if fresh and self.delta is not None:
             full = self._asked_have < self.delta.base_version  # an asker lacks the base
             self._job = self._pool.submit(self._encode_and_send, version, state, self._layout, copied, full)
+        elif self.delta is not None and self.delta.base_version == version:
+            # A re-broadcast with deltas: from the encoder's copy, so `settle` never waits for this send either.
+            copied.set()
+            self._job = self._pool.submit(self._send_base, version, self._layout)
         else:
             self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
             self.bytes_sent += self._layout.total
+            self.sent["full"] += self._layout.total
         self.requests_served += self._asked
+        self._job_asked = (self._asked, self._asked_have)
         self._asked, self._asked_have = 0, 1 << 62
 
     def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
@@ -126,6 +162,7 @@ class WeightPublisher:
         tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
         once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
         At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
+        self._begin(layout)
         try:
             tensors = list(state.values())
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
@@ -160,16 +197,35 @@ class WeightPublisher:
                          full: bool) -> None:
         """On the publishing thread: the version copied into the delta encoder's base (then `copied` is set) and
         sent as a delta or in full (from the base, which the next encode may change only once this is sent)."""
+        self._begin(layout)
         try:
             try:
                 kind, messages = self.delta.encode(version, layout, list(state.values()), self.chunk_bytes,
                                                    self.session, full)
             finally:
                 copied.set()
+            self.sent[kind] += sum(memoryview(f).nbytes for _, *frames in messages for f in frames)
             trackers = []
             for header, *frames in messages:
                 trackers += self._send_chunk(header, frames)
                 self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+            self._wait_sent(trackers)
+        except BaseException as e:
+            self._error = e
+            raise
+
+    def _send_base(self, version: int, layout: chunks.Layout) -> None:
+        """On the publishing thread: the version the delta encoder's base holds, sent in full from it (the next
+        encode runs on this thread, so only after this send)."""
+        self._begin(layout)
+        try:
+            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
+            trackers = []
+            for h in heads:
+                trackers += self._send_chunk(chunks.encode_chunk_header(h), [self.delta._slice(h, self.chunk_bytes,
+                                                                                                layout.total)])
+            self.sent["full"] += layout.total
+            self.bytes_sent += layout.total
             self._wait_sent(trackers)
         except BaseException as e:
             self._error = e
@@ -187,17 +243,32 @@ class WeightPublisher:
                 trackers.append(self.pub.send(frame, flags, copy=False, track=True))
         return trackers
 
+    def _begin(self, layout: chunks.Layout) -> None:
+        """A send starts (on the publishing thread): no newer version waits for it yet."""
+        self._superseded.clear()
+        self._chunk_s = min(self.chunk_bytes, layout.total) / SLOW_LINK_BYTES_S
+
     def _wait_sent(self, trackers: list) -> None:
         """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
-        reading (a stopped process) would keep them forever, and a frame that is a view of the live
-        parameters must never go out after the optimizer changed them: after `stall_s` the PUB socket is
-        closed (ZeroMQ drops what it still queues, so the frames are released) and bound again;
-        subscribers reconnect and this version's partial chunks are dropped as `chunk_lost`."""
-        t0 = time.perf_counter()
-        deadline = t0 + self.stall_s
+        reading (a dead link, a stopped process) would keep them forever, and a frame that is a view of the live
+        parameters must never go out after the optimizer changed them: after `stall_s` without a frame released
+        (`superseded_stall_s` once a newer version waits) the PUB socket is closed (ZeroMQ drops what it still
+        queues, so the frames are released) and bound again; subscribers reconnect and this version's partial
+        chunks are dropped as `chunk_lost`. A slow subscriber that still takes chunks is waited for."""
+        t0 = last = time.perf_counter()
         try:
             for tracker in trackers:
-                tracker.wait(max(0.0, deadline - time.perf_counter()))
+                while not tracker.done:
+                    limit = self._stall_limit()
+                    if time.perf_counter() - last > limit:
+                        raise zmq.NotDone
+                    try:
+                        tracker.wait(0.1)
+                    except zmq.NotDone:
+                        # A socket handles its peers' comings and goings only when called: a subscriber gone
+                        # (closed, killed) lets go of the chunks it held only once this socket is asked something.
+                        self.pub.getsockopt(zmq.EVENTS)
+                last = time.perf_counter()
         except zmq.NotDone:
             self._reopen_pub()
             for tracker in trackers:
@@ -205,11 +276,16 @@ class WeightPublisher:
         finally:
             self.send_wait_s += time.perf_counter() - t0
 
+    def _stall_limit(self) -> float:
+        if self._superseded.is_set():
+            return min(self.stall_s, self.superseded_stall_s + self._chunk_s)
+        return self.stall_s
+
     def _reopen_pub(self) -> None:
         addr = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        log.warning("weights: a chunk was not sent within %.0fs (a subscriber that stopped reading?); the "
-                    "broadcast socket is reopened on %s so the parameters it sends from can change",
-                    self.stall_s, addr)
+        log.warning("weights: no chunk left within %.0fs%s (a subscriber that stopped reading?); the broadcast "
+                    "socket is reopened on %s", self._stall_limit(),
+                    ", a newer version waiting" if self._superseded.is_set() else "", addr)
         self.pub.close(linger=0)
         self.pub = self._new_pub()
         for attempt in range(50):  # the closed socket's port is freed by ZeroMQ's I/O thread, soon
@@ -246,15 +322,29 @@ class WeightPublisher:
 
     def settle(self) -> None:
         """Block until the pending publish has copied `state`; from here on the caller may change the
-        parameters (call it before the optimizer step), and requests wait for the next publish."""
+        parameters (call it before the optimizer step), and requests wait for the next publish. With deltas, a
+        version whose copy has not begun (the one before it is still being sent) is skipped instead."""
+        t0 = time.perf_counter()
+        job = self._job
+        behind = self._sending is not None and not self._sending.done()  # queued behind a send still going
+        if self.delta is not None and job is not None and self._copied is not None and behind and job.cancel():
+            self.skipped += 1
+            self._superseded.set()
+            self._copied, self._job = None, self._sending  # that one, maybe still on its way, is the pending job
+            self.requests_served -= self._job_asked[0]  # those requests are answered by a later send
+            self._asked += self._job_asked[0]
+            self._asked_have = min(self._asked_have, self._job_asked[1])
+        if self._copied is not None and not self._copied.is_set():
+            self._superseded.set()  # the learner itself waits for this send (chunks sent from its parameters)
         self._wait_copied()
         self._live = None
+        self.settle_max_s = max(self.settle_max_s, time.perf_counter() - t0)
 
     def flush(self) -> None:
         """Wait for the pending copy and its send (before the caller's thread uses the PUB socket)."""
         self._wait_copied()
         job, self._job = self._job, None
-        if job is not None:
+        if job is not None and not job.cancelled():
             job.result()
 
     def ask(self, have_version: int = -1) -> None:

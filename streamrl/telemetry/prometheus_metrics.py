@@ -180,7 +180,11 @@ class LearnerMetrics:
                                         SECONDS_BUCKETS)
         self.publish_seconds = m.histogram("streamrl_weight_publish_seconds",
                                            "Time to gather and broadcast one weight version", SECONDS_BUCKETS)
-        self.publish_bytes = m.counter("streamrl_weight_publish_bytes_total", "Bytes of weights broadcast (one copy)")
+        self.publish_bytes = m.counter("streamrl_weight_publish_bytes_total", "Bytes of weights sent (one copy): kind "
+                                       "full (whole versions, re-broadcasts included) or delta "
+                                       "(transport.weights_delta)", ("kind",))
+        for kind in ("full", "delta"):  # both series from the start: a rate over a series that appears later is wrong
+            self.publish_bytes.labels(kind=kind)
         self.eval_value = Gauge("streamrl_eval", "The newest in-training evaluation's eval/* figures (metric: the key "
                                 "after eval/, e.g. code/pass@1), run on the actors' engines",
                                 [*m.labels, "metric"], registry=registry)
@@ -223,9 +227,13 @@ class LearnerMetrics:
             self.token_staleness.observe(joined["lag"], weights=joined["tokens"])
             self.is_ratio.observe(joined["is_ratio"])
 
-    def observe_publish(self, seconds: float, nbytes: int) -> None:
-        self.publish_seconds.observe(seconds)
-        self.publish_bytes.inc(nbytes)
+    def observe_publish(self, seconds: float | None, sent: dict[str, int]) -> None:
+        """seconds: one publish's time on the learner (None: bytes only); sent: bytes sent since the last call, by kind
+        (full, delta)."""
+        if seconds is not None:
+            self.publish_seconds.observe(seconds)
+        for kind, nbytes in sent.items():
+            self.publish_bytes.labels(kind=kind).inc(nbytes)
 
     def observe_accounting(self, acc: dict) -> None:
         """acc: Intake.accounting(), cumulative since this process started (a fresh dict each call)."""

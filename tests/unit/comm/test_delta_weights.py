@@ -5,6 +5,8 @@ full version, and `auto` picks the smaller of the two."""
 from __future__ import annotations
 
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -233,3 +235,83 @@ def test_copy_chunk_zeroes_the_padding_of_a_reused_buffer_so_every_send_of_a_ver
         dirty = torch.full((size,), 0xFF, dtype=torch.uint8)  # a pool buffer's leftovers
         chunks.copy_chunk(layout, list(state.values()), start, dirty)
         assert bytes(dirty.numpy()) == bytes(expected[start:start + size])
+
+
+def _stuck_subscriber(pub: WeightPublisher) -> zmq.Socket:
+    """A SUB that takes one chunk in and reads no more: TCP's buffers fill and the PUB's chunks stay held."""
+    stuck = zmq.Context.instance().socket(zmq.SUB)
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 1 << 16)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(pub.pub.getsockopt_string(zmq.LAST_ENDPOINT))
+    return stuck
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_a_subscriber_that_goes_away_releases_the_send_it_held_at_once_not_after_the_stall(channel, mode):
+    pub, control, sub = channel(chunk_bytes=1 << 20, mode=mode)
+    pub.stall_s = 60.0
+    stuck = _stuck_subscriber(pub)
+    joined(pub.pub, sub.sub, stuck)
+    state = {"w": torch.randn(12 << 20, generator=torch.Generator().manual_seed(0))}  # 48 MB
+    pub.publish(0, state, wait=False)
+    receive(sub, 0, control)
+    time.sleep(0.5)
+    assert not pub._job.done()  # the stuck peer holds the send
+    stuck.close(linger=0)  # its process died: the kernel closes the connection
+    t0 = time.perf_counter()
+    pub.flush()  # the send ends once the socket notices the peer has gone
+    assert time.perf_counter() - t0 < 20.0 and pub.reopened == 0
+
+
+def test_a_subscriber_that_stops_reading_never_holds_the_learners_step_and_the_others_get_the_newest(channel):
+    """A SUB that stops reading (a dead link, a stopped process) keeps the PUB's chunks: with deltas `settle` (the
+    optimizer step's wait) skips a version queued behind that send instead of waiting for it, and the send is given
+    up within superseded_stall_s, so the other subscribers' weights do not freeze for `stall_s` either."""
+    pub, control, sub = channel(chunk_bytes=1 << 20)
+    pub.stall_s = 60.0  # what the stuck peer would cost each waiting step: far beyond the bound asserted below
+    stuck = _stuck_subscriber(pub)
+    joined(pub.pub, sub.sub, stuck)
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(12 << 20, generator=g)}  # 48 MB: more than socket buffers hold
+    try:
+        pub.publish(0, state, wait=False)
+        receive(sub, 0, control)  # the healthy subscriber has it all; the stuck one holds the send
+        waits = []
+        for v in range(1, 6):
+            t0 = time.perf_counter()
+            pub.settle()
+            waits.append(time.perf_counter() - t0)
+            state["w"][v * 1000:v * 1000 + 50] += 1.0
+            pub.publish(v, state, wait=False)
+            time.sleep(0.2)  # the rest of a learner step
+        assert pub.skipped >= 3, pub.skipped  # versions 1.. were queued behind the held send, and skipped
+        assert max(waits) < 5.0, waits  # never the stall (60 s here)
+        # With a newer version waiting, the held send is given up after superseded_stall_s without progress (the
+        # socket reopened, the stuck peer dropped), not stall_s: the healthy subscriber gets the newest meanwhile.
+        got = receive(sub, 5, control)
+        assert torch.equal(bits(got["w"]), bits(state["w"])) and pub.reopened == 1
+    finally:
+        stuck.close(linger=0)
+    assert set(sub.rejected.counts) <= {"chunk_lost"}, sub.rejected.counts  # the version cut by the reopen, if any
+
+
+def test_without_deltas_the_learner_waits_for_a_stuck_subscriber_about_a_second_not_the_stall(channel):
+    """Chunks sent from the parameters themselves must be out before the optimizer changes them: `settle` waits, but a
+    send that makes no progress is given up after superseded_stall_s (plus a chunk at 100 Mbit/s), not stall_s."""
+    pub, control, sub = channel(chunk_bytes=1 << 20, mode="off")
+    pub.stall_s = 60.0
+    stuck = _stuck_subscriber(pub)
+    joined(pub.pub, sub.sub, stuck)
+    state = {"w": torch.randn(12 << 20, generator=torch.Generator().manual_seed(0))}  # 48 MB
+    try:
+        pub.publish(0, state, wait=False)
+        t0 = time.perf_counter()
+        pub.settle()
+        waited = time.perf_counter() - t0
+        assert waited < 10.0 and pub.reopened == 1, waited  # ~1.1 s here
+        pub.publish(1, state, wait=False)  # the healthy subscriber, reconnected, gets the next version
+        got = receive(sub, 1, control)
+        assert torch.equal(got["w"], state["w"])
+    finally:
+        stuck.close(linger=0)

@@ -179,3 +179,35 @@ def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     assert actor[0].weight is embedding  # in place: the engine's parameters are the same tensors
     HFBackend.load_weights(types.SimpleNamespace(model=actor, targets=actor.state_dict()), {k: t * 2 for k, t in state.items()})  # a plain dict
     assert torch.equal(actor[1].bias, state["1.bias"] * 2)
+
+
+def test_prometheus_counts_the_bytes_actually_sent_full_and_as_deltas_apart():
+    """streamrl_weight_publish_bytes_total{kind}: a delta version counts its compressed bytes, not the model's."""
+    weights_port, request_port = free_ports(2)
+    cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}",
+                      "transport.weights_delta=on"])
+    ctx = zmq.Context()
+    registry = prometheus_metrics.new_registry()
+    telemetry = prometheus_metrics.LearnerMetrics(registry, "t", "corpo", [0, 1], 2)
+    state = {"w": torch.randn(256, 256), "b": torch.zeros(256)}
+    engine = types.SimpleNamespace(published_state=lambda: state, before_step=None)
+    learner = LearnerWeights(cfg, ctx, None, engine, telemetry)
+    try:
+        learner.publish(0)  # the first version goes full
+        for v in (1, 2, 3):
+            learner.flush()  # (the step between two versions: each is sent, none skipped)
+            learner.settle()
+            state["w"][v, :8] += 1.0  # 8 of 65,536 elements change: a delta of a few hundred bytes
+            learner.publish(v)
+    finally:
+        learner.close()
+        ctx.destroy(linger=0)
+
+    def sent(kind: str) -> float:
+        return registry.get_sample_value("streamrl_weight_publish_bytes_total", {**telemetry.labels, "kind": kind})
+
+    full_versions, full_bytes = learner.publisher.delta.stats["full"]
+    delta_versions, delta_bytes = learner.publisher.delta.stats["delta"]
+    assert (full_versions, delta_versions) == (1, 3)
+    assert sent("full") == full_bytes == learner.last_bytes  # one whole version
+    assert sent("delta") == delta_bytes and 0 < delta_bytes < learner.last_bytes / 20  # what went, not 3 x the model
