@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import math
 
-from streamrl.tasks import data
 from streamrl.tasks.base import Prompt
-from streamrl.tasks.dataset import DatasetTask, converter
+from streamrl.tasks.dataset import DatasetTask
 
 
 class BadReward(ValueError):
@@ -51,16 +50,8 @@ class AdaptedTask(DatasetTask):
     adapter = "adapted"
 
     def __init__(self, cfg):
-        if not cfg.data:
-            raise ValueError(f"task {self.adapter} needs task.data: " + data.FORMATS)
-        convert = converter(cfg.prompt_field)
-        what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
-        self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
-        self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
-        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
+        self._rows(cfg, f"task {self.adapter}")
         self.functions = None
-        self.extra_words = list(cfg.vocabulary)
-        self.unparseable = 0
 
     def close(self) -> None:
         pass  # no reward functions: the environments belong to the actor's episode runner

@@ -14,9 +14,9 @@ come from `task.data` as for `task.name: dataset`; the reward's scale is `task.r
 
 from __future__ import annotations
 
-from streamrl.tasks import data, plugins
+from streamrl.tasks import plugins
 from streamrl.tasks.base import Prompt
-from streamrl.tasks.dataset import DatasetTask, converter
+from streamrl.tasks.dataset import DatasetTask
 
 
 def load(ref: str):
@@ -33,16 +33,10 @@ class AgentTask(DatasetTask):
     grouped = False  # scored by its episodes (streamrl.actors.agents), never by reward functions
 
     def __init__(self, cfg):
-        if not cfg.data or not cfg.agent:
-            raise ValueError("task agent needs task.data (" + data.FORMATS + ") and task.agent ('module:fn')")
-        convert = converter(cfg.prompt_field)
-        what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
-        self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
-        self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
-        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
+        if not cfg.agent:
+            raise ValueError("task agent needs task.agent ('module:fn')")
+        self._rows(cfg, "task agent")
         self.functions = None
-        self.extra_words = list(cfg.vocabulary)
-        self.unparseable = 0
 
     def close(self) -> None:
         pass  # no reward functions: the agents' threads belong to the actor's episode runner

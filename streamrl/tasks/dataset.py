@@ -66,25 +66,30 @@ class DatasetTask(RowsTask):
     grouped = True  # scored a group at a time (score_groups); `score` is the one-sample path (evaluation)
 
     def __init__(self, cfg):
-        if not cfg.data:
-            raise ValueError("task dataset needs task.data: " + data.FORMATS)
+        self._rows(cfg, "task dataset")
         if not cfg.reward and not cfg.environment:  # an environment's episodes carry their own reward
             raise ValueError("task dataset needs task.reward: 'package.module:function' or 'file.py:function'")
+        refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward or [])
+        self.functions = RewardFunctions(refs, cfg.reward_weights or None, cfg.reward_levels or None,
+                                         cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_fail_window,
+                                         cfg.reward_fail_threshold, cfg.reward_level_tolerance)
+
+    def close(self) -> None:
+        """The reward functions' threads go (a call past its timeout may still run on one)."""
+        self.functions.close()
+
+    def _rows(self, cfg, rows_from: str) -> None:
+        """This task's rows from task.data (and task.eval_data) and what every dataset task keeps beside them;
+        rows_from: who needs them, for the error when task.data is missing."""
+        if not cfg.data:
+            raise ValueError(f"{rows_from} needs task.data: " + data.FORMATS)
         convert = converter(cfg.prompt_field)
         what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
         self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
         self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
-        refs = [cfg.reward] if isinstance(cfg.reward, str) else list(cfg.reward or [])
-        self.functions = RewardFunctions(refs, cfg.reward_weights or None, cfg.reward_levels or None,
-                                         cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_fail_window,
-                                         cfg.reward_fail_threshold, cfg.reward_level_tolerance)
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
-
-    def close(self) -> None:
-        """The reward functions' threads go (a call past its timeout may still run on one)."""
-        self.functions.close()
 
     @staticmethod
     def row_converter(cfg):
