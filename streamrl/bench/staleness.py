@@ -41,6 +41,7 @@ VARIANTS = {
     "decoupled_ppo-2step": "decoupled_ppo@learner.minibatches=2",
     "decoupled_ppo-4step": "decoupled_ppo@learner.minibatches=4",  # AReaL's *-4step configs
     "tis-cap1": "tis@loss.tis_cap=1",  # V-trace's truncation at 1
+    "token_pg-wide": "token_pg@loss.clip_low=0.5@loss.clip_high=1.0",  # PPO's clip widened to the band [0.5, 2]
 }
 # What every run shares, whatever the task: the fixed eval set, one optimizer step per batch.
 COMMON = ["eval.prompts=128", "eval.samples=4", "eval.ks=[1]", "eval.actors=1"]
@@ -208,6 +209,30 @@ def _chat_data(folder: Path) -> Path:
     return folder.resolve()
 
 
+def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: list[str], data_dir: Path,
+         overrides: list[str]) -> list[dict]:
+    """The sweep's run specs, lag-major in the order of `lags`; chat-dataset's rows written under data_dir."""
+    # a bad objective or task fails here, not in a worker after the other runs
+    multi = {o for t in tasks for o in objectives
+             if _config(t, o, 0, steps, [] if TASKS[t][0] is None else ["task.data=/dev/null"]).learner.minibatches > 1}
+    # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
+    # every one-step objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is
+    # shared; an objective of several optimizer steps per batch (learner.minibatches) runs its own lag 0 too.
+    # Lags run in the order given: a sweep stopped early (see `sweep`'s sink) has the first ones complete.
+    specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides}
+             for k in lags for t in tasks for o in objectives for s in range(seeds)
+             if k or o == objectives[0] or o in multi]
+    if "chat-dataset" in tasks:
+        data = _chat_data(data_dir / "chat-dataset")
+        for spec in specs:
+            if spec["task"] == "chat-dataset":
+                # the recipe's paths are relative to where the command runs: every one made absolute
+                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
+                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
+                                     *spec["overrides"]]
+    return specs
+
+
 def staleness(short: bool = False, objectives: list[str] | None = None, lags: list[int] | None = None,
               seeds: int | None = None, steps: int | None = None, tasks: list[str] | None = None,
               jobs: int = 2, out: str | None = None, overrides: list[str] | None = None) -> list[dict]:
@@ -217,24 +242,7 @@ def staleness(short: bool = False, objectives: list[str] | None = None, lags: li
     lags = lags if lags is not None else ([0, 2] if short else list(LAGS))
     seeds, steps = seeds or (1 if short else 3), steps or (8 if short else 300)
     tasks = tasks or (["copy"] if short else ["reverse"])
-    # a bad objective or task fails here, not in a worker after the other runs
-    multi = {o for t in tasks for o in objectives
-             if _config(t, o, 0, steps, [] if TASKS[t][0] is None else ["task.data=/dev/null"]).learner.minibatches > 1}
-    # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
-    # every one-step objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is
-    # shared; an objective of several optimizer steps per batch (learner.minibatches) runs its own lag 0 too.
-    # Lags run in the order given: a sweep stopped early (see `sweep`'s sink) has the first ones complete.
-    specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides or []}
-             for k in lags for t in tasks for o in objectives for s in range(seeds)
-             if k or o == objectives[0] or o in multi]
-    if "chat-dataset" in tasks:
-        data = _chat_data(Path(out or ".") / "chat-dataset")
-        for spec in specs:
-            if spec["task"] == "chat-dataset":
-                # the recipe's paths are relative to where the command runs: every one made absolute
-                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
-                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
-                                     *spec["overrides"]]
+    specs = plan(objectives, lags, seeds, steps, tasks, Path(out or "."), overrides or [])
     t0 = time.time()
     command = {"objectives": objectives, "lags": lags, "seeds": seeds, "steps": steps, "tasks": tasks,
                "overrides": overrides or []}
