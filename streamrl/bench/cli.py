@@ -84,8 +84,10 @@ def add_parser(subparsers) -> None:
                         "forced lag: many training runs)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     s = p.add_argument_group("staleness", "the staleness bench's sweep (docs/reference/benchmarks.md)")
-    s.add_argument("--objectives", nargs="+", metavar="LOSS", help="each a loss.name, NAME@KEY=VALUE[@KEY=VALUE...] (that loss with those overrides), or a "
-                   "named variant: decoupled_ppo-2step, decoupled_ppo-4step, tis-cap1, token_pg-wide (default: token_pg)")
+    s.add_argument("--objectives", nargs="+", metavar="LOSS",
+                   help="each a loss.name, NAME@KEY=VALUE[@KEY=VALUE...] (that loss with those overrides), or a "
+                   "named variant: decoupled_ppo-2step, decoupled_ppo-4step, tis-cap1, token_pg-wide, token_pg-4step "
+                   "(default: token_pg)")
     s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
     s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
     s.add_argument("--steps", type=int, help="learner steps per run (default: 300)")

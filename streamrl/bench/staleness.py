@@ -42,6 +42,7 @@ VARIANTS = {
     "decoupled_ppo-4step": "decoupled_ppo@learner.minibatches=4",  # AReaL's *-4step configs
     "tis-cap1": "tis@loss.tis_cap=1",  # V-trace's truncation at 1
     "token_pg-wide": "token_pg@loss.clip_low=0.5@loss.clip_high=1.0",  # PPO's clip widened to the band [0.5, 2]
+    "token_pg-4step": "token_pg@learner.minibatches=4",  # PPO's own setting: several steps on a batch
 }
 # What every run shares, whatever the task: the fixed eval set, one optimizer step per batch.
 COMMON = ["eval.prompts=128", "eval.samples=4", "eval.ks=[1]", "eval.actors=1"]
