@@ -1,4 +1,4 @@
-"""The DeepSpeed training engine: log-probs, one optimizer step per batch, full weights, checkpoints.
+"""The DeepSpeed training engine: log-probs, a batch's optimizer step(s), full weights, checkpoints.
 
 On CPU it runs on gloo with a client torch AdamW (DeepSpeed's FusedAdam would compile for a
 minute); on GPUs it runs on NCCL. Started alone it sets up a one-process group itself; under the
@@ -20,7 +20,7 @@ import torch
 
 from streamrl.algo import learning_signal, losses
 from streamrl.config import Config
-from streamrl.learner import logprobs
+from streamrl.learner import logprobs, minibatches
 from streamrl.learner.batch import Batch, micro_batches
 from streamrl.learner.optimizer import AdamW
 
@@ -124,7 +124,7 @@ class Engine:
         optimizer = adamw(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         warmup = math.ceil(o.warmup_ratio * cfg.steps) if o.warmup_ratio else o.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, warmup, cfg.steps, o.schedule))
+            optimizer, lambda step: lr_factor(step // cfg.learner.minibatches, warmup, cfg.steps, o.schedule))
         samples = cfg.learner.batch_groups * cfg.actors.group_size
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if cfg.learner.batch_groups % self.world:
@@ -173,9 +173,20 @@ class Engine:
 
     def train_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
                    sequence_count: float | None = None) -> tuple[losses.LossOutput, dict]:
-        """One optimizer step on `batch` (this rank's share of it under data parallelism;
+        """learner.minibatches optimizer steps on `batch` (this rank's share of it under data parallelism;
         token_count, sequence_count: the whole batch's completion tokens and samples over the world
-        size). advantages: (num_groups, G).
+        size). advantages: (num_groups, G). One (the default): `_optimizer_step` on the whole batch; k > 1:
+        learner/minibatches.py, against proximal log-probs taken before the first step.
+        """
+        if self.cfg.learner.minibatches == 1:
+            return self._optimizer_step(batch, advantages, token_count, sequence_count)
+        outs, info = minibatches.train(self, batch, advantages, token_count, sequence_count)
+        return _concat(outs, batch.completion_mask.shape[1]), info
+
+    def _optimizer_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
+                        sequence_count: float | None = None, proximal: torch.Tensor | None = None
+                        ) -> tuple[losses.LossOutput, dict]:
+        """One optimizer step on `batch`; proximal: (B, L-1) the loss's proximal log-probs (None: the current).
 
         The rows go through forward/backward in micro-batches of at most learner.micro_batch_tokens
         padded tokens, accumulating gradients; every micro-batch's loss is normalised by the whole
@@ -197,7 +208,8 @@ class Engine:
             self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
             if i < len(parts):
                 rows = parts[i]
-                outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens, n_seqs, n))
+                outs.append(self._micro_step(batch, rows, int(lengths[rows].max()), adv[rows], n_tokens, n_seqs, n,
+                                             proximal=proximal))
             else:  # another rank has more micro-batches: go through the same collectives, adding nothing
                 self._micro_step(batch, slice(0, 1), int(lengths[0]), adv[:1], n_tokens, n_seqs, n, idle=True)
         out = _concat(outs, batch.completion_mask.shape[1])
@@ -253,10 +265,10 @@ class Engine:
 
     def _micro_step(self, batch: Batch, rows: slice, length: int, adv: torch.Tensor,
                     n_tokens: float, n_seqs: float, chunks: int | None = None,
-                    idle: bool = False) -> losses.LossOutput:
+                    idle: bool = False, proximal: torch.Tensor | None = None) -> losses.LossOutput:
         """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`), with
         `chunks` output-layer calls. idle: no position counts (a zero loss with zero gradients), for a
-        rank that has fewer micro-batches than another under ZeRO-3."""
+        rank that has fewer micro-batches than another under ZeRO-3. proximal: (B, L-1) or None."""
         lc, dev = self.cfg.loss, self.device
         ids = batch.input_ids[rows, :length].to(dev)
         attn = batch.attention_mask[rows, :length].to(dev)
@@ -276,6 +288,8 @@ class Engine:
         # check itself reads the ratio against the actors' log-probs, reported below.
         seen = logp.detach() if self.cfg.on_policy == "strict" else behaviour
         knobs = {k: v for k, v in msgspec.structs.asdict(lc).items() if k != "name"}
+        if proximal is not None:  # only objectives that name it take it (losses.compute)
+            knobs["proximal_logprobs"] = proximal[rows, :length - 1].to(dev)
         out = losses.compute(lc.name, logp, seen, adv.to(dev), mask, **knobs, ref_logprobs=ref, entropy=entropy,
                              token_count=n_tokens, sequence_count=n_seqs).filled(mask)
         t0 = time.perf_counter()

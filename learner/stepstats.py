@@ -172,6 +172,9 @@ def check_strict(step: Any, ratio_tol: float) -> None:
     in full, while the KL estimate weighs each token's deviation by its own size (quadratically), so
     rounding stays below eps² and a group sampled from other weights or at another temperature (the
     unit an actor makes with one set of weights) stands out by an order of magnitude or more.
+
+    One optimizer step per batch is part of the proof: a second step (learner.minibatches > 1, which the config
+    refuses in strict mode) would train on samples from weights the learner no longer has.
     """
     rec = step if isinstance(step, Mapping) else {k: getattr(step, k) for k in _STRICT_KEYS}
     if rec["lag_max"] != 0:

@@ -95,7 +95,9 @@ def add_parser(subparsers) -> None:
     s = p.add_argument_group("sweeps", "options of staleness, stability and time-to-target, each taking those "
                                        "that apply to it (docs/reference/benchmarks.md)")
     s.add_argument("--objectives", nargs="+", metavar="LOSS",
-                   help="loss.name of each objective (default: token_pg; stability: the default loss)")
+                   help="each a loss.name, NAME@KEY=VALUE[@KEY=VALUE...] (that loss with those overrides), or a "
+                   "named variant: decoupled_ppo-2step, decoupled_ppo-4step, tis-cap1, token_pg-wide, token_pg-4step "
+                   "(default: token_pg; stability: the default loss)")
     s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
     s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
     s.add_argument("--steps", type=int, help="learner steps per run (default: staleness 300, stability 5000, "

@@ -12,16 +12,23 @@ curve to DIR/stability.json and DIR/stability.png.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from streamrl.bench import tinyruns
+from streamrl.bench.staleness import objective_overrides
 
 STEPS, SHORT_STEPS = 5000, 40
 WINDOW = 100  # steps in the rolling mean: one batch's reward moves by ±0.05 on this task
 HELD = 0.9
+
+
+def _run_name(objective: str, seed: int) -> str:
+    """A run folder's name for an objective (a loss name, a variant, or NAME@KEY=VALUE...) and seed."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", objective) + f"-seed{seed}"
 
 
 def summary(records: list[dict], window: int = WINDOW) -> dict:
@@ -65,20 +72,20 @@ def stability(short: bool = False, objectives: list[str] | None = None, seeds: i
               steps: int | None = None, jobs: int | None = None, cores_per_run: int = 2, timeout_s: float | None = None,
               out: str | None = None, overrides: list[str] | None = None) -> list[dict]:
     """One row per run, then one per objective (runs held / runs). short: one 40-step run: proves the bench runs.
-    objectives: loss.name of each (default: the project's default loss). timeout_s: a run still going then is
-    stopped and reported on the steps it made."""
+    objectives: each a loss name, a staleness bench variant or NAME@KEY=VALUE... (default: the project's default
+    loss). timeout_s: a run still going then is stopped and reported on the steps it made."""
     from streamrl.config import DEFAULT_LOSS
 
     objectives = objectives or [DEFAULT_LOSS]
     seeds, steps = seeds or (1 if short else 3), steps or (SHORT_STEPS if short else STEPS)
     window = min(WINDOW, max(1, steps // 10))
-    specs = [(f"{o}-seed{s}", [f"loss.name={o}", f"seed={s}", f"steps={steps}", *(overrides or [])])
+    specs = [(_run_name(o, s), [*objective_overrides(o), f"seed={s}", f"steps={steps}", *(overrides or [])])
              for o in objectives for s in range(seeds)]
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="streamrl-stability-") as tmp:
         done = tinyruns.run_all(specs, Path(tmp), cores_per_run=cores_per_run, jobs=jobs, timeout_s=timeout_s)
     runs = {name: {"objective": o, "seed": s, **done[name]} for o in objectives for s in range(seeds)
-            for name in [f"{o}-seed{s}"]}
+            for name in [_run_name(o, s)]}
     rows = [{"bench": "stability", "objective": r["objective"], "seed": r["seed"], "exit": r["rc"],
              **summary(r["records"], window)} for r in runs.values()]
     for row in rows:

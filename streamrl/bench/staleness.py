@@ -35,8 +35,23 @@ TASKS = {
     "chat-dataset": ("examples/chat-dataset/config.yaml", ["eval.prompts=all", "eval.samples=16"]),
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's (a source checkout's) examples/
+# An objective is a loss.name, NAME@KEY=VALUE[@KEY=VALUE...] (that loss with those overrides), or one of these names
+# for the variants the docs' table measures.
+VARIANTS = {
+    "decoupled_ppo-2step": "decoupled_ppo@learner.minibatches=2",
+    "decoupled_ppo-4step": "decoupled_ppo@learner.minibatches=4",  # AReaL's *-4step configs
+    "tis-cap1": "tis@loss.tis_cap=1",  # V-trace's truncation at 1
+    "token_pg-wide": "token_pg@loss.clip_low=0.5@loss.clip_high=1.0",  # PPO's clip widened to the band [0.5, 2]
+    "token_pg-4step": "token_pg@learner.minibatches=4",  # PPO's own setting: several steps on a batch
+}
 # What every run shares, whatever the task: the fixed eval set, one optimizer step per batch.
 COMMON = ["eval.prompts=128", "eval.samples=4", "eval.ks=[1]", "eval.actors=1"]
+
+
+def objective_overrides(objective: str) -> list[str]:
+    """The config overrides that make `objective` (a loss name, NAME@KEY=VALUE..., or a VARIANTS name)."""
+    name, *extra = VARIANTS.get(objective, objective).split("@")
+    return [f"loss.name={name}", *extra]
 
 
 def _config(task: str, objective: str, seed: int, steps: int, extra: list[str]):
@@ -47,7 +62,7 @@ def _config(task: str, objective: str, seed: int, steps: int, extra: list[str]):
     recipe, overrides = TASKS[task]
     if recipe is not None:
         recipe = str(EXAMPLES.parent / recipe)
-    return config.load(recipe, [*COMMON, *overrides, f"loss.name={objective}", f"seed={seed}", f"steps={steps}",
+    return config.load(recipe, [*COMMON, *overrides, *objective_overrides(objective), f"seed={seed}", f"steps={steps}",
                                 *extra])
 
 
@@ -91,6 +106,7 @@ def one_run(spec: dict) -> dict:
             rec = step.train(engine, groups, cfg, tok.pad_token_id, step=s, version=s)
             ring.append((s + 1, {k: v.clone() for k, v in engine.full_state_dict().items()}))
             steps.append({"lag_max": rec.lag_max, "lag_mean": rec.lag_mean, "reward_mean": rec.reward_mean,
+                          "optimizer_steps": rec.optimizer_steps,
                           "clipped_fraction": rec.clipped_fraction, "is_ratio_max": rec.is_ratio_max,
                           "is_ratio_min": rec.is_ratio_min, "truncated_fraction": rec.truncated_fraction,
                           "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction})
@@ -100,42 +116,50 @@ def one_run(spec: dict) -> dict:
         engine.close()
         reward.close()
     return {**{k: spec[k] for k in ("task", "objective", "lag", "seed", "steps")},
+            "strict": lag == 0 and cfg.learner.minibatches == 1,  # one on-policy step per batch: the reference
             "final_reward": final["eval/reward_mean"], "final_mean_at_1": final["eval/mean@1"],
             "eval_prompts": final["eval/prompts"], "train_s": round(train_s, 2),
             "wall_s": round(time.perf_counter() - t0, 2), "per_step": steps}
 
 
-def sweep(specs: list[dict], jobs: int = 2, log=print) -> list[dict]:
-    """Every spec's record, `jobs` spawned processes at a time (a fresh one per run)."""
+def sweep(specs: list[dict], jobs: int = 2, log=print, sink: Path | None = None) -> list[dict]:
+    """Every spec's record, `jobs` spawned processes at a time (a fresh one per run), in the specs' order; sink: a
+    JSON-lines file each record is appended to as its run ends (a sweep stopped early keeps what it ran)."""
     import multiprocessing as mp
 
     out = []
     with mp.get_context("spawn").Pool(jobs, maxtasksperchild=1) as pool:
-        for r in pool.imap_unordered(one_run, specs):
+        for r in pool.imap_unordered(one_run, specs, chunksize=1):
             log(f"  {r['task']} {r['objective']} lag {r['lag']} seed {r['seed']}: final reward "
                 f"{r['final_reward']:.3f} ({r['wall_s']:.0f} s)")
             out.append(r)
+            if sink is not None:
+                with sink.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
     return sorted(out, key=lambda r: (r["task"], r["objective"], r["lag"], r["seed"]))
 
 
 def table(records: list[dict]) -> list[dict]:
-    """One row per (task, objective, lag; lag 0 from the shared strict runs where the objective ran none): seeds,
-    mean and per-seed final reward, ratio to strict,
+    """One row per (task, objective, lag; lag 0 from the shared strict runs where the objective ran none, and
+    `strict` false where it ran its own with several optimizer steps per batch): seeds, mean and per-seed final
+    reward, ratio to strict (always the task's strict runs),
     the mean clipped, truncated and masked shares and importance-weight ESS fraction, and the largest importance
     ratio, over the steps at full lag."""
     rows = []
     keys = sorted({(r["task"], r["objective"]) for r in records})
     for task, obj in keys:
         mine = [r for r in records if (r["task"], r["objective"]) == (task, obj)]
-        # strict: the objective's own lag-0 runs, else the task's (one objective ran lag 0 for all)
-        shared = [r for r in records if r["task"] == task and r["lag"] == 0]
-        strict = [r["final_reward"] for r in mine if r["lag"] == 0] or [r["final_reward"] for r in shared]
+        # strict: the task's on-policy one-step runs at lag 0 (one objective ran them for all); an objective of
+        # several optimizer steps per batch runs its own lag 0, which is not strict, against the same reference
+        shared = [r for r in records if r["task"] == task and r["lag"] == 0 and r.get("strict", True)]
+        strict = [r["final_reward"] for r in shared]
         ref = statistics.mean(strict) if strict else None
         for lag in sorted({r["lag"] for r in mine} | ({0} if shared else set())):
             at = [r for r in mine if r["lag"] == lag] or shared  # lag 0 only: the shared strict runs
             mean = statistics.mean(r["final_reward"] for r in at)
             full = [s for r in at for s in r["per_step"] if s["lag_max"] == lag]
-            rows.append({"task": task, "objective": obj, "lag": lag, "seeds": len(at), "steps": at[0]["steps"],
+            rows.append({"task": task, "objective": obj, "lag": lag, "strict": all(r.get("strict", True) for r in at)
+                         if lag == 0 else False, "seeds": len(at), "steps": at[0]["steps"],
                          "final_reward": mean, "per_seed": [round(r["final_reward"], 3) for r in at],
                          "ratio_to_strict": mean / ref if ref else None,
                          **{k: statistics.mean(s[k] for s in full) if full else 0.0
@@ -186,6 +210,30 @@ def _chat_data(folder: Path) -> Path:
     return folder.resolve()
 
 
+def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: list[str], data_dir: Path,
+         overrides: list[str]) -> list[dict]:
+    """The sweep's run specs, lag-major in the order of `lags`; chat-dataset's rows written under data_dir."""
+    # a bad objective or task fails here, not in a worker after the other runs
+    multi = {o for t in tasks for o in objectives
+             if _config(t, o, 0, steps, [] if TASKS[t][0] is None else ["task.data=/dev/null"]).learner.minibatches > 1}
+    # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
+    # every one-step objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is
+    # shared; an objective of several optimizer steps per batch (learner.minibatches) runs its own lag 0 too.
+    # Lags run in the order given: a sweep stopped early (see `sweep`'s sink) has the first ones complete.
+    specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides}
+             for k in lags for t in tasks for o in objectives for s in range(seeds)
+             if k or o == objectives[0] or o in multi]
+    if "chat-dataset" in tasks:
+        data = _chat_data(data_dir / "chat-dataset")
+        for spec in specs:
+            if spec["task"] == "chat-dataset":
+                # the recipe's paths are relative to where the command runs: every one made absolute
+                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
+                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
+                                     *spec["overrides"]]
+    return specs
+
+
 def staleness(short: bool = False, objectives: list[str] | None = None, lags: list[int] | None = None,
               seeds: int | None = None, steps: int | None = None, tasks: list[str] | None = None,
               jobs: int = 2, out: str | None = None, overrides: list[str] | None = None) -> list[dict]:
@@ -195,28 +243,26 @@ def staleness(short: bool = False, objectives: list[str] | None = None, lags: li
     lags = lags if lags is not None else ([0, 2] if short else list(LAGS))
     seeds, steps = seeds or (1 if short else 3), steps or (8 if short else 300)
     tasks = tasks or (["copy"] if short else ["reverse"])
-    # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
-    # every objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is shared.
-    specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides or []}
-             for t in tasks for o in objectives for k in lags for s in range(seeds) if k or o == objectives[0]]
-    if "chat-dataset" in tasks:
-        data = _chat_data(Path(out or ".") / "chat-dataset")
-        for spec in specs:
-            if spec["task"] == "chat-dataset":
-                # the recipe's paths are relative to where the command runs: every one made absolute
-                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
-                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
-                                     *spec["overrides"]]
+    specs = plan(objectives, lags, seeds, steps, tasks, Path(out or "."), overrides or [])
     t0 = time.time()
-    records = sweep(specs, jobs=jobs)
+    command = {"objectives": objectives, "lags": lags, "seeds": seeds, "steps": steps, "tasks": tasks,
+               "overrides": overrides or []}
+    sink = None
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        sink = Path(out) / "staleness-runs.jsonl"
+        sink.write_text("")
+    records = sweep(specs, jobs=jobs, sink=sink)
     rows = table(records)
     if out:
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "staleness.json").write_text(json.dumps(
-            {"command": {"objectives": objectives, "lags": lags, "seeds": seeds, "steps": steps, "tasks": tasks,
-                         "overrides": overrides or []},
-             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "wall_s": round(time.time() - t0, 1),
-             "table": rows, "runs": records}, indent=1))
-        plot(rows, d / "staleness.png")
+        write(Path(out), command, t0, rows, records)
     return [{"bench": "staleness", **{k: v for k, v in r.items() if k != "per_seed"}} for r in rows]
+
+
+def write(d: Path, command: dict, t0: float, rows: list[dict], records: list[dict]) -> None:
+    """d/staleness.json (the command, date, table and every run) and d/staleness.png."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "staleness.json").write_text(json.dumps(
+        {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
+         "wall_s": round(time.time() - t0, 1), "table": rows, "runs": records}, indent=1))
+    plot(rows, d / "staleness.png")

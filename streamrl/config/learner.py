@@ -16,6 +16,8 @@ class LearnerConfig(_Section):
     """DeepSpeed ZeRO stage."""
     zero3_persistence_threshold: NonNegInt | None = None
     """ZeRO-3: parameters below this many elements stay whole on every rank (null: DeepSpeed's default, 1e5)."""
+    minibatches: PositiveInt = 1
+    """Optimizer steps per batch: its groups split into this many minibatches, one step each, against proximal log-probs taken once before the first (decoupled_ppo's clip; AReaL's *-4step: 4); the lr schedule counts batches. Strict mode requires 1."""
     publish_every: PositiveInt = 1
     """Publish weights to actors every this many steps (strict mode requires 1)."""
     checkpoint_every: NonNegInt = 0

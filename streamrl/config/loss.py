@@ -9,9 +9,11 @@ from msgspec import Meta
 from streamrl.config.base import NonNegFloat, _Section
 
 
-# Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md): tis keeps 0.99 and 0.91 of
-# strict's final-policy reward at lag 8 and 16 on reverse 6x5 (token_pg 0.86, 0.51) but collapses on the
-# chat-dataset example at lr 1e-3 (0.25 at lag 8, importance ratios up to 272), where token_pg keeps 1.19 and 0.50.
+# Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md, 3 seeds): on reverse 6x5 every
+# corrected objective holds >= 0.94 of strict's final-policy reward at lag 8 and 16 (tis, seq_mask, tis_cap 1, a
+# clip widened to [0.5, 2], decoupled_ppo with 2 or 4 minibatches) where token_pg keeps 0.89 and 0.53; on the
+# chat-dataset example (lr 1e-3, 2-token completions) each of them collapses at lag 8 (0.07-0.34) and only
+# token_pg's clip against the behaviour policy holds (1.16; 0.42 at lag 16). No objective meets both targets.
 DEFAULT_LOSS = "token_pg"
 
 

@@ -114,6 +114,9 @@ class Config(_Section):
         if self.on_policy == "strict" and self.learner.publish_every != 1:
             raise ValueError(f"learner.publish_every={self.learner.publish_every}: on_policy strict needs 1 "
                              "(actors must see every version)")
+        if self.on_policy == "strict" and self.learner.minibatches != 1:
+            raise ValueError(f"learner.minibatches={self.learner.minibatches}: on_policy strict needs 1 (after a "
+                             "batch's first optimizer step the learner is no longer the policy that sampled it)")
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
 

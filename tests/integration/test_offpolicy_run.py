@@ -45,3 +45,21 @@ def test_strict_mode_hands_the_objective_weights_of_exactly_one(run_job):
         assert r["lag_max"] == 0 and r["optimizer_steps"] == 1
         assert (r["masked_fraction"], r["truncated_fraction"], r["clipped_fraction"], r["is_ess_fraction"]) == \
             (0.0, 0.0, 0.0, 1.0)
+
+
+def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_batch_and_clips_against_the_proximal(
+        run_job):
+    # A clip of 1% binds as soon as a batch's first step has moved the policy at all: with one step per batch it
+    # never binds (the proximal policy is then the current one), so a clipped token proves the second step was
+    # clipped against the log-probs from before the first.
+    steps = 30
+    run = run_job("loss.name=decoupled_ppo", "learner.minibatches=2", "loss.clip_low=0.01", "loss.clip_high=0.01",
+                  "max_staleness=4", "learner.slow_step_s=0.05", f"steps={steps}", "monitoring.learner_port=0",
+                  "monitoring.actor_port=0", name="dppo-2step")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(steps))
+    assert all(r["optimizer_steps"] == 2 for r in recs)
+    assert any(r["lag_max"] >= 2 for r in recs)
+    assert any(r["clipped_fraction"] > 0 for r in recs)
+    for r in recs:
+        assert 0.0 <= r["clipped_fraction"] <= 1.0 and 0.0 < r["is_ess_fraction"] <= 1.0

@@ -32,3 +32,21 @@ def test_ratios_are_to_the_mean_of_the_shared_strict_runs_and_shares_count_full_
 def test_an_unknown_task_is_refused_with_the_allowed_names():
     with pytest.raises(ValueError, match="task 'nope' unknown; allowed: reverse, copy, chat-dataset"):
         staleness._config("nope", "token_pg", 0, 10, [])
+
+
+def test_a_multi_step_objectives_own_lag_0_is_not_strict_and_its_ratios_stay_against_the_strict_runs():
+    own = [dict(_run("decoupled_ppo-2step", 0, s, 0.9), strict=False) for s in (0, 1)]
+    runs = [dict(_run("token_pg", 0, 0, 0.5, 0.0), strict=True), dict(_run("token_pg", 0, 1, 0.7, 0.0), strict=True),
+            *own, _run("decoupled_ppo-2step", 2, 0, 0.3), _run("decoupled_ppo-2step", 2, 1, 0.3)]
+    rows = {(r["objective"], r["lag"]): r for r in staleness.table(runs)}
+    assert rows["token_pg", 0]["strict"] and not rows["decoupled_ppo-2step", 0]["strict"]
+    assert rows["decoupled_ppo-2step", 0]["ratio_to_strict"] == pytest.approx(0.9 / 0.6)
+    assert rows["decoupled_ppo-2step", 2]["ratio_to_strict"] == pytest.approx(0.3 / 0.6)
+
+
+def test_objectives_name_a_loss_a_loss_with_overrides_or_a_named_variant():
+    assert staleness.objective_overrides("tis") == ["loss.name=tis"]
+    assert staleness.objective_overrides("tis@loss.tis_cap=1@seed=3") == ["loss.name=tis", "loss.tis_cap=1", "seed=3"]
+    assert staleness.objective_overrides("decoupled_ppo-4step") == ["loss.name=decoupled_ppo", "learner.minibatches=4"]
+    cfg = staleness._config("reverse", "decoupled_ppo-2step", 0, 10, [])
+    assert (cfg.loss.name, cfg.learner.minibatches) == ("decoupled_ppo", 2)
