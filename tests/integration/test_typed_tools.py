@@ -50,6 +50,7 @@ def test_a_typed_tool_receives_ints_from_the_words_parser(tmp_path, monkeypatch)
              "task.max_turns=2", "task.reward_levels=[0, 1]", "advantage.r_min_correct=1",
              "task.vocabulary=[add, '1', '2', '3', x]", "actors.max_new_tokens=3", "actors.group_size=8",
              "actors.prompts_per_generate=8", "learner.batch_groups=8", "log.samples_every=1",
+             "log.samples_per_log=64",
              f"run_dir={tmp_path / 'runs'}", *QUIET,
              cwd=tmp_path, timeout=400)
     s = summary(tmp_path / "runs" / "typed")
@@ -63,7 +64,7 @@ def test_a_typed_tool_receives_ints_from_the_words_parser(tmp_path, monkeypatch)
     seen = [r["episode_counts"] for r in metrics(tmp_path / "runs" / "typed")]
     assert seen[-1].get("episodes", 0) > 0, seen
     assert all(a.get("episodes", 0) <= b.get("episodes", 0) <= episodes["episodes"] for a, b in zip(seen, seen[1:]))
-    # the samples log holds each episode's turns and tool calls, which add up to no more than were made
+    # the samples log (every trained sample: 64 a step) holds each episode's turns and tool calls
     logged = [json.loads(line) for line in (tmp_path / "runs" / "typed" / "samples.jsonl").read_text().splitlines()]
     assert logged and all(1 <= r["turns"] <= 2 and isinstance(r["tool_calls"], dict) for r in logged), logged[:2]
     assert any(r["tool_calls"].get("add/ok") for r in logged), logged[:4]
