@@ -11,7 +11,6 @@ curve to DIR/stability.json and DIR/stability.png.
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import tempfile
@@ -95,12 +94,8 @@ def stability(short: bool = False, objectives: list[str] | None = None, seeds: i
                       "final_over_peak_mean": statistics.mean(r.get("final_over_peak") or 0.0 for r in mine)}
                      for o in objectives for mine in [[r for r in rows if r["objective"] == o]]]
     if out:
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "stability.json").write_text(json.dumps(
-            {"command": {"objectives": objectives, "seeds": seeds, "steps": steps, "cores_per_run": cores_per_run,
-                         "overrides": overrides or []},
-             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "wall_s": round(time.time() - t0, 1),
-             "rows": rows + per_objective, "runs": runs}))
+        d = tinyruns.write(out, "stability", {"objectives": objectives, "seeds": seeds, "steps": steps,
+                                              "cores_per_run": cores_per_run, "overrides": overrides or []},
+                           t0, rows + per_objective, runs)
         plot(runs, d / "stability.png", window)
     return rows + per_objective

@@ -11,7 +11,6 @@ as not reached.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -71,11 +70,7 @@ def time_to_target(short: bool = False, values: list[int] | None = None, seeds: 
              "ratio_to_default": means[v] / means[default] if means[v] and means[default] else None}
             for v in values for mine in [[x for x in runs if x["max_staleness"] == v]]]
     if out:
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "time_to_target.json").write_text(json.dumps(
-            {"command": {"values": values, "seeds": seeds, "steps": steps, "target": target,
-                         "cores_per_run": cores_per_run, "overrides": overrides or []},
-             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "wall_s": round(time.time() - t0, 1),
-             "rows": rows, "runs": runs}, indent=1))
+        tinyruns.write(out, "time_to_target", {"values": values, "seeds": seeds, "steps": steps, "target": target,
+                                               "cores_per_run": cores_per_run, "overrides": overrides or []},
+                       t0, rows, runs)
     return rows

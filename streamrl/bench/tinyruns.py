@@ -88,6 +88,16 @@ def run_all(specs: list[tuple[str, list[str]]], folder: Path, cores_per_run: int
     return done
 
 
+def write(out: str, name: str, command: dict, t0: float, rows: list[dict], runs) -> Path:
+    """DIR/<name>.json: the sweep's command, date (its start, t0) and wall time, its rows and every run; the folder."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.json").write_text(json.dumps(
+        {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
+         "wall_s": round(time.time() - t0, 1), "rows": rows, "runs": runs}))
+    return d
+
+
 def rolling(values: list[float], window: int) -> list[float]:
     """The mean of the last `window` values at each position (fewer at the start)."""
     out, total = [], 0.0
