@@ -17,6 +17,7 @@ import math
 
 from streamrl.tasks.base import Prompt
 from streamrl.tasks.dataset import DatasetTask
+from streamrl.tasks.rewards import nearest_level
 
 
 class BadReward(ValueError):
@@ -36,8 +37,8 @@ def to_level(total: float, levels: list[float], tolerance: float, where: str) ->
     """The level of `levels` within `tolerance` of `total` ([] levels: `total` unchanged, for bucketing)."""
     if not levels:
         return total
-    near = min(levels, key=lambda v: abs(v - total))
-    if abs(near - total) > tolerance:
+    near = nearest_level(total, levels, tolerance)
+    if near is None:
         raise BadReward(f"{where}: the episode's reward {total:g} is on none of task.reward_levels {levels} "
                         f"(tolerance {tolerance:g}); declare its levels, or bucket it with reward.bucket_edges")
     return near

@@ -40,6 +40,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
 from streamrl.tasks.reward_health import FailureWindow, UserCodeFailure
+from streamrl.tasks.rewards import nearest_level
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -310,13 +311,11 @@ class RewardFunctions:
             self._note(self.scale_name, "non_finite", f"a reward of {total}")
             return None, "non_finite"
         if self.levels is not None:
-            # the nearest level within the tolerance: a reward written 0.33 is the level 1/3 (and 1/3 the level 0.33)
-            match = [lv for lv in sorted(self.levels, key=lambda lv: abs(lv - total))[:1]
-                     if abs(lv - total) <= max(self.level_tolerance, 1e-9 * max(1.0, abs(lv)))]
-            if not match:
+            level = nearest_level(total, self.levels, self.level_tolerance)
+            if level is None:
                 failures["out_of_scale"] += 1
                 self._note(self.scale_name, "out_of_scale",
                            f"a reward of {total!r}; task.reward_levels={self.levels}")
                 return None, "out_of_scale"
-            total = match[0]
+            total = level
         return total, None

@@ -47,6 +47,13 @@ def shaped_levels(task_levels: Sequence[float], edges: Sequence[float], values: 
     return sorted({to_reward(r) for r in shaped})
 
 
+def nearest_level(value: float, levels: Sequence[float], tolerance: float) -> float | None:
+    """The level nearest `value` when it is within `tolerance` of it (a reward written 0.33 is the level 1/3, and
+    1/3 the level 0.33; never tighter than float rounding), else None."""
+    near = min(levels, key=lambda lv: abs(lv - value))
+    return near if abs(near - value) <= max(tolerance, 1e-9 * max(1.0, abs(near))) else None
+
+
 def levels_of(cfg) -> list[float]:
     """The shaped reward levels of a run `Config`, from the config alone (no task is built, no data read)."""
     from streamrl.tasks import TASKS
