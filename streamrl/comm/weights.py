@@ -82,7 +82,6 @@ class WeightPublisher:
         self.delta = delta.DeltaEncoder(delta_mode, full_every) if delta_mode != "off" else None
         """Versions as differences from the previous one (keeps a host copy of it), or None: always full."""
         self.version = -1
-        self.bytes_sent = 0
         self.sent = {"full": 0, "delta": 0}
         """Bytes put on the broadcast socket (one copy), by how the versions went: in full (re-broadcasts included)
         or as deltas. Counted once a version's messages are made, before they leave."""
@@ -151,7 +150,6 @@ class WeightPublisher:
             self._job = self._pool.submit(self._send_base, version, self._layout)
         else:
             self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
-            self.bytes_sent += self._layout.total
             self.sent["full"] += self._layout.total
         self.requests_served += self._asked
         self._job_asked = (self._asked, self._asked_have)
@@ -208,7 +206,6 @@ class WeightPublisher:
             trackers = []
             for header, *frames in messages:
                 trackers += self._send_chunk(header, frames)
-                self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
             self._wait_sent(trackers)
         except BaseException as e:
             self._error = e
@@ -225,7 +222,6 @@ class WeightPublisher:
                 trackers += self._send_chunk(chunks.encode_chunk_header(h), [self.delta._slice(h, self.chunk_bytes,
                                                                                                 layout.total)])
             self.sent["full"] += layout.total
-            self.bytes_sent += layout.total
             self._wait_sent(trackers)
         except BaseException as e:
             self._error = e
