@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 DATA_PACKAGES = {"streamrl.configs": "configs", "streamrl.monitoring": "monitoring"}
 # Import names whose distribution is named otherwise, for engines this venv may not have installed.
 # Import names whose distribution differs, for when it is not installed here (the mlflow extra is the skinny client).
-DISTRIBUTION_OF = {"zmq": "pyzmq", "yaml": "pyyaml", "mlflow": "mlflow-skinny"}
+DISTRIBUTION_OF = {"zmq": "pyzmq", "yaml": "pyyaml", "mlflow": "mlflow-skinny", "openenv": "openenv-core"}
 
 
 def _project() -> dict:
