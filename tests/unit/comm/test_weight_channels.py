@@ -4,7 +4,6 @@ restart seen mid-generation, and the learner's optimizer hook."""
 
 from __future__ import annotations
 
-import socket
 import time
 import types
 
@@ -15,21 +14,12 @@ import zmq
 from streamrl.actors.weights import ActorWeights
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
+from streamrl.commands.launch import free_ports
 from streamrl.config import load
 from streamrl.learner.weights import LearnerWeights
 from streamrl.telemetry import actor_metrics, exporter, prometheus_metrics
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Recorder:
