@@ -175,15 +175,15 @@ class Engine:
                    sequence_count: float | None = None) -> tuple[losses.LossOutput, dict]:
         """learner.minibatches optimizer steps on `batch` (this rank's share of it under data parallelism;
         token_count, sequence_count: the whole batch's completion tokens and samples over the world
-        size). advantages: (num_groups, G). One (the default): `_optimizer_step` on the whole batch; k > 1:
+        size). advantages: (num_groups, G). One (the default): `optimizer_step` on the whole batch; k > 1:
         learner/minibatches.py, against proximal log-probs taken before the first step.
         """
         if self.cfg.learner.minibatches == 1:
-            return self._optimizer_step(batch, advantages, token_count, sequence_count)
+            return self.optimizer_step(batch, advantages, token_count, sequence_count)
         outs, info = minibatches.train(self, batch, advantages, token_count, sequence_count)
         return _concat(outs, batch.completion_mask.shape[1]), info
 
-    def _optimizer_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
+    def optimizer_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
                         sequence_count: float | None = None, proximal: torch.Tensor | None = None
                         ) -> tuple[losses.LossOutput, dict]:
         """One optimizer step on `batch`; proximal: (B, L-1) the loss's proximal log-probs (None: the current).
@@ -200,7 +200,7 @@ class Engine:
         n_seqs = float(batch.input_ids.shape[0] if sequence_count is None else sequence_count)
         lengths = batch.attention_mask.sum(-1)  # rows are right-padded
         parts = micro_batches(lengths.tolist(), self.cfg.learner.micro_batch_tokens)
-        chunks = self._agreed_chunks(batch, parts, lengths)
+        chunks = self.agreed_chunks(batch, parts, lengths)
         outs = []
         self._backward_s = 0.0
         for i, n in enumerate(chunks):
@@ -239,7 +239,7 @@ class Engine:
             "optimizer_s": t2 - t1 - settle_s,
         }
 
-    def _agreed_chunks(self, batch: Batch, parts: list[slice], lengths: torch.Tensor) -> list[int]:
+    def agreed_chunks(self, batch: Batch, parts: list[slice], lengths: torch.Tensor) -> list[int]:
         """Log-prob chunks of each micro-batch, agreed by all ranks: one entry per micro-batch of the rank
         with the most, each the most any rank needs for that micro-batch.
 

@@ -37,7 +37,7 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
     local = max(batch.num_tokens, 1)
     outs, infos = [], []
     for (part, g), prox in zip(parts, proximal):
-        out, info = engine._optimizer_step(part, advantages[g], n_tokens * part.num_tokens / local,
+        out, info = engine.optimizer_step(part, advantages[g], n_tokens * part.num_tokens / local,
                                            n_seqs * (g.stop - g.start) / groups, proximal=prox)
         outs.append(out)
         infos.append(info)
@@ -56,10 +56,10 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
 def proximal_logprobs(engine, batch: Batch) -> torch.Tensor:
     """(B, L-1) log-probs of `batch`'s completion tokens under the engine's current weights, on the host (0 off
     the completion mask), through the micro-batches, trims and output-layer chunks of its training forward
-    (Engine._optimizer_step), so that before any step they equal that forward's log-probs bit for bit."""
+    (Engine.optimizer_step), so that before any step they equal that forward's log-probs bit for bit."""
     lengths = batch.attention_mask.sum(-1)
     parts = micro_batches(lengths.tolist(), engine.cfg.learner.micro_batch_tokens)
-    chunks = engine._agreed_chunks(batch, parts, lengths)
+    chunks = engine.agreed_chunks(batch, parts, lengths)
     out = torch.zeros_like(batch.behaviour_logprobs)
     dev = engine.device
     for i, n in enumerate(chunks):
