@@ -6,6 +6,11 @@ import openai
 import verifiers.v1 as vf
 
 
+# One client per interception endpoint, each rollout's secret on a copy of it (verifiers makes a harness per
+# episode): making a client builds a TLS context (~20 ms), longer than the tiny model's whole reply.
+_clients: dict[str, openai.AsyncOpenAI] = {}
+
+
 class CopyHarnessConfig(vf.HarnessConfig):
     pass
 
@@ -23,6 +28,8 @@ class CopyHarness(vf.Harness[CopyHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
-            reply = await client.chat.completions.create(model=ctx.model, messages=messages)
+        if endpoint not in _clients:
+            _clients[endpoint] = openai.AsyncOpenAI(base_url=endpoint, api_key="unused", max_retries=0)
+        client = _clients[endpoint].with_options(api_key=secret)
+        reply = await client.chat.completions.create(model=ctx.model, messages=messages)
         return vf.ProgramResult(exit_code=0, stdout=reply.choices[0].message.content or "", stderr="")
