@@ -72,8 +72,9 @@ def load(ref: str, args: dict):
     try:
         cfg = vf.resolve_env_config({"taskset": {**args, "id": taskset_id}})
     except ModuleNotFoundError as e:
-        raise ValueError(f"{where}: no installed v1 taskset {taskset_id!r} ({e}); install it (`prime env install`, "
-                         "pip), or give the path of its package folder") from e
+        missing = getattr(e.__cause__, "name", None) or e.name  # verifiers re-raises it: the cause names the module
+        raise ValueError(f"{where}: no installed v1 taskset {taskset_id!r} (no module {missing!r}); install it "
+                         "(`prime env install`, pip), or give the path of its package folder") from e
     except (TypeError, AttributeError) as e:  # a module without an exported Taskset subclass
         raise ValueError(f"{where}: {e}") from e
     except Exception as e:  # pydantic's ValidationError: a taskset config key it does not have

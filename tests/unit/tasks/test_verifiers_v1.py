@@ -45,7 +45,7 @@ def test_the_tasksets_tasks_are_the_rows_with_their_answers():
 def test_a_taskset_is_named_by_its_folder_or_installed_id_and_bad_names_are_refused(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLE))
     assert len(list(verifiers_v1.load("copy-v1", {"length": 1}).taskset)) == 4  # an id: its package, abcd
-    with pytest.raises(ValueError, match="no installed v1 taskset 'no_such_taskset'"):
+    with pytest.raises(ValueError, match="no installed v1 taskset 'no-such-taskset' \\(no module 'no_such_taskset'\\)"):
         verifiers_v1.load("no-such-taskset", {})
     with pytest.raises(ValueError, match=r"classic environment \('file.py'.*verifiers>=0.3,<0.4"):
         verifiers_v1.load("copy_env.py", {})
