@@ -102,7 +102,8 @@ class VerifiersTask(AgentTask):
             self.env = verifiers_v1.load(cfg.verifiers_env, dict(cfg.verifiers_args))
             self.train, tasks = verifiers_v1.rows(self.env, repr(cfg.verifiers_env))
             self.eval_rows = None
-            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, cfg.reward_levels, name)
+            levels = sorted(cfg.reward_levels)
+            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, lambda r: nearest(r, levels) if levels else r, name)
         else:
             self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
             self.train = rows(self.env.get_dataset(), "train")

@@ -27,6 +27,7 @@ import collections
 import importlib
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from streamrl.tasks.dataset import Row, converter
@@ -127,12 +128,13 @@ def rows(env, where: str) -> tuple[list[Row], list]:
 
 class Episodes:
     """The task's agent: fn(client, row) runs one `env.run_episode` on an event loop of its own thread, inside the
-    env's `serving()` (its interception server and shared tools, up once for the actor's life)."""
+    env's `serving()` (its interception server and shared tools, up once for the actor's life), and returns the
+    trace's weighted reward through `snap` (onto the task's levels)."""
 
     kind = "verifiers environment"
 
-    def __init__(self, env, tasks: list, levels: list[float], name: str):
-        self.env, self.tasks, self.levels, self.__name__ = env, tasks, sorted(levels), name
+    def __init__(self, env, tasks: list, snap: Callable[[float], float], name: str):
+        self.env, self.tasks, self.snap, self.__name__ = env, tasks, snap, name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._serving = None
@@ -150,8 +152,6 @@ class Episodes:
     def __call__(self, client, row: dict) -> float:
         import verifiers.v1 as vf
 
-        from streamrl.tasks.verifiers_env import nearest
-
         self._start()
         ctx = vf.ModelContext(model="policy",
                               client=vf.EvalClientConfig(base_url=str(client.base_url), api_key_var=API_KEY_VAR),
@@ -165,8 +165,7 @@ class Episodes:
         if errors:
             with self._lock:
                 self._errors[f"verifiers_{errors[-1].type}"] += 1
-        reward = sum(r.value for r in scored)
-        return nearest(float(reward), self.levels) if self.levels else float(reward)
+        return self.snap(float(sum(r.value for r in scored)))
 
     def take_errors(self) -> dict[str, int]:
         """Episodes verifiers ended errored but scored, since the last take, by error (counted as truncated)."""
