@@ -66,7 +66,6 @@ def load(ref: str, args: dict):
     what is wrong and what is allowed."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import agent_config_fields
-    from verifiers.v1.runtimes import runtime_is_local
 
     where = f"task.verifiers_env={ref!r}"
     taskset_id = _taskset_id(ref)
@@ -86,7 +85,7 @@ def load(ref: str, args: dict):
                          "policy per episode: only single-agent envs (SingleAgentEnv, the default) are supported")
     (role, spec), = roles.items()
     declared = type(cfg).model_fields[role].default
-    if "runtime" in declared.model_fields_set and not runtime_is_local(spec.runtime):
+    if "runtime" in declared.model_fields_set and spec.runtime.type != "subprocess":
         raise ValueError(f"{where}: its agent pins the {spec.runtime.type!r} runtime (containers, sandboxes): not "
                          "supported; allowed: harnesses that run on the local (subprocess) runtime")
     cfg = cfg.model_copy(update={role: spec.model_copy(update={"runtime": vf.SubprocessConfig()})})

@@ -86,6 +86,65 @@ def test_what_streamrl_cannot_run_is_refused_at_load_naming_what_is_allowed(tmp_
         verifiers_v1.load(str(package), {})
 
 
+PLUGINS = {
+    "duo_v1": """
+import verifiers.v1 as vf
+from copy_v1 import CopyHarness, CopyTaskset
+
+
+class DuoConfig(vf.EnvConfig):
+    solver: vf.AgentConfig = vf.AgentConfig()
+    checker: vf.AgentConfig = vf.AgentConfig()
+
+
+class DuoEnv(vf.Env[DuoConfig]):
+    async def run(self, task, agents):
+        await agents.solver.run(task)
+
+
+__all__ = ["CopyTaskset", "CopyHarness", "DuoEnv"]
+""",
+    "docked_v1": """
+import verifiers.v1 as vf
+from copy_v1 import CopyHarness, CopyTaskset
+
+
+class DockedConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.DockerConfig())
+
+
+class DockedEnv(vf.Env[DockedConfig]):
+    async def run(self, task, agents):
+        await agents.agent.run(task)
+
+
+__all__ = ["CopyTaskset", "CopyHarness", "DockedEnv"]
+""",
+    "boxed_v1": """
+from copy_v1 import CopyHarness, CopyTaskset
+
+
+class BoxedHarness(CopyHarness):
+    NEEDS_CONTAINER = True
+
+
+__all__ = ["CopyTaskset", "BoxedHarness"]
+""",
+}
+
+
+@pytest.mark.parametrize("name, refused", [("duo_v1", "declares 2 agents \\(solver, checker\\).*single-agent"),
+                                           ("docked_v1", "pins the 'docker' runtime.*allowed: harnesses that run on "
+                                                         "the local"),
+                                           ("boxed_v1", "harness 'boxed_v1' needs a container runtime")])
+def test_multi_agent_envs_and_container_runtimes_or_harnesses_are_refused(tmp_path, monkeypatch, name, refused):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(PLUGINS[name])
+    with pytest.raises(ValueError, match=refused):
+        verifiers_v1.load(str(tmp_path / name), {})
+
+
 def _run(task_cfg_overrides: list[str], tmp_path, prompts: int = 4):
     """Episodes of the example's taskset on the tiny hf model, through the actor's endpoint."""
     from streamrl import config
