@@ -17,6 +17,9 @@ nearest level (verifiers' rewards are floats: 0.74999 is 0.75); without, `reward
 rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
 its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
 out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
+
+Where the installed verifiers is 0.4 (its v1 stack alone), the task loads a v1 taskset instead:
+`streamrl.tasks.verifiers_v1`.
 """
 
 from __future__ import annotations
