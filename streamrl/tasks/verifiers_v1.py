@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib
+import importlib.util
 import sys
 import threading
 from collections.abc import Callable
@@ -77,8 +77,9 @@ def load(ref: str, args: dict):
                          "(`prime env install`, pip), or give the path of its package folder") from e
     except (TypeError, AttributeError) as e:  # a module without an exported Taskset subclass
         raise ValueError(f"{where}: {e}") from e
-    except Exception as e:  # pydantic's ValidationError: a taskset config key it does not have
-        raise ValueError(f"{where}: task.verifiers_args do not fit the taskset's config: {e}") from e
+    except ValueError as e:  # pydantic's ValidationError (a config key it lacks, a value it refuses); an export
+        fit = "task.verifiers_args do not fit the taskset's config: " if type(e).__name__ == "ValidationError" else ""
+        raise ValueError(f"{where}: {fit}{e}") from e
     roles = agent_config_fields(cfg)
     if len(roles) != 1:
         raise ValueError(f"{where}: its env declares {len(roles)} agents ({', '.join(roles)}); streamrl trains one "
