@@ -92,9 +92,9 @@ class TaskConfig(_Section):
     agent_timeout_s: PositiveFloat = 60.0
     """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
     verifiers_env: str | None = None
-    """verifiers: an installed environment id (vf.load_environment), 'path/file.py' or 'package.module:loader'."""
+    """verifiers: an environment id, 'path/file.py' or 'module:loader'; verifiers 0.4: a taskset id or package dir."""
     verifiers_args: dict[str, Any] = {}
-    """verifiers: keyword arguments of the environment's load_environment."""
+    """verifiers: keyword arguments of the environment's load_environment; verifiers 0.4: the taskset's config."""
 
     def __post_init__(self) -> None:
         from streamrl.tasks import TASKS

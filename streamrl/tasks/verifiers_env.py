@@ -17,6 +17,9 @@ nearest level (verifiers' rewards are floats: 0.74999 is 0.75); without, `reward
 rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
 its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
 out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
+
+Where the installed verifiers is 0.4 (its v1 stack alone), the task loads a v1 taskset instead:
+`streamrl.tasks.verifiers_v1`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import importlib
 import threading
 from pathlib import Path
 
-from streamrl.tasks import plugins
+from streamrl.tasks import plugins, verifiers_v1
 from streamrl.tasks.agent import AgentTask
 from streamrl.tasks.base import render
 from streamrl.tasks.dataset import Row, converter
@@ -45,7 +48,8 @@ def load(ref: str, args: dict):
                          "'streamrl[verifiers]': verifiers 0.3.x, the classic Environment API)") from e
     if not hasattr(vf, "Environment"):
         raise ValueError(f"task.verifiers_env={ref!r}: verifiers {vf.__version__} has no classic Environment API "
-                         "(0.4 ships only verifiers.v1, not supported yet); install verifiers>=0.3,<0.4")
+                         "(0.4 ships only verifiers.v1: streamrl.tasks.verifiers_v1 loads its tasksets); install "
+                         "verifiers>=0.3,<0.4 for a classic environment")
     if ":" in ref:
         loader = plugins.resolve(ref, "task.verifiers_env", "load_environment")
     elif ref.endswith(".py"):
@@ -96,15 +100,23 @@ class VerifiersTask(AgentTask):
     """The environment's dataset; each sample is one rollout of the environment, scored by its rubric."""
 
     def __init__(self, cfg):
-        self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
-        self.train = rows(self.env.get_dataset(), "train")
-        has_eval = getattr(self.env, "eval_dataset", None) is not None
-        self.eval_rows = rows(self.env.get_eval_dataset(), "eval") if has_eval else None
+        name = f"verifiers:{Path(cfg.verifiers_env).name}"
+        if verifiers_v1.installed():  # verifiers 0.4: the v1 stack (streamrl.tasks.verifiers_v1)
+            self.env = verifiers_v1.load(cfg.verifiers_env, dict(cfg.verifiers_args))
+            self.train, tasks = verifiers_v1.rows(self.env, repr(cfg.verifiers_env))
+            self.eval_rows = None
+            levels = sorted(cfg.reward_levels)
+            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, lambda r: nearest(r, levels) if levels else r, name)
+        else:
+            self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
+            self.train = rows(self.env.get_dataset(), "train")
+            has_eval = getattr(self.env, "eval_dataset", None) is not None
+            self.eval_rows = rows(self.env.get_eval_dataset(), "eval") if has_eval else None
+            self.agent_fn = Rollouts(self.env, cfg.reward_levels, name)
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
         self.functions = None
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0
-        self.agent_fn = Rollouts(self.env, cfg.reward_levels, f"verifiers:{Path(cfg.verifiers_env).name}")
 
     @property
     def vocabulary(self) -> list[str]:
