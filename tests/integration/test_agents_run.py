@@ -146,9 +146,9 @@ def test_an_agent_failing_on_most_episodes_stops_the_run_naming_it_and_its_error
 @pytest.mark.skipif(not os.environ.get("STREAMRL_AGENT_LEARNING"), reason="opt-in: STREAMRL_AGENT_LEARNING=1")
 @pytest.mark.timeout(900)
 def test_the_copy_agent_learns_from_chance_towards_0_6(tmp_path):
-    streamrl("run", *_args(tmp_path, "steps=400", "optim.lr=1e-3"), cwd=tmp_path, timeout=840)
+    streamrl("run", *_args(tmp_path, "steps=500"), cwd=tmp_path, timeout=840)  # the example's lr, 5e-4
     records = metrics(tmp_path / "runs" / "copy-agent")
-    first, last = records[:40], records[-40:]
+    first, last = records[:50], records[-50:]
     start = sum(r["reward_mean"] for r in first) / len(first)
     end = sum(r["reward_mean"] for r in last) / len(last)
     print(f"copy agent: reward {start:.3f} (first 10%) -> {end:.3f} (last 10%)")
