@@ -85,8 +85,12 @@ class DatasetTask(RowsTask):
             raise ValueError(f"{rows_from} needs task.data: " + data.FORMATS)
         convert = converter(cfg.prompt_field)
         what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
-        self.train = data.load(cfg.data, convert, what, cfg.max_row_bytes)
-        self.eval_rows = data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None
+        self._keep(cfg, data.load(cfg.data, convert, what, cfg.max_row_bytes),
+                   data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None)
+
+    def _keep(self, cfg, train: list[Row], eval_rows: list[Row] | None) -> None:
+        """The task's rows, and what every dataset task keeps beside them."""
+        self.train, self.eval_rows = train, eval_rows
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
         self.extra_words = list(cfg.vocabulary)
         self.unparseable = 0

@@ -24,16 +24,14 @@ Where the installed verifiers is 0.4 (its v1 stack alone), the task loads a v1 t
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import importlib
-import threading
 from pathlib import Path
 
 from streamrl.tasks import plugins, verifiers_v1
 from streamrl.tasks.agent import AgentTask
 from streamrl.tasks.base import render
 from streamrl.tasks.dataset import Row, converter
+from streamrl.tasks.verifiers_loop import LoopAgent
 
 INPUT_FIELDS = ("prompt", "answer", "info", "task", "example_id")
 """The columns of a verifiers row that make its RolloutInput."""
@@ -91,11 +89,6 @@ def rows(dataset, where: str) -> list[Row]:
     return out
 
 
-def nearest(value: float, levels: list[float]) -> float:
-    """The level closest to `value` (a tie goes to the lower one)."""
-    return min(levels, key=lambda level: (abs(level - value), level))
-
-
 class VerifiersTask(AgentTask):
     """The environment's dataset; each sample is one rollout of the environment, scored by its rubric."""
 
@@ -103,20 +96,16 @@ class VerifiersTask(AgentTask):
         name = f"verifiers:{Path(cfg.verifiers_env).name}"
         if verifiers_v1.installed():  # verifiers 0.4: the v1 stack (streamrl.tasks.verifiers_v1)
             self.env = verifiers_v1.load(cfg.verifiers_env, dict(cfg.verifiers_args))
-            self.train, tasks = verifiers_v1.rows(self.env, repr(cfg.verifiers_env))
-            self.eval_rows = None
-            levels = sorted(cfg.reward_levels)
-            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, lambda r: nearest(r, levels) if levels else r, name)
+            train, tasks = verifiers_v1.rows(self.env, repr(cfg.verifiers_env))
+            self._keep(cfg, train, None)
+            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, cfg.reward_levels, name)
         else:
             self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
-            self.train = rows(self.env.get_dataset(), "train")
             has_eval = getattr(self.env, "eval_dataset", None) is not None
-            self.eval_rows = rows(self.env.get_eval_dataset(), "eval") if has_eval else None
+            self._keep(cfg, rows(self.env.get_dataset(), "train"),
+                       rows(self.env.get_eval_dataset(), "eval") if has_eval else None)
             self.agent_fn = Rollouts(self.env, cfg.reward_levels, name)
-        self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
         self.functions = None
-        self.extra_words = list(cfg.vocabulary)
-        self.unparseable = 0
 
     @property
     def vocabulary(self) -> list[str]:
@@ -131,54 +120,32 @@ class VerifiersTask(AgentTask):
         self.agent_fn.close()
 
 
-class Rollouts:
-    """The task's agent: fn(client, row) runs one `env.run_rollout` on an event loop of its own thread, shared by
-    every episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
+class Rollouts(LoopAgent):
+    """The task's agent: fn(client, row) runs one `env.run_rollout` on the agent's event loop, shared by every
+    episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
     sending its episode's id."""
 
-    kind = "verifiers environment"
-
     def __init__(self, env, levels: list[float], name: str):
-        self.env, self.levels, self.__name__ = env, sorted(levels), name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        super().__init__(levels, name)
+        self.env = env
         self._oai = None
-        self._errors: collections.Counter = collections.Counter()
-
-    def _start(self, client) -> None:
-        import openai
-
-        with self._lock:
-            if self._loop is None:
-                self._oai = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="streamrl", max_retries=0,
-                                               timeout=client.timeout)
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="verifiers-loop", daemon=True).start()
-                self._loop = loop
 
     def __call__(self, client, row: dict) -> float:
+        import openai
         from verifiers.clients import OpenAIChatCompletionsClient
 
-        self._start(client)
+        def setup(loop):
+            self._oai = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="streamrl", max_retries=0,
+                                           timeout=client.timeout)
+
+        self._start(setup)
         episode = client.default_headers["X-Episode-Id"]
         given = {k: row[k] for k in INPUT_FIELDS if k in row}
         oai = OpenAIChatCompletionsClient(self._oai.with_options(default_headers={"X-Episode-Id": episode}))
-        out = asyncio.run_coroutine_threadsafe(self.env.run_rollout(given, oai, "policy", {}), self._loop).result()
+        out = self._run(self.env.run_rollout(given, oai, "policy", {}))
         if err := out.get("error"):
-            name = err.get("error", "error") if isinstance(err, dict) else type(err).__name__
-            with self._lock:
-                self._errors[f"verifiers_{name}"] += 1
+            self._count_error(f"verifiers_{err.get('error', 'error') if isinstance(err, dict) else type(err).__name__}")
         reward = out.get("reward")
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             return reward  # the agent runner counts a reward that is no number
-        return nearest(float(reward), self.levels) if self.levels else float(reward)
-
-    def take_errors(self) -> dict[str, int]:
-        """Rollouts verifiers ended errored since the last take, by error (the runner counts them as truncated)."""
-        with self._lock:
-            out, self._errors = dict(self._errors), collections.Counter()
-        return out
-
-    def close(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        return self.snap(float(reward))

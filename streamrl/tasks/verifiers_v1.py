@@ -23,14 +23,12 @@ rewards never ran (the env, the harness or the model call failed first) is the a
 from __future__ import annotations
 
 import asyncio
-import collections
 import importlib.util
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from streamrl.tasks.dataset import Row, converter
+from streamrl.tasks.verifiers_loop import LoopAgent
 
 API_KEY_VAR = "STREAMRL_VERIFIERS_API_KEY"
 """The environment variable the interception's client reads its key from: unset, verifiers sends "EMPTY" (the
@@ -126,56 +124,40 @@ def rows(env, where: str) -> tuple[list[Row], list]:
     return out, tasks
 
 
-class Episodes:
-    """The task's agent: fn(client, row) runs one `env.run_episode` on an event loop of its own thread, inside the
-    env's `serving()` (its interception server and shared tools, up once for the actor's life), and returns the
-    trace's weighted reward through `snap` (onto the task's levels)."""
+class Episodes(LoopAgent):
+    """The task's agent: fn(client, row) runs one `env.run_episode` on the agent's event loop, inside the env's
+    `serving()` (its interception server and shared tools, up once for the actor's life), and returns the trace's
+    weighted reward snapped onto the task's levels."""
 
-    kind = "verifiers environment"
-
-    def __init__(self, env, tasks: list, snap: Callable[[float], float], name: str):
-        self.env, self.tasks, self.snap, self.__name__ = env, tasks, snap, name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, env, tasks: list, levels: list[float], name: str):
+        super().__init__(levels, name)
+        self.env, self.tasks = env, tasks
         self._serving = None
-        self._errors: collections.Counter = collections.Counter()
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="verifiers-v1-loop", daemon=True).start()
-                serving = self.env.serving()
-                asyncio.run_coroutine_threadsafe(serving.__aenter__(), loop).result()
-                self._loop, self._serving = loop, serving
+    def _enter_serving(self, loop) -> None:
+        serving = self.env.serving()
+        asyncio.run_coroutine_threadsafe(serving.__aenter__(), loop).result()
+        self._serving = serving
 
     def __call__(self, client, row: dict) -> float:
         import verifiers.v1 as vf
 
-        self._start()
+        self._start(self._enter_serving)
         ctx = vf.ModelContext(model="policy",
                               client=vf.EvalClientConfig(base_url=str(client.base_url), api_key_var=API_KEY_VAR),
                               sampling=vf.SamplingConfig(user=client.default_headers["X-Episode-Id"]))
-        task = self.tasks[row["task_index"]]
-        episode = asyncio.run_coroutine_threadsafe(self.env.run_episode(task, ctx), self._loop).result()
+        episode = self._run(self.env.run_episode(self.tasks[row["task_index"]], ctx))
         errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
         scored = [r for t in episode.traces for r in t.rewards.values() if r is not None]
         if errors and not scored:
             raise RuntimeError(f"verifiers episode failed: {errors[-1].type}: {errors[-1].message[:300]}")
         if errors:
-            with self._lock:
-                self._errors[f"verifiers_{errors[-1].type}"] += 1
+            self._count_error(f"verifiers_{errors[-1].type}")
         return self.snap(float(sum(r.value for r in scored)))
-
-    def take_errors(self) -> dict[str, int]:
-        """Episodes verifiers ended errored but scored, since the last take, by error (counted as truncated)."""
-        with self._lock:
-            out, self._errors = dict(self._errors), collections.Counter()
-        return out
 
     def close(self) -> None:
         if self._loop is not None:
             try:
-                asyncio.run_coroutine_threadsafe(self._serving.__aexit__(None, None, None), self._loop).result(30)
+                self._run(self._serving.__aexit__(None, None, None), timeout=30)
             finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
+                super().close()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from streamrl.config import TaskConfig
-from streamrl.tasks.verifiers_env import VerifiersTask, load, nearest
+from streamrl.tasks.verifiers_env import VerifiersTask, load
+from streamrl.tasks.verifiers_loop import nearest
 
 vf = pytest.importorskip("verifiers.legacy")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "verifiers-copy" / "copy_env.py"
