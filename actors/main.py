@@ -76,7 +76,10 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
         while not stopping() and inbox.shutdown is None:
             weights.update()                                           # newest weights, between generate calls
             evals.run(stopping)                                        # the learner's eval requests, on this engine
+            if (pace := inbox.take_pace()) is not None:  # the learner's lead (drift) and who shares a batch
+                throttle.pace(pace.version, pace.lead, pace.actors)
             throttle.weights(weights.version, weights.life)
+            telemetry.share.set(throttle.share)
             if throttle.relax():  # no demand for a while: the missing actors are back (or others took over)
                 telemetry.share.set(throttle.share)
             if (budget := throttle.budget()) == 0:  # further groups would arrive too stale: wait for the learner

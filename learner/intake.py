@@ -45,15 +45,19 @@ class Intake:
         self.demand_after_s = demand_after_s
         self.refused = refused  # peers the CURVE gatekeeper turned away
         self.demands_sent = 0
-        # Strict mode: the first version at which the learner asked for missing groups. Actors that covered for a
-        # slow one made more than their share from then on, so a stale group of that version or later is surplus
-        # the demand explains (dropped and counted); one from before it means an actor ran out of lockstep.
+        # Strict mode: the first version at which the actors' shares changed: the learner asked for missing groups,
+        # or an actor joined. Actors that covered for a slow one made more than their share from then on (and one
+        # that missed a joiner's Pace may have), so a stale group of that version or later is surplus the change
+        # explains (dropped and counted); one from before it means an actor ran out of lockstep.
         self.first_demand_version: int | None = None
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
         self.dropped: collections.Counter[str] = collections.Counter()
         self.dealing = None  # task.epochs (learner.dealing): only dealt prompts' groups pass; a drop is dealt again
         self.wait = wait or receiver.sock.poll
+        self.pacer = None  # learner.pacing.Pacer: each actor's share of a batch, the actors sharing it, the drift
+        self.held: collections.deque[ScoredGroup] = collections.deque()
+        """Groups past their actor's share of a batch, taken first into the next (`collect`)."""
 
     @property
     def received(self) -> int:
@@ -71,28 +75,30 @@ class Intake:
         take (`demand_wait_s`), it asks actors that hold back to stay within the staleness bound
         for the missing groups, and asks again as often.
         """
-        t0 = time.perf_counter()
-        batch: list[ScoredGroup] = []
-        have = 0  # layer-1 groups in `batch`
+        t0, batch, have = time.perf_counter(), [], 0  # have: layer-1 groups in `batch`
+        # task.epochs: a dealt group is claimed as it is taken, so none may wait for a later batch
+        shares = self.pacer.shares(version) if self.pacer is not None and self.dealing is None else None
+        took: collections.Counter[str] = collections.Counter()  # layer-1 groups of each actor in `batch`
+        deferred: list[ScoredGroup] = []  # groups past their actor's share of this batch: the next batch's first
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop() and not self.exhausted:
-            self.wait(0 if self.receiver.pending or self.receiver.handed_back else 100)  # groups already wait
+            self.wait(0 if self.receiver.pending or self.receiver.handed_back or self.held else 100)  # groups wait
+            self._joined(version)
             while have < n:
-                group = self.receiver.take()
+                group, verdict = self._next(version)
                 if group is None:
                     break
-                now = time.monotonic()
-                if self._previous_arrival is not None:
-                    self.gaps.append(now - self._previous_arrival)
-                last_arrival = self._previous_arrival = now
-                verdict = self._verdict(group, version)
-                if verdict == "ok":
+                if verdict == "ok" and shares is not None and took[group.actor_id] >= shares.get(group.actor_id, n):
+                    deferred.append(group)
+                elif verdict == "ok":
                     batch.append(group)
                     have += group.layer == 1
+                    took[group.actor_id] += group.layer == 1
                 else:
                     self.dropped[verdict] += 1
                     if self.dealing is not None:
                         self.dealing.dropped(group, verdict)
+            last_arrival = max(last_arrival, self._previous_arrival or last_arrival)
             if self.receiver.failures:  # a user's function is broken: training on what is left would be pointless
                 raise UserCodeFailed(self.receiver.failures[0])
             now = time.monotonic()
@@ -100,11 +106,8 @@ class Intake:
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
             if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
                     and have < n):
-                self.control.demand(version, n - have)
-                self.demands_sent += 1
-                if self.first_demand_version is None:
-                    self.first_demand_version = version
-                last_demand = now
+                self._demand(version, n - have, deferred)
+                shares, deferred, last_demand = None, [], now
             if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
                 log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
                             "(learner.data_timeout_s)", now - last_arrival, version, have, n, timeout_s)
@@ -113,12 +116,44 @@ class Intake:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {have}/{n} for this batch); are the actors alive and pointed at this learner?")
+        self.held.extend(deferred)
         if have < n and not (self.exhausted and batch):  # stopping: a partial batch is never trained on
             self.dropped["lost_at_shutdown"] += len(batch)
             batch = []
         batch = self._even(batch)
         self.used += len(batch)
         return batch, time.perf_counter() - t0
+
+    def _joined(self, version: int) -> None:
+        """Actors that joined share the batches from the next version on (strict: the others made their shares of
+        this version already, so a surplus group of it is explained)."""
+        if self.pacer is not None and self.pacer.joined(version) is not None and self.strict:
+            self._explain_surplus_from(version)
+
+    def _demand(self, version: int, missing: int, deferred: list[ScoredGroup]) -> None:
+        """Ask the actors for `missing` groups: they take on more than their shares, and so does the batch (its
+        groups held past their actor's share come back into it), until the shares relax again."""
+        self.control.demand(version, missing)
+        self.demands_sent += 1
+        self._explain_surplus_from(version)
+        if self.pacer is not None:
+            self.pacer.demanded(version)
+        self.held.extend(deferred)
+
+    def _next(self, version: int) -> tuple[ScoredGroup | None, str]:
+        """The next group and its verdict at `version`: held ones first (past their actor's share of an earlier
+        batch; only their lag has changed since), then what arrives (timed, for `demand_wait_s`)."""
+        if self.held:
+            group = self.held.popleft()
+            return group, self._gate(group, version)
+        group = self.receiver.take()
+        if group is None:
+            return None, ""
+        now = time.monotonic()
+        if self._previous_arrival is not None:
+            self.gaps.append(now - self._previous_arrival)
+        self._previous_arrival = now
+        return group, self._verdict(group, version)
 
     @property
     def exhausted(self) -> bool:
@@ -138,6 +173,8 @@ class Intake:
         """At shutdown, after actors were told to stop: take what is still on the way, counting it as
         lost_at_shutdown, until every actor session still sending has reported (or timeout_s)."""
         deadline = time.monotonic() + timeout_s
+        self.dropped["lost_at_shutdown"] += len(self.held)
+        self.held.clear()
         while time.monotonic() < deadline:
             while self.receiver.take() is not None:
                 self.dropped["lost_at_shutdown"] += 1
@@ -163,15 +200,24 @@ class Intake:
                 log.warning("dropping group from %s with %d samples; this run uses group_size %d",
                             group.actor_id, group.group_size, self.group_size)
             return "wrong_group_size"
-        verdict = staleness.gate(version, group.policy_version, self.max_staleness)
+        verdict = self._gate(group, version)
         if verdict == "ok" and self.dealing is not None and not self.dealing.accept(group):
             return "not_dealt"  # a prompt no longer dealt to its session (dealt again, or before a restart)
+        return verdict
+
+    def _gate(self, group: ScoredGroup, version: int) -> str:
+        """The staleness gate; strict mode refuses a stale group that no change of the actors' shares explains."""
+        verdict = staleness.gate(version, group.policy_version, self.max_staleness)
         if verdict == "stale" and self.strict and not self._surplus_after_demand(group):
             raise StrictModeViolation(
                 f"a group from {group.actor_id} generated at policy version {group.policy_version} arrived at learner "
                 f"version {version} (lag {staleness.lag(version, group.policy_version)}; strict needs 0): an actor "
                 "generated past its share of a version, or from weights older than the newest")
         return verdict
+
+    def _explain_surplus_from(self, version: int) -> None:
+        if self.first_demand_version is None:
+            self.first_demand_version = version
 
     def _surplus_after_demand(self, group: ScoredGroup) -> bool:
         surplus = self.first_demand_version is not None and group.policy_version >= self.first_demand_version
@@ -258,6 +304,7 @@ class Intake:
             "weight_requests_rejected": dict(self.control.rejected.counts),
             "weight_requests_served": self.control.publisher.requests_served,
             "demands_sent": self.demands_sent,
+            **(self.pacer.report() if self.pacer is not None else {}),
             "peers_refused": self.refused(),
         }
 

@@ -121,6 +121,7 @@ class AfterStep:
     def __call__(self, done: Step, due: schedule.Due, stopping: Callable[[], bool]) -> None:
         cfg, s, at = self.cfg, self.s, self.s.at
         accounting = self.observe(done)
+        s.intake.pacer.observed(at.version, done.group_kl_behaviour_learner_max)  # drift over max_drift: actors hold
         if due.evaluate:
             self.evals.request(at.step, at.version + 1)
         # a step waits for an evaluation when every step left owes one a record: none is lost to the end of the run

@@ -20,6 +20,7 @@ from streamrl.config import Config, to_dict
 from streamrl.learner import checkpoints
 from streamrl.learner.engine import Engine
 from streamrl.learner.intake import Intake
+from streamrl.learner.pacing import Pacer
 from streamrl.learner.ranks import Ranks
 from streamrl.learner.runlog import RunLog
 from streamrl.learner.weights import LearnerWeights
@@ -89,6 +90,7 @@ class Session:
         self.intake = Intake(self.receiver, self.control, cfg.actors.group_size, cfg.max_staleness,
                              cfg.learner.demand_after_s, refused=(lambda: gate.refused) if gate else (lambda: 0),
                              strict=cfg.strict, ranks=cfg.learner.ranks, wait=self.poll)
+        self.intake.pacer = Pacer(cfg, self.control)
         if at.restored is not None:  # a resumed run's accounting goes on from its checkpoint's
             self.intake.restore(at.restored)
         self.started = time.time()

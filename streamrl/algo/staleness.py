@@ -31,10 +31,21 @@ def gate(learner_version: int, policy_version: int, max_staleness: int) -> Verdi
 
 def planned_share(batch_groups: int, num_actors: int, index: int) -> int:
     """Groups per learner version actor `index` makes so that all actors together make one batch.
-    An index beyond num_actors (an extra actor) gets the largest share."""
-    num = max(num_actors, 1)
-    base, extra = divmod(batch_groups, num)
-    return max(1, base + (1 if index % num < extra or index >= num else 0))
+    An index beyond num_actors (an extra actor) makes none until the learner's Pace counts it in (`paced_share`)."""
+    if index >= num_actors:
+        return 0
+    base, extra = divmod(batch_groups, num_actors)
+    return max(1, base + (1 if index < extra else 0))
+
+
+def paced_share(batch_groups: int, actors: list[str], actor_id: str) -> int:
+    """An actor's planned share of each batch among the `actors` of a Pace (0: not one of them)."""
+    return planned_share(batch_groups, len(actors), actors.index(actor_id)) if actor_id in actors else 0
+
+
+def planned_actors(num_actors: int) -> list[str]:
+    """The actors `actors.num` plans, in share order: what every throttle and the learner start from."""
+    return [f"actor-{i}" for i in range(num_actors)]
 
 
 def generation_budget(known_version: int, start_version: int, produced: int, share: int, max_staleness: int) -> int:
@@ -66,6 +77,11 @@ class Throttle:
     returns to the planned share (the missing actors are back, or others took over). The budget
     counts from `start_version`: the first weights, a restarted learner's first weights, or the
     last change of share (a new share must not apply to versions already past).
+
+    The learner paces it (`pace`, a wire.Pace): `lead` versions ahead instead of max_staleness while its measured
+    drift is over the bound, and a new planned share from a version on when the actors sharing a batch change
+    (one joined). The learner takes exactly each actor's share of each batch, which is what lets the budget run
+    to the bound with nothing arriving past it; a new share therefore keeps the groups already made ahead.
     """
 
     def __init__(self, batch_groups: int, num_actors: int, index: int, max_staleness: int, enabled: bool = True,
@@ -75,6 +91,11 @@ class Throttle:
         # The batch split exactly (16 over 3 actors is 6, 5, 5; rounding every share up would make
         # surplus groups that go stale).
         self.share = self.base_share = planned_share(batch_groups, num_actors, index)
+        self.actor_id = f"actor-{index}"
+        self.lead = max_staleness
+        """Versions ahead of the newest weights it may generate for (the learner's Pace; ≤ max_staleness)."""
+        self.pending: tuple[int, int] | None = None
+        """A paced (version, share) not yet reached."""
         self.version = self.start_version = self.produced = self.last_demand = 0
         self.total = 0
         """Groups made in this actor's life (`produced` counts from `start_version` only)."""
@@ -85,8 +106,27 @@ class Throttle:
         """The actor holds weights of `version` from the learner's `life` (restarts so far). A new
         life (a resumed learner, at a version of its own) starts the budget again."""
         if life != self.life:
-            self.life, self.start_version, self.produced = life, version, 0
+            self.life, self.start_version, self.produced, self.pending = life, version, 0, None
         self.version = version
+        self._reach_pending()
+
+    def _reach_pending(self) -> None:
+        if self.pending is not None and self.life is not None and self.version >= self.pending[0]:
+            start, share = self.pending
+            # The learner takes `share` a version from `start` on: groups made beyond the old share's versions
+            # before it are still ahead of it, and count against the new budget.
+            ahead = max(0, self.produced - (start - self.start_version) * self.share)
+            self.share = self.base_share = share
+            self.start_version, self.produced, self.pending = start, ahead, None
+
+    def pace(self, version: int, lead: int, actors: list[str]) -> None:
+        """The learner's Pace: generate at most `lead` versions ahead, and from `version` on, the share
+        planned among `actors` (none if this actor is not one of them)."""
+        self.lead = min(lead, self.max_staleness)
+        share = paced_share(self.batch_groups, actors, self.actor_id)
+        if share != (self.pending[1] if self.pending else self.base_share):
+            self.pending = (version, share)
+            self._reach_pending()
 
     def demand(self, groups_missing: int) -> None:
         """The learner lacks `groups_missing` groups at the current version: take them on, from now."""
@@ -109,4 +149,4 @@ class Throttle:
         """Groups the actor may still make now; 0: wait for newer weights."""
         if not self.enabled:
             return UNLIMITED
-        return generation_budget(self.version, self.start_version, self.produced, self.share, self.max_staleness)
+        return generation_budget(self.version, self.start_version, self.produced, self.share, self.lead)

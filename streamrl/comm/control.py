@@ -1,7 +1,7 @@
 """The control channel: actors' DEALERs ask, the learner's ROUTER answers and notifies.
 
 Up: an actor asks for the newest weights (WeightsRequest, carrying its fingerprint: the learner's
-admission). Down, to each actor that asked: Demand, Shutdown and EvalRequest. These notices go
+admission). Down, to each actor that asked: Demand, Pace, Shutdown and EvalRequest. These notices go
 through the ROUTER rather than the weight broadcast because PUB drops messages when a subscriber's
 small queue is full of weights, and a notice must not be lost. A weight request is answered on the
 weight channel itself (a re-broadcast, `WeightPublisher.answer`), never here.
@@ -40,6 +40,7 @@ class ControlServer:
         self.admit: Callable[[str, dict | None], str | None] | None = None
         """Given a request's actor_id and fingerprint: None to admit the actor, else one line why it is refused."""
         self.refused_actors: dict[str, str] = {}  # actor_id -> why
+        self.pacing: wire.Pace | None = None  # the newest Pace sent (`pace`)
         self.dealer: Callable[[wire.PromptsRequest], wire.Deal] | None = None
         """task.epochs: the learner's dealer, answering an actor's PromptsRequest."""
 
@@ -80,6 +81,8 @@ class ControlServer:
         if self.closing is not None:  # an actor joining while the learner shuts down: tell it to stop
             self.sock.send_multipart([identity, *wire.encode(self.closing)], copy=False)
         else:
+            if self.pacing is not None and msg.have_version < 0:  # a joining actor: the pacing it missed
+                self.sock.send_multipart([identity, *wire.encode(self.pacing)], zmq.NOBLOCK, copy=False)
             self.publisher.ask(msg.have_version)
 
     def _deal(self, identity: zmq.Frame, msg: wire.PromptsRequest) -> None:
@@ -105,6 +108,11 @@ class ControlServer:
     def demand(self, version: int, groups_missing: int) -> None:
         self._notify(wire.Demand(version=version, groups_missing=groups_missing))
 
+    def pace(self, msg: wire.Pace) -> None:
+        """Every actor that asked for weights paces its generation by `msg` (a late one gets the newest on asking)."""
+        self.pacing = msg
+        self._notify(msg)
+
     def shutdown(self, reason: str = "done") -> None:
         """Tell every actor the run is over, here and on the weight broadcast (which also reaches an actor that
         never asked); from now on a request is answered with the notice."""
@@ -128,7 +136,7 @@ class ControlServer:
 
 class Inbox:
     """Actor end (DEALER, connects): asks for weights, and keeps the learner's notices until the actor's loop
-    takes them: `shutdown` (once it came), the newest `Demand`, and eval requests, oldest first.
+    takes them: `shutdown` (once it came), the newest `Demand` and `Pace`, and eval requests, oldest first.
 
     A message that is no notice (weights) goes to `other`, the weight subscriber that watches this socket.
     """
@@ -144,6 +152,7 @@ class Inbox:
         self.other: Callable[[list, wire.Header], None] | None = None
         self.shutdown: wire.Shutdown | None = None
         self.demand: wire.Demand | None = None
+        self.pace: wire.Pace | None = None
         self.eval_requests: collections.deque[wire.EvalRequest] = collections.deque(maxlen=1000)
         self.deals: collections.deque[wire.Deal] = collections.deque()  # the dealer's answers (task.epochs)
 
@@ -181,6 +190,9 @@ class Inbox:
         elif isinstance(header, wire.Demand):
             if self.demand is None or header.version >= self.demand.version:
                 self.demand = header
+        elif isinstance(header, wire.Pace):
+            if self.pace is None or header.version >= self.pace.version:
+                self.pace = header
         elif isinstance(header, wire.EvalRequest):
             self.eval_requests.append(header)
         elif isinstance(header, wire.Deal):
@@ -198,6 +210,11 @@ class Inbox:
             return None
         d, self.demand = self.demand, None
         return d
+
+    def take_pace(self) -> wire.Pace | None:
+        """The learner's newest pacing not yet taken, once."""
+        p, self.pace = self.pace, None
+        return p
 
     def ask_prompts(self, msg: wire.PromptsRequest) -> bool:
         """Send a PromptsRequest; False if no learner connection can take it now (ask again later)."""

@@ -216,6 +216,23 @@ class Demand(Struct, tag="demand", kw_only=True):
     groups_missing: int
 
 
+class Pace(Struct, tag="pace", kw_only=True):
+    """How actors generate from learner version `version` on (`staleness.Throttle.pace`).
+
+    `lead`: versions past the newest weights an actor may generate for, max_staleness while the measured drift
+    is within `max_drift`, 0 (hold: one share per version) while it is over, so groups are not made to be thrown
+    away. `actors`: the actors that share each batch, in the order their shares are planned (`planned_share` by
+    position); an actor that joined the run is in it from `version`, and actors not in it make no share.
+    """
+
+    schema: int = SCHEMA_VERSION
+    version: Annotated[int, Meta(ge=0)]
+    lead: Annotated[int, Meta(ge=0)]
+    actors: list[str]
+    drift: float | None = None
+    """The drift (KL(behaviour ‖ learner), the largest group's) that set `lead`; None: none measured yet."""
+
+
 class ActorReport(Struct, tag="actor_report", kw_only=True):
     """An actor's last message on the group channel: what this life of it sent.
 
@@ -335,7 +352,7 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
 
 
 Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
-               ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
+               Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

@@ -9,7 +9,7 @@ import msgspec
 
 from streamrl.config.actors import ActorConfig
 from streamrl.config.advantage import AdvantageConfig
-from streamrl.config.base import NonNegInt, PositiveInt, _Section
+from streamrl.config.base import NonNegInt, PositiveFloat, PositiveInt, _Section
 from streamrl.config.difficulty import DifficultyConfig
 from streamrl.config.endpoint import EndpointConfig
 from streamrl.config.evaluation import EvalConfig
@@ -39,6 +39,8 @@ class Config(_Section):
     """strict: lag 0 on every consumed group and one step per batch, checked every step."""
     max_staleness: NonNegInt = 2
     """Drop groups whose lag (learner version - generating version) exceeds this (on_policy strict makes it 0)."""
+    max_drift: PositiveFloat | None = None
+    """Actors hold to one batch share per version while a step's largest group KL(behaviour‖learner) exceeds this."""
     run_dir: str = "runs"
     """Parent folder of run directories."""
     log_every: PositiveInt = 10

@@ -164,3 +164,48 @@ def test_lag_works_elementwise_on_tensors():
     import torch
 
     assert staleness.lag(5, torch.tensor([5, 3, 4])).tolist() == [0, 2, 1]
+
+
+# --- Pacing: the learner's lead (drift) and who shares a batch (wire.Pace) ----------------------
+
+def test_a_pace_with_lead_zero_holds_an_actor_to_one_share_per_version_and_the_full_lead_lets_it_run_ahead():
+    t = throttle(k=2, batch=16, actors=2)
+    t.weights(0)
+    t.made(8)
+    t.pace(1, lead=0, actors=staleness.planned_actors(2))  # drift over the bound: hold
+    assert t.budget() == 0  # its share of version 0 is made: wait for newer weights instead of running ahead
+    t.weights(1)
+    assert t.budget() == 8
+    t.pace(2, lead=2, actors=staleness.planned_actors(2))  # drift within the bound again
+    assert t.budget() == 24
+    t.pace(3, lead=99, actors=staleness.planned_actors(2))
+    assert t.lead == 2  # never past max_staleness, whatever a message says
+
+
+def test_an_actor_beyond_the_planned_ones_makes_nothing_until_a_pace_counts_it_in_at_the_next_version():
+    t = throttle(k=0, batch=16, actors=2, index=2)  # `streamrl actor --index 2` joining a run of two
+    t.weights(150)
+    assert (t.share, t.budget()) == (0, 0)  # the two planned actors make version 150's batch
+    t.pace(151, lead=0, actors=["actor-0", "actor-1", "actor-2"])
+    assert t.budget() == 0  # counted in from version 151, not before
+    t.weights(151)
+    assert (t.share, t.budget()) == (5, 5)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_share_changed_by_a_pace_keeps_the_groups_made_ahead_of_the_learner(k):
+    t = throttle(k=k, batch=16, actors=2, index=0)
+    t.weights(10)
+    t.made((1 + k) * 8)  # run to the bound: k versions' shares ahead of version 10's
+    t.pace(11, lead=k, actors=["actor-0", "actor-1", "actor-2"])
+    t.weights(11)
+    # From version 11 the learner takes 6 a version: the k × 8 made ahead of it are of versions 11.. already.
+    assert (t.share, t.start_version, t.produced) == (6, 11, k * 8)
+    assert t.budget() == {0: 6, 2: 2}[k]  # (1 + k) × 6 less the k × 8 already made
+
+
+@pytest.mark.parametrize("batch, n", [(16, 3), (16, 5), (7, 2), (3, 3)])
+def test_paced_shares_add_up_to_exactly_one_batch_and_others_make_none(batch, n):
+    actors = [f"actor-{i}" for i in (4, 0, 9, 1, 2)][:n]
+    assert sum(staleness.paced_share(batch, actors, a) for a in actors) == max(batch, n)
+    assert staleness.paced_share(batch, actors, "actor-77") == 0

@@ -1,0 +1,149 @@
+"""learner.pacing on live sockets: each batch takes each actor's share (so the actors' budgets hold to the bound and
+nothing arrives past it), an actor joining is counted in from the next version and every actor is told, and a
+measured drift over max_drift holds the actors to one share per version."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from streamrl import config
+from streamrl.comm import codec, wire
+from streamrl.comm.control import ControlServer, Inbox
+from streamrl.comm.groups import GroupReceiver, GroupSender
+from streamrl.comm.weights import WeightPublisher
+from streamrl.learner.intake import Intake
+from streamrl.learner.pacing import Pacer
+from streamrl.learner.session import Poller
+
+pytestmark = pytest.mark.timeout(60)
+ANY = "tcp://127.0.0.1:*"
+
+
+@pytest.fixture
+def learner():
+    """(ctx, receiver, control, make_intake(cfg overrides, strict))"""
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, ANY, hwm=64, max_bytes=1 << 20, vocab_size=32)
+    publisher = WeightPublisher(ctx, ANY, 1 << 20)
+    control = ControlServer(ctx, ANY, publisher)
+    made = []
+
+    def make(*overrides: str) -> Intake:
+        cfg = config.load(None, ["learner.batch_groups=4", "actors.num=2", "actors.group_size=2", *overrides])
+        it = Intake(receiver, control, group_size=2, max_staleness=cfg.max_staleness, demand_after_s=0.3,
+                    strict=cfg.strict, wait=Poller(receiver, control))
+        it.pacer = Pacer(cfg, control)
+        return it
+
+    yield ctx, receiver, control, make, made
+    for s in made:
+        s.close()
+    for s in (receiver, control, publisher):
+        s.close()
+    ctx.term()
+
+
+def sender(ctx, receiver, actor: str, made: list) -> GroupSender:
+    s = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id=actor)
+    made.append(s)
+    return s
+
+
+def group(actor: str, version: int) -> codec.ScoredGroup:
+    return codec.ScoredGroup.from_samples(
+        prompt_id="p", policy_version=version, actor_id=actor, prompt_tokens=[1, 2], completions=[[3]] * 2,
+        logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0], finish_reasons=["length"] * 2)
+
+
+def actors_of(batch) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in batch:
+        out[g.actor_id] = out.get(g.actor_id, 0) + 1
+    return out
+
+
+def test_a_batch_takes_each_actors_share_and_holds_the_rest_for_the_next_so_none_goes_stale(learner):
+    ctx, receiver, control, make, made = learner
+    it = make("max_staleness=1")
+    a, b = sender(ctx, receiver, "actor-0", made), sender(ctx, receiver, "actor-1", made)
+    # actor-0 runs to its bound, (1 + k) shares of version 0, before actor-1's first groups arrive; taken as they
+    # come, version 0's batch would be all actor-0's and actor-1's groups would land a version later than its budget
+    # counted on.
+    assert a.send_batch([group("actor-0", 0) for _ in range(4)], timeout_s=2)
+    time.sleep(0.2)
+    assert b.send_batch([group("actor-1", 0) for _ in range(2)], timeout_s=2)
+    first, _ = it.collect(version=0, n=4, timeout_s=10)
+    assert actors_of(first) == {"actor-0": 2, "actor-1": 2} and len(it.held) == 2
+    assert b.send_batch([group("actor-1", 1) for _ in range(2)], timeout_s=2)
+    second, _ = it.collect(version=1, n=4, timeout_s=10)
+    assert actors_of(second) == {"actor-0": 2, "actor-1": 2}
+    assert [g.policy_version for g in second if g.actor_id == "actor-0"] == [0, 0]  # held ones first, in order
+    assert not it.dropped and not it.held
+
+
+def test_a_demand_lets_the_batch_take_the_groups_held_past_a_missing_actors_share(learner):
+    ctx, receiver, control, make, made = learner
+    it = make("max_staleness=1")
+    a = sender(ctx, receiver, "actor-0", made)
+    assert a.send_batch([group("actor-0", 0) for _ in range(4)], timeout_s=2)  # actor-1 never comes
+    batch, _ = it.collect(version=0, n=4, timeout_s=10)
+    assert actors_of(batch) == {"actor-0": 4} and it.demands_sent == 1
+    assert it.pacer.shares(1) is None  # actors cover with raised shares for a while: so does the batch
+
+
+def test_an_actor_joining_is_counted_in_from_the_next_version_and_every_actor_is_told(learner):
+    ctx, receiver, control, make, made = learner
+    it = make("on_policy=strict")
+    endpoint = control.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    inboxes = [Inbox(ctx, endpoint, f"actor-{i}", 1 << 20) for i in range(3)]
+    made.extend(inboxes)
+    for box in inboxes[:2]:
+        box.request(-1)
+    a, b = sender(ctx, receiver, "actor-0", made), sender(ctx, receiver, "actor-1", made)
+    for s, actor in ((a, "actor-0"), (b, "actor-1")):
+        assert s.send_batch([group(actor, 150) for _ in range(2)], timeout_s=2)
+    it.collect(version=150, n=4, timeout_s=10)
+    assert it.pacer.shares(151) == {"actor-0": 2, "actor-1": 2}
+    inboxes[2].request(-1)  # `streamrl actor --index 2` while the learner fills version 151's batch
+    for s, actor in ((a, "actor-0"), (b, "actor-1")):
+        assert s.send_batch([group(actor, 151) for _ in range(2)], timeout_s=2)
+    it.collect(version=151, n=4, timeout_s=10)
+    assert it.pacer.shares(151) == {"actor-0": 2, "actor-1": 2}
+    assert it.pacer.shares(152) == {"actor-0": 2, "actor-1": 1, "actor-2": 1}
+    for box in inboxes:
+        deadline = time.monotonic() + 5
+        while box.pace is None and time.monotonic() < deadline:
+            box.receive()
+            time.sleep(0.01)
+        assert box.pace == wire.Pace(version=152, lead=0, actors=["actor-0", "actor-1", "actor-2"]), box.actor_id
+    # A group the joiner made from version 151's weights before it was counted in is surplus: dropped and counted,
+    # never a strict failure (the others made that version's batch).
+    c = sender(ctx, receiver, "actor-2", made)
+    assert c.send_batch([group("actor-2", 151)], timeout_s=2)
+    for s, actor in ((a, "actor-0"), (a, "actor-0"), (b, "actor-1"), (c, "actor-2")):
+        assert s.send_batch([group(actor, 152)], timeout_s=2)
+    batch, _ = it.collect(version=152, n=4, timeout_s=10)
+    assert actors_of(batch) == {"actor-0": 2, "actor-1": 1, "actor-2": 1} and it.dropped["stale"] == 1
+
+
+def test_drift_over_max_drift_holds_the_actors_to_one_share_a_version_and_back_under_it_releases_them(learner):
+    ctx, receiver, control, make, made = learner
+    it = make("max_staleness=4", "max_drift=0.01")
+    inbox = Inbox(ctx, control.sock.getsockopt_string(zmq.LAST_ENDPOINT), "actor-0", 1 << 20)
+    made.append(inbox)
+    inbox.request(-1)
+    deadline = time.monotonic() + 5
+    while not control.actor_peers and time.monotonic() < deadline:
+        control.serve()
+        time.sleep(0.01)
+    paces = []
+    for version, drift in ((3, 0.001), (4, 0.05), (5, 0.2), (6, 0.004)):
+        it.pacer.observed(version, drift)
+        time.sleep(0.1)
+        inbox.receive()
+        if (p := inbox.take_pace()) is not None:
+            paces.append((p.version, p.lead, p.drift))
+    assert paces == [(5, 0, 0.05), (7, 4, 0.004)]  # told once when it went over, once when it came back
