@@ -18,3 +18,7 @@ def test_default_job_learns_and_corpo_never_reinforces_a_failed_sample(run_job):
     assert len(recs) == s["steps"] == 300
     assert all(r["failed_positive_fraction"] == 0.0 for r in recs)
     assert max(r["lag_max"] for r in recs) <= 2
+    # Paced, not discarded: the README's run dropped 12 groups as stale (one actor's groups taken a version later
+    # than its budget counted on while the other filled the batch); each batch now takes each actor's share.
+    assert "stale" not in s["groups_dropped"], s["groups_dropped"]
+    assert s["reconciliation"]["balanced"], s["reconciliation"]

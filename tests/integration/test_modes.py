@@ -64,13 +64,14 @@ def test_failed_positive_fraction_is_zero_under_static_and_positive_under_grpo(r
         assert sum(early) > 0, "GRPO reinforces some failed samples when the group mean is below the threshold"
 
 
-def test_throttled_actors_stay_within_the_bound_so_almost_nothing_is_dropped(run_job):
+def test_throttled_actors_stay_within_the_bound_so_nothing_is_dropped(run_job):
     run = run_job("max_staleness=1", "learner.slow_step_s=0.1", "steps=15", name="throttled")
     recs = metrics(run)
     assert max(r["lag_max"] for r in recs) <= 1
     s = summary(run)
-    # Only the imbalance between two actors can make a group too stale; nowhere near a batch per step.
-    assert s["groups_dropped"].get("stale", 0) <= 16, s["groups_dropped"]
+    # The imbalance between two actors made a few groups too stale (up to 16) until each batch took each actor's
+    # share (learner.pacing): the budgets are then exact.
+    assert "stale" not in s["groups_dropped"], s["groups_dropped"]
 
 
 def test_inflight_updates_land_mid_generation_and_samples_record_their_version_span(run_job, monkeypatch):

@@ -1,0 +1,44 @@
+"""Pacing end to end (docs/guides/off-policy.md, "Pacing"): each batch takes each actor's share, so throttled
+actors run to the staleness bound and no group arrives past it, and an actor that joins a run is counted in from
+the next version, so even a strict run takes it without a stale group."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from procs import REPO, free_ports, metrics, reaped, spawn, summary, wait_steps
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_path):
+    # Issue 47, row 11: `streamrl actor --index 2` joining a strict run of two at step ~150 failed it ("lag 1;
+    # strict needs 0"): it made a full share of the version it joined at, beside the two that had made that batch.
+    group, weights, requests = free_ports(3)
+    args = [str(REPO / "configs" / "tiny-strict.yaml"), "name=join", f"run_dir={tmp_path / 'runs'}", "steps=40",
+            f"transport.group_port={group}", f"transport.weights_port={weights}",
+            f"transport.weights_request_port={requests}", "monitoring.learner_port=0", "monitoring.actor_port=0",
+            "log.samples_every=1", "log.samples_per_log=128"]
+    run = tmp_path / "runs" / "join"
+    learner = spawn(["learner", *args], tmp_path / "learner.log")
+    actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
+    with reaped(learner, actors):
+        wait_steps(run, 10, learner, timeout=300)
+        actors.append(spawn(["actor", *args, "--index", "2"], tmp_path / "actor-2.log"))
+        assert learner.wait(timeout=400) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        for a in actors:
+            assert a.wait(timeout=60) == 0
+    s = summary(run)
+    assert s["status"] == "finished" and "stale" not in s["groups_dropped"], s["groups_dropped"]
+    assert s["reconciliation"]["balanced"], s["reconciliation"]
+    assert s["actors_sharing"] == 3
+    recs = metrics(run)
+    assert all(r["lag_max"] == 0 for r in recs)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    joined = [x for x in samples if x["actor"] == "actor-2"]
+    assert joined, "the third actor's groups were never trained on"
+    # From the version it was counted in, every batch holds each actor's share: 6, 5, 5 of 16.
+    last = [x for x in samples if x["step"] == 39 and x["layer"] == 1]
+    per_actor = {a: sum(x["actor"] == a for x in last) // 8 for a in ("actor-0", "actor-1", "actor-2")}
+    assert per_actor == {"actor-0": 6, "actor-1": 5, "actor-2": 5}, per_actor
