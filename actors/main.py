@@ -142,7 +142,8 @@ def _episode_counts(stats: dict) -> dict[str, int]:
     """Multi-turn episodes' counts for the learner's summary.json ({} without episodes)."""
     if not stats.get("episodes"):
         return {}
-    return {"episodes": stats["episodes"], **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
+    return {"episodes": stats["episodes"], **{f"turns/{k}": v for k, v in stats.get("episode_turns", {}).items()},
+            **{f"tool_calls/{k}": v for k, v in stats.get("tool_calls", {}).items()},
             **{f"truncated/{k}": v for k, v in stats.get("episodes_truncated", {}).items()},
             **({"step_raised": n} if (n := stats.get("episodes_step_raised")) else {})}
 

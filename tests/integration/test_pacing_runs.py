@@ -42,3 +42,16 @@ def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_
     last = [x for x in samples if x["step"] == 39 and x["layer"] == 1]
     per_actor = {a: sum(x["actor"] == a for x in last) // 8 for a in ("actor-0", "actor-1", "actor-2")}
     assert per_actor == {"actor-0": 6, "actor-1": 5, "actor-2": 5}, per_actor
+
+
+def test_drift_over_max_drift_holds_the_actors_back_instead_of_letting_them_run_to_the_bound(run_job):
+    # max_staleness 4 lets throttled actors run 4 versions ahead (lag 4 throughout, on this machine and the README's);
+    # a drift bound that a stale batch exceeds holds them to one share per version whenever it is over, so the lag
+    # stays well below the bound, with nothing dropped: generation waits instead of making groups to throw away.
+    run = run_job("max_staleness=4", "max_drift=1e-6", "steps=40", name="drift")
+    recs = metrics(run)
+    assert any(r["group_kl_behaviour_learner_max"] > 1e-6 for r in recs[:10])
+    late = [r["lag_mean"] for r in recs[-20:]]
+    assert sum(late) / len(late) <= 2.0 and max(r["lag_max"] for r in recs) <= 4, [r["lag_mean"] for r in recs]
+    s = summary(run)
+    assert s["paces_sent"] >= 1 and "stale" not in s["groups_dropped"], s
