@@ -79,14 +79,12 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             if (pace := inbox.take_pace()) is not None:  # the learner's lead (drift) and who shares a batch
                 throttle.pace(pace.version, pace.lead, pace.actors)
             throttle.weights(weights.version, weights.life)
+            throttle.relax()  # no demand for a while: the missing actors are back (or others took over)
             telemetry.share.set(throttle.share)
-            if throttle.relax():  # no demand for a while: the missing actors are back (or others took over)
-                telemetry.share.set(throttle.share)
             if (budget := throttle.budget()) == 0:  # further groups would arrive too stale: wait for the learner
                 if not weights.wait_newer(stopping) and (demand := inbox.take_demand(weights.version)) is not None:
                     throttle.demand(demand.groups_missing)             # fewer actors than planned: make more
                     stats["share"] = throttle.share
-                    telemetry.share.set(throttle.share)
                 continue
             groups = generate(budget, weights.version, weights.in_flight)  # prompts → G samples each → score
             throttle.made(sum(g.layer == 1 for g in groups))           # layer-2 groups ride beside them

@@ -34,7 +34,7 @@ class Pacer:
         self.demanded_at: int | None = None
         # From which version which actors share each batch (a batch at an earlier version: the ones before).
         self.changes: list[tuple[int, list[str]]] = [(0, staleness.planned_actors(cfg.actors.num))]
-        self.paces_sent = 0
+        self.paces_sent = self.peers_seen = 0
 
     def shares(self, version: int) -> dict[str, int] | None:
         """Each actor's share of the batch at `version` (the groups it takes of theirs); None: take groups as they
@@ -52,8 +52,12 @@ class Pacer:
         """Count in the actors that asked for weights and are not yet sharing the batch, from `version` + 1 (the
         learner is filling the batch of `version`: the others made their shares of it already). Returns that
         version when some joined, else None."""
+        peers = self.control.actor_peers
+        if len(peers) == self.peers_seen:  # asked every 100 ms while the learner waits: nothing new, nothing to do
+            return None
+        self.peers_seen = len(peers)
         current = self.actors
-        new = [a for a in self.control.actor_peers if a not in current and a not in self.control.refused_actors]
+        new = [a for a in peers if a not in current and a not in self.control.refused_actors]
         if not new:
             return None
         actors = current + sorted(new)

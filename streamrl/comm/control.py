@@ -82,7 +82,10 @@ class ControlServer:
             self.sock.send_multipart([identity, *wire.encode(self.closing)], copy=False)
         else:
             if self.pacing is not None and msg.have_version < 0:  # a joining actor: the pacing it missed
-                self.sock.send_multipart([identity, *wire.encode(self.pacing)], zmq.NOBLOCK, copy=False)
+                try:
+                    self.sock.send_multipart([identity, *wire.encode(self.pacing)], zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # the learner's next Pace reaches it
+                    pass
             self.publisher.ask(msg.have_version)
 
     def _deal(self, identity: zmq.Frame, msg: wire.PromptsRequest) -> None:
