@@ -8,7 +8,9 @@ counted on, and its last groups arrive past the bound and are thrown away (the t
 batch takes exactly each actor's planned share, holding an actor's groups beyond it for the next batch, and the
 budget's arithmetic becomes exact. A demand (an actor missing) lifts the shares for as long as actors keep a raised
 one (`SHARE_RELAX_VERSIONS`). An actor that joins past the planned ones is counted in from the next version, and
-every actor is told (wire.Pace), so their shares still add up to one batch.
+every actor is told (wire.Pace), so their shares still add up to one batch. With `max_drift`, a step whose largest
+group KL(behaviour ‖ learner) is over it sets the actors' lead to 0 (one share per version, then wait), and each
+step within it lets them one version further ahead, up to max_staleness.
 """
 
 from __future__ import annotations
@@ -69,11 +71,12 @@ class Pacer:
 
     def observed(self, version: int, drift: float) -> None:
         """The drift a step measured (KL(behaviour ‖ learner), its largest group's) for the batch of `version`:
-        actors hold to one share per version while it is over max_drift, and run ahead again once it is not."""
+        actors hold to one share per version while it is over max_drift, and run ahead again one version more per
+        step within it (back to max_staleness at once, the groups already queued ahead would overshoot again)."""
         self.drift = drift
         if self.max_drift is None:
             return
-        lead = 0 if drift > self.max_drift else self.max_staleness
+        lead = 0 if drift > self.max_drift else min(self.lead + 1, self.max_staleness)
         if lead != self.lead:
             self.lead = lead
             self._send(version + 1)

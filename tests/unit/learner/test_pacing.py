@@ -129,7 +129,8 @@ def test_an_actor_joining_is_counted_in_from_the_next_version_and_every_actor_is
     assert actors_of(batch) == {"actor-0": 2, "actor-1": 1, "actor-2": 1} and it.dropped["stale"] == 1
 
 
-def test_drift_over_max_drift_holds_the_actors_to_one_share_a_version_and_back_under_it_releases_them(learner):
+def test_drift_over_max_drift_holds_the_actors_to_one_share_a_version_and_under_it_releases_them_a_version_a_step(
+        learner):
     ctx, receiver, control, make, made = learner
     it = make("max_staleness=4", "max_drift=0.01")
     inbox = Inbox(ctx, control.sock.getsockopt_string(zmq.LAST_ENDPOINT), "actor-0", 1 << 20)
@@ -140,10 +141,11 @@ def test_drift_over_max_drift_holds_the_actors_to_one_share_a_version_and_back_u
         control.serve()
         time.sleep(0.01)
     paces = []
-    for version, drift in ((3, 0.001), (4, 0.05), (5, 0.2), (6, 0.004)):
+    for version, drift in ((3, 0.001), (4, 0.05), (5, 0.2), (6, 0.004), (7, 0.002), (8, 0.003)):
         it.pacer.observed(version, drift)
         time.sleep(0.1)
         inbox.receive()
         if (p := inbox.take_pace()) is not None:
             paces.append((p.version, p.lead, p.drift))
-    assert paces == [(5, 0, 0.05), (7, 4, 0.004)]  # told once when it went over, once when it came back
+    # Told once when it went over (hold), then one version further ahead per step back under the bound.
+    assert paces == [(5, 0, 0.05), (7, 1, 0.004), (8, 2, 0.002), (9, 3, 0.003)]
