@@ -31,9 +31,9 @@ def learner():
     control = ControlServer(ctx, ANY, publisher)
     made = []
 
-    def make(*overrides: str) -> Intake:
+    def make(*overrides: str, demand_after_s: float = 0.3) -> Intake:
         cfg = config.load(None, ["learner.batch_groups=4", "actors.num=2", "actors.group_size=2", *overrides])
-        it = Intake(receiver, control, group_size=2, max_staleness=cfg.max_staleness, demand_after_s=0.3,
+        it = Intake(receiver, control, group_size=2, max_staleness=cfg.max_staleness, demand_after_s=demand_after_s,
                     strict=cfg.strict, wait=Poller(receiver, control))
         it.pacer = Pacer(cfg, control)
         return it
@@ -149,3 +149,39 @@ def test_drift_over_max_drift_holds_the_actors_to_one_share_a_version_and_under_
             paces.append((p.version, p.lead, p.drift))
     # Told once when it went over (hold), then one version further ahead per step back under the bound.
     assert paces == [(5, 0, 0.05), (7, 1, 0.004), (8, 2, 0.002), (9, 3, 0.003)]
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_one_actor_slower_for_a_moment_loses_groups_as_stale_unless_each_batch_takes_each_actors_share(
+        learner, paced):
+    """The default job's 8 to 12 stale groups, step by step (max_staleness 1, batches of 4, shares of 2; every send
+    within the sender's throttle budget): actor-1 is late with version 0's groups once. Taken as they come, version
+    0's batch is all actor-0's, actor-1's groups are taken a version later than its budget counted on, and its last
+    two arrive at lag 2. Paced, every batch takes 2 of each and nothing goes stale."""
+    import threading
+
+    ctx, receiver, control, make, made = learner
+    it = make("max_staleness=1", demand_after_s=5.0)  # actor-1 is late, not gone: no demand
+    if not paced:
+        it.pacer = None  # as the intake took groups before (and still does for actors.throttle=false)
+    a, b = sender(ctx, receiver, "actor-0", made), sender(ctx, receiver, "actor-1", made)
+
+    def send(s, actor, version, k=2):
+        assert s.send_batch([group(actor, version) for _ in range(k)], timeout_s=2)
+        time.sleep(0.1)
+
+    send(a, "actor-0", 0, 4)  # (0 + 1 + 1) × 2: actor-0 at its bound for version 0
+    late = threading.Timer(0.5, send, (b, "actor-1", 0))  # actor-1's first call is slow
+    late.start()
+    batches = [it.collect(version=0, n=4, timeout_s=10)[0]]
+    late.join()
+    send(a, "actor-0", 1)  # version 1 lets each make 2 more
+    send(b, "actor-1", 0)
+    send(b, "actor-1", 1)
+    batches.append(it.collect(version=1, n=4, timeout_s=10)[0])
+    send(a, "actor-0", 2)
+    batches.append(it.collect(version=2, n=4, timeout_s=10)[0])
+    if paced:
+        assert [actors_of(x) for x in batches] == [{"actor-0": 2, "actor-1": 2}] * 3 and not it.dropped
+    else:
+        assert actors_of(batches[0]) == {"actor-0": 4} and it.dropped["stale"] == 2
