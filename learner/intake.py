@@ -285,11 +285,13 @@ class Intake:
     def state(self) -> dict:
         """What a checkpoint keeps of the accounting, for a resumed learner to go on from (`restore`)."""
         return {"used": self.used, "dropped": dict(self.dropped), "demands_sent": self.demands_sent,
-                "receiver": self.receiver.state()}
+                "held": len(self.held), "receiver": self.receiver.state()}
 
     def restore(self, state: dict) -> None:
         self.used, self.demands_sent = state["used"], state["demands_sent"]
         self.dropped.update(state["dropped"])
+        if state.get("held"):  # received by the life that saved it, held for its next batch: gone with that process
+            self.dropped["held_at_restart"] += state["held"]
         self.receiver.restore(state["receiver"])
 
     def accounting(self) -> dict:

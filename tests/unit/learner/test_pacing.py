@@ -185,3 +185,17 @@ def test_one_actor_slower_for_a_moment_loses_groups_as_stale_unless_each_batch_t
         assert [actors_of(x) for x in batches] == [{"actor-0": 2, "actor-1": 2}] * 3 and not it.dropped
     else:
         assert actors_of(batches[0]) == {"actor-0": 4} and it.dropped["stale"] == 2
+
+
+def test_groups_held_for_the_next_batch_when_a_checkpoint_is_saved_are_counted_when_that_learner_resumes(learner):
+    ctx, receiver, control, make, made = learner
+    it = make("max_staleness=1")
+    a, b = sender(ctx, receiver, "actor-0", made), sender(ctx, receiver, "actor-1", made)
+    assert a.send_batch([group("actor-0", 0) for _ in range(4)], timeout_s=2)
+    assert b.send_batch([group("actor-1", 0) for _ in range(2)], timeout_s=2)
+    it.collect(version=0, n=4, timeout_s=10)
+    saved = it.state()  # the checkpoint of step 0; the learner is then killed with 2 groups held
+    resumed = make("max_staleness=1")
+    resumed.restore(saved)
+    assert resumed.dropped["held_at_restart"] == 2
+    assert resumed.received == resumed.used + sum(resumed.dropped.values())  # balanced again
