@@ -67,12 +67,27 @@ class Intake:
         groups past a multiple of the learner's ranks are dropped and counted (`layer2_uneven_ranks`).
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
-        arrives for `timeout_s`. When no group has come for clearly longer than groups usually
+        arrives for `timeout_s` (UserCodeFailed, StrictModeViolation: see `_fill`); the groups taken for the batch
+        then count as `lost_at_failure`, so a run a failure stopped still balances. When no group has come for clearly longer than groups usually
         take (`demand_wait_s`), it asks actors that hold back to stay within the staleness bound
         for the missing groups, and asks again as often.
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
+        try:
+            self._fill(batch, version, n, timeout_s, stop)
+        except BaseException:  # a failure ends the run here: what this batch took is never trained, and is counted
+            self.dropped["lost_at_failure"] += len(batch)
+            raise
+        if sum(g.layer == 1 for g in batch) < n and not (self.exhausted and batch):  # stopping: never trained on
+            self.dropped["lost_at_shutdown"] += len(batch)
+            batch = []
+        batch = self._even(batch)
+        self.used += len(batch)
+        return batch, time.perf_counter() - t0
+
+    def _fill(self, batch: list[ScoredGroup], version: int, n: int, timeout_s: float, stop) -> None:
+        """Take groups into `batch` until it holds n layer-1 groups, `stop()`, or the last epoch is in it (collect)."""
         have = 0  # layer-1 groups in `batch`
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop() and not self.exhausted:
@@ -85,11 +100,12 @@ class Intake:
                 if self._previous_arrival is not None:
                     self.gaps.append(now - self._previous_arrival)
                 last_arrival = self._previous_arrival = now
+                batch.append(group)  # in hand: a verdict that raises (strict) leaves it counted with the batch
                 verdict = self._verdict(group, version)
                 if verdict == "ok":
-                    batch.append(group)
                     have += group.layer == 1
                 else:
+                    batch.pop()
                     self.dropped[verdict] += 1
                     if self.dealing is not None:
                         self.dealing.dropped(group, verdict)
@@ -113,12 +129,6 @@ class Intake:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {have}/{n} for this batch); are the actors alive and pointed at this learner?")
-        if have < n and not (self.exhausted and batch):  # stopping: a partial batch is never trained on
-            self.dropped["lost_at_shutdown"] += len(batch)
-            batch = []
-        batch = self._even(batch)
-        self.used += len(batch)
-        return batch, time.perf_counter() - t0
 
     @property
     def exhausted(self) -> bool:

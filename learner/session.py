@@ -17,7 +17,7 @@ from streamrl.comm.control import ControlServer
 from streamrl.comm.groups import GroupReceiver
 from streamrl.comm.sockets import endpoint
 from streamrl.config import Config, to_dict
-from streamrl.learner import checkpoints
+from streamrl.learner import checkpoints, final_accounting
 from streamrl.learner.engine import Engine
 from streamrl.learner.intake import Intake
 from streamrl.learner.ranks import Ranks
@@ -138,6 +138,12 @@ class Session:
             except Exception as e:  # the summary still gets written, then the run fails with this
                 log.error("final checkpoint failed: %s", storage.reason(e))
                 final_error, error = e, error or e
+        elif at.step == at.saved_at:  # ends at its newest checkpoint, which lacks what came since: kept beside it
+            try:
+                final_accounting.write(cfg.run_path, f"step-{at.step}", at.step, self.intake.state())
+            except OSError as e:
+                log.warning("%s not written (%s): a resume goes on from checkpoint step-%d's accounting",
+                            final_accounting.FILE, storage.reason(e), at.step)
         self.weights.close()
         self.control.close()
         dealt_out = self.dealing is not None and self.dealing.dealer.finished  # the last epoch ended the run

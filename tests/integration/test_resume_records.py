@@ -94,6 +94,26 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     assert r["actor_sessions"] == 4 and r["balanced"] and r["lost_in_transit"] == 0, r
 
 
+def test_resuming_a_finished_run_keeps_the_first_lifes_sessions_and_counts(tmp_path):
+    # The last step is a checkpoint's (checkpoint_every divides steps): the learner saves no other at its end, so
+    # what came after that save (its actors' final reports, the groups drained at shutdown) is not in a checkpoint.
+    run = tmp_path / "runs" / "again"
+    _job(tmp_path, _args(tmp_path, "again", steps=4) + ["learner.checkpoint_every=2"], "first")
+    first = summary(run)
+    assert first["status"] == "finished" and first["reconciliation"]["unreported_session_count"] == 0, first
+    _job(tmp_path, _args(tmp_path, "again", steps=6) + ["learner.checkpoint_every=2", "learner.resume=true"],
+         "second")
+    s, r = summary(run), summary(run)["reconciliation"]
+    assert s["status"] == "finished" and s["steps"] == 6 and s["groups_used"] == 6 * BATCH_GROUPS, s
+    kept = {k: r["sessions"][k] for k in first["reconciliation"]["sessions"]}
+    assert kept == first["reconciliation"]["sessions"], (kept, first["reconciliation"]["sessions"])  # reported
+    for reason, n in first["groups_dropped"].items():  # lost_at_shutdown among them: never forgotten
+        assert s["groups_dropped"].get(reason, 0) >= n, (reason, first["groups_dropped"], s["groups_dropped"])
+    new = sum(x["received"] for k, x in r["sessions"].items() if k not in kept)
+    assert s["groups_received"] == first["groups_received"] + new and new >= 2 * BATCH_GROUPS, (s, first)
+    assert r["actor_sessions"] == 4 and r["unreported_session_count"] == 0 and r["balanced"], r
+
+
 def test_a_killed_learner_resumed_redoes_its_steps_and_keeps_the_earlier_metrics_aside(tmp_path):
     args = _args(tmp_path, "phoenix", steps=30) + ["learner.checkpoint_every=10"]
     run = tmp_path / "runs" / "phoenix"
