@@ -68,9 +68,9 @@ class Intake:
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
         arrives for `timeout_s` (UserCodeFailed, StrictModeViolation: see `_fill`); the groups taken for the batch
-        then count as `lost_at_failure`, so a run a failure stopped still balances. When no group has come for clearly longer than groups usually
-        take (`demand_wait_s`), it asks actors that hold back to stay within the staleness bound
-        for the missing groups, and asks again as often.
+        then count as `lost_at_failure`, so a run a failure stopped still balances. When no group has come for
+        clearly longer than groups usually take (`demand_wait_s`), it asks actors that hold back to stay within the
+        staleness bound for the missing groups, and asks again as often.
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []

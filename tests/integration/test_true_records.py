@@ -19,13 +19,13 @@ QUIET = [*FREE_PORTS, "monitoring.learner_port=0", "monitoring.actor_port=0"]
 REWARD = '''
 import os
 
-calls = 0
+scored = 0
 
 def said(prompts, completions, answer, **kwargs):
-    global calls
-    calls += 1
-    if calls > int(os.environ.get("SAID_CALLS_THAT_WORK", "1000000000")):
+    global scored
+    if scored >= int(os.environ.get("SAID_SAMPLES_THAT_WORK", "1000000000")):
         raise KeyError("answer")  # broken from here on: the run stops through the failure window
+    scored += len(completions)
     return [1.0 if c.split()[:1] == [a] else 0.0 for c, a in zip(completions, answer)]
 '''
 
@@ -41,9 +41,10 @@ def _dataset(tmp, name: str, rows: int, *more: str) -> list[str]:
 
 
 def test_a_run_a_broken_reward_function_stops_still_balances_its_accounting(tmp_path, monkeypatch):
-    # One actor, four groups a call: the first two calls score (8 groups, half a batch), then every call raises, so
-    # the learner is collecting its first batch when the actor's word that the function is broken arrives.
-    monkeypatch.setenv("SAID_CALLS_THAT_WORK", "2")
+    # One actor, four groups of 8 a generate call: its first 64 samples score (8 groups, half a batch), then every
+    # call raises, so the learner is collecting its first batch when the actor's word that the function is broken
+    # arrives.
+    monkeypatch.setenv("SAID_SAMPLES_THAT_WORK", "64")
     args = _dataset(tmp_path, "broken", 64, "actors.num=1", "steps=50", "task.reward_fail_window=16", *QUIET)
     out = streamrl("run", *args, cwd=tmp_path, timeout=240, check=False)
     terminal = out.stdout + out.stderr
