@@ -69,8 +69,10 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     first = summary(run)
     assert first["groups_used"] == 6 * BATCH_GROUPS
     saved = json.loads((ckpt / "step-6" / "streamrl.json").read_text())["intake"]  # the accounting resumed from
-    # Killed after step-6's files were complete but before the pointer moved: latest still names step-3.
+    # Killed after step-6's files were complete but before the pointer moved: latest still names step-3, and the
+    # final accounting a learner ending at step-6 writes beside it (accounting.json) was never written.
     (ckpt / "latest").write_text("step-3")
+    (run / "accounting.json").unlink()
     _job(tmp_path, _args(tmp_path, "ptr", steps=8) + ["learner.resume=true"], "second")
     log = (tmp_path / "learner-second.log").read_text()
     assert "names step-3, but step-6 is complete and newer" in log and "resumed from" in log, log[-3000:]
