@@ -122,7 +122,8 @@ class Session:
 
     def close(self, error: BaseException | None) -> tuple[dict, BaseException | None]:
         """Stop the weight channel, drain the intake, stop the other ranks (with a last checkpoint when the run
-        moved since the last one), write summary.json and close every socket. Returns the summary and the error of
+        moved since the last one; else the final accounting beside that checkpoint: learner.final_accounting), write
+        summary.json and close every socket. Returns the summary and the error of
         a final checkpoint that failed (the caller raises it when nothing else did)."""
         cfg, at = self.cfg, self.at
         self.control.shutdown()  # every actor is told, and a request from now on is answered with the notice
