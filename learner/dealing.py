@@ -3,8 +3,10 @@ groups of prompts dealt to their session, and each prompt's final outcome is one
 
 A group is known by its session and prompt id (the row's content hash, `DatasetTask.prompt`): the ticket is
 the one of that session with that id (the oldest epoch first, where two epochs of one row are out at once).
-A session is lost, and what it held dealt again, when its actor asks from a new session (a restart), or when
-it has been silent (no request, no group) for half of learner.data_timeout_s with prompts out.
+A session is lost, and what it held dealt again, when its actor asks from a new session (a restart), when the
+connection it asked through closes (its process exited or was killed: `learner.connections`, within milliseconds),
+or when it has been silent (no request, no group) for half of learner.data_timeout_s with prompts out (a host that
+vanished without closing its connections).
 
 The data cursor (`Dealer.cursor`) goes beside each checkpoint as `data_cursor.json`; a resume restores it and cuts
 the ledger back to the lines of steps before the checkpoint, so every prompt trained after it is dealt again.
@@ -12,7 +14,6 @@ the ledger back to the lines of steps before the checkpoint, so every prompt tra
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -20,18 +21,19 @@ import uuid
 from pathlib import Path
 
 from streamrl.comm import wire
-from streamrl.tasks.dealer import Dealer, Final, Ticket
+from streamrl.learner.connections import Connections
+from streamrl.tasks.dealer import CURSOR, Dealer, Final, Ticket, cursor_problem, digest
 
 log = logging.getLogger("streamrl.learner")
 
 LEDGER = "prompts.jsonl"
-CURSOR = "data_cursor.json"
 
 
 def attach(session, d: "Dealing") -> None:
     """The dealer of a run with task.epochs, wired to the session's control channel and intake."""
     session.dealing = session.intake.dealing = d
     session.control.dealer = d.deal
+    d.connections = Connections(session.control.sock)
 
 
 class Dealing:
@@ -43,14 +45,14 @@ class Dealing:
         self.lost_after_s = cfg.learner.data_timeout_s / 2
         self.ledger_path = cfg.run_path / LEDGER
         cursor_file = cfg.run_path / "checkpoints" / f"step-{step}" / CURSOR
-        self.data = hashlib.sha256("\n".join(self.ids).encode()).hexdigest()[:16]  # the rows, in file order
+        self.data = digest(self.ids)
         if step and cursor_file.is_file():
             cursor = json.loads(cursor_file.read_text())
-            if cursor.get("data", self.data) != self.data:
-                raise ValueError(f"learner.resume=true: task.data={cfg.task.data} holds other rows than the run's "
-                                 f"checkpoint step-{step} was dealt from (data {cursor['data']}, now {self.data}): "
-                                 "resuming would deal other prompts than the epoch's (restore the run's data, or "
-                                 "start a new run)")
+            # `streamrl run`/`learner` refuse this before anything is written (start.data_cursor_problem); here
+            # again for a checkpoint that check could not foresee (a fallback past a damaged newer one)
+            if problem := cursor_problem(cursor, len(rows), cfg.seed, cfg.task.epochs, self.data,
+                                         f"task.data={cfg.task.data}"):
+                raise ValueError(f"learner.resume=true (checkpoint step-{step}): {problem}")
             self.dealer = Dealer.restore(cursor, len(rows), cfg.seed, cfg.task.epochs)
             _cut(self.ledger_path, step)
             log.info("learner: data cursor of step %d: epoch %d at %d of %d, %d prompts to deal again",
@@ -68,12 +70,19 @@ class Dealing:
         self.ended = next((e for e in range(self.dealer.epochs) if not self._complete(e)), self.dealer.epochs)
         self.every_epoch, self.eval_owed = cfg.eval.every_epoch, False
         self.step, self.version = step, 0  # the next step to train: an outcome now is of it (the ledger's cut)
+        self.connections: Connections | None = None  # the control socket's connections (attach)
 
-    def deal(self, msg: wire.PromptsRequest) -> wire.Deal:
-        """The control channel's answer to an actor's request (and the outcomes the request carries)."""
+    def deal(self, msg: wire.PromptsRequest, frame=None) -> wire.Deal:
+        """The control channel's answer to an actor's request (and the outcomes the request carries); `frame`: one
+        of the request's frames (the connection it came on)."""
         now = time.monotonic()
         if (old := self.session_of.get(msg.actor_id)) is not None and old != msg.session:
             self._lose(old, "its actor restarted")
+        if self.connections is not None:  # a dead actor's prompts go to whoever asks first after its exit
+            for session in self.connections.closed():
+                if session != msg.session:  # one asking now is alive (its old connection closed, a new one opened)
+                    self._lose(session, "its connection closed: the actor exited or was killed")
+            self.connections.saw(frame, msg.session)
         self.session_of[msg.actor_id], self.seen[msg.session] = msg.session, now
         mine = msg.learner == self.learner  # an earlier learner's prompts are not this one's tickets: they are
         for pid in msg.filtered if mine else ():  # dealt again from the checkpoint anyway
@@ -142,6 +151,8 @@ class Dealing:
 
     def close(self) -> None:
         self.ledger.close()
+        if self.connections is not None:
+            self.connections.close()
 
     def _ticket(self, session: str, pid: str, claimed: bool = False) -> Ticket | None:
         held = [t for t, s in self.dealer.out.items() if s == session and self.ids[t.row] == pid

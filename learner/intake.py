@@ -71,33 +71,56 @@ class Intake:
         groups past a multiple of the learner's ranks are dropped and counted (`layer2_uneven_ranks`).
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
-        arrives for `timeout_s`. When no group has come for clearly longer than groups usually
-        take (`demand_wait_s`), it asks actors that hold back to stay within the staleness bound
-        for the missing groups, and asks again as often.
+        arrives for `timeout_s` (UserCodeFailed, StrictModeViolation: see `_fill`); the groups taken for the batch
+        then count as `lost_at_failure`, so a run a failure stopped still balances. When no group has come for
+        clearly longer than groups usually take (`demand_wait_s`), it asks actors that hold back to stay within the
+        staleness bound for the missing groups, and asks again as often.
         """
-        t0, batch, have = time.perf_counter(), [], 0  # have: layer-1 groups in `batch`
+        t0 = time.perf_counter()
+        batch: list[ScoredGroup] = []
+        deferred: list[ScoredGroup] = []  # groups past their actor's share of this batch: the next batch's first
+        try:
+            self._fill(batch, deferred, version, n, timeout_s, stop)
+        except BaseException:  # a failure ends the run here: what this batch took (or holds) is never trained
+            self.dropped["lost_at_failure"] += len(batch) + len(deferred) + len(self.held)
+            self.held.clear()
+            raise
+        self.held.extend(deferred)
+        if sum(g.layer == 1 for g in batch) < n and not (self.exhausted and batch):  # stopping: never trained on
+            self.dropped["lost_at_shutdown"] += len(batch)
+            batch = []
+        batch = self._even(batch)
+        self.used += len(batch)
+        return batch, time.perf_counter() - t0
+
+    def _fill(self, batch: list[ScoredGroup], deferred: list[ScoredGroup], version: int, n: int, timeout_s: float,
+              stop) -> None:
+        """Take groups into `batch` until it holds n layer-1 groups, `stop()`, or the last epoch is in it (collect);
+        those past their actor's share of the batch into `deferred`."""
+        have = 0  # layer-1 groups in `batch`
         # task.epochs: a dealt group is claimed as it is taken, so none may wait for a later batch
         shares = self.pacer.shares(version) if self.pacer is not None and self.dealing is None else None
         took: collections.Counter[str] = collections.Counter()  # layer-1 groups of each actor in `batch`
-        deferred: list[ScoredGroup] = []  # groups past their actor's share of this batch: the next batch's first
         last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop() and not self.exhausted:
             self.wait(0 if self.receiver.pending or self.receiver.handed_back or self.held else 100)  # groups wait
             self._joined(version)
             while have < n:
-                group, verdict = self._next(version)
+                group, held = self._next()
                 if group is None:
                     break
-                if verdict == "ok" and shares is not None and took[group.actor_id] >= shares.get(group.actor_id, n):
-                    deferred.append(group)
-                elif verdict == "ok":
-                    batch.append(group)
-                    have += group.layer == 1
-                    took[group.actor_id] += group.layer == 1
-                else:
+                batch.append(group)  # in hand: a verdict that raises (strict) leaves it counted with the batch
+                verdict = self._gate(group, version) if held else self._verdict(group, version)
+                if verdict != "ok":
+                    batch.pop()
                     self.dropped[verdict] += 1
                     if self.dealing is not None:
                         self.dealing.dropped(group, verdict)
+                elif shares is not None and took[group.actor_id] >= shares.get(group.actor_id, n):
+                    deferred.append(batch.pop())
+                else:
+                    have += group.layer == 1
+                    took[group.actor_id] += group.layer == 1
             last_arrival = max(last_arrival, self._previous_arrival or last_arrival)
             if self.receiver.failures:  # a user's function is broken: training on what is left would be pointless
                 raise UserCodeFailed(self.receiver.failures[0])
@@ -107,7 +130,7 @@ class Intake:
             if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
                     and have < n):
                 self._demand(version, n - have, deferred)
-                shares, deferred, last_demand = None, [], now
+                shares, last_demand = None, now
             if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
                 log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
                             "(learner.data_timeout_s)", now - last_arrival, version, have, n, timeout_s)
@@ -116,13 +139,6 @@ class Intake:
                 raise TimeoutError(
                     f"learner: no scored group arrived for {timeout_s:.0f}s at policy version {version} "
                     f"(have {have}/{n} for this batch); are the actors alive and pointed at this learner?")
-        self.held.extend(deferred)
-        if have < n and not (self.exhausted and batch):  # stopping: a partial batch is never trained on
-            self.dropped["lost_at_shutdown"] += len(batch)
-            batch = []
-        batch = self._even(batch)
-        self.used += len(batch)
-        return batch, time.perf_counter() - t0
 
     def _joined(self, version: int) -> None:
         """Actors that joined share the batches from the next version on (strict: the others made their shares of
@@ -139,21 +155,20 @@ class Intake:
         if self.pacer is not None:
             self.pacer.demanded(version)
         self.held.extend(deferred)
+        deferred.clear()
 
-    def _next(self, version: int) -> tuple[ScoredGroup | None, str]:
-        """The next group and its verdict at `version`: held ones first (past their actor's share of an earlier
-        batch; only their lag has changed since), then what arrives (timed, for `demand_wait_s`)."""
+    def _next(self) -> tuple[ScoredGroup | None, bool]:
+        """The next group, and whether it was held: held ones first (past their actor's share of an earlier batch;
+        only their lag has changed since), then what arrives (timed, for `demand_wait_s`)."""
         if self.held:
-            group = self.held.popleft()
-            return group, self._gate(group, version)
+            return self.held.popleft(), True
         group = self.receiver.take()
-        if group is None:
-            return None, ""
-        now = time.monotonic()
-        if self._previous_arrival is not None:
-            self.gaps.append(now - self._previous_arrival)
-        self._previous_arrival = now
-        return group, self._verdict(group, version)
+        if group is not None:
+            now = time.monotonic()
+            if self._previous_arrival is not None:
+                self.gaps.append(now - self._previous_arrival)
+            self._previous_arrival = now
+        return group, False
 
     @property
     def exhausted(self) -> bool:

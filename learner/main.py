@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from streamrl.config import Config
-from streamrl.learner import checkpoints, dealing, follower, schedule, stepstats
+from streamrl.learner import checkpoints, dealing, final_accounting, follower, schedule, stepstats
 from streamrl.learner.engine import Engine
 from streamrl.learner.evals import Evals
 from streamrl.learner.ranks import Ranks
@@ -97,7 +97,8 @@ def _build(cfg: Config, phases: Phases):
         raise RuntimeError(f"learner.resume=true: {cfg.run_path} holds a run ({', '.join(found)}) but no complete "
                            "checkpoint; refusing to restart at step 0 over its records (--overwrite moves it aside)")
     step, version = (resumed[1]["step"], resumed[1]["version"]) if resumed else (0, 0)
-    at = Position(step, version, saved_at=step, restored=resumed[1].get("intake") if resumed else None)
+    restored = final_accounting.resumed(cfg.run_path, *resumed) if resumed else None
+    at = Position(step, version, saved_at=step, restored=restored)
     return cfg, engine, ranks, at, tokenizer, reward, vocab_size
 
 

@@ -17,7 +17,7 @@ from streamrl.comm.control import ControlServer
 from streamrl.comm.groups import GroupReceiver
 from streamrl.comm.sockets import endpoint
 from streamrl.config import Config, to_dict
-from streamrl.learner import checkpoints
+from streamrl.learner import checkpoints, final_accounting
 from streamrl.learner.engine import Engine
 from streamrl.learner.intake import Intake
 from streamrl.learner.pacing import Pacer
@@ -124,7 +124,8 @@ class Session:
 
     def close(self, error: BaseException | None) -> tuple[dict, BaseException | None]:
         """Stop the weight channel, drain the intake, stop the other ranks (with a last checkpoint when the run
-        moved since the last one), write summary.json and close every socket. Returns the summary and the error of
+        moved since the last one; else the final accounting beside that checkpoint: learner.final_accounting), write
+        summary.json and close every socket. Returns the summary and the error of
         a final checkpoint that failed (the caller raises it when nothing else did)."""
         cfg, at = self.cfg, self.at
         self.control.shutdown()  # every actor is told, and a request from now on is answered with the notice
@@ -140,6 +141,12 @@ class Session:
             except Exception as e:  # the summary still gets written, then the run fails with this
                 log.error("final checkpoint failed: %s", storage.reason(e))
                 final_error, error = e, error or e
+        elif at.step == at.saved_at:  # ends at its newest checkpoint, which lacks what came since: kept beside it
+            try:
+                final_accounting.write(cfg.run_path, f"step-{at.step}", at.step, self.intake.state())
+            except OSError as e:
+                log.warning("%s not written (%s): a resume goes on from checkpoint step-%d's accounting",
+                            final_accounting.FILE, storage.reason(e), at.step)
         self.weights.close()
         self.control.close()
         dealt_out = self.dealing is not None and self.dealing.dealer.finished  # the last epoch ended the run

@@ -41,8 +41,8 @@ class ControlServer:
         """Given a request's actor_id and fingerprint: None to admit the actor, else one line why it is refused."""
         self.refused_actors: dict[str, str] = {}  # actor_id -> why
         self.pacing: wire.Pace | None = None  # the newest Pace sent (`pace`)
-        self.dealer: Callable[[wire.PromptsRequest], wire.Deal] | None = None
-        """task.epochs: the learner's dealer, answering an actor's PromptsRequest."""
+        self.dealer: Callable[[wire.PromptsRequest, zmq.Frame], wire.Deal] | None = None
+        """task.epochs: the learner's dealer, answering an actor's PromptsRequest (and the frame it came in)."""
 
     def serve(self) -> int:
         """Take every waiting WeightsRequest; returns how many were answered now (a re-broadcast of the
@@ -91,7 +91,7 @@ class ControlServer:
     def _deal(self, identity: zmq.Frame, msg: wire.PromptsRequest) -> None:
         if msg.actor_id in self.refused_actors:
             return
-        deal = wire.Deal(done=True) if self.closing is not None else self.dealer(msg)
+        deal = wire.Deal(done=True) if self.closing is not None else self.dealer(msg, identity)  # its connection
         try:
             self.sock.send_multipart([identity, *wire.encode(deal)], zmq.NOBLOCK, copy=False)
         except zmq.Again:  # the actor asks again when no deal comes

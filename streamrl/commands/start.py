@@ -64,13 +64,37 @@ def run_claim(cfg: config_lib.Config, args) -> str | None:
         return str(e)
     if not cfg.learner.resume:
         return None
-    if problem := fingerprint.resume_problem(cfg):
+    if problem := fingerprint.resume_problem(cfg) or data_cursor_problem(cfg):  # before anything is written
         return problem
     changes = fingerprint.compare(cfg)[1] if args.command == "check" else fingerprint.accept(cfg)
     if changes:
         print(f"streamrl {name}: resuming with changed settings (applied): {fingerprint.describe(changes)}",
               file=sys.stderr, flush=True)
     return None
+
+
+def data_cursor_problem(cfg: config_lib.Config) -> str | None:
+    """With task.epochs, a resume whose rows or seed are not those its newest complete checkpoint's data cursor was
+    dealt from (edited data, another seed, fewer epochs than it is in): one line, as the learner would refuse it,
+    but before the run directory is touched. None when it may go on, or when the learner itself must say (no
+    cursor, an unreadable one, data it cannot load)."""
+    import json
+
+    from streamrl import tasks
+    from streamrl.run import checkpoints
+    from streamrl.tasks import dealer
+
+    if not cfg.task.epochs or (found := checkpoints.newest_complete(cfg.run_path / "checkpoints")) is None:
+        return None
+    try:
+        cursor = json.loads((cfg.run_path / "checkpoints" / found[0] / dealer.CURSOR).read_text())
+        task = tasks.build(cfg.task)
+        ids = [task.prompt(r).id for r in task.train]
+    except Exception:  # the learner's own resume names what is wrong with the cursor or the data
+        return None
+    problem = dealer.cursor_problem(cursor, len(ids), cfg.seed, cfg.task.epochs, dealer.digest(ids),
+                                    f"task.data={cfg.task.data}")
+    return problem and f"learner.resume=true (checkpoint {found[0]}): {problem}"
 
 
 def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:

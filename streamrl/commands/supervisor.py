@@ -40,6 +40,9 @@ class Supervisor:
         # A resumed run's metrics.jsonl holds the earlier steps: they are not shown as new progress.
         self.old_lines = _line_hashes(self.run_dir / "metrics.jsonl") if cfg.learner.resume else set()
         self.tail = _Tail(self.run_dir / "metrics.jsonl")
+        # A resumed run's summary.json is the previous life's until this learner writes its own: never this one's
+        # outcome (a learner that failed before writing one says why in its log instead).
+        self.summary_before = _read_bytes(self.run_dir / "summary.json")
         self.handlers: dict = {}
 
     @property
@@ -147,7 +150,7 @@ class Supervisor:
     def report(self) -> int:
         """The exit status (launch.EXIT_STATUSES), once the learner has exited; its line, and the run's summary."""
         summary_path, learner_log = self.run_dir / "summary.json", self.logs / "learner.log"
-        s = _read_summary(summary_path)
+        s = _read_summary(summary_path) if _read_bytes(summary_path) != self.summary_before else None
         if s is None and self.learner.returncode < 0:  # killed before it could write its own: the record says so
             _write_killed_summary(summary_path, self.run_dir,
                                   _child_failure("learner", self.learner.returncode, learner_log))
@@ -265,6 +268,13 @@ def outcome(learner_rc: int, summary: dict | None, signalled: int | None, failur
     if summary is None or summary.get("status") != "finished":
         return 4, "the learner stopped before its steps (it was stopped from outside this command)"
     return 0, None
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _read_summary(path: Path) -> dict | None:

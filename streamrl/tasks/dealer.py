@@ -20,10 +20,12 @@ after the checkpoint was trained into weights the resume throws away.
 from __future__ import annotations
 
 import collections
+import hashlib
 from typing import NamedTuple
 
 from streamrl.tasks import epochs as epochs_lib
 
+CURSOR = "data_cursor.json"  # a checkpoint's data cursor (`Dealer.cursor`, with the rows' `digest`)
 FINAL = ("trained", "filtered", "failed")
 OUTCOMES = (*FINAL, "dropped")
 
@@ -39,6 +41,30 @@ class Final(NamedTuple):
     ticket: Ticket
     outcome: str
     reason: str
+
+
+def digest(ids: list[str]) -> str:
+    """The rows a cursor is dealt from, in file order (`ids`: each row's prompt id, its content hash)."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def cursor_problem(cursor: dict, rows: int, seed: int, epochs: int, data: str | None = None,
+                   source: str = "the data") -> str | None:
+    """Why a checkpoint's data cursor cannot go on with these rows (their `digest`, read from `source`; None: not
+    compared), seed and epochs, in one line; None when it can. The learner's resume and the check before anything
+    starts both ask."""
+    if data is not None and cursor.get("data", data) != data:
+        return (f"{source} holds other rows than the checkpoint's data cursor was dealt from (data {cursor['data']}, "
+                f"now {data}): resuming would deal other prompts than the epoch's (restore the run's data, or start "
+                "a new run)")
+    for key, now in (("rows", rows), ("seed", seed)):
+        if cursor[key] != now:
+            return (f"the checkpoint's data cursor was made with {key}={cursor[key]}, this run has {key}={now}: "
+                    "resuming would deal other prompts than the epoch's (keep the data and seed of the run, or start "
+                    "a new run)")
+    if epochs <= cursor["epoch"]:
+        return f"task.epochs={epochs}: the checkpoint is already in epoch {cursor['epoch'] + 1}"
+    return None
 
 
 class Dealer:
@@ -133,13 +159,8 @@ class Dealer:
         """Continue from a checkpoint's cursor: its pending tickets are dealt again first. A cursor of other data
         (row count) or another seed is refused by name; more epochs than before are allowed (fewer: not below
         the one it is in)."""
-        for key, now in (("rows", rows), ("seed", seed)):
-            if cursor[key] != now:
-                raise ValueError(f"the checkpoint's data cursor was made with {key}={cursor[key]}, this run has "
-                                 f"{key}={now}: resuming would deal other prompts than the epoch's (keep the data "
-                                 "and seed of the run, or start a new run)")
-        if epochs <= cursor["epoch"]:
-            raise ValueError(f"task.epochs={epochs}: the checkpoint is already in epoch {cursor['epoch'] + 1}")
+        if problem := cursor_problem(cursor, rows, seed, epochs):
+            raise ValueError(problem)
         d = cls(rows, epochs, seed, max_deals)
         d.epoch, d.position = cursor["epoch"], cursor["position"]
         d._order = epochs_lib.order(rows, seed, d.epoch)

@@ -56,8 +56,12 @@ def test_two_epochs_through_a_learner_and_an_actor_killed_train_every_row_exactl
         actors[1].wait()
         actors.append(spawn(["actor", *args, "--index", "1"], tmp_path / "actor-1-again.log"))
         assert learner.wait(timeout=300) == 0
-        for a in (actors[0], actors[2]):
-            assert a.wait(timeout=60) == 0
+        assert actors[0].wait(timeout=60) == 0
+        # The killed actor's prompts do not wait for its restart: its connection closing deals them again at once, so
+        # on a loaded machine the run can end before the new actor-1 has started (75 s of imports seen). One that
+        # joined (got weights from this learner) is told of the end and exits; one that came later waits for a learner.
+        if "starting at policy version" in (tmp_path / "actor-1-again.log").read_text():
+            assert actors[2].wait(timeout=60) == 0
     ledger = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines()]
     finals = collections.Counter((x["row"], x["epoch"]) for x in ledger)
     assert finals == {(r, e): 1 for r in range(ROWS) for e in (1, 2)}, [k for k, v in finals.items() if v != 1]

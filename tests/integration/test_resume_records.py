@@ -69,8 +69,10 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     first = summary(run)
     assert first["groups_used"] == 6 * BATCH_GROUPS
     saved = json.loads((ckpt / "step-6" / "streamrl.json").read_text())["intake"]  # the accounting resumed from
-    # Killed after step-6's files were complete but before the pointer moved: latest still names step-3.
+    # Killed after step-6's files were complete but before the pointer moved: latest still names step-3, and the
+    # final accounting a learner ending at step-6 writes beside it (accounting.json) was never written.
     (ckpt / "latest").write_text("step-3")
+    (run / "accounting.json").unlink()
     _job(tmp_path, _args(tmp_path, "ptr", steps=8) + ["learner.resume=true"], "second")
     log = (tmp_path / "learner-second.log").read_text()
     assert "names step-3, but step-6 is complete and newer" in log and "resumed from" in log, log[-3000:]
@@ -92,6 +94,26 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     assert s["groups_received"] == saved["receiver"]["received"] + new + r["duplicates"] - saved["receiver"][
         "duplicates"], (s["groups_received"], saved["receiver"]["received"], new)
     assert r["actor_sessions"] == 4 and r["balanced"] and r["lost_in_transit"] == 0, r
+
+
+def test_resuming_a_finished_run_keeps_the_first_lifes_sessions_and_counts(tmp_path):
+    # The last step is a checkpoint's (checkpoint_every divides steps): the learner saves no other at its end, so
+    # what came after that save (its actors' final reports, the groups drained at shutdown) is not in a checkpoint.
+    run = tmp_path / "runs" / "again"
+    _job(tmp_path, _args(tmp_path, "again", steps=4) + ["learner.checkpoint_every=2"], "first")
+    first = summary(run)
+    assert first["status"] == "finished" and first["reconciliation"]["unreported_session_count"] == 0, first
+    _job(tmp_path, _args(tmp_path, "again", steps=6) + ["learner.checkpoint_every=2", "learner.resume=true"],
+         "second")
+    s, r = summary(run), summary(run)["reconciliation"]
+    assert s["status"] == "finished" and s["steps"] == 6 and s["groups_used"] == 6 * BATCH_GROUPS, s
+    kept = {k: r["sessions"][k] for k in first["reconciliation"]["sessions"]}
+    assert kept == first["reconciliation"]["sessions"], (kept, first["reconciliation"]["sessions"])  # reported
+    for reason, n in first["groups_dropped"].items():  # lost_at_shutdown among them: never forgotten
+        assert s["groups_dropped"].get(reason, 0) >= n, (reason, first["groups_dropped"], s["groups_dropped"])
+    new = sum(x["received"] for k, x in r["sessions"].items() if k not in kept)
+    assert s["groups_received"] == first["groups_received"] + new and new >= 2 * BATCH_GROUPS, (s, first)
+    assert r["actor_sessions"] == 4 and r["unreported_session_count"] == 0 and r["balanced"], r
 
 
 def test_a_killed_learner_resumed_redoes_its_steps_and_keeps_the_earlier_metrics_aside(tmp_path):

@@ -180,3 +180,25 @@ def test_the_progress_line_shows_reward_failures_whenever_there_are_any():
     assert "reward failures" not in progress_line(rec, 100, 2)
     line = progress_line({**rec, "reward_failures": {"raised": 3, "calls_failed": 4}}, 100, 2)
     assert line.endswith("reward failures {'raised': 3, 'calls_failed': 4}"), line
+
+
+def test_a_learner_failing_before_its_own_summary_is_told_by_its_cause_not_by_the_previous_lifes_summary(tmp_path):
+    import io
+
+    cfg = _cfg(**{"run_dir": str(tmp_path), "learner.resume": "true"})
+    (cfg.run_path / "logs").mkdir(parents=True)
+    (cfg.run_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "learner was killed by SIGKILL"}))
+    out = io.StringIO()
+    sup = supervisor.Supervisor(cfg, cfg.run_path / "config.yaml", {}, [], spawn=None, out=out)
+
+    class Failed:  # refused its resume at start, before it wrote a summary of its own
+        returncode = 1
+
+    sup.learner = Failed()
+    (cfg.run_path / "logs" / "learner.log").write_text(
+        "streamrl learner: error: ValueError: learner.resume=true (checkpoint step-2): the checkpoint's data cursor "
+        "was made with seed=0, this run has seed=1\n")
+    assert sup.report() == 1
+    said = out.getvalue()
+    assert "learner failed: ValueError: learner.resume=true" in said and "seed=1" in said, said
+    assert "SIGKILL" not in said, said

@@ -87,6 +87,46 @@ def test_a_batch_cut_short_by_a_stop_is_counted_lost_at_shutdown_not_used(intake
     assert it.dropped["lost_at_shutdown"] == 1 and it.reconciliation()["balanced"]
 
 
+def _broken(sender) -> bool:
+    """The actor's word that a user's function fails on most samples (as reward_health says it)."""
+    from streamrl.comm import wire
+
+    return sender.notice(wire.ActorFailure(actor_id="a", session=sender.session, function="said.py:said",
+                                           reason="raised", failed=7, window=10, error="KeyError: 'x'",
+                                           traceback="..."), timeout_s=2)
+
+
+def test_a_run_a_broken_user_function_stops_still_balances_the_groups_its_last_batch_had_taken(intake):
+    from streamrl.learner.intake import UserCodeFailed
+
+    it, sender = intake
+    for v in (0, 0, 0):
+        assert sender.send(group(v), timeout_s=2)
+    assert _broken(sender)
+    with pytest.raises(UserCodeFailed, match="said.py:said failed on 7 of its last 10"):
+        it.collect(version=0, n=4, timeout_s=10)
+    it.drain(timeout_s=0.3)  # what the learner's shutdown does next
+    assert it.used == 0 and it.received == 3
+    assert it.dropped == {"lost_at_failure": 3}, it.dropped  # taken for the batch, never trained
+    assert it.reconciliation()["balanced"]
+
+
+def test_a_data_timeout_and_a_strict_refusal_count_the_groups_taken_so_far_and_the_one_in_hand(intake):
+    from streamrl.learner.stepstats import StrictModeViolation
+
+    it, sender = intake
+    it.strict, it.max_staleness = True, 0
+    for v in (5, 4):  # the stale one raises at its verdict, in hand
+        assert sender.send(group(v), timeout_s=2)
+    with pytest.raises(StrictModeViolation):
+        it.collect(version=5, n=3, timeout_s=10)
+    assert it.dropped == {"lost_at_failure": 2} and it.reconciliation()["balanced"]
+    assert sender.send(group(5), timeout_s=2)
+    with pytest.raises(TimeoutError, match="have 1/2"):
+        it.collect(version=5, n=2, timeout_s=0.5)
+    assert it.dropped == {"lost_at_failure": 3} and it.received == 3 and it.reconciliation()["balanced"]
+
+
 def test_a_session_that_never_reports_is_listed_and_drain_gives_up_after_its_timeout(intake):
     it, sender = intake
     for v in (0, 0):
