@@ -11,10 +11,8 @@ class LogConfig(_Section):
     samples_per_log: PositiveInt = 8
     """Most samples written each time: whole groups, first in the batch first (a group's advantages side by side)."""
     samples_max_chars: PositiveInt = 4000
-    """Longest prompt or completion text a sample's record keeps: a longer one keeps its start and end around a
-    marker "…[truncated, N chars]…", and the record its full length (`truncated`: {field: chars})."""
+    """Longest prompt or completion a record keeps; longer: start and end around "…[truncated, N chars]…"."""
     samples_max_mb: PositiveFloat = 64.0
     """samples.jsonl is rotated to samples.<n>.jsonl (1, 2, ...; never renamed again) before it grows past this."""
     samples_max_files: PositiveInt = 16
-    """Most parts of the samples log kept, samples.jsonl included; past them later samples are not written (said
-    once): a run's record is never deleted or overwritten."""
+    """Most parts of the samples log kept, samples.jsonl included; past them no more samples are logged (said once)."""
