@@ -76,7 +76,8 @@ def problem(folder: Path, state: dict) -> str | None:
         except OSError:
             return f"{p}: missing (the manifest lists it)"
         if size != entry["bytes"]:
-            return f"{p}: {size} bytes, the manifest says {entry['bytes']} (truncated or rewritten)"
+            how = "truncated" if size < entry["bytes"] else "rewritten"
+            return f"{p}: {how} ({size} bytes, the manifest says {entry['bytes']})"
         present.append((p, entry["sha256"]))
     for (p, want), got in zip(present, _hash_all([p for p, _ in present])):
         if got != want:
