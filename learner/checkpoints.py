@@ -159,8 +159,8 @@ def resume(engine, directory: Path) -> tuple[str, dict] | None:
     (tag, state), or None when there is no checkpoint at all.
 
     A damaged checkpoint (a file that does not match its manifest, a truncated policy.safetensors, a missing or
-    unreadable DeepSpeed file, or one DeepSpeed fails to load) is skipped with a warning that names the file. When checkpoints exist
-    but none is usable, this raises rather than start afresh over the run's results.
+    unreadable DeepSpeed file, or one DeepSpeed fails to load) is skipped with a warning that names the file. When
+    checkpoints exist but none is usable, this raises rather than start afresh over the run's results.
     """
     directory = Path(directory)
     skipped = []
