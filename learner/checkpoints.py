@@ -3,13 +3,15 @@
 DeepSpeed writes the model, optimizer and scheduler under `<dir>/<tag>/`, streamrl the full policy
 weights as `<tag>/policy.safetensors` (what `streamrl eval` and `streamrl uplift` load, without
 DeepSpeed or pickle). Only then does streamrl write `<tag>/streamrl.json` (step, policy version, RNG
-states, accounting) and, last, point `<dir>/latest` at the tag. Each file is written to a temporary
+states, accounting), then `<tag>/manifest.json` (the SHA-256 of every file: streamrl.run.manifest) and, last,
+point `<dir>/latest` at the tag. Each file is written to a temporary
 name, fsynced and renamed, so a crash at any moment leaves `latest` naming a checkpoint whose every
 file is on disk. On resume a missing, empty or dangling `latest` falls back to the newest tag that
 has its streamrl.json (`streamrl.run.checkpoints.newest_complete`, the read side, shared with tools
 outside the learner). A save that fails (a full disk, a crash) removes its partial tag folder; a
 full disk raises `streamrl.run.storage.DiskFull` naming the checkpoint. Resume (`resume`) verifies a
-checkpoint's files before loading it and falls back past a damaged one, naming the bad file.
+checkpoint's files against its manifest before loading it and falls back past a damaged one (a flipped byte, a
+truncated data_cursor.json), naming the bad file.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from streamrl.run import storage
+from streamrl.run import manifest, storage
 from streamrl.run.checkpoints import LATEST, POLICY, STATE, complete_newest_first, newest_complete, problem_with  # noqa: F401  (the read side, shared)
 
 log = logging.getLogger("streamrl.learner")
@@ -64,7 +66,9 @@ def save(directory: Path, tag: str, write_model: Callable[[str, str], None], sta
             write_policy(folder / POLICY, policy)
         if extra is not None:
             extra(folder)
-        write_atomic(folder / STATE, json.dumps({**state, "tag": tag, "rng": rng_state()}))
+        state = {**state, "tag": tag, "rng": rng_state(), "manifest": manifest.MANIFEST}
+        write_atomic(folder / STATE, json.dumps(state))
+        write_atomic(folder / manifest.MANIFEST, json.dumps(manifest.entries(folder), indent=1))  # last: it covers all
     except BaseException as e:
         full = storage.is_disk_full(e, directory)  # before removing the partial files frees space
         if not was_complete:
@@ -154,14 +158,14 @@ def resume(engine, directory: Path) -> tuple[str, dict] | None:
     """Load the newest checkpoint under `directory` whose files check out, restoring its RNG states;
     (tag, state), or None when there is no checkpoint at all.
 
-    A damaged checkpoint (a truncated policy.safetensors, a missing or unreadable DeepSpeed file, or
-    one DeepSpeed fails to load) is skipped with a warning that names the file. When checkpoints exist
-    but none is usable, this raises rather than start afresh over the run's results.
+    A damaged checkpoint (a file that does not match its manifest, a truncated policy.safetensors, a missing or
+    unreadable DeepSpeed file, or one DeepSpeed fails to load) is skipped with a warning that names the file. When
+    checkpoints exist but none is usable, this raises rather than start afresh over the run's results.
     """
     directory = Path(directory)
     skipped = []
     for tag, state in complete_newest_first(directory, warn=True):
-        problem = problem_with(directory / tag) or _lora_mismatch(engine, state)
+        problem = problem_with(directory / tag, state) or _lora_mismatch(engine, state)
         if problem is None:
             try:
                 engine.load(str(directory), tag)

@@ -3,10 +3,13 @@
 Every `log.samples_every` steps the learner appends up to `log.samples_per_log` samples of the batch it is about to
 train on to the run's samples.jsonl, one JSON object a line: whole groups, first in the batch first, so a group's
 advantages can be read side by side. Texts are decoded from the tokens on the wire, so they are exactly what was
-trained on (multi-turn episodes: the environment's turns included, marked by the chat template). A resumed learner
-first cuts the file back to the steps before the checkpoint it resumed (the later ones are redone), the whole earlier
-file moved aside (`samples.jsonl.before-resume-<step>-<time>`) as metrics.jsonl's is. The trackers (monitoring.
-report_to) get each logged step's samples as a table.
+trained on (multi-turn episodes: the environment's turns included, marked by the chat template). Each record is
+bounded: a prompt or completion (observations included) longer than `log.samples_max_chars` keeps its start and end
+around a marker "…[truncated, N chars]…", and the record its full length. The file is rotated past
+`log.samples_max_mb` into numbered parts, at most `log.samples_max_files` of them (streamrl.run.samples_files). A
+resumed learner first cuts the log back to the steps before the checkpoint it resumed (the later ones are redone),
+each part it cuts moved aside whole first (`samples.jsonl.before-resume-<step>-<time>`) as metrics.jsonl is. The
+trackers (monitoring.report_to) get each logged step's samples as a table.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import torch
 from streamrl.algo import advantages
 from streamrl.comm.codec import ScoredGroup
 from streamrl.config import Config
-
-FILE = "samples.jsonl"
+from streamrl.run import samples_files
+from streamrl.run.samples_files import FILE  # noqa: F401  (where the log is, for the learner's callers)
 log = logging.getLogger("streamrl.learner")
 
 
@@ -75,20 +78,43 @@ def _details(info, refs: list[str]) -> dict:
     return out
 
 
-def trim(path: Path, resumed_step: int) -> None:
-    """Keep the records of the steps before `resumed_step` (a resumed learner redoes the later ones); the whole
-    earlier file is first moved aside, never cut, so no record is destroyed."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] < resumed_step]
-    if len(kept) == len(lines):
-        return
-    aside = path.with_name(f"{path.name}.before-resume-{resumed_step}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(path, aside)
-    path.write_text("".join(line + "\n" for line in kept))
-    log.warning("%s: steps %d and later are redone from the checkpoint; the earlier file is kept as %s", path.name,
-                resumed_step, aside.name)
+def clip(text: str, limit: int) -> tuple[str, int | None]:
+    """(text, None) when it has at most `limit` characters, else (its first ~3/4 and last ~1/4 of `limit` around a
+    marker naming the full length, that length)."""
+    if len(text) <= limit:
+        return text, None
+    tail = limit // 4
+    return f"{text[:limit - tail]}…[truncated, {len(text)} chars]…{text[len(text) - tail:]}", len(text)
+
+
+def bounded(record: dict, limit: int) -> dict:
+    """The record with its prompt and completion clipped to `limit` characters; `truncated` names the full length
+    of each one clipped."""
+    out, cut = dict(record), {}
+    for field in ("prompt", "completion"):
+        out[field], full = clip(record[field], limit)
+        if full is not None:
+            cut[field] = full
+    return {**out, "truncated": cut} if cut else out
+
+
+def trim(run_dir: Path, resumed_step: int) -> None:
+    """Keep the records of the steps before `resumed_step` in every part of the log (a resumed learner redoes the
+    later ones); each part that loses records is first moved aside whole, never cut, so no record is destroyed."""
+    moved = []
+    for path in samples_files.parts(run_dir):
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["step"] < resumed_step]
+        if len(kept) == len(lines):
+            continue
+        aside = path.with_name(f"{path.name}.before-resume-{resumed_step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(path, aside)
+        if kept or path.name == FILE:
+            path.write_text("".join(line + "\n" for line in kept))
+        moved.append(aside.name)
+    if moved:
+        log.warning("samples log: steps %d and later are redone from the checkpoint; the earlier file%s kept as %s",
+                    resumed_step, "s are" if len(moved) > 1 else " is", ", ".join(moved))
 
 
 class SamplesLog:
@@ -98,16 +124,39 @@ class SamplesLog:
         """resumed_step: the step the learner starts at (its checkpoint's): later steps' records go; trackers: the
         run's (telemetry.trackers.Trackers), each given the logged samples as a table."""
         self.cfg, self.every, self.limit = cfg, cfg.log.samples_every, cfg.log.samples_per_log
-        self.path = Path(run_path) / FILE
+        self.run_path = Path(run_path)
+        self.path = self.run_path / FILE
+        self.max_bytes = int(cfg.log.samples_max_mb * (1 << 20))
+        self.full = False  # the log reached log.samples_max_files parts: nothing more is written
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         self.trackers = trackers
-        trim(self.path, resumed_step)
+        trim(self.run_path, resumed_step)
 
     def __call__(self, step: int, version: int, groups: Sequence[ScoredGroup]) -> None:
         if not self.every or step % self.every:
             return
-        lines = records(groups, step, version, self.cfg, self.decode, self.limit)
-        with open(self.path, "a") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines))
+        lines = [bounded(r, self.cfg.log.samples_max_chars)
+                 for r in records(groups, step, version, self.cfg, self.decode, self.limit)]
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines).encode()
+        if self._room_for(len(data), step):
+            with open(self.path, "ab") as f:
+                f.write(data)
         if self.trackers is not None and lines:
             self.trackers.samples(step, table(lines))
+
+    def _room_for(self, nbytes: int, step: int) -> bool:
+        """Whether `nbytes` more may be written: samples.jsonl is rotated first when they would take it past
+        log.samples_max_mb, unless it already is the last part log.samples_max_files allows (then False, said once)."""
+        if self.full:
+            return False
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if not size or size + nbytes <= self.max_bytes:
+            return True
+        if len(samples_files.parts(self.run_path)) >= self.cfg.log.samples_max_files:
+            self.full = True
+            log.warning("samples log: %d parts of up to %g MB written (log.samples_max_files, log.samples_max_mb); "
+                        "no samples are logged from step %d on (raise either to keep more)",
+                        self.cfg.log.samples_max_files, self.cfg.log.samples_max_mb, step)
+            return False
+        os.replace(self.path, samples_files.next_part(self.run_path))
+        return True

@@ -34,9 +34,10 @@ class Assembly:
         self.missing = self.count
         self.started = time.monotonic()
 
-    def add(self, header: WeightsChunk, payload: list[memoryview]) -> None:
-        """Take one chunk of this version (its frames checked by chunks.chunk_payload); raises WireError
-        ("duplicate_chunk", "chunk_mismatch") and leaves the assembly as it was."""
+    def add(self, header: WeightsChunk, payload: list[memoryview], checked: bool = False) -> None:
+        """Take one chunk of this version (its frames checked by chunks.chunk_payload, its bytes against its checksum
+        here unless `checked`: a delta's bytes, made and checked by streamrl.comm.delta); raises WireError
+        ("duplicate_chunk", "chunk_mismatch", "weights_checksum") and leaves the assembly as it was."""
         first = self.first
         if (header.total, header.chunk_bytes, header.offsets) != (first.total, first.chunk_bytes, first.offsets) \
                 or header.tensors != first.tensors:
@@ -44,6 +45,8 @@ class Assembly:
                             f"differs from the version's other chunks")
         if self._chunks[header.index] is not None:
             raise WireError("duplicate_chunk", f"weights version {header.version} chunk {header.index} came twice")
+        if not checked:
+            chunks.check_sum(header, payload)
         self._chunks[header.index] = payload
         self.missing -= 1
 

@@ -115,7 +115,8 @@ class DeltaEncoder:
             messages = [[wire.encode(d)[0], p] for d, p in deltas]
             self._since_full += 1
         else:
-            messages = [[chunks.encode_chunk_header(h), self._slice(h, chunk_bytes, layout.total)] for h in heads]
+            slices = [self._slice(h, chunk_bytes, layout.total) for h in heads]
+            messages = [[chunks.encode_chunk_header(h, [b]), b] for h, b in zip(heads, slices)]
             size, self._since_full = layout.total, 0
         self.base_version = version
         self.stats[kind][0] += 1

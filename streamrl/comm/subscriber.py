@@ -22,6 +22,10 @@ from streamrl.comm.sockets import make
 
 log = logging.getLogger(__name__)
 
+ASK_AGAIN = frozenset({"weights_checksum", "delta_base", "delta_corrupt", "delta_checksum"})
+"""Why a version that arrived is refused and asked for again (in full): its bytes were damaged on the way, or a
+delta does not apply to the base held. One rule for full versions and deltas."""
+
 
 def _on_host(got: tuple[int, dict]) -> tuple[int, dict]:
     """A version to keep aside: frames as received (host memory already), or a collective's device tensors copied
@@ -196,6 +200,9 @@ class WeightSubscriber:
                 raise wire.WireError("unexpected_type", f"expected weights, got {type(header).__name__}")
         except wire.WireError as e:
             self.rejected(e)
+            if e.reason in ASK_AGAIN:  # the version came damaged: what there is of it goes, and it is asked for again
+                self._assembly = None
+                self.request(self._held)  # in full: the learner sends one to an asker holding an older base
             return None
         if header.learner != self.learner:
             if self.learner is not None:
@@ -210,8 +217,9 @@ class WeightSubscriber:
 
     def _delta(self, frames, d: wire.WeightsDelta) -> tuple[int, dict] | None:
         """Take one delta chunk: the new chunk made from the base and checked, then taken in as `_chunk` takes a
-        full one. A delta this subscriber cannot apply (no base, another base, bytes that do not check) drops the
-        version and asks for a full one (the learner sends one to an asker that lacks the base)."""
+        full one. A delta this subscriber cannot apply (another base, bytes that do not check) raises WireError:
+        `_decode` drops the version and asks for it in full (ASK_AGAIN; the learner sends one to an asker that lacks
+        the base)."""
         h = d.layout
         if h.learner == self.learner and h.version <= self._held:
             return None
@@ -227,22 +235,19 @@ class WeightSubscriber:
                 self._asked_full = (h.learner, h.version)
                 self.request(-1)
             return None
-        try:
-            if (base[0], base[1]) != (h.learner, d.base) or len(base[2]) != h.count:
-                raise wire.WireError("delta_base", f"weights version {h.version} is a delta from version {d.base}, "
-                                     f"this actor holds {base[1]}")
-            old = base[2][h.index]
-            old = np.frombuffer(old[0], np.uint8) if len(old) == 1 else \
-                np.concatenate([np.frombuffer(b, np.uint8) for b in old])
-            new = delta.apply(wire.buffer(frames[1]), old, d)
-        except wire.WireError:
-            self._assembly = None
-            self.request(self._held)  # a full version: the learner sends one to an asker holding an older base
-            raise
-        return self._chunk(frames, h, [memoryview(new)])
+        if (base[0], base[1]) != (h.learner, d.base) or len(base[2]) != h.count:
+            raise wire.WireError("delta_base", f"weights version {h.version} is a delta from version {d.base}, "
+                                 f"this actor holds {base[1]}")
+        old = base[2][h.index]
+        old = np.frombuffer(old[0], np.uint8) if len(old) == 1 else \
+            np.concatenate([np.frombuffer(b, np.uint8) for b in old])
+        new = delta.apply(wire.buffer(frames[1]), old, d)
+        return self._chunk(frames, h, [memoryview(new)], checked=True)
 
-    def _chunk(self, frames, header: wire.WeightsChunk, payload: list) -> tuple[int, dict] | None:
-        """Take one chunk; the version's (version, tensors) once its last chunk is in, else None."""
+    def _chunk(self, frames, header: wire.WeightsChunk, payload: list,
+               checked: bool = False) -> tuple[int, dict] | None:
+        """Take one chunk (its bytes checked against its checksum unless `checked`: a delta's); the version's
+        (version, tensors) once its last chunk is in, else None."""
         if header.learner == self.learner and header.version <= self._held:
             return None  # a version we have (re-sent for another subscriber that asked)
         self.last_chunk = time.monotonic()
@@ -256,7 +261,7 @@ class WeightSubscriber:
                     "chunk_lost", f"weights version {a.version}: {a.missing} of {a.count} chunks never came "
                     f"(version {header.version} began); the version is dropped"))
             a = self._assembly = assembly.Assembly(header, self.max_version_bytes)
-        a.add(header, payload)
+        a.add(header, payload, checked)
         if not a.complete:
             return None
         self._assembly = None

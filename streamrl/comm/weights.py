@@ -178,7 +178,7 @@ class WeightPublisher:
                     chunks.copy_chunk(layout, tensors, start, buf)
                     self.copy_s += time.perf_counter() - t0
                     frames = [buf.numpy()]
-                trackers = self._send_chunk(chunks.encode_chunk_header(h), frames)
+                trackers = self._send_chunk(chunks.encode_chunk_header(h, frames), frames)
                 for tracker in trackers if pooled is not None else ():
                     self.pool.track(pooled, tracker)
                 in_flight.append((trackers, pooled is None))
@@ -219,8 +219,8 @@ class WeightPublisher:
             heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
             trackers = []
             for h in heads:
-                trackers += self._send_chunk(chunks.encode_chunk_header(h), [self.delta._slice(h, self.chunk_bytes,
-                                                                                                layout.total)])
+                frames = [self.delta._slice(h, self.chunk_bytes, layout.total)]
+                trackers += self._send_chunk(chunks.encode_chunk_header(h, frames), frames)
             self.sent["full"] += layout.total
             self._wait_sent(trackers)
         except BaseException as e:

@@ -149,6 +149,10 @@ class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
     sent_at: float = 0.0
     learner: str = ""
     """Which life of the learner sent it: a new value tells actors the learner restarted (resync)."""
+    checksum: int | None = None
+    """XXH3-64 of the chunk's bytes (frames 1.., in order; streamrl.comm.chunks.checksum): a full chunk without one,
+    or whose bytes do not match it, is refused and the version asked for again. None only as a WeightsDelta's layout
+    (the delta carries the CRC-32 of the bytes it makes)."""
 
     @property
     def count(self) -> int:

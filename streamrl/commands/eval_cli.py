@@ -67,8 +67,8 @@ def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> 
     from streamrl.tasks import rewards
 
     cfg = checkpoints.run_config(path, overrides)
-    weights = checkpoints.checkpoint_of(path)
-    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *checkpoints.load_policy(cfg, path))
+    weights = checkpoints.checkpoint_of(path)  # the newest usable one: a damaged one is passed over, said
+    evaluator = evaluation.Evaluator(cfg, rewards.build(cfg), *checkpoints.load_policy(cfg, path, weights))
     state = json.loads((weights.parent / checkpoints.STATE).read_text())
     result = {"checkpoint": str(weights), "step": state.get("step"), "policy_version": state.get("version"),
               **evaluator.run()}

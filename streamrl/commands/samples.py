@@ -1,19 +1,28 @@
 """`streamrl samples RUN [--step N] [--best|--worst]`: what the model wrote, from the run's samples.jsonl.
 
-The learner keeps samples of its batches every `log.samples_every` steps (streamrl.learner.samples). Without
+The learner keeps samples of its batches every `log.samples_every` steps (streamrl.learner.samples), in
+samples.jsonl and the parts rotated out of it (streamrl.run.samples_files), read here in order. Without
 --step this prints the newest logged step's; --best/--worst rank the samples (of that step, or of every logged
-step without --step) by reward, then advantage.
+step without --step) by reward, then advantage. Texts the model or a peer wrote are printed with every control
+character escaped (written as `\\x1b`, `\\r`, `\\u202e`): a completion cannot move the cursor, colour or retitle
+the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
 
-FILE = "samples.jsonl"  # streamrl.learner.samples.FILE (commands never import the learner)
+from streamrl.run import samples_files
+from streamrl.run.samples_files import FILE
+
+# C0 and C1 controls but newline and tab (ESC starts ANSI sequences, CR rewrites the line, 0x9b is a one-byte CSI),
+# and the bidirectional overrides that make text read otherwise than it is stored.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def add_parser(subparsers) -> None:
@@ -28,13 +37,21 @@ def add_parser(subparsers) -> None:
 
 
 def load(run: str | Path) -> list[dict]:
-    """Every record of a run's samples.jsonl; ValueError naming what is missing."""
+    """Every record of a run's samples log (every part, oldest first: RUN is the run directory or its samples.jsonl;
+    another file is read alone); ValueError naming what is missing."""
     path = Path(run)
-    path = path / FILE if path.is_dir() else path
-    if not path.is_file():
-        raise ValueError(f"{path}: no samples log (the learner writes it every log.samples_every steps; "
+    files = samples_files.parts(path.parent if path.name == FILE else path) if path.is_dir() or path.name == FILE \
+        else [path] if path.is_file() else []
+    if not files:
+        where = path / FILE if path.is_dir() else path
+        raise ValueError(f"{where}: no samples log (the learner writes it every log.samples_every steps; "
                          "log.samples_every=0 turns it off)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+
+
+def safe(text) -> str:
+    """`text` with its control characters escaped (newline and tab kept): safe to print to a terminal."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
 
 
 def choose(records: list[dict], step: int | None, best: bool, worst: bool) -> list[dict]:
@@ -60,19 +77,20 @@ def render(records: list[dict], width: int = 100) -> str:
     for r in records:
         key = (r["step"], r["group"])
         if key != last:
-            out.append(f"step {r['step']}  group {r['group']}  {r['prompt_id']}  (from {r['actor']}, policy version "
-                       f"{r['policy_version']}, lag {r['lag']})")
-            out.append(textwrap.indent(textwrap.fill(r["prompt"] or "(empty)", width), "  prompt: "))
+            out.append(f"step {r['step']}  group {r['group']}  {safe(r['prompt_id'])}  (from {safe(r['actor'])}, "
+                       f"policy version {r['policy_version']}, lag {r['lag']})")
+            out.append(textwrap.indent(textwrap.fill(safe(r["prompt"]) or "(empty)", width), "  prompt: "))
             last = key
-        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {r['finish_reason']:<6} {r['tokens']} tokens"
+        out.append(f"  reward {r['reward']:.3f}  A {r['advantage']:+.3f}  {safe(r['finish_reason']):<6} {r['tokens']} "
+                   "tokens"
                    + ("" if r.get("scored", True) else "  UNSCORED (a user's function failed on it; its group's mean "
                                                        "stands in)"))
         if parts := r.get("rewards_by_function"):
-            out.append("    by function: " + ", ".join(f"{k} {_value(v)}" for k, v in parts.items()))
+            out.append("    by function: " + ", ".join(f"{safe(k)} {_value(v)}" for k, v in parts.items()))
         if "turns" in r:
-            calls = ", ".join(f"{k} ×{n}" for k, n in sorted(r.get("tool_calls", {}).items())) or "none"
+            calls = ", ".join(f"{safe(k)} ×{n}" for k, n in sorted(r.get("tool_calls", {}).items())) or "none"
             out.append(f"    {r['turns']} turns, tool calls: {calls}")
-        out.append(textwrap.indent(textwrap.fill(r["completion"] or "(empty)", width), "    | "))
+        out.append(textwrap.indent(textwrap.fill(safe(r["completion"]) or "(empty)", width), "    | "))
     return "\n".join(out) + "\n"
 
 

@@ -109,8 +109,8 @@ def analyse(run_dir: str | Path, overrides: list[str], prompts: int, samples: in
     cfg = checkpoints.run_config(run_dir, overrides)
     reward = rewards.build(cfg)
     pre_model, tok = model_lib.build(cfg, reward.task.vocabulary)  # seeded by cfg.seed: the run's initial weights
-    post_model, _ = checkpoints.load_policy(cfg, run_dir)
     weights = checkpoints.checkpoint_of(run_dir)
+    post_model, _ = checkpoints.load_policy(cfg, run_dir, weights)
     pre_model.eval()
     items = distinct(reward.task.sample, prompts, cfg.eval.seed)   # training prompts, as the paper ranks
     ids = prompt_ids(cfg, tok, items)

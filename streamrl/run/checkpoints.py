@@ -3,6 +3,8 @@
 A checkpoint is the folder `<run>/checkpoints/<tag>/`. It is *complete* once its `streamrl.json`
 is on disk: the learner writes DeepSpeed's files and `policy.safetensors` (the full policy weights,
 loadable without DeepSpeed or pickle) first, then `streamrl.json`, then points `latest` at the tag.
+Last comes `manifest.json`, the SHA-256 of every file (streamrl.run.manifest): what is loaded is checked against it
+first, and a damaged checkpoint is passed over for the previous complete one (`newest_usable`, resume's own loop).
 Writing is the learner's (`learner.checkpoints`); this module only reads.
 
 A trained policy loads from a run directory (`runs/<name>/`: its `config.yaml` gives the config, the
@@ -17,6 +19,7 @@ import logging
 from pathlib import Path
 
 from streamrl import config as config_lib
+from streamrl.run import manifest
 
 log = logging.getLogger("streamrl.run.checkpoints")
 STATE = "streamrl.json"
@@ -57,15 +60,47 @@ def complete_newest_first(directory: Path, warn: bool = False) -> list[tuple[str
     return ordered
 
 
-def problem_with(folder: Path) -> str | None:
+def newest_usable(directory: Path) -> tuple[str, dict] | None:
+    """(tag, state) of the newest complete checkpoint under `directory` whose files check out (`problem_with`, the
+    policy's side: what eval and export read); each newer one passed over is said, naming the file and why. None
+    when there is no complete checkpoint; ValueError naming every problem when none checks out."""
+    directory = Path(directory)
+    skipped = []
+    for tag, state in complete_newest_first(directory, warn=True):
+        problem = problem_with(directory / tag, state, deepspeed=False)
+        if problem is None:
+            if skipped:
+                log.warning("checkpoints: using %s, the newest usable checkpoint", tag)
+            return tag, state
+        log.warning("checkpoints: skipping %s: %s", tag, problem)
+        skipped.append(problem)
+    if skipped:
+        raise ValueError(f"{directory}: no usable checkpoint ({'; '.join(skipped)})")
+    return None
+
+
+def problem_with(folder: Path, state: dict | None = None, deepspeed: bool = True) -> str | None:
     """What is wrong with the files of a complete checkpoint folder (naming the file), or None.
 
-    Cheap checks that catch a truncated or missing file without loading it: policy.safetensors's
-    header and length, and every DeepSpeed `*.pt` file a readable zip archive (PyTorch's format).
+    Every file against the checkpoint's manifest (streamrl.run.manifest; `state`: its streamrl.json, read here when
+    not given), then cheap checks that catch a truncated or missing file without loading it (all an older
+    checkpoint without a manifest gets): policy.safetensors's header and length, every `*.json` parses, and with
+    `deepspeed` (what resume loads; eval and export read the policy) every DeepSpeed `*.pt` file a readable zip
+    archive (PyTorch's format).
     """
     folder = Path(folder)
+    state = state if state is not None else (_state(folder.parent, folder.name) or {})
+    if problem := manifest.problem(folder, state):
+        return problem
     if (folder / POLICY).exists() and (problem := policy_problem(folder / POLICY)):
         return problem
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError):
+            return f"{path}: truncated or not JSON"
+    if not deepspeed:
+        return None
     if not list(folder.glob("*model_states.pt")):
         return f"{folder}: DeepSpeed's model states (*model_states.pt) are missing"
     for pt in sorted(folder.glob("*.pt")):
@@ -136,10 +171,12 @@ def run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 def checkpoint_of(path: str | Path) -> Path:
     """The policy.safetensors of a checkpoint tag folder, or of the newest complete checkpoint of a run."""
     p = Path(path)
-    if (p / POLICY).is_file():
+    if (p / POLICY).is_file():  # the checkpoint asked for: checked, never another one instead
+        if problem := problem_with(p, deepspeed=False):
+            raise ValueError(f"{problem}; the checkpoint is damaged: use another one (runs/<name>/checkpoints/<tag>/)")
         return p / POLICY
     folder = p if (p / LATEST).exists() or p.name == "checkpoints" else p / "checkpoints"
-    newest = newest_complete(folder)
+    newest = newest_usable(folder)
     if newest is None:
         raise FileNotFoundError(f"{folder}: no complete checkpoint (a finished run leaves one; "
                                 "set learner.checkpoint_every to save them during a run)")
@@ -165,8 +202,9 @@ def load_weights(model, path: str | Path) -> None:
     model.load_state_dict(tensors, strict=True)
 
 
-def load_policy(cfg: config_lib.Config | None, path: str | Path):
-    """(model, tokenizer) of the newest complete checkpoint at `path`, in eval mode on the CPU.
+def load_policy(cfg: config_lib.Config | None, path: str | Path, weights: Path | None = None):
+    """(model, tokenizer) of the newest usable checkpoint at `path` (or of its policy file `weights`, as
+    `checkpoint_of` chose it), in eval mode on the CPU.
 
     The model is built by `streamrl.models.model.build(cfg)`; `cfg` None reads the run's config.yaml.
     """
@@ -174,5 +212,5 @@ def load_policy(cfg: config_lib.Config | None, path: str | Path):
 
     cfg = cfg or run_config(path)
     model, tokenizer = model_lib.build(cfg)
-    load_weights(model, checkpoint_of(path))
+    load_weights(model, weights or checkpoint_of(path))
     return model.eval(), tokenizer

@@ -2,7 +2,8 @@
 that `transformers.AutoModelForCausalLM.from_pretrained(OUT)` and `vllm serve OUT` load, with the logits the
 learner computed from the same weights.
 
-The checkpoint (streamrl/run/checkpoints.py) is the newest complete one, or the one at `--step N`; its
+The checkpoint (streamrl/run/checkpoints.py) is the newest complete one whose files match its manifest (a damaged
+one is passed over for the one before, said), or the one at `--step N` (refused when damaged); its
 `policy.safetensors` holds the full policy under Hugging Face names. The folder around the weights:
 - the tiny default (`model.path` unset): rebuilt from the run's config.yaml as transformers' Llama config,
   generation config and PreTrainedTokenizerFast (streamrl.models.hf_folder.save, the writer the vLLM and
@@ -72,7 +73,10 @@ def checkpoint_folder(path: str | Path, step: int | None = None) -> Path:
         if not complete:
             raise ExportError(f"{directory}: no complete checkpoint (a finished run leaves one; "
                               "set learner.checkpoint_every to save them during a run)")
-        newest = checkpoints.newest_complete(directory)
+        try:
+            newest = checkpoints.newest_usable(directory)  # past a damaged one to the one before, said
+        except ValueError as e:
+            raise ExportError(f"{e}; nothing to export") from None
         return _verified(directory / newest[0])
     at = [tag for tag, s in complete if s.get("step") == step]
     if at:
@@ -101,7 +105,7 @@ def _verified(folder: Path) -> Path:
     if not policy.is_file():
         raise ExportError(f"{policy}: missing (the checkpoint was written before checkpoints carried the policy's "
                           "weights); export a later one")
-    if problem := checkpoints.policy_problem(policy):
+    if problem := checkpoints.problem_with(folder, deepspeed=False):
         raise ExportError(f"{problem}; the checkpoint is damaged: export an earlier one (--step)")
     return folder
 

@@ -1,6 +1,7 @@
 """Delta weight versions (transport.weights_delta, streamrl.comm.delta) over real ZeroMQ sockets on loopback: versions
 assembled from deltas are bit-identical to full sends, a corrupted delta is caught by its checksum and repaired by a
-full version, and `auto` picks the smaller of the two."""
+full version, a full version damaged on the way is caught by its chunks' checksums and sent again, and `auto` picks
+the smaller of the two."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import zmq
 from fakes.pubsub import joined
 
-from streamrl.comm import assembly, chunks, delta
+from streamrl.comm import assembly, chunks, delta, wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
 from streamrl.comm.subscriber import WeightSubscriber
@@ -124,6 +125,32 @@ def test_a_corrupted_delta_is_refused_and_repaired_by_a_full_version(channel, co
     pub.publish(2, state)  # repaired: the next delta applies on the full version's bytes
     got = receive(sub, 2, control)
     assert torch.equal(got["w"], state["w"]) and sub.deltas >= 1
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_a_flipped_bit_in_a_full_version_is_refused_counted_asked_for_again_and_the_right_version_applied(channel,
+                                                                                                          mode):
+    pub, control, sub = channel(mode=mode)  # on: a delta run's full versions (the first one) are checked alike
+    state = {"w": torch.arange(4096, dtype=torch.float32).view(64, 64), "b": torch.ones(7)}
+    send, flipped = pub._send_chunk, []
+
+    def flip(header, frames):  # one bit of chunk 1 of version 0 flips on the way, once
+        if not flipped and wire.decode_header([header]).index == 1:
+            frames = [bytearray(memoryview(f).cast("B")) for f in frames]
+            frames[0][17] ^= 0x04
+            flipped.append(True)
+        return send(header, frames)
+
+    pub._send_chunk = flip
+    pub.publish(0, state)  # live: the re-request is answered with version 0 again
+    got = receive(sub, 0, control)
+    assert flipped and torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+    assert dict(sub.rejected.counts) == {"weights_checksum": 1} and pub.rebroadcasts >= 1
+    pub.settle()
+    state["w"][1, :3] += 1.0
+    pub.publish(1, state)  # the channel goes on as before (a delta from the version re-sent, in mode on)
+    got = receive(sub, 1, control)
+    assert torch.equal(got["w"], state["w"]) and dict(sub.rejected.counts) == {"weights_checksum": 1}
 
 
 def test_a_delta_from_a_base_the_actor_lacks_is_refused_and_the_next_version_goes_full():

@@ -402,6 +402,16 @@ def test_weights_of_the_wrong_byte_size_are_length_mismatch():
     assert reason(decode_weights, [frames[0], frames[1][:-4]]) == "length_mismatch"
 
 
+def test_a_weights_chunk_with_a_flipped_bit_or_no_checksum_is_weights_checksum():
+    frames = to_bytes(chunks.encode_weights(0, {"w": torch.arange(16.0)})[0])
+    bad = bytearray(frames[1])
+    bad[9] ^= 0x01
+    assert reason(decode_weights, [frames[0], bytes(bad)]) == "weights_checksum"
+    header = msgspec.structs.replace(wire.decode_header(frames), checksum=None)
+    assert reason(decode_weights, [msgspec.msgpack.encode(header), frames[1]]) == "weights_checksum"
+    assert decode_weights(frames)[1]["w"].tolist() == list(range(16))
+
+
 def test_a_one_chunk_version_decodes_as_views_of_its_frame_without_a_copy():
     messages = chunks.encode_weights(3, {"a": torch.ones(3), "b": torch.arange(4, dtype=torch.int64)})
     assert len(messages) == 1 and len(messages[0]) == 2
@@ -417,11 +427,11 @@ def _chunk(offsets=None, total=None, shapes=((3,), (2,)), dtype="float32", chunk
     infos = [wire.TensorInfo(f"t{i}", dtype, list(s)) for i, s in enumerate(shapes)]
     offsets = [0, 16][:len(shapes)] if offsets is None else offsets
     total = 64 if total is None else total
-    header = wire.WeightsChunk(version=version, tensors=infos, offsets=offsets, total=total, chunk_bytes=chunk_bytes,
-                               index=index)
     if payload is None:
         start = index * chunk_bytes
         payload = bytes(max(0, min(chunk_bytes, total - start)))
+    header = wire.WeightsChunk(version=version, tensors=infos, offsets=offsets, total=total, chunk_bytes=chunk_bytes,
+                               index=index, checksum=chunks.checksum([payload]))  # as a learner sends it
     return [msgspec.msgpack.encode(header), payload]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -209,3 +210,106 @@ def test_a_truncated_policy_file_is_a_one_line_error_that_names_it(tmp_path):
     policy.write_bytes(policy.read_bytes()[:-10])
     with pytest.raises(ValueError, match=f"{policy}: truncated"):
         reader.load_weights(torch.nn.Linear(1, 1), policy)
+
+
+# Checkpoints carry a manifest of SHA-256 sums, written last; resume, eval and export check it and fall back.
+
+def _run_with_two_checkpoints(tmp_path, extra=None):
+    """A run directory (config.yaml of a small model) with complete checkpoints at steps 3 and 6, the weights of
+    each different, as the learner writes them (DeepSpeed's file stood in for by a real PyTorch zip)."""
+    from streamrl import config
+    from streamrl.models import model as model_lib
+
+    cfg = config.load(None, ["model.hidden_size=16", "model.intermediate_size=16", "eval.prompts=2",
+                             "eval.samples=1", "eval.ks=[1]"])
+    (tmp_path / "config.yaml").write_text(config.dump(cfg))
+    trained, _ = model_lib.build(cfg)
+    for step in (3, 6):
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.add_(0.01 * step)
+        checkpoints.save(tmp_path / "checkpoints", f"step-{step}", _torch_model_states,
+                         {"step": step, "version": step}, trained.state_dict(), extra)
+    return tmp_path / "checkpoints"
+
+
+def _flip_a_byte_of_tensor_data(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x20  # the last tensor's bytes: the header and the length still check out
+    path.write_bytes(bytes(data))
+
+
+def test_every_file_of_a_checkpoint_is_in_its_manifest_written_after_streamrl_json(tmp_path):
+    from streamrl.run import manifest
+
+    ckpts = _run_with_two_checkpoints(tmp_path, extra=lambda folder: (folder / "data_cursor.json").write_text("{}"))
+    files = json.loads((ckpts / "step-6" / manifest.MANIFEST).read_text())["files"]
+    assert set(files) == {checkpoints.POLICY, checkpoints.STATE, "data_cursor.json", "mp_rank_00_model_states.pt"}
+    assert files[checkpoints.POLICY]["sha256"] == manifest.sha256(ckpts / "step-6" / checkpoints.POLICY)
+    assert json.loads((ckpts / "step-6" / checkpoints.STATE).read_text())["manifest"] == manifest.MANIFEST
+
+
+def test_a_flipped_byte_of_tensor_data_makes_resume_eval_and_export_fall_back_naming_the_file(tmp_path, caplog):
+    from streamrl.commands import cli
+    from streamrl.run import checkpoints as reader
+    from streamrl.run import export
+
+    ckpts = _run_with_two_checkpoints(tmp_path)
+    bad = ckpts / "step-6" / checkpoints.POLICY
+    _flip_a_byte_of_tensor_data(bad)
+    assert reader.policy_problem(bad) is None  # whole by its header and length: only the sums see it
+    named = f"skipping step-6: {bad}: its SHA-256 differs from the manifest's"
+    with caplog.at_level("WARNING"):
+        tag, state = checkpoints.resume(_Engine(), ckpts)
+    assert (tag, state["step"]) == ("step-3", 3) and named in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert reader.checkpoint_of(tmp_path) == ckpts / "step-3" / checkpoints.POLICY  # what eval and uplift load
+        assert cli.main(["eval", str(tmp_path)]) == 0
+    assert named in caplog.text and "using step-3" in caplog.text
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert export.export(tmp_path, tmp_path / "out").step == 3
+    assert named in caplog.text
+    with pytest.raises(export.ExportError, match="SHA-256 differs"):  # the damaged one asked for by name: refused
+        export.export(tmp_path, tmp_path / "out6", step=6)
+    with pytest.raises(ValueError, match="SHA-256 differs"):
+        reader.checkpoint_of(ckpts / "step-6")
+
+
+@pytest.mark.parametrize("manifest_too", [True, False], ids=["with_manifest", "older_checkpoint_without"])
+def test_a_truncated_data_cursor_in_the_newest_checkpoint_makes_resume_fall_back(tmp_path, caplog, manifest_too):
+    from streamrl.run import manifest
+
+    ckpts = _run_with_two_checkpoints(tmp_path, extra=lambda f: (f / "data_cursor.json").write_text('{"epoch": 0}'))
+    cursor = ckpts / "step-6" / "data_cursor.json"
+    cursor.write_text('{"epo')
+    if not manifest_too:  # as an older version wrote it: no manifest, the JSON check still sees it
+        for step in (3, 6):
+            state = json.loads((ckpts / f"step-{step}" / checkpoints.STATE).read_text())
+            del state["manifest"]
+            (ckpts / f"step-{step}" / checkpoints.STATE).write_text(json.dumps(state))
+            (ckpts / f"step-{step}" / manifest.MANIFEST).unlink()
+    with caplog.at_level("WARNING"):
+        tag, _ = checkpoints.resume(_Engine(), ckpts)
+    assert tag == "step-3" and f"skipping step-6: {cursor}" in caplog.text
+    assert ("before checkpoints carried a manifest" in caplog.text) == (not manifest_too)
+
+
+def test_a_checkpoint_whose_manifest_never_got_written_is_skipped_and_one_from_before_manifests_accepted(tmp_path,
+                                                                                                        caplog):
+    from streamrl.run import manifest
+
+    ckpts = _run_with_two_checkpoints(tmp_path)
+    (ckpts / "step-6" / manifest.MANIFEST).unlink()  # the learner stopped between streamrl.json and the manifest
+    with caplog.at_level("WARNING"):
+        assert checkpoints.resume(_Engine(), ckpts)[0] == "step-3"
+    assert f"skipping step-6: {ckpts / 'step-6' / manifest.MANIFEST}: missing" in caplog.text
+    state = json.loads((ckpts / "step-6" / checkpoints.STATE).read_text())
+    del state["manifest"]  # an older version's checkpoint: accepted, said
+    (ckpts / "step-6" / checkpoints.STATE).write_text(json.dumps(state))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert checkpoints.resume(_Engine(), ckpts)[0] == "step-6"
+    assert "step-6 was written before checkpoints carried a manifest" in caplog.text

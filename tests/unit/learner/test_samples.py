@@ -100,3 +100,71 @@ def test_a_resumed_learner_cuts_the_log_back_to_the_steps_before_its_checkpoint_
     assert len(aside.read_text().splitlines()) == 16  # all 4 logged steps' records, untouched
     SamplesLog(cfg, tok, tmp_path, resumed_step=10)  # nothing past the checkpoint: nothing moved
     assert len(list(tmp_path.glob("samples.jsonl.before-resume-*"))) == 1
+
+
+def _tokenizer(prompt_chars: int = 0):
+    """decode(ids): the words, and with prompt_chars the prompt (the ids of `group`'s prompt) that long."""
+    def text(ids, **kw):
+        return "say " + "é" * prompt_chars if prompt_chars and ids == [4, 2] else decode(ids)
+
+    return type("T", (), {"decode": staticmethod(text)})()
+
+
+def test_a_200_kb_prompt_logged_every_step_keeps_lines_bounded_with_a_marker_and_the_full_length(tmp_path):
+    cfg = config.load(None, ["log.samples_every=1", "log.samples_per_log=8"])
+    log = SamplesLog(cfg, _tokenizer(prompt_chars=200_000), tmp_path)
+    for step in range(5):
+        log(step, step, [group("a", [0.0, 0.5, 1.0, 0.0], step), group("b", [1.0, 0.0, 0.0, 0.0], step)])
+    lines = (tmp_path / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 40 and max(len(line) for line in lines) < 5000, max(len(line) for line in lines)
+    r = json.loads(lines[0])
+    assert r["truncated"] == {"prompt": 200_004} and len(r["prompt"]) < 4100
+    assert r["prompt"].startswith("say éé") and "…[truncated, 200004 chars]…" in r["prompt"] and r["prompt"][-1] == "é"
+
+
+def test_the_log_rotates_past_its_size_cap_keeping_every_part_and_streamrl_samples_reads_across_them(tmp_path, capsys):
+    cfg = config.load(None, ["log.samples_every=1", "log.samples_per_log=4", "log.samples_max_mb=0.004"])
+    log = SamplesLog(cfg, _tokenizer(), tmp_path)
+    for step in range(20):
+        log(step, step, [group("a", [0.0, 0.5, 1.0, float(step) / 20], step)])
+    parts = sorted(p.name for p in tmp_path.glob("samples*.jsonl"))
+    assert len(parts) >= 4 and "samples.1.jsonl" in parts and "samples.jsonl" in parts, parts
+    assert all((tmp_path / p).stat().st_size <= 0.004 * (1 << 20) for p in parts)
+    assert [r["step"] for r in samples_cli.load(tmp_path)] == [s for s in range(20) for _ in range(4)]  # in order
+    assert samples_cli.load(tmp_path / "samples.jsonl") == samples_cli.load(tmp_path)
+    assert cli.main(["samples", str(tmp_path), "--step", "0"]) == 0 and "step 0  group 0  a" in capsys.readouterr().out
+    assert cli.main(["samples", str(tmp_path)]) == 0 and "step 19  group 0" in capsys.readouterr().out
+    # a resume to step 10 cuts every part back, each part it cuts moved aside whole first; logging goes on after
+    log = SamplesLog(cfg, _tokenizer(), tmp_path, resumed_step=10)
+    assert sorted({r["step"] for r in samples_cli.load(tmp_path)}) == list(range(10))
+    aside = [line for p in tmp_path.glob("samples*.before-resume-10-*") for line in p.read_text().splitlines()]
+    assert {json.loads(line)["step"] for line in aside} >= set(range(10, 20))  # nothing destroyed
+    for step in range(10, 14):  # the redone steps go on in the parts after the kept ones
+        log(step, step, [group("b", [0.0, 0.5, 1.0, 0.0], step)])
+    assert [r["step"] for r in samples_cli.load(tmp_path)] == [s for s in range(14) for _ in range(4)]
+
+
+def test_past_samples_max_files_the_log_stops_and_deletes_nothing(tmp_path, caplog):
+    cfg = config.load(None, ["log.samples_every=1", "log.samples_per_log=4", "log.samples_max_mb=0.004",
+                             "log.samples_max_files=3"])
+    log = SamplesLog(cfg, _tokenizer(), tmp_path)
+    with caplog.at_level("WARNING"):
+        for step in range(30):
+            log(step, step, [group("a", [0.0, 0.5, 1.0, 0.0], step)])
+    assert sorted(p.name for p in tmp_path.glob("samples*")) == ["samples.1.jsonl", "samples.2.jsonl", "samples.jsonl"]
+    steps = [r["step"] for r in samples_cli.load(tmp_path)]
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] < 29  # the first steps kept, the later not written
+    assert caplog.text.count("no samples are logged from step") == 1
+
+
+def test_streamrl_samples_escapes_control_characters_and_keeps_the_text_readable(tmp_path, capsys):
+    cfg = config.load(None, ["advantage.r_min_correct=1.0"])
+    [r] = records([group("a", [1.0], 0)], 0, 0, cfg, decode, 1)
+    r.update(completion="ok \x1b[31mRED\x1b[0m\rgone\x07 \x9b2J \u202eevil\nnext line", actor="actor-\x1b]0;title\x07",
+             turns=1, tool_calls={"\x1b[2Jwipe": 1})
+    (tmp_path / "samples.jsonl").write_text(json.dumps(r) + "\n")
+    assert cli.main(["samples", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\r\x07\x9b\u202e"), repr(out)
+    assert r"ok \x1b[31mRED\x1b[0m\rgone\x07 \x9b2J \u202eevil next line" in out, out
+    assert r"from actor-\x1b]0;title\x07" in out and r"tool calls: \x1b[2Jwipe ×1" in out, out

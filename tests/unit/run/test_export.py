@@ -145,12 +145,15 @@ def test_an_incomplete_checkpoint_is_named_and_never_exported(run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_truncated_policy_file_is_named_and_nothing_is_left_at_out(run, tmp_path):
+def test_a_truncated_policy_file_is_named_and_the_one_before_exported_unless_asked_for_by_step(run, tmp_path, caplog):
     policy = run / "checkpoints" / "step-4" / "policy.safetensors"
     policy.write_bytes(policy.read_bytes()[:-100])
     with pytest.raises(export.ExportError, match=r"step-4/policy.safetensors: truncated .* export an earlier one"):
-        export.export(run, tmp_path / "out")
-    assert export.export(run, tmp_path / "out", step=2).step == 2
+        export.export(run, tmp_path / "out", step=4)
+    assert not (tmp_path / "out").exists()
+    with caplog.at_level("WARNING"):
+        assert export.export(run, tmp_path / "out").step == 2  # the newest, damaged: passed over, said
+    assert "skipping step-4: " in caplog.text and "step-4/policy.safetensors: truncated" in caplog.text
 
 
 def test_an_existing_out_is_refused_and_left_alone(run, tmp_path):
