@@ -72,6 +72,8 @@ class EpisodeStats(msgspec.Struct):
     """Prompts whose opening left no room for a reply (their groups are not made)."""
     groups_unscored: int = 0
     """Groups not made because the environment raised in every one of their episodes."""
+    endpoint_refused: dict[str, int] = {}
+    """Agent tasks: requests the actor's endpoint refused itself, by code (unauthorized, too_large, ...)."""
 
     def add(self, other: "EpisodeStats") -> None:
         self.episodes += other.episodes
@@ -84,22 +86,25 @@ class EpisodeStats(msgspec.Struct):
         self.groups_unscored += other.groups_unscored
         self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
         self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
+        self.endpoint_refused = dict(Counter(self.endpoint_refused) + Counter(other.endpoint_refused))
 
     def counts(self) -> dict[str, int]:
         """What the learner's metrics.jsonl and summary.json count ({} without episodes): episodes,
-        tool_calls/<tool>/<outcome>, truncated/<reason>, step_raised."""
+        tool_calls/<tool>/<outcome>, truncated/<reason>, step_raised, endpoint_refused/<code>."""
         if not self.episodes:
             return {}
         return {"episodes": self.episodes, **{f"tool_calls/{k}": v for k, v in self.tool_calls.items()},
                 **{f"truncated/{k}": v for k, v in self.truncated.items()},
-                **({"step_raised": self.step_raised} if self.step_raised else {})}
+                **({"step_raised": self.step_raised} if self.step_raised else {}),
+                **{f"endpoint_refused/{k}": v for k, v in self.endpoint_refused.items()}}
 
     def report(self) -> dict:
         """The actor's report: totals, mean turns, and the share of episode time spent in tools."""
         return {"episodes": self.episodes, "episode_turns_mean": round(sum(self.turns) / max(1, len(self.turns)), 3),
                 "tool_calls": dict(self.tool_calls), "tool_time_share": round(self.tool_s / self.episode_s, 4)
                 if self.episode_s else 0.0, "episodes_truncated": dict(self.truncated),
-                "episodes_template_drift": self.template_drift, "episodes_step_raised": self.step_raised}
+                "episodes_template_drift": self.template_drift, "episodes_step_raised": self.step_raised,
+                "endpoint_refused": dict(self.endpoint_refused)}
 
 
 class _Episode:
