@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-import sys
 import threading
 import time
 import traceback
@@ -57,7 +56,7 @@ from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import agent as agent_task
 from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.reward_health import FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
 
 log = logging.getLogger("streamrl.actor")
@@ -320,7 +319,7 @@ class AgentEpisodes:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
         value, why = None, e.failure
         if why is None and e.error is not None:
-            why = "timeout" if _timed_out(e.error) else "raised"
+            why = "timeout" if timed_out(e.error) else "raised"
             log.warning("%s: agent %s %s in episode %s (scored lowest, counted): %s: %s", self.actor_id,
                         getattr(self.fn, "__name__", self.fn), "timed out" if why == "timeout" else "raised", e.id,
                         type(e.error).__name__, e.error)
@@ -380,19 +379,6 @@ def _reward(value) -> tuple[float | None, str | None]:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None, "bad_return"
     return (float(value), None) if math.isfinite(value) else (None, "non_finite")
-
-
-def _timed_out(err: BaseException | None) -> bool:
-    """Whether an agent's exception is a timeout: Python's, or its client's (openai, httpx), or caused by one."""
-    kinds = tuple([TimeoutError] + [getattr(sys.modules[m], n) for m, n in (
-        ("openai", "APITimeoutError"), ("httpx", "TimeoutException")) if m in sys.modules])  # raised only if imported
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, kinds):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
 
 
 def _starts(renderer: Renderer, held: list[int], ids: list[int], prompt) -> bool:
