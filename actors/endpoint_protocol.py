@@ -18,6 +18,7 @@ from __future__ import annotations
 import http
 import json
 import logging
+import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -47,6 +48,12 @@ class GuardedH11(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, not on those accepted from a socket
+        # made with proto 0: an answer's headers and body are two writes, and Nagle's algorithm would hold the body
+        # for the client's delayed ACK (~40 ms a request).
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
