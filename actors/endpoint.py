@@ -266,15 +266,19 @@ class Endpoint:
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:  # h11 has refused any other Content-Length (400)
             raise Refused(413, f"body of {length} bytes; at most {MAX_BODY_BYTES}", "too_large")
-        loop = asyncio.get_running_loop()
-        deadline, chunks, size = loop.time() + self.read_timeout_s, [], 0
+        # One deadline for the whole body, cancelling this task: asyncio.wait_for would wrap every receive in a
+        # task of its own, loop turns that each cost a wait for the GIL while agents' threads hold it.
+        task, expired = asyncio.current_task(), []
+
+        def expire() -> None:
+            expired.append(True)
+            task.cancel()
+
+        late = asyncio.get_running_loop().call_later(self.read_timeout_s, expire)
+        chunks, size = [], 0
         try:
             while True:
-                try:
-                    message = await asyncio.wait_for(request.receive(), deadline - loop.time())
-                except asyncio.TimeoutError:
-                    raise Refused(408, f"the body did not arrive within endpoint.read_timeout_s="
-                                       f"{self.read_timeout_s:g}s", "read_timeout") from None
+                message = await request.receive()
                 if message["type"] == "http.disconnect":
                     raise _Gone
                 chunk = message.get("body", b"")
@@ -287,7 +291,15 @@ class Endpoint:
                 chunks.append(chunk)
                 if not message.get("more_body"):
                     return b"".join(chunks)
+        except asyncio.CancelledError:
+            if not expired:  # not our deadline: the server is stopping
+                raise
+            if hasattr(task, "uncancel"):  # 3.11: the task goes on, to answer 408
+                task.uncancel()
+            raise Refused(408, f"the body did not arrive within endpoint.read_timeout_s={self.read_timeout_s:g}s",
+                          "read_timeout") from None
         finally:
+            late.cancel()
             self._buffered -= sum(map(len, chunks))
 
     def _episode(self, request: HttpRequest, body: dict) -> str:
@@ -322,11 +334,11 @@ class Endpoint:
             if self._closing:
                 raise Refused(503, f"{self.actor_id}: the actor is stopping", "stopping")
             self.requests.put(request)
-        try:
-            await asyncio.wait_for(answered, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise Refused(503, f"not served within {self.timeout_s:g}s (endpoint.request_timeout_s)",
-                          "timeout") from None
+        late = loop.call_later(self.timeout_s, lambda: answered.done() or answered.set_result(None))
+        await answered  # the answer, or the deadline (a future, not asyncio.wait_for's task: see _read)
+        late.cancel()
+        if request.payload is None:
+            raise Refused(503, f"not served within {self.timeout_s:g}s (endpoint.request_timeout_s)", "timeout")
         if request.status == 200 and body.get("stream"):
             return Response(replies.stream(kind, body, request.payload), headers={"content-type": "text/event-stream"})
         return _json(request.status, request.payload)
