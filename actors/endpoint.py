@@ -266,8 +266,8 @@ class Endpoint:
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:  # h11 has refused any other Content-Length (400)
             raise Refused(413, f"body of {length} bytes; at most {MAX_BODY_BYTES}", "too_large")
-        # One deadline for the whole body, cancelling this task: asyncio.wait_for would wrap every receive in a
-        # task of its own, loop turns that each cost a wait for the GIL while agents' threads hold it.
+        # One deadline for the whole body (a client trickling a byte at a time cannot stretch it), cancelling this
+        # task when it passes; not asyncio.wait_for, which wraps each receive in a task of its own.
         task, expired = asyncio.current_task(), []
 
         def expire() -> None:
@@ -335,7 +335,7 @@ class Endpoint:
                 raise Refused(503, f"{self.actor_id}: the actor is stopping", "stopping")
             self.requests.put(request)
         late = loop.call_later(self.timeout_s, lambda: answered.done() or answered.set_result(None))
-        await answered  # the answer, or the deadline (a future, not asyncio.wait_for's task: see _read)
+        await answered  # the answer, or the deadline
         late.cancel()
         if request.payload is None:
             raise Refused(503, f"not served within {self.timeout_s:g}s (endpoint.request_timeout_s)", "timeout")

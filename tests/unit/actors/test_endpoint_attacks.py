@@ -62,7 +62,8 @@ def _answer(s: socket.socket) -> tuple[int, dict | None]:
             return 0, None
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(body) < length:
         body += s.recv(65536)
     return int(head.split()[1]), json.loads(body)
@@ -75,7 +76,8 @@ def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
 
 
 def _openai_error(body, code: str) -> bool:
-    return isinstance(body, dict) and body["error"]["code"] == code and body["error"]["type"] and body["error"]["message"]
+    error = body["error"] if isinstance(body, dict) else {}
+    return error.get("code") == code and bool(error.get("type")) and bool(error.get("message"))
 
 
 FOREIGN = """
@@ -85,8 +87,8 @@ def foreign(client, headers, body):
     data = json.dumps(body).encode()
     extra = "".join(f"{k}: {v}\\r\\n" for k, v in headers.items())
     with socket.create_connection((host, int(port)), timeout=20) as s:
-        s.sendall((f"POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: {len(data)}\\r\\n{extra}\\r\\n")
-                  .encode() + data)
+        head = f"POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: {len(data)}\\r\\n{extra}\\r\\n"
+        s.sendall(head.encode() + data)
         return int(s.recv(65536).split()[1])
 """
 
@@ -103,7 +105,8 @@ def agent(client, row):
            foreign(client, {{}}, {{"messages": injected, "user": episode}}),
            foreign(client, {{"Authorization": "Bearer " + episode + ":AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}},
                    {{"messages": injected}})]
-    messages += [{{"role": "assistant", "content": r.choices[0].message.content}}, {{"role": "user", "content": "next"}}]
+    messages += [{{"role": "assistant", "content": r.choices[0].message.content}},
+                 {{"role": "user", "content": "next"}}]
     client.chat.completions.create(model="policy", messages=messages, max_tokens=2)  # its own turn goes on
     with open({str(seen)!r}, "a") as f:
         f.write(json.dumps({{"episode": episode, "foreign": got}}) + "\\n")
@@ -212,7 +215,8 @@ def test_json_nested_100000_deep_gets_400(tmp_path):
     try:
         for deep in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000):
             status, body = _exchange(_address(runner), _post("/v1/chat/completions", deep, {}))
-            assert status == 400 and _openai_error(body, "bad_request") and "nested too deeply" in body["error"]["message"]
+            assert status == 400 and _openai_error(body, "bad_request"), body
+            assert "nested too deeply" in body["error"]["message"]
     finally:
         runner.close()
 
