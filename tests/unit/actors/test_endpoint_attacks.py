@@ -265,3 +265,28 @@ def agent(client, row):
     assert runner.health.first[runner.name][0] == "timeout"
     # the first batch's calls were sent before the engine stalled: their agents raised APITimeoutError at 1.5 s
     assert "timed out in episode" in caplog.text and "APITimeoutError" in caplog.text
+
+
+def test_requests_past_the_in_flight_bound_get_503_and_are_counted(tmp_path, monkeypatch):
+    from streamrl.actors import endpoint
+
+    monkeypatch.setattr(endpoint, "MAX_IN_FLIGHT", 4)
+    runner = _runner(tmp_path, "def agent(client, row):\n    return 0.0\n")
+    address = _address(runner)
+    body = json.dumps({"messages": [{"role": "user", "content": "a"}]}).encode()
+    waiting = []
+    try:
+        for k in range(4):  # genuine, for episodes no runner serves: they wait in flight
+            s = socket.create_connection(address, timeout=20)
+            key = runner.endpoint.keys.issue(f"e-{k}")
+            s.sendall(_post("/v1/chat/completions", body, {"Authorization": f"Bearer {key}"}))
+            waiting.append(s)
+        time.sleep(0.5)
+        status, answer = _exchange(address, _post("/v1/chat/completions", body, {}))
+        assert status == 503 and _openai_error(answer, "busy")
+        assert runner.endpoint.refused_total == {"busy": 1}
+    finally:
+        runner.close()
+    assert [_answer(s)[0] for s in waiting] == [503] * 4  # told the actor is stopping
+    for s in waiting:
+        s.close()
