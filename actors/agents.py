@@ -3,7 +3,8 @@
 
 Each generate call plays G episodes per prompt: `task.agent` is called as fn(client, row) on a thread of its
 own (at most `task.agent_workers` at once), with `client` an `openai.OpenAI` pointed at the actor's endpoint
-(`streamrl.actors.endpoint`) whose every request carries the episode's id. Meanwhile this thread, the actor's,
+(`streamrl.actors.endpoint`) whose api_key is the episode's credential (`streamrl.actors.credentials`: only the
+agent started for an episode may call for it; episode ids carry a random part). Meanwhile this thread, the actor's,
 serves the endpoint: the requests of concurrent episodes are batched into one generate call (waiting at most
 `endpoint.batch_window_s` for the episodes still thinking), so the engine is only ever used from the actor's
 thread and every turn of a call is sampled with the weights of one version.
@@ -21,10 +22,12 @@ prompt ids, completion ids, log-probs, policy version; `endpoint.record_turns` w
 A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return
 is the reward (a dict: rewards by name, summed), shaped onto the task's scale. Failures are counted as reward
 failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
-abandoned, since Python cannot stop a thread; its later requests get 404), returned no number (`bad_return`,
-`non_finite`, `out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens
-is scored lowest; a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing
-on most of its last `task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run.
+abandoned, since Python cannot stop a thread; its later requests get 404) or raised because a model call timed
+out (`timeout` too), returned no number (`bad_return`, `non_finite`, `out_of_scale`) or never called the model
+(`no_model_call`). A failed episode that sampled tokens is scored lowest; a group with an episode that sampled
+nothing is not sent (`groups_unscored`). An agent failing on most of its last `task.reward_fail_window` episodes is
+broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint refuses (no valid credential, malformed)
+never reach an episode, so they never count against the agent (counted apart: `endpoint_refused/<code>`).
 
 A request may ask for `n` choices (the episode goes on with the one the agent sends back), declare `tools` (the
 reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`streamrl.actors.replies`).
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import threading
 import time
 import traceback
@@ -52,7 +56,7 @@ from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import agent as agent_task
 from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.reward_health import FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
 
 log = logging.getLogger("streamrl.actor")
@@ -110,9 +114,9 @@ class AgentEpisodes:
         self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
         self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
         self.parser = parser_for(t.tool_parser, self.renderer.chat)
-        self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id)
+        self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id,
+                                 e.read_timeout_s)
         self.live: dict[str, _Episode] = {}
-        self.calls = 0
         self.record = Path(cfg.run_path) / "agent_turns" / f"{actor_id}.jsonl" if e.record_turns else None
         self.turns_log: list[Turn] = []
         """Every turn of the last call (tests and the record read it)."""
@@ -123,13 +127,14 @@ class AgentEpisodes:
 
     def _client_for(self, episode_id: str):
         """An openai.OpenAI for one episode: one connection pool for all (a client is costly to make), each copy
-        sending its episode's id."""
+        sending its episode's credential as its api_key (and its id)."""
         if self._client is None:
             import openai  # the agent's client: `pip install streamrl[agents]`
 
             self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
                                          timeout=self.timeout_s)
-        return self._client.with_options(default_headers={"X-Episode-Id": episode_id})
+        return self._client.with_options(api_key=self.endpoint.keys.issue(episode_id),
+                                         default_headers={"X-Episode-Id": episode_id})
 
     def close(self) -> None:
         self.endpoint.close()
@@ -137,9 +142,9 @@ class AgentEpisodes:
             self._client.close()
 
     def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats, RolloutStats]:
-        self.calls += 1
         stats, done = EpisodeStats(), RolloutStats()
-        episodes = [_Episode(f"{self.actor_id}-{self.calls}-{g}-{i}", g, row_of(p))
+        nonce = secrets.token_hex(6)  # ids nobody outside can list: <actor>-<random>-<group>-<sample>
+        episodes = [_Episode(f"{self.actor_id}-{nonce}-{g}-{i}", g, row_of(p))
                     for g, p in enumerate(prompts) for i in range(self.group_size)]
         self._play(episodes, version, stats)
         groups = []
@@ -160,6 +165,7 @@ class AgentEpisodes:
         stats.turns = [e.turn_count for e in episodes]
         stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
         stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
+        stats.endpoint_refused = self.endpoint.take_refused()
         self.turns_log = [t for e in episodes for t in e.turns]
         if self.record is not None:
             self.record.parent.mkdir(parents=True, exist_ok=True)
@@ -313,9 +319,10 @@ class AgentEpisodes:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
         value, why = None, e.failure
         if why is None and e.error is not None:
-            why = "raised"
-            log.warning("%s: agent %s raised in episode %s (scored lowest, counted): %s: %s", self.actor_id,
-                        getattr(self.fn, "__name__", self.fn), e.id, type(e.error).__name__, e.error)
+            why = "timeout" if timed_out(e.error) else "raised"
+            log.warning("%s: agent %s %s in episode %s (scored lowest, counted): %s: %s", self.actor_id,
+                        getattr(self.fn, "__name__", self.fn), "timed out" if why == "timeout" else "raised", e.id,
+                        type(e.error).__name__, e.error)
         elif why is None and not e.turns:
             why = "no_model_call"
             log.warning("%s: agent %s returned without calling the model in episode %s (counted; its group is "
@@ -335,7 +342,7 @@ class AgentEpisodes:
 
     def _detail(self, e: _Episode, why: str) -> str:
         """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
-        if why == "raised":  # from the agent's frame down (the first is this runner's thread)
+        if e.error is not None and e.failure is None:  # its own exception: from the agent's frame down
             tb = e.error.__traceback__
             return "".join(traceback.format_exception(type(e.error), e.error, tb.tb_next if tb else None))
         if why == "timeout":

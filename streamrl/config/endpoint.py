@@ -12,6 +12,8 @@ class EndpointConfig(_Section):
     """First port: actor i serves on port + i; 0: a free port each (the agent's client is handed the address)."""
     request_timeout_s: PositiveFloat = 120.0
     """Longest a request may wait for its turn on the engine before it is answered 503."""
+    read_timeout_s: PositiveFloat = 10.0
+    """Longest a request's headers, and then its body, may take to arrive (else 408, or the connection is closed)."""
     batch_window_s: PositiveFloat = 0.005
     """After a first request, how long the actor waits for other episodes' requests to batch them in one generate call."""
     record_turns: bool = False

@@ -11,6 +11,7 @@ traceback; the actor sends it to the learner (`streamrl.comm.wire.ActorFailure`)
 from __future__ import annotations
 
 import collections
+import sys
 
 
 class UserCodeFailure(RuntimeError):
@@ -74,3 +75,17 @@ class FailureWindow:
             first_reason, detail = self.first.get(name, (why, "(no detail kept)"))
             raise UserCodeFailure(name, why, self._failed[name], self.window, error_line(detail), detail.rstrip(),
                                   dict(counts), self.kinds.get(name, self.kind))
+
+
+def timed_out(err: BaseException | None) -> bool:
+    """Whether an exception out of a user's function is a timeout (a `timeout` failure, not `raised`): Python's
+    own, or its openai or httpx client's (a model call that timed out), or an error one of them caused."""
+    kinds = tuple([TimeoutError] + [getattr(sys.modules[m], n) for m, n in (
+        ("openai", "APITimeoutError"), ("httpx", "TimeoutException")) if m in sys.modules])  # raised only if imported
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kinds):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False

@@ -123,7 +123,7 @@ class VerifiersTask(AgentTask):
 class Rollouts(LoopAgent):
     """The task's agent: fn(client, row) runs one `env.run_rollout` on the agent's event loop, shared by every
     episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
-    sending its episode's id."""
+    sending its episode's credential (the api_key of the client it was handed) and id."""
 
     def __init__(self, env, levels: list[float], name: str):
         super().__init__(levels, name)
@@ -141,7 +141,8 @@ class Rollouts(LoopAgent):
         self._start(setup)
         episode = client.default_headers["X-Episode-Id"]
         given = {k: row[k] for k in INPUT_FIELDS if k in row}
-        oai = OpenAIChatCompletionsClient(self._oai.with_options(default_headers={"X-Episode-Id": episode}))
+        oai = OpenAIChatCompletionsClient(self._oai.with_options(api_key=client.api_key,
+                                                                 default_headers={"X-Episode-Id": episode}))
         out = self._run(self.env.run_rollout(given, oai, "policy", {}))
         if err := out.get("error"):
             self._count_error(f"verifiers_{err.get('error', 'error') if isinstance(err, dict) else type(err).__name__}")

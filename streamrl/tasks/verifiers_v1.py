@@ -9,8 +9,9 @@ else verifiers' `bash`.
 Rows are the taskset's tasks (`list(env.taskset)`). Each episode is one `env.run_episode(task, ctx)`: the harness
 runs, every model call it makes goes through verifiers' interception server (its `@vf.stop`/`@vf.intercept` hooks,
 its trace) to the actor's OpenAI-compatible endpoint, and the task's `@vf.reward` functions score the trace. The
-episode id rides in each request's `user` field (a sampling override: the interception imposes it on every call),
-so the endpoint joins the turns into one sample, token in, token out. Harnesses run on the local runtime
+episode's credential (its id and key: `streamrl.actors.credentials`) rides in each request's `user` field (a
+sampling override: the interception imposes it on every call, while its api_key is one for all episodes), so the
+endpoint admits the calls and joins the turns into one sample, token in, token out. Harnesses run on the local runtime
 (`subprocess`): a role that pins a container or remote runtime, a task or harness that needs a container, a
 multi-agent env and an infinite taskset are refused at load.
 
@@ -32,7 +33,8 @@ from streamrl.tasks.verifiers_loop import LoopAgent
 
 API_KEY_VAR = "STREAMRL_VERIFIERS_API_KEY"
 """The environment variable the interception's client reads its key from: unset, verifiers sends "EMPTY" (the
-actor's endpoint asks for none); never verifiers' default PRIME_API_KEY, whose Prime CLI config it would read."""
+episode's credential rides in `user` instead); never verifiers' default PRIME_API_KEY, whose Prime CLI config it
+would read."""
 
 
 def installed() -> bool:
@@ -145,7 +147,7 @@ class Episodes(LoopAgent):
         self._start(self._enter_serving)
         ctx = vf.ModelContext(model="policy",
                               client=vf.EvalClientConfig(base_url=str(client.base_url), api_key_var=API_KEY_VAR),
-                              sampling=vf.SamplingConfig(user=client.default_headers["X-Episode-Id"]))
+                              sampling=vf.SamplingConfig(user=client.api_key))
         episode = self._run(self.env.run_episode(self.tasks[row["task_index"]], ctx))
         errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
         scored = [r for t in episode.traces for r in t.rewards.values() if r is not None]

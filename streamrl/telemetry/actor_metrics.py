@@ -58,6 +58,9 @@ class ActorMetrics:
                                             "Episodes cut short, by reason (max_turns, max_seq_len)", ("reason",))
         self.template_drift = m.counter("streamrl_actor_episodes_template_drift_total",
                                         "Episode turns whose chat-template rendering disagreed with the ids held")
+        self.endpoint_refused = m.counter("streamrl_actor_endpoint_refused_total",
+                                          "Requests the agent endpoint refused itself, by code (unauthorized, ...)",
+                                          ("code",))
         for why in ("max_turns", "max_seq_len"):  # at 0 from the start: a panel shows "none", not "no data"
             self.episodes_truncated.labels(reason=why)
 
@@ -97,6 +100,8 @@ class ActorMetrics:
         for why, n in stats.truncated.items():
             self.episodes_truncated.labels(reason=why).inc(n)
         self.template_drift.inc(stats.template_drift)
+        for code, n in stats.endpoint_refused.items():
+            self.endpoint_refused.labels(code=code).inc(n)
 
     def observe_sent(self, groups: int, blocked_total_s: float) -> None:
         """blocked_total_s: the sender's cumulative time blocked on a full queue."""

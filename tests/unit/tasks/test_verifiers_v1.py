@@ -178,7 +178,7 @@ def test_each_episode_is_one_turn_through_the_endpoint_scored_by_the_tasks_rewar
     assert len(turns) == len({t.episode for t in turns}) == 32  # one model call per episode (the harness's reply)
     expected: dict[int, list[float]] = {}
     for t in turns:
-        g = int(t.episode.split("-")[-2])  # episode ids are <actor>-<call>-<group>-<sample>
+        g = int(t.episode.split("-")[-2])  # episode ids are <actor>-<random>-<group>-<sample>
         said, answer = tok.decode(t.completion_ids, skip_special_tokens=True).split(), prompts[g].columns["answer"]
         expected.setdefault(g, []).append(sum(a == b for a, b in zip(said, answer.split())) / 2)
     assert {g: sorted(group.rewards) for g, group in enumerate(groups)} == {g: sorted(r) for g, r in expected.items()}
