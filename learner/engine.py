@@ -22,7 +22,7 @@ from streamrl.algo import learning_signal, losses
 from streamrl.config import Config
 from streamrl.learner import logprobs, minibatches
 from streamrl.learner.batch import Batch, micro_batches
-from streamrl.learner.optimizer import AdamW
+from streamrl.learner.optimizer import AdamW, step_unless_no_gradient
 
 log = logging.getLogger("streamrl.learner")
 
@@ -222,14 +222,14 @@ class Engine:
             s0 = time.perf_counter()
             self.before_step()
             settle_s = time.perf_counter() - s0  # the publisher's time, not the optimizer's
-        self.engine.step()
+        skipped = step_unless_no_gradient(self.engine, self.scheduler, local_norm)
         t2 = time.perf_counter()
         grad_norm = self.engine.get_global_grad_norm() if local_norm is None else local_norm
         return out, {
             "loss": float(out.loss),
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
-            "optimizer_steps": self.optimizer_steps - steps_before,
+            "optimizer_steps": self.optimizer_steps - steps_before, "optimizer_skipped": int(skipped),
             "micro_batches": len(parts),
             "micro_batches_idle": len(chunks) - len(parts),
             "fwd_bwd_s": t1 - t0,

@@ -47,7 +47,8 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
         "loss": sum(i["loss"] for i in infos) / k,  # each minibatch's is a mean over its own tokens
         "grad_norm": sum(norms) / len(norms) if norms else None,
         **{key: sum(i[key] for i in infos)
-           for key in ("optimizer_steps", "micro_batches", "micro_batches_idle", "backward_s", "optimizer_s")},
+           for key in ("optimizer_steps", "optimizer_skipped", "micro_batches", "micro_batches_idle", "backward_s",
+                       "optimizer_s")},
         "fwd_bwd_s": prox_s + sum(i["fwd_bwd_s"] for i in infos),
     }
 

@@ -137,7 +137,9 @@ class Step(msgspec.Struct, kw_only=True, dict=True):
     lr: float
     """The learning rate the step used."""
     optimizer_steps: int
-    """Optimizer steps taken on the batch; strict needs 1."""
+    """Optimizer steps taken on the batch; strict needs 1 with optimizer_skipped."""
+    optimizer_skipped: int = 0
+    """Optimizer steps not taken for an exactly zero gradient (every advantage 0): weights and Adam's moments kept."""
     micro_batches: int | Opt = UNSET
     """Micro-batches with tokens this rank ran."""
     micro_batches_idle: int | Opt = UNSET

@@ -158,8 +158,8 @@ def ratio_tolerance(configured: float | None, dtype: str) -> float:
     return max(_RATIO_TOL_FLOOR, 4 * torch.finfo(getattr(torch, dtype)).eps ** 2)
 
 
-_STRICT_KEYS = ("step", "lag_max", "version_span_max", "optimizer_steps", "group_kl_behaviour_learner_max",
-                "is_ratio_max_abs_dev")
+_STRICT_KEYS = ("step", "lag_max", "version_span_max", "optimizer_steps", "optimizer_skipped",
+                "group_kl_behaviour_learner_max", "is_ratio_max_abs_dev")
 
 
 def check_strict(step: Any, ratio_tol: float) -> None:
@@ -182,7 +182,8 @@ def check_strict(step: Any, ratio_tol: float) -> None:
     if rec["version_span_max"] != 0:
         raise StrictModeViolation(f"step {rec['step']}: a sample spans {rec['version_span_max'] + 1} policy versions "
                                   "(strict needs one)")
-    if rec["optimizer_steps"] != 1:
+    # a step skipped for a zero gradient (learner.optimizer.step_unless_no_gradient) leaves the weights as they were
+    if rec["optimizer_steps"] + rec.get("optimizer_skipped", 0) != 1:
         raise StrictModeViolation(
             f"step {rec['step']}: {rec['optimizer_steps']} optimizer steps on one batch (strict needs 1)")
     if rec["group_kl_behaviour_learner_max"] > ratio_tol:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 # What the benches read from each metrics.jsonl line; the rest of the line is dropped to keep records small.
 KEYS = ("step", "reward_mean", "elapsed_s", "lag_mean", "is_ratio_max", "clipped_fraction", "truncated_fraction",
-        "masked_fraction", "is_ess_fraction", "grad_norm")
+        "masked_fraction", "is_ess_fraction", "grad_norm", "optimizer_skipped")
 
 
 def slots(cores_per_run: int, jobs: int | None = None) -> list[list[int]]:

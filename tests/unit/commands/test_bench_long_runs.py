@@ -25,8 +25,12 @@ def test_a_run_that_falls_after_its_peak_did_not_hold_and_one_that_stays_did():
     fell = stability.summary(_records(rise + [0.99] * 200 + [0.25] * 200), window=10)
     assert fell["peak"] == pytest.approx(0.99) and fell["final"] == pytest.approx(0.25)
     assert fell["final_over_peak"] == pytest.approx(0.25 / 0.99) and fell["worst_after_peak"] == pytest.approx(0.25)
+    # issue 46's criterion: the 10-step mean first reaches 0.95 at the first 0.99 (0.91…0.99 and 0.99: 0.954)
+    assert fell["reached_step"] == 100 and fell["worst_after_reached"] == pytest.approx(0.25)
     stayed = stability.summary(_records(rise + [0.99] * 400), window=10)
     assert stayed["final_over_peak"] == pytest.approx(1.0)
+    assert stayed["worst_after_reached"] >= 0.95 and stayed["optimizer_skipped"] == 0
+    assert stability.summary(_records(rise))["reached_step"] is None
     assert stability.summary([]) == {"steps": 0}
 
 

@@ -125,6 +125,16 @@ def test_strict_mode_refuses_a_step_with_a_sample_that_spans_two_versions():
         check_strict(rec, 1e-3)
 
 
+def test_strict_mode_accepts_a_step_skipped_for_a_zero_gradient_and_refuses_a_batch_with_no_step_at_all():
+    from streamrl.learner.stepstats import StrictModeViolation, check_strict
+
+    rec = {"step": 7, "lag_max": 0, "version_span_max": 0, "optimizer_steps": 0, "optimizer_skipped": 1,
+           "group_kl_behaviour_learner_max": 0.0, "is_ratio_max_abs_dev": 0.0}
+    check_strict(rec, 1e-3)  # the weights stayed those the actors sampled from
+    with pytest.raises(StrictModeViolation, match="step 7: 0 optimizer steps on one batch"):
+        check_strict({**rec, "optimizer_skipped": 0}, 1e-3)
+
+
 def test_masked_and_row_by_row_filling_give_the_same_batch(monkeypatch):
     import streamrl.learner.batch as batch_mod
 
