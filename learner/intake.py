@@ -188,8 +188,9 @@ class Intake:
         """At shutdown, after actors were told to stop: take what is still on the way, counting it as
         lost_at_shutdown, until every actor session still sending has reported (or timeout_s)."""
         deadline = time.monotonic() + timeout_s
-        self.dropped["lost_at_shutdown"] += len(self.held)
-        self.held.clear()
+        if self.held:  # a Counter key only where something was lost (the accounting lists its keys)
+            self.dropped["lost_at_shutdown"] += len(self.held)
+            self.held.clear()
         while time.monotonic() < deadline:
             while self.receiver.take() is not None:
                 self.dropped["lost_at_shutdown"] += 1
