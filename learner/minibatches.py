@@ -87,8 +87,8 @@ def interpolation(batch: Batch, j: int, k: int, version: int | None) -> torch.Te
     """(B,) A-3PO's weight α of the current log-probs in minibatch j's proximal log-probs, one per sample:
     log π_prox ≈ log π_behaviour + α (log π_θ - log π_behaviour) (offpolicy.decoupled_ppo's `proximal_alpha`).
 
-    Li et al. 2026, "A-3PO: Accelerating Asynchronous LLM Training with Staleness-aware Proximal Policy
-    Approximation" (AReaL's `prox_logp_method: loglinear`, areal/trainer/ppo/actor.py
+    Li, Wu, Shen 2026, "A-3PO: Accelerating Asynchronous LLM Training with Staleness-aware Proximal Policy
+    Approximation" (arXiv:2512.06547; AReaL's `prox_logp_method: loglinear`, areal/trainer/ppo/actor.py
     compute_prox_logp_approximations): α = (v_prox - v_behaviour) / (v_θ - v_behaviour), counted in optimizer steps.
     Here the proximal policy is the weights before the batch's first step, minibatch j trains on the weights j steps
     later, and a group generated `lag` versions back was sampled lag·k steps before the proximal: α = lag·k /
