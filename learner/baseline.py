@@ -6,7 +6,7 @@ forward comes micro-batch by micro-batch, backward included, while a group's bas
 before the first backward. So one forward without gradients goes first, through the training forward's
 micro-batches and chunks (minibatches.proximal_logprobs: bit for bit the log-probs the first optimizer step sees);
 the wrapped objective computes its weights on them, and each group's advantages are shifted by
-`variance.baseline_shift`. Its cost is that forward (measured by the staleness bench's step times).
+`variance.baseline_shift`. Its cost is that forward, once per batch.
 
 Strict mode needs none of it: the objective sees behaviour = current there, every weight is exactly 1 and the shift
 exactly 0 (variance.baseline_shift), so the advantages pass through untouched.
