@@ -124,3 +124,19 @@ def test_interpolation_weights_of_one_and_zero_are_the_current_and_the_behaviour
         got = _dppo(logprobs, behaviour, proximal_alpha=torch.full((2,), alpha))
         want = _dppo(logprobs, behaviour, proximal_logprobs=proximal)
         assert torch.equal(got[0].loss, want[0].loss) and torch.equal(got[1], want[1]), alpha
+
+
+def test_a3po_interpolation_weights_by_hand():
+    from streamrl.comm.codec import ScoredGroup
+    from streamrl.learner.batch import collate
+    from streamrl.learner.minibatches import interpolation
+
+    groups = [ScoredGroup.from_samples(prompt_id=f"p{v}", policy_version=v, actor_id="a", prompt_tokens=[1],
+                                       completions=[[2], [3]], logprobs=[[-1.0], [-1.0]], rewards=[0.0, 1.0],
+                                       finish_reasons=["stop"] * 2) for v in (3, 5)]
+    batch = collate(groups, pad_id=0)
+    # consumed at version 5 with k = 2 minibatches: group 0 is 2 versions = 4 steps behind the proximal, group 1 none
+    assert interpolation(batch, 0, 2, 5).tolist() == [1.0] * 4  # the first minibatch trains on the proximal weights
+    assert interpolation(batch, 1, 2, 5).tolist() == [0.8, 0.8, 0.0, 0.0]  # 4 / (4 + 1); lag 0: the behaviour's
+    with pytest.raises(ValueError, match="loss.proximal=interpolate: the batch's learner version is needed"):
+        interpolation(batch, 1, 2, None)
