@@ -20,9 +20,10 @@ are the per-token `LossOutput.weights` the objective applies (VCPO's are the seq
 ‖∇log π(τ_i)‖² with a backward pass per sample; here it is replaced by the proxy Σ_t c_it² w_it² (c the token weights
 of `loss.aggregation`): the squared norm of sample i's weighted gradient Σ_t c_it w_it ∇log π_t when its tokens'
 score vectors are uncorrelated and of equal norm. It needs no extra backward, and with one weight per sequence
-and equal lengths it is VCPO's w_i²‖g_i‖² up to a constant that cancels. Last, the estimator (CoRPO, GRPO) owns the
-on-policy baseline, so the advantages are shifted by b*(w) - b*(1): exactly 0 when every weight is 1 (strict mode,
-the on-policy limit), VCPO's b* itself on GRPO's advantages when lengths are equal.
+and equal lengths it is VCPO's w_i²‖g_i‖² (up to a constant that cancels) where the samples' gradient norms
+agree. Last, the estimator (CoRPO, GRPO) owns the on-policy baseline, so the advantages are shifted by
+b*(w) - b*(1): exactly 0 when every weight is 1 (strict mode, the on-policy limit), VCPO's b* itself on GRPO's
+advantages when lengths are equal.
 """
 
 from __future__ import annotations
