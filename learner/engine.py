@@ -15,12 +15,11 @@ import socket
 import time
 from typing import Callable
 
-import msgspec
 import torch
 
 from streamrl.algo import learning_signal, losses
 from streamrl.config import Config
-from streamrl.learner import logprobs, minibatches
+from streamrl.learner import baseline, logprobs, minibatches, stepsize
 from streamrl.learner.batch import Batch, micro_batches
 from streamrl.learner.optimizer import AdamW, step_unless_no_gradient
 
@@ -59,17 +58,6 @@ def _no_shm_comm_op() -> None:
         deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
     else:
         compatible["deepspeed_shm_comm"] = False
-
-
-def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier on the peak lr for optimizer step `step` (0-based): linear warm-up over `warmup`
-    steps, then constant or cosine decay reaching 0 after step `total` - 1."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "cosine":
-        progress = (step - warmup + 1) / max(1, total - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return 1.0
 
 
 def _concat(outs: list[losses.LossOutput], width: int) -> losses.LossOutput:
@@ -124,7 +112,7 @@ class Engine:
         optimizer = adamw(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         warmup = math.ceil(o.warmup_ratio * cfg.steps) if o.warmup_ratio else o.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step // cfg.learner.minibatches, warmup, cfg.steps, o.schedule))
+            optimizer, lambda step: stepsize.lr_factor(step // cfg.learner.minibatches, warmup, cfg.steps, o.schedule))
         samples = cfg.learner.batch_groups * cfg.actors.group_size
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if cfg.learner.batch_groups % self.world:
@@ -172,15 +160,17 @@ class Engine:
             softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy, chunks=chunks)
 
     def train_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
-                   sequence_count: float | None = None) -> tuple[losses.LossOutput, dict]:
+                   sequence_count: float | None = None, version: int | None = None) -> tuple[losses.LossOutput, dict]:
         """learner.minibatches optimizer steps on `batch` (this rank's share of it under data parallelism;
         token_count, sequence_count: the whole batch's completion tokens and samples over the world
-        size). advantages: (num_groups, G). One (the default): `optimizer_step` on the whole batch; k > 1:
-        learner/minibatches.py, against proximal log-probs taken before the first step.
+        size), consumed at learner version `version`. advantages: (num_groups, G), shifted first by the off-policy
+        minimum-variance baseline under loss.variance_control mvb | both (learner/baseline.py). One minibatch (the
+        default): `optimizer_step` on the whole batch; k > 1: learner/minibatches.py, against proximal log-probs.
         """
+        advantages = baseline.baselined(self, batch, advantages, token_count, sequence_count)
         if self.cfg.learner.minibatches == 1:
             return self.optimizer_step(batch, advantages, token_count, sequence_count)
-        outs, info = minibatches.train(self, batch, advantages, token_count, sequence_count)
+        outs, info = minibatches.train(self, batch, advantages, token_count, sequence_count, version)
         return _concat(outs, batch.completion_mask.shape[1]), info
 
     def optimizer_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
@@ -217,7 +207,7 @@ class Engine:
         steps_before = self.optimizer_steps
         # ZeRO-0 leaves full gradients on the module and DeepSpeed reports no norm there.
         local_norm = _grad_norm(self.engine.module) if self.cfg.learner.zero_stage == 0 else None
-        settle_s = 0.0
+        settle_s, scale = 0.0, stepsize.scale_step(self, out.weights, batch.completion_mask)
         if self.before_step is not None:
             s0 = time.perf_counter()
             self.before_step()
@@ -229,6 +219,7 @@ class Engine:
             "loss": float(out.loss),
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
+            "step_scale": scale,
             "optimizer_steps": self.optimizer_steps - steps_before, "optimizer_skipped": int(skipped),
             "micro_batches": len(parts),
             "micro_batches_idle": len(chunks) - len(parts),
@@ -268,7 +259,8 @@ class Engine:
                     idle: bool = False, proximal: torch.Tensor | None = None) -> losses.LossOutput:
         """Forward and backward on `rows` of the batch, trimmed to their longest row (`length`), with
         `chunks` output-layer calls. idle: no position counts (a zero loss with zero gradients), for a
-        rank that has fewer micro-batches than another under ZeRO-3. proximal: (B, L-1) or None."""
+        rank that has fewer micro-batches than another under ZeRO-3. proximal: (B, L-1) log-probs,
+        (B,) A-3PO's interpolation weights (minibatches.train), or None."""
         lc, dev = self.cfg.loss, self.device
         ids = batch.input_ids[rows, :length].to(dev)
         attn = batch.attention_mask[rows, :length].to(dev)
@@ -287,9 +279,13 @@ class Engine:
         # sees behaviour = current: every importance weight is exactly 1, not 1 ± the engines' rounding. The
         # check itself reads the ratio against the actors' log-probs, reported below.
         seen = logp.detach() if self.cfg.on_policy == "strict" else behaviour
-        knobs = {k: v for k, v in msgspec.structs.asdict(lc).items() if k != "name"}
+        knobs = lc.objective_knobs()
         if proximal is not None:  # only objectives that name it take it (losses.compute)
-            knobs["proximal_logprobs"] = proximal[rows, :length - 1].to(dev)
+            p = proximal[rows].to(dev)
+            if p.dim() == 1:
+                knobs["proximal_alpha"] = p
+            else:
+                knobs["proximal_logprobs"] = p[:, :length - 1]
         out = losses.compute(lc.name, logp, seen, adv.to(dev), mask, **knobs, ref_logprobs=ref, entropy=entropy,
                              token_count=n_tokens, sequence_count=n_seqs).filled(mask)
         t0 = time.perf_counter()
@@ -389,8 +385,7 @@ class Engine:
             group.update(initial_lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         if self.scheduler is not None:
             self.scheduler.base_lrs = [o.lr for _ in self.optimizer.param_groups]
-            for group, lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-                group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+            stepsize.set_lr(self.optimizer, self.scheduler)
             self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def close(self) -> None:

@@ -6,6 +6,9 @@ once, with the weights before the first step, and passed to the loss (`proximal_
 then measures how far this batch's own steps have moved the policy (AReaL's `*-4step` configs, Fu et al. 2025),
 while the behaviour weight pi_prox / pi_behaviour corrects for the batch's staleness. Strict on-policy mode
 refuses k > 1 (streamrl/config/root.py): after the first step the learner is no longer the policy that sampled.
+
+loss.proximal = interpolate skips that forward pass (A-3PO, `interpolation`): each minibatch's proximal log-probs
+are interpolated between the behaviour log-probs and the minibatch's own training forward.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from streamrl.learner.batch import Batch, micro_batches
 
 
 def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
-          sequence_count: float | None = None):
-    """k = engine.cfg.learner.minibatches optimizer steps on `batch`: each minibatch's LossOutput, in row order, and
-    the info of engine.train_step, which sums the steps' counts and times (optimizer_steps = k) and averages their
-    losses and gradient norms. advantages: (num_groups, G)."""
+          sequence_count: float | None = None, version: int | None = None):
+    """k = engine.cfg.learner.minibatches optimizer steps on `batch`, consumed at learner version `version` (needed
+    by loss.proximal = interpolate): each minibatch's LossOutput, in row order, and the info of engine.train_step,
+    which sums the steps' counts and times (optimizer_steps = k) and averages their losses, gradient norms and step
+    scales. advantages: (num_groups, G)."""
     k = engine.cfg.learner.minibatches
     groups = batch.rewards.shape[0]
     if groups < k:
@@ -30,7 +34,10 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
     t0 = time.perf_counter()
     bounds = [round(i * groups / k) for i in range(k + 1)]
     parts = [(batch.groups(g0, g1), slice(g0, g1)) for g0, g1 in zip(bounds, bounds[1:])]
-    proximal = [proximal_logprobs(engine, part) for part, _ in parts]  # every one before the first step
+    if engine.cfg.loss.proximal == "interpolate":
+        proximal = [interpolation(part, j, k, version) for j, (part, _) in enumerate(parts)]
+    else:
+        proximal = [proximal_logprobs(engine, part) for part, _ in parts]  # every one before the first step
     prox_s = time.perf_counter() - t0
     n_tokens = float(batch.num_tokens if token_count is None else token_count)
     n_seqs = float(batch.input_ids.shape[0] if sequence_count is None else sequence_count)
@@ -46,6 +53,7 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
         **infos[-1],
         "loss": sum(i["loss"] for i in infos) / k,  # each minibatch's is a mean over its own tokens
         "grad_norm": sum(norms) / len(norms) if norms else None,
+        "step_scale": sum(i["step_scale"] for i in infos) / k,
         **{key: sum(i[key] for i in infos)
            for key in ("optimizer_steps", "optimizer_skipped", "micro_batches", "micro_batches_idle", "backward_s",
                        "optimizer_s")},
@@ -74,3 +82,23 @@ def proximal_logprobs(engine, batch: Batch) -> torch.Tensor:
         if not idle:
             out[rows, :length - 1] = logp.float().cpu()
     return out
+
+
+def interpolation(batch: Batch, j: int, k: int, version: int | None) -> torch.Tensor:
+    """(B,) A-3PO's weight α of the current log-probs in minibatch j's proximal log-probs, one per sample:
+    log π_prox ≈ log π_behaviour + α (log π_θ - log π_behaviour) (offpolicy.decoupled_ppo's `proximal_alpha`).
+
+    Li, Wu, Shen 2026, "A-3PO: Accelerating Asynchronous LLM Training with Staleness-aware Proximal Policy
+    Approximation" (arXiv:2512.06547; AReaL's `prox_logp_method: loglinear`, areal/trainer/ppo/actor.py
+    compute_prox_logp_approximations): α = (v_prox - v_behaviour) / (v_θ - v_behaviour), counted in optimizer steps.
+    Here the proximal policy is the weights before the batch's first step, minibatch j trains on the weights j steps
+    later, and a group generated `lag` versions back was sampled lag·k steps before the proximal: α = lag·k /
+    (lag·k + j), and 1 for j = 0, whose proximal policy is the current one exactly."""
+    if version is None:
+        raise ValueError("loss.proximal=interpolate: the batch's learner version is needed (Engine.train_step "
+                         "version=...) to place each sample between its behaviour and the current policy")
+    G = batch.rewards.shape[1]
+    behind = ((version - batch.policy_versions).clamp_min(0) * k).double().repeat_interleave(G)  # (B,)
+    if j == 0:
+        return torch.ones_like(behind)
+    return behind / (behind + j)

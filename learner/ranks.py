@@ -26,6 +26,8 @@ class Command(msgspec.Struct, frozen=True):
     kind: int
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)
     """Batch rows B, sequence length L, groups, group size G."""
+    version: int = 0
+    """The learner version the batch is consumed at (Engine.train_step's `version`)."""
 
 
 class Ranks:
@@ -48,13 +50,15 @@ class Ranks:
 
     # --- rank 0 -------------------------------------------------------------------------------
 
-    def train_step(self, engine, batch: Batch, adv: torch.Tensor) -> tuple[LossOutput, dict]:
-        """engine.train_step on the whole batch, spread over the ranks; outputs cover the whole batch."""
+    def train_step(self, engine, batch: Batch, adv: torch.Tensor, version: int | None = None
+                   ) -> tuple[LossOutput, dict]:
+        """engine.train_step on the whole batch consumed at learner `version`, spread over the ranks; outputs cover
+        the whole batch."""
         if self.world == 1:
-            return engine.train_step(batch, adv)
-        self._send(Command(STEP, batch.shape))
+            return engine.train_step(batch, adv, version=version)
+        self._send(Command(STEP, batch.shape, version or 0))
         sent = Batch(*(self._broadcast(t.contiguous().to(self.device)) for t in batch.tensors()))
-        out, train = self._local_step(engine, sent, self._broadcast(adv.contiguous().to(self.device)))
+        out, train = self._local_step(engine, sent, self._broadcast(adv.contiguous().to(self.device)), version)
         full = self._gather(out)
         return full, {**train, "loss": float(full.loss)}
 
@@ -67,25 +71,25 @@ class Ranks:
 
     def receive(self, engine) -> Command:
         """Wait for rank 0's next command; on STEP, take part in the step and return it."""
-        header = self._broadcast(torch.zeros(5, dtype=torch.int64, device=self.device)).tolist()
-        cmd = Command(header[0], tuple(header[1:]))  # type: ignore[arg-type]
+        header = self._broadcast(torch.zeros(6, dtype=torch.int64, device=self.device)).tolist()
+        cmd = Command(header[0], tuple(header[1:5]), header[5])  # type: ignore[arg-type]
         if cmd.kind != STEP:
             return cmd
         batch = Batch.empty(*cmd.shape, device=self.device)
         for t in batch.tensors():
             self._broadcast(t)
         adv = self._broadcast(torch.empty(cmd.shape[2:], device=self.device))
-        out, _ = self._local_step(engine, batch, adv)
+        out, _ = self._local_step(engine, batch, adv, cmd.version)
         self._gather(out)
         return cmd
 
     # --- both ---------------------------------------------------------------------------------
 
-    def _local_step(self, engine, batch: Batch, adv: torch.Tensor):
+    def _local_step(self, engine, batch: Batch, adv: torch.Tensor, version: int | None):
         k = batch.rewards.shape[0] // self.world
         g0 = self.rank * k
         return engine.train_step(batch.groups(g0, g0 + k), adv[g0:g0 + k], token_count=batch.num_tokens / self.world,
-                                 sequence_count=batch.input_ids.shape[0] / self.world)
+                                 sequence_count=batch.input_ids.shape[0] / self.world, version=version)
 
     def _gather(self, out: LossOutput) -> LossOutput:
         """Every rank's (B/world, T) outputs, concatenated in rank order (= batch order)."""
@@ -105,7 +109,7 @@ class Ranks:
                           masked=cat(out.masked.to(torch.uint8)).bool(), weights=cat(out.weights))
 
     def _send(self, cmd: Command) -> None:
-        self._broadcast(torch.tensor([cmd.kind, *cmd.shape], dtype=torch.int64, device=self.device))
+        self._broadcast(torch.tensor([cmd.kind, *cmd.shape, cmd.version], dtype=torch.int64, device=self.device))
 
     def _broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's `t` into every rank's `t` (which must live on self.device), returned."""

@@ -136,6 +136,8 @@ class Step(msgspec.Struct, kw_only=True, dict=True):
     """Global gradient norm (None when the engine reports none)."""
     lr: float
     """The learning rate the step used."""
+    step_scale: float = 1.0
+    """The ESS scale on the step's lr (loss.variance_control ess_step | both; the mean over minibatches), else 1."""
     optimizer_steps: int
     """Optimizer steps taken on the batch; strict needs 1 with optimizer_skipped."""
     optimizer_skipped: int = 0
@@ -206,7 +208,8 @@ def train(engine, groups: Sequence[ScoredGroup], cfg: Config, pad_id: int, *, st
     adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)
     t1 = time.perf_counter()
     before = settled()
-    out, trained = ranks.train_step(engine, batch, adv) if ranks is not None else engine.train_step(batch, adv)
+    out, trained = (ranks.train_step(engine, batch, adv, version) if ranks is not None
+                    else engine.train_step(batch, adv, version=version))
     t2 = time.perf_counter()
     settle_s = settled() - before
     if publish is not None:

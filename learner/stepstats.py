@@ -9,6 +9,7 @@ import torch
 
 from streamrl.algo import learning_signal, mgrpo, staleness
 from streamrl.algo.losses import LossOutput
+from streamrl.algo.variance import ess_fraction
 from streamrl.comm.wire import FilteredCensus
 from streamrl.learner.batch import Batch
 
@@ -107,11 +108,8 @@ def correction_stats(out: LossOutput, m: torch.Tensor) -> dict:
     whose importance weight was truncated or which a mask took out, and the effective sample size of the
     importance weights w as a fraction of the N tokens, (Σw)² / (N Σw²): 1 when every weight is equal, 1/N when one
     token carries them all, 0 when every token is masked."""
-    w = out.weights[m].double()
-    sq = float((w * w).sum())
-    ess = float(w.sum()) ** 2 / (w.numel() * sq) if sq > 0 else 0.0
     return {"truncated_fraction": float(out.truncated[m].float().mean()),
-            "masked_fraction": float(out.masked[m].float().mean()), "is_ess_fraction": ess}
+            "masked_fraction": float(out.masked[m].float().mean()), "is_ess_fraction": ess_fraction(out.weights, m)}
 
 
 def version_spans(batch: Batch) -> dict:

@@ -142,8 +142,10 @@ def build() -> dict:
          (f"streamrl_masked_token_fraction{L}", "masked {{run}}")], unit="percentunit"))
     p.add(timeseries(
         "Importance weights' effective sample size", "(sum w)^2 / (N sum w^2) over the last batch's N tokens: 1 when "
-        "every token weighs the same, small when a few tokens carry the update (StreamrlImportanceESSCollapse).",
-        [(f"streamrl_importance_ess_fraction{L}", "ESS {{run}}")], unit="percentunit"))
+        "every token weighs the same, small when a few tokens carry the update (StreamrlImportanceESSCollapse); "
+        "the step scale is the lr multiplier loss.variance_control=ess_step takes from it (1 otherwise).",
+        [(f"streamrl_importance_ess_fraction{L}", "ESS {{run}}"), (f"streamrl_step_scale{L}", "step scale {{run}}")],
+        unit="percentunit"))
     p.add(timeseries(
         "Behaviour-learner KL", "KL(behaviour || learner) over the last batch's tokens: how far the policy that "
         "sampled the batch is from the one training on it (staleness, engine mismatch).",

@@ -150,7 +150,7 @@ def m2po(logprobs, behaviour_logprobs, advantages, mask, *, m2po_tau: float = 0.
 
 
 @LOSSES.register("decoupled_ppo")
-def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, *, proximal_logprobs=None,
+def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, *, proximal_logprobs=None, proximal_alpha=None,
                   clip_low: float = 0.2, clip_high: float = 0.2, tis_cap: float = 2.0, kl_coef: float = 0.0,
                   entropy_coef: float = 0.0, ref_logprobs=None, entropy=None, token_count=None,
                   aggregation: str = "token", sequence_count=None) -> LossOutput:
@@ -163,10 +163,17 @@ def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, *, proximal_lo
     before the update; None: logprobs.detach(), which they are when a batch takes one optimizer step (the
     learner's case today: the clip then never binds at the step's start and the objective's gradient is
     tis's). AReaL masks a token whose behaviour weight exceeds the cap; here it is truncated, as in `tis`.
+
+    proximal_alpha (B,): A-3PO's approximation instead (Li et al. 2026, learner/minibatches.py `interpolation`),
+    log π_prox = log π_behaviour + α (log π_θ - log π_behaviour), detached; α = 1 is log π_θ itself, exactly.
     """
     m, w, adv, ratio, _ = _setup(logprobs, behaviour_logprobs, advantages, mask, token_count, aggregation,
                                  sequence_count)
     prox = logprobs.detach() if proximal_logprobs is None else proximal_logprobs.detach()
+    if proximal_alpha is not None:
+        a = proximal_alpha[:, None].to(logprobs.dtype)
+        step = behaviour_logprobs + a * (logprobs.detach() - behaviour_logprobs)
+        prox = torch.where(a == 1, logprobs.detach(), step)
     behav = importance_ratio(prox, behaviour_logprobs)
     weight = behav.clamp_max(tis_cap)
     r = importance_ratio(logprobs, prox)

@@ -22,6 +22,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 - endpoint: the actor's OpenAI-compatible endpoint (agent episodes) against calling its engine directly, per
   request, one at a time and sixteen at a time (endpoint.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
+- proximal: decoupled_ppo's minibatch steps with A-3PO's interpolated proximal log-probs against the proximal
+  forward pass (proximal.py).
 - delta: delta weight versions on real steps at lr 1e-6, release shape: fraction changed, bytes and time per
   version against full versions (delta.py).
 - trl (optional, only when named; needs TRL): wall time to the same mean reward as TRL's GRPOTrainer.
@@ -46,6 +48,7 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "advantages": ("groups", "advantages_bench"), "batching": ("groups", "batching"),
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
+           "proximal": ("proximal", "proximal"),
            "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
 # never part of a plain `streamrl bench`: trl needs TRL installed; soak runs for hours at its full length;
 # staleness trains dozens of runs (minutes to hours)

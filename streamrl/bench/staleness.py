@@ -109,7 +109,8 @@ def one_run(spec: dict) -> dict:
                           "optimizer_steps": rec.optimizer_steps,
                           "clipped_fraction": rec.clipped_fraction, "is_ratio_max": rec.is_ratio_max,
                           "is_ratio_min": rec.is_ratio_min, "truncated_fraction": rec.truncated_fraction,
-                          "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction})
+                          "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction,
+                          "step_scale": rec.step_scale})
         train_s = time.perf_counter() - t0
         final = Evaluator(cfg, reward, copy.deepcopy(actor.model), tok).run(engine.full_state_dict())
     finally:
@@ -164,6 +165,7 @@ def table(records: list[dict]) -> list[dict]:
                          "ratio_to_strict": mean / ref if ref else None,
                          **{k: statistics.mean(s[k] for s in full) if full else 0.0
                             for k in ("clipped_fraction", "truncated_fraction", "masked_fraction", "is_ess_fraction")},
+                         "step_scale": statistics.mean(s.get("step_scale", 1.0) for s in full) if full else 1.0,
                          "is_ratio_max": max((s["is_ratio_max"] for s in full), default=1.0)})
     return rows
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import Meta
 
 from streamrl.config.base import NonNegFloat, _Section
@@ -15,6 +16,8 @@ from streamrl.config.base import NonNegFloat, _Section
 # chat-dataset example (lr 1e-3, 2-token completions) each of them collapses at lag 8 (0.07-0.34) and only
 # token_pg's clip against the behaviour policy holds (1.16; 0.42 at lag 16). No objective meets both targets.
 DEFAULT_LOSS = "token_pg"
+# Fields that act around the objective (the learner reads them), not knobs it takes.
+_AROUND = ("name", "variance_control", "ess_step_rule", "ess_step_floor", "proximal")
 
 
 class LossConfig(_Section):
@@ -44,6 +47,18 @@ class LossConfig(_Section):
     """m2po: the bound on the mean squared log-ratio of the tokens kept; the largest are masked until it holds (the paper's 0.04)."""
     aggregation: Literal["token", "sequence"] = "token"
     """How token losses add up: token (mean over the batch's tokens, DAPO) or sequence (mean per sequence, then over sequences: GRPO, MGRPO)."""
+    variance_control: Literal["none", "ess_step", "mvb", "both"] = "none"
+    """VCPO around any objective: ess_step (lr × sqrt ESS), mvb (off-policy min-variance baseline), both."""
+    ess_step_rule: Literal["sqrt", "linear"] = "sqrt"
+    """ess_step: the lr multiplier, sqrt(ESS/N) (VCPO's rule for AdamW) or ESS/N."""
+    ess_step_floor: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    """ess_step: the smallest lr multiplier (VCPO: none, 0)."""
+    proximal: Literal["forward", "interpolate"] = "forward"
+    """decoupled_ppo, learner.minibatches > 1: proximal log-probs by a forward pass, or interpolated (A-3PO)."""
+
+    def objective_knobs(self) -> dict:
+        """The knobs the objectives take (losses.compute): every field but the name and what acts around the loss."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if k not in _AROUND}
 
     def __post_init__(self) -> None:
         if self.name == DEFAULT_LOSS:  # registered (a test pins it): no torch import for the check

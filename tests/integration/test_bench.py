@@ -37,6 +37,8 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
     assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]
     assert float(learner[0].split("loss_diff_plain=")[1].split()[0]) < 1e-4  # the same step from the same weights
+    proximal = [line for line in out if line.startswith("bench=proximal")]  # A-3PO against the proximal forward
+    assert len(proximal) == 1 and "vocab=151936" in proximal[0] and "ratio_forward_over_interpolate=" in proximal[0]
     dealer = [line for line in out if line.startswith("bench=dealer")]  # in process, then the same runs both ways
     assert len(dealer) == 2 and "ratio_dealt_vs_drawn=" in dealer[0] and "ratio_dealt_vs_drawn=" in dealer[1]
     assert "dealt_lost_at_shutdown=[0]" in dealer[1]  # the last epoch's prompts all train: none is generated to be lost

@@ -63,3 +63,21 @@ def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_ba
     assert any(r["clipped_fraction"] > 0 for r in recs)
     for r in recs:
         assert 0.0 <= r["clipped_fraction"] <= 1.0 and 0.0 < r["is_ess_fraction"] <= 1.0
+
+
+def test_a_lag_8_run_under_variance_control_trains_and_records_its_ess_and_step_scale(run_job):
+    # VCPO's two controls around tis at lag >= 8: every record carries the ESS and the scale taken from it (sqrt,
+    # no floor), the scale falls below 1 where the weights are unequal, and the run still learns.
+    run = run_job("loss.name=tis", "loss.variance_control=both", "max_staleness=8", "learner.slow_step_s=0.05",
+                  f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0", name="vcpo-lag8")
+    recs = metrics(run)
+    assert [r["step"] for r in recs] == list(range(STEPS))
+    lagged = [r for r in recs if r["lag_max"] >= 8]
+    assert len(lagged) >= STEPS // 2, f"only {len(lagged)} of {STEPS} steps reached lag 8"
+    for r in recs:
+        assert 0.0 < r["is_ess_fraction"] <= 1.0
+        assert r["step_scale"] == pytest.approx(r["is_ess_fraction"] ** 0.5, abs=1e-12), r["step"]
+    assert any(r["step_scale"] < 1.0 for r in lagged)
+    first = statistics.mean(r["reward_mean"] for r in recs[:30])
+    last = statistics.mean(r["reward_mean"] for r in recs[-30:])
+    assert last > first + 0.03, (first, last)

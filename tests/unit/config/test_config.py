@@ -300,7 +300,7 @@ def test_every_paper_config_names_its_table_cell_or_says_it_is_a_comparison_run(
 
 
 def test_lr_schedule_warms_up_then_decays_by_cosine_to_zero():
-    from streamrl.learner.engine import lr_factor
+    from streamrl.learner.stepsize import lr_factor
 
     assert [lr_factor(s, 4, 10, "constant") for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
     cosine = [lr_factor(s, 2, 10, "cosine") for s in range(10)]
