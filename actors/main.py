@@ -83,7 +83,7 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
             telemetry.share.set(throttle.share)
             if (budget := throttle.budget()) == 0:  # further groups would arrive too stale: wait for the learner
                 if not weights.wait_newer(stopping) and (demand := inbox.take_demand(weights.version)) is not None:
-                    throttle.demand(demand.groups_missing)             # fewer actors than planned: make more
+                    throttle.demand(demand.count_for(actor_id))        # an actor is missing: cover what it asks
                     stats["share"] = throttle.share
                 continue
             groups = generate(budget, weights.version, weights.in_flight)  # prompts → G samples each → score

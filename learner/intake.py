@@ -52,6 +52,7 @@ class Intake:
         self.first_demand_version: int | None = None
         self.gaps: collections.deque[float] = collections.deque(maxlen=100)  # between recent arrivals
         self._previous_arrival: float | None = None
+        self.heard: dict[str, float] = {}  # each actor's last arrival (monotonic), for its own silence
         self.dropped: collections.Counter[str] = collections.Counter()
         self.dealing = None  # task.epochs (learner.dealing): only dealt prompts' groups pass; a drop is dealt again
         self.wait = wait or receiver.sock.poll
@@ -74,7 +75,7 @@ class Intake:
         arrives for `timeout_s` (UserCodeFailed, StrictModeViolation: see `_fill`); the groups taken for the batch
         then count as `lost_at_failure`, so a run a failure stopped still balances. When no group has come for
         clearly longer than groups usually take (`demand_wait_s`), it asks actors that hold back to stay within the
-        staleness bound for the missing groups, and asks again as often.
+        staleness bound for the missing groups, and asks again as often (with shares: `_demand_due`, `_cover`).
         """
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
@@ -99,9 +100,10 @@ class Intake:
         those past their actor's share of the batch into `deferred`."""
         have = 0  # layer-1 groups in `batch`
         # task.epochs: a dealt group is claimed as it is taken, so none may wait for a later batch
-        shares = self.pacer.shares(version) if self.pacer is not None and self.dealing is None else None
+        paced = self.pacer is not None and self.dealing is None  # planned: who owes what, even while `shares` lift
+        planned, shares = (self.pacer.planned(version), self.pacer.shares(version)) if paced else (None, None)
         took: collections.Counter[str] = collections.Counter()  # layer-1 groups of each actor in `batch`
-        last_arrival = last_demand = last_note = time.monotonic()
+        begun = last_arrival = last_demand = last_note = time.monotonic()
         while have < n and not stop() and not self.exhausted:
             self.wait(0 if self.receiver.pending or self.receiver.handed_back or self.held else 100)  # groups wait
             self._joined(version)
@@ -127,9 +129,8 @@ class Intake:
             now = time.monotonic()
             # No demand before the first group of the run: how long groups take is unknown until then (an engine's
             # first generate call can take minutes), and the groups asked for would arrive beside the slow ones.
-            if (self._previous_arrival is not None and min(now - last_arrival, now - last_demand) > self.demand_wait_s
-                    and have < n):
-                self._demand(version, n - have, deferred)
+            if have < n and now - last_demand > self.demand_wait_s and self._demand_due(planned, took, begun, now):
+                self._demand(version, n - have, deferred, _cover(planned, took, n - have))
                 shares, last_demand = None, now
             if now - last_arrival > 30 and now - last_note > 30:  # a stall shows in the log, not only at the end
                 log.warning("learner: no group for %.0fs at version %d (have %d/%d); giving up after %.0fs "
@@ -146,10 +147,29 @@ class Intake:
         if self.pacer is not None and self.pacer.joined(version) is not None and self.strict:
             self._explain_surplus_from(version)
 
-    def _demand(self, version: int, missing: int, deferred: list[ScoredGroup]) -> None:
-        """Ask the actors for `missing` groups: they take on more than their shares, and so does the batch (its
-        groups held past their actor's share come back into it), until the shares relax again."""
-        self.control.demand(version, missing)
+    def _demand_due(self, planned: dict[str, int] | None, took: collections.Counter[str], begun: float,
+                    now: float) -> bool:
+        """Whether the actors that owe groups to this batch (no shares: any actor) have sent none for longer than
+        `demand_wait_s`, counting from `begun` (the batch's start: the learner's step before is no actor's silence).
+        With shares, the silence is that of the actors owing part of theirs (another's groups held past its share
+        may arrive meanwhile), and while every actor owes part of its share none is asked: they are all still
+        working (a generate call slower than the gaps seen so far), and what the others would make on demand
+        arrives beside theirs, as surplus, stale in strict mode."""
+        if self._previous_arrival is None:
+            return False
+        heard = self._previous_arrival
+        if planned is not None:
+            owing = [a for a, share in planned.items() if took[a] < share]
+            if len(owing) == len(planned):
+                return False
+            heard = max((self.heard.get(a, begun) for a in owing), default=heard)
+        return now - max(begun, heard) > self.demand_wait_s
+
+    def _demand(self, version: int, missing: int, deferred: list[ScoredGroup], counts: dict[str, int] | None) -> None:
+        """Ask the actors `counts` names (None: every actor) for `missing` groups: they take on more than their
+        shares, and so does the batch (its groups held past their actor's share come back into it), until the
+        shares relax again."""
+        self.control.demand(version, missing, counts)
         self.demands_sent += 1
         self._explain_surplus_from(version)
         if self.pacer is not None:
@@ -167,7 +187,7 @@ class Intake:
             now = time.monotonic()
             if self._previous_arrival is not None:
                 self.gaps.append(now - self._previous_arrival)
-            self._previous_arrival = now
+            self._previous_arrival = self.heard[group.actor_id] = now
         return group, False
 
     @property
@@ -335,3 +355,13 @@ def reward_failures(per_session) -> dict[str, int]:
         for why, n in counts.items():
             out[why] = out.get(why, 0) + n
     return dict(sorted(out.items()))
+
+
+def _cover(planned: dict[str, int] | None, took: collections.Counter[str], missing: int) -> dict[str, int] | None:
+    """The `missing` groups split exactly among the actors that delivered their planned share of the batch (`took`:
+    each actor's layer-1 groups in it), in share order; None without shares (every actor is asked)."""
+    if planned is None:
+        return None
+    cover = [a for a, share in planned.items() if took[a] >= share]
+    base, extra = divmod(missing, len(cover))
+    return {a: base + (i < extra) for i, a in enumerate(cover) if base + (i < extra)}

@@ -41,8 +41,14 @@ class Pacer:
     def shares(self, version: int) -> dict[str, int] | None:
         """Each actor's share of the batch at `version` (the groups it takes of theirs); None: take groups as they
         come (actors run free, or a demand raised some actors' shares lately)."""
-        if not self.capped or (self.demanded_at is not None and
-                               version - self.demanded_at < staleness.SHARE_RELAX_VERSIONS):
+        if self.demanded_at is not None and version - self.demanded_at < staleness.SHARE_RELAX_VERSIONS:
+            return None
+        return self.planned(version)
+
+    def planned(self, version: int) -> dict[str, int] | None:
+        """Each actor's planned share of the batch at `version`, raised or not by a demand (who has delivered its
+        share, and can cover for one that has not); None: actors run free, with no share."""
+        if not self.capped:
             return None
         actors = next(a for v, a in reversed(self.changes) if v <= version)
         return {a: staleness.paced_share(self.batch, actors, a) for a in actors}

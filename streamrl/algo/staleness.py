@@ -129,9 +129,16 @@ class Throttle:
             self._reach_pending()
 
     def demand(self, groups_missing: int) -> None:
-        """The learner lacks `groups_missing` groups at the current version: take them on, from now."""
+        """The learner lacks `groups_missing` groups at the current version: take them on, from now (none: this
+        actor is not one the learner asked, the budget stays as it was)."""
+        if groups_missing <= 0:
+            return
+        # What it made for the versions from now on stays made: only the missing groups are added to each (counting
+        # from 0 would make its whole old share of this version again, surplus, stale in strict mode).
+        left = generation_budget(self.version, self.start_version, self.produced, self.share, self.lead)
+        made_ahead = (1 + self.lead) * self.share - left
         self.share = min(self.batch_groups, self.share + groups_missing)
-        self.start_version, self.produced, self.last_demand = self.version, 0, self.version
+        self.start_version, self.produced, self.last_demand = self.version, made_ahead, self.version
 
     def relax(self) -> bool:
         """Back to the planned share after `relax_after` versions without a demand; True if it changed."""

@@ -108,8 +108,9 @@ class ControlServer:
             return False
         return True
 
-    def demand(self, version: int, groups_missing: int) -> None:
-        self._notify(wire.Demand(version=version, groups_missing=groups_missing))
+    def demand(self, version: int, groups_missing: int, counts: dict[str, int] | None = None) -> None:
+        """Ask for `groups_missing` groups at `version`: of the actors `counts` names (None: of every actor)."""
+        self._notify(wire.Demand(version=version, groups_missing=groups_missing, counts=counts))
 
     def pace(self, msg: wire.Pace) -> None:
         """Every actor that asked for weights paces its generation by `msg` (a late one gets the newest on asking)."""

@@ -218,6 +218,15 @@ class Demand(Struct, tag="demand", kw_only=True):
     schema: int = SCHEMA_VERSION
     version: int
     groups_missing: int
+    counts: dict[str, int] | None = None
+    """Who covers, and for how many: the actors that delivered their share of the batch, the missing groups split
+    among them exactly; an actor not named makes none. None: every actor takes on `groups_missing` (no shares: the
+    batch takes groups as they come). Optional, so a build without it still decodes the message (msgspec skips an
+    unknown field, and fills a missing one with its default): no schema change."""
+
+    def count_for(self, actor_id: str) -> int:
+        """The missing groups `actor_id` takes on."""
+        return self.groups_missing if self.counts is None else self.counts.get(actor_id, 0)
 
 
 class Pace(Struct, tag="pace", kw_only=True):

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from streamrl.algo import staleness
+from streamrl.comm import wire
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 5])
@@ -103,9 +104,28 @@ def test_a_demand_raises_the_share_from_the_current_version_on():
     t.weights(3)
     t.made(8)
     t.demand(groups_missing=8)  # the other actor is gone: make the whole batch
-    assert (t.share, t.start_version, t.produced, t.last_demand, t.budget()) == (16, 3, 0, 3, 16)
+    # its own 8 of version 3 are made: the 8 missing ones now, then 16 a version
+    assert (t.share, t.start_version, t.produced, t.last_demand, t.budget()) == (16, 3, 8, 3, 8)
+    t.made(8)
+    t.weights(4)
+    assert t.budget() == 16
     t.demand(groups_missing=100)
     assert t.share == 16  # never more than a batch
+
+
+def test_an_actor_a_demand_does_not_name_keeps_its_share_and_budget_and_a_named_one_takes_on_its_count():
+    demand = wire.Demand(version=3, groups_missing=5, counts={"actor-0": 5})  # actor-0 delivered its share
+    named, other = throttle(k=0, batch=16, actors=2, index=0), throttle(k=0, batch=16, actors=2, index=1)
+    for t in (named, other):
+        t.weights(3)
+        t.made(3)
+    before = (other.share, other.start_version, other.produced, other.budget())
+    other.demand(demand.count_for(other.actor_id))  # still making its own share: asked for nothing
+    assert (other.share, other.start_version, other.produced, other.budget()) == before and other.share == 8
+    named.demand(demand.count_for(named.actor_id))
+    assert (named.share, named.start_version, named.budget()) == (13, 3, 5 + 5)  # the rest of its own, then 5
+    unnamed = wire.Demand(version=3, groups_missing=5)  # no shares (task.epochs): every actor takes on all of it
+    assert unnamed.count_for("actor-1") == 5
 
 
 def test_a_raised_share_relaxes_after_versions_without_a_demand():
@@ -150,8 +170,9 @@ def test_the_throttle_keeps_the_rules_the_actor_loop_kept_in_loose_locals():
             t.weights(version, restarts)
             if event == "demand":
                 missing = rng.randint(1, 8)
+                made_ahead = (1 + k) * share - staleness.generation_budget(version, start, produced, share, k)
                 share = min(batch, share + missing)
-                start, produced, last_demand = version, 0, version
+                start, produced, last_demand = version, made_ahead, version
                 t.demand(missing)
             if share > base and version - last_demand >= 5:
                 share, start, produced = base, version, 0

@@ -367,6 +367,20 @@ def test_a_peer_of_another_schema_version_is_refused_with_both_versions_named():
     assert reason(wire.decode_header, [request]) == "schema_version"
 
 
+def test_a_demand_naming_who_covers_decodes_on_a_build_that_predates_the_names_and_an_older_one_names_none():
+    class OldDemand(msgspec.Struct, tag="demand", kw_only=True):  # wire.Demand before `counts`
+        schema: int = wire.SCHEMA_VERSION
+        version: int
+        groups_missing: int
+
+    named = wire.Demand(version=4, groups_missing=3, counts={"actor-0": 2, "actor-2": 1})
+    old = msgspec.msgpack.decode(wire.encode(named)[0], type=OldDemand)
+    assert (old.version, old.groups_missing) == (4, 3)
+    back = wire.decode_header(wire.encode(OldDemand(version=4, groups_missing=3)))
+    assert back == wire.Demand(version=4, groups_missing=3) and back.counts is None
+    assert wire.decode_header(wire.encode(named)).count_for("actor-2") == 1
+
+
 def test_a_message_of_another_type_is_unexpected_type():
     shutdown = to_bytes(wire.encode(wire.Shutdown()))
     assert reason(decode_group, shutdown) == "unexpected_type"

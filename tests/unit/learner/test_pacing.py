@@ -4,12 +4,14 @@ measured drift over max_drift holds the actors to one share per version."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import zmq
 
 from streamrl import config
+from streamrl.algo import staleness
 from streamrl.comm import codec, wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver, GroupSender
@@ -158,7 +160,6 @@ def test_one_actor_slower_for_a_moment_loses_groups_as_stale_unless_each_batch_t
     within the sender's throttle budget): actor-1 is late with version 0's groups once. Taken as they come, version
     0's batch is all actor-0's, actor-1's groups are taken a version later than its budget counted on, and its last
     two arrive at lag 2. Paced, every batch takes 2 of each and nothing goes stale."""
-    import threading
 
     ctx, receiver, control, make, made = learner
     it = make("max_staleness=1", demand_after_s=5.0)  # actor-1 is late, not gone: no demand
@@ -199,3 +200,84 @@ def test_groups_held_for_the_next_batch_when_a_checkpoint_is_saved_are_counted_w
     resumed.restore(saved)
     assert resumed.dropped["held_at_restart"] == 2
     assert resumed.received == resumed.used + sum(resumed.dropped.values())  # balanced again
+
+
+class Actor(threading.Thread):
+    """A throttled actor replayed on live sockets, its Throttle and Inbox kept as actors/main.py keeps them: each
+    generate call (`first_s`, then `later_s` seconds) makes its whole budget from the weights it holds, and sends it at
+    the end; at budget 0 it waits for the learner's next version, taking a demand for the version it holds meanwhile.
+    `calls`: it dies after that many (None: it runs until stopped)."""
+
+    def __init__(self, ctx, receiver, control, made, index: int, first_s: float, later_s: float,
+                 calls: int | None = None):
+        super().__init__(daemon=True)
+        self.name, self.first_s, self.later_s, self.calls = f"actor-{index}", first_s, later_s, calls
+        self.inbox = Inbox(ctx, control.sock.getsockopt_string(zmq.LAST_ENDPOINT), self.name, 1 << 20)
+        self.sender = sender(ctx, receiver, self.name, made)
+        made.append(self.inbox)
+        self.throttle = staleness.Throttle(4, 2, index, max_staleness=0)  # on_policy=strict, batches of 4
+        self.learner_version, self.stop, self.demands = 0, threading.Event(), []
+        self.inbox.request(-1)  # the learner knows it (its notices reach it)
+
+    def run(self):
+        calls = 0
+        self.throttle.weights(0)
+        while not self.stop.is_set() and (self.calls is None or calls < self.calls):
+            self.inbox.receive()
+            self.throttle.weights(self.learner_version)
+            if (budget := self.throttle.budget()) == 0:
+                if (demand := self.inbox.take_demand(self.throttle.version)) is not None:
+                    self.demands.append(demand)
+                    self.throttle.demand(demand.count_for(self.name))
+                time.sleep(0.01)
+                continue
+            time.sleep(self.first_s if calls == 0 else self.later_s)
+            calls += 1
+            assert self.sender.send_batch([group(self.name, self.throttle.version) for _ in range(budget)], timeout_s=2)
+            self.throttle.made(budget)
+
+
+def run_strict(learner, actors: list[Actor], versions: int) -> tuple[Intake, list]:
+    """The learner's side: a batch per version, each version's weights to the actors once its batch is in."""
+    ctx, receiver, control, make, made = learner
+    it = make("on_policy=strict", demand_after_s=0.6)
+    deadline = time.monotonic() + 5
+    while len(control.actor_peers) < len(actors) and time.monotonic() < deadline:
+        it.wait(100)  # serves the actors' requests
+    batches = []
+    for a in actors:
+        a.start()
+    try:
+        for version in range(versions):
+            batches.append(it.collect(version=version, n=4, timeout_s=20)[0])
+            for a in actors:
+                a.learner_version = version + 1
+    finally:
+        for a in actors:
+            a.stop.set()
+            a.join(10)
+    return it, batches
+
+
+def test_two_strict_actors_whose_generate_calls_are_slower_than_the_gaps_seen_so_far_get_no_demand_and_lose_nothing(
+        learner):
+    """Issue 46: version 0's groups came together (gaps ~0), so both actors' second calls (2 s) look like silence; a
+    demand then made each actor generate the whole missing count again, and in strict mode that surplus went stale.
+    While every actor still owes part of its share, no actor is missing."""
+    ctx, receiver, control, make, made = learner
+    actors = [Actor(ctx, receiver, control, made, i, first_s=0.05, later_s=2.0) for i in range(2)]
+    it, batches = run_strict(learner, actors, versions=3)
+    assert [actors_of(b) for b in batches] == [{"actor-0": 2, "actor-1": 2}] * 3
+    assert it.demands_sent == 0 and not it.dropped and not [a.demands for a in actors if a.demands]
+
+
+def test_a_strict_actor_that_dies_is_covered_by_the_one_that_delivered_its_share_and_only_by_its_missing_count(
+        learner):
+    ctx, receiver, control, make, made = learner
+    live = Actor(ctx, receiver, control, made, 0, first_s=0.05, later_s=0.2)
+    dead = Actor(ctx, receiver, control, made, 1, first_s=0.05, later_s=0.2, calls=1)  # gone after version 0
+    it, batches = run_strict(learner, [live, dead], versions=3)
+    assert actors_of(batches[0]) == {"actor-0": 2, "actor-1": 2}
+    assert [actors_of(b) for b in batches[1:]] == [{"actor-0": 4}] * 2
+    assert it.demands_sent == 1 and live.demands[0].counts == {"actor-0": 2}
+    assert not it.dropped  # it made the 2 missing groups, not its whole share again
