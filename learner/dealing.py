@@ -78,10 +78,11 @@ class Dealing:
         now = time.monotonic()
         if (old := self.session_of.get(msg.actor_id)) is not None and old != msg.session:
             self._lose(old, "its actor restarted")
-        if self.connections is not None:  # a dead actor's prompts go to whoever asks first after its exit
-            for session in self.connections.closed():
-                if session != msg.session:  # one asking now is alive (its old connection closed, a new one opened)
-                    self._lose(session, "its connection closed: the actor exited or was killed")
+        if self.connections is not None:
+            # A request from a session whose connection has closed was queued before its actor died (or it is
+            # reconnecting): nothing is dealt to it on this one, so no prompt goes to the dead; a live actor asks again.
+            if msg.session in self.reap():
+                return wire.Deal(rows=[], done=False, learner=self.learner)
             self.connections.saw(frame, msg.session)
         self.session_of[msg.actor_id], self.seen[msg.session] = msg.session, now
         mine = msg.learner == self.learner  # an earlier learner's prompts are not this one's tickets: they are
@@ -95,6 +96,15 @@ class Dealing:
         self.ledger.flush()
         rows = self.dealer.deal(msg.session, msg.want)
         return wire.Deal(rows=[tuple(t) for t in rows], done=self.dealer.dealt_out and not rows, learner=self.learner)
+
+    def reap(self) -> list[str]:
+        """Deal again the prompts of the sessions whose control connection has closed since the last look (their
+        process exited or was killed), at once rather than at the next request; returns those sessions. The learner
+        looks on every wait for groups (learner.intake) and on every request (`deal`)."""
+        gone = self.connections.closed() if self.connections is not None else []
+        for session in gone:
+            self._lose(session, "its connection closed: the actor exited or was killed")
+        return gone
 
     def accept(self, group) -> bool:
         """Whether `group` is of a prompt dealt to its session and not yet in this batch; claims it if so."""

@@ -107,6 +107,8 @@ class Intake:
         while have < n and not stop() and not self.exhausted:
             self.wait(0 if self.receiver.pending or self.receiver.handed_back or self.held else 100)  # groups wait
             self._joined(version)
+            if self.dealing is not None:  # a dead actor's dealt prompts are dealt again as soon as its connection closes
+                self.dealing.reap()
             while have < n:
                 group, held = self._next()
                 if group is None:

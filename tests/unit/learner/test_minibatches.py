@@ -7,20 +7,7 @@ import json
 import multiprocessing as mp
 
 import pytest
-
-
-def _groups(n: int, seed: int):
-    import random
-
-    from streamrl.comm.codec import ScoredGroup
-
-    rng = random.Random(seed)
-    # behaviour log-probs of a stale policy: the importance weights are not 1
-    return [ScoredGroup.from_samples(
-        prompt_id=f"p{i}", policy_version=0, actor_id="a", prompt_tokens=[5, 6 + i % 3, 7],
-        completions=[[8 + rng.randrange(4), 9 + rng.randrange(3)] for _ in range(4)],
-        logprobs=[[-rng.uniform(0.5, 3.0), -rng.uniform(0.5, 3.0)] for _ in range(4)],
-        rewards=[rng.random() for _ in range(4)], finish_reasons=["stop"] * 4) for i in range(n)]
+from fakes.stale_groups import stale_groups as _groups
 
 
 def _run(out_path: str) -> None:
