@@ -165,7 +165,9 @@ class Intake:
             if len(owing) == len(planned):
                 return False
             heard = max((self.heard.get(a, begun) for a in owing), default=heard)
-        return now - max(begun, heard) > self.demand_wait_s
+        # and no sooner than the silence of every actor: at start-up, or when one is a call behind, the owing actor's
+        # groups come right after the others' (a demand then only makes surplus, stale in strict mode)
+        return now - max(begun, heard, self._previous_arrival) > self.demand_wait_s
 
     def _demand(self, version: int, missing: int, deferred: list[ScoredGroup], counts: dict[str, int] | None) -> None:
         """Ask the actors `counts` names (None: every actor) for `missing` groups: they take on more than their
