@@ -17,7 +17,16 @@ import torch
 
 
 def proximal(short: bool = False) -> list[dict]:
-    """The interpolated proximal against the forward-pass proximal, interleaved (see the module docstring)."""
+    """The interpolated proximal against the forward-pass proximal, interleaved (see the module docstring), in a
+    process of its own: after another bench's engine closed its process group in this one, DeepSpeed's cached groups
+    refer to the destroyed group and a new engine's start fails ("Group ... is not registered")."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_proximal, (short,))
+
+
+def _proximal(short: bool) -> list[dict]:
     from streamrl import config
     from streamrl.bench.learner import _batch, _model
     from streamrl.learner.engine import Engine
