@@ -84,22 +84,14 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
                            eos_id=eos_id, top_p=top_p, device=device, between_steps=between_steps)
     eos_ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
     rows = [p for p in prompts for _ in range(n)]
-    ids, mask = left_pad(rows, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    B = ids.shape[0]
-    greedy = temperature == 0  # evaluation's greedy decoding: the most likely token (its log-prob at temperature 1)
-    temperature = temperature or 1.0
+    ids, mask = (t.to(device) for t in left_pad(rows, pad_id))
+    greedy, temperature = temperature == 0, temperature or 1.0  # 0: greedy (eval), log-probs at temperature 1
     warp = _warpers(temperature, top_p)
     ends = torch.tensor(eos_ids, device=ids.device)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W) as generate derives them
     # generate drops an all-ones mask (no padding) so attention takes its causal fast path; so do we.
     attention = None if bool(mask.all()) else mask
-    if new_cache is not None:
-        cache = new_cache()
-    else:
-        from transformers.cache_utils import DynamicCache
-
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    cache = new_cache() if new_cache is not None else _dynamic_cache(model)
     versions = [between_steps()] if between_steps is not None else None
     keep = _keep_one_logit(type(model))
     # The forwards and draws run under inference_mode (no autograd bookkeeping on any op: ~10% of a tiny
@@ -108,16 +100,13 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
                     use_cache=True, **keep)
-    unfinished = torch.ones(B, dtype=torch.long, device=ids.device)
+    unfinished = torch.ones(ids.shape[0], dtype=torch.long, device=ids.device)
     tokens, logps = [], []
     for t in range(max_new_tokens):
+        token, logp = _draw(out, warp, greedy, temperature, unfinished, pad_id)
+        tokens.append(token)
+        logps.append(logp)
         with torch.inference_mode():
-            logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
-            probs = torch.softmax(warp(logits), dim=-1)
-            token = probs.argmax(-1) if greedy else torch.multinomial(probs, num_samples=1).squeeze(1)  # (B,)
-            token = token * unfinished + pad_id * (1 - unfinished)  # finished rows take padding, as in generate
-            tokens.append(token)
-            logps.append(_token_logprob(logits, token.cpu(), temperature))
             unfinished = unfinished & ~torch.isin(token, ends)
         if versions is not None:
             versions.append(between_steps())
@@ -125,13 +114,32 @@ def generate(model, prompts: list[list[int]], n: int, *, temperature: float, max
             break
         with torch.inference_mode():
             if attention is not None:
-                attention = torch.cat([attention, attention.new_ones((B, 1))], dim=-1)
+                attention = torch.cat([attention, attention.new_ones((ids.shape[0], 1))], dim=-1)
             positions = positions[:, -1:] + 1
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=positions,
                         past_key_values=cache, use_cache=True, **keep)
     seq, logp = torch.stack(tokens, 1).cpu(), torch.stack(logps, 1)  # (B, T) each
     completions = _cut_all(seq, logp, eos_ids, versions)
     return [completions[j * n:(j + 1) * n] for j in range(len(prompts))]
+
+
+def _dynamic_cache(model):
+    """transformers' DynamicCache for `model`'s decoder (what `generate` makes for it)."""
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache(config=model.config.get_text_config(decoder=True))
+
+
+@torch.inference_mode()
+def _draw(out, warp, greedy: bool, temperature: float, unfinished: torch.Tensor,
+          pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step's tokens (B,) from the forward's last logits, as `generate` draws them (finished rows take
+    padding), and their log-probs (B,) at `temperature`."""
+    logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+    probs = torch.softmax(warp(logits), dim=-1)
+    token = probs.argmax(-1) if greedy else torch.multinomial(probs, num_samples=1).squeeze(1)  # (B,)
+    token = token * unfinished + pad_id * (1 - unfinished)
+    return token, _token_logprob(logits, token.cpu(), temperature)
 
 
 @functools.lru_cache(maxsize=None)
