@@ -21,7 +21,7 @@ import zmq
 from streamrl.comm.control import Inbox
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import endpoint
-from streamrl.comm.subscriber import WeightSubscriber
+from streamrl.comm.weights.subscriber import WeightSubscriber
 from streamrl.config import Config
 from streamrl.models import lora
 from streamrl.telemetry import actor_metrics, exporter
@@ -44,7 +44,7 @@ class ActorWeights:
             self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
         if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
-            from streamrl.comm.weight_sync import ActorSync
+            from streamrl.comm.weights.collective import ActorSync
 
             # Subscribed first: the learner announces its first collective version as soon as the group forms.
             self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,

@@ -14,7 +14,7 @@ import msgspec
 import torch
 
 from streamrl.algo.losses import LossOutput
-from streamrl.comm.weight_sync import (
+from streamrl.comm.weights.collective import (
     collective_device,  # one rule for every collective: nccl takes CUDA tensors, gloo CPU
 )
 from streamrl.learner.batch import Batch

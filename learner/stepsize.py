@@ -45,7 +45,7 @@ def scale_step(engine, weights: torch.Tensor, mask: torch.Tensor) -> float:
     if engine.world > 1:
         import torch.distributed as dist
 
-        from streamrl.comm.weight_sync import collective_device
+        from streamrl.comm.weights.collective import collective_device
 
         sums = sums.to(collective_device(dist.get_backend()))
         dist.all_reduce(sums)

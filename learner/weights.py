@@ -16,7 +16,7 @@ import zmq
 
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import endpoint
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
 from streamrl.config import Config
 from streamrl.learner.engine import Engine
 from streamrl.telemetry import prometheus_metrics
@@ -90,9 +90,7 @@ class LearnerWeights:
         """For the run's summary: bytes of the last version (full), with weights_delta the versions and bytes per version
         sent full and as deltas and the versions skipped (the one before still on its way), the longest the learner
         waited for a publish's copy, and the collective's record (versions over it, their time, why it was left)."""
-        delta = self.publisher.delta
-        skipped = {"weights_versions_skipped": self.publisher.skipped} if delta else {}
-        return {"publish_bytes_per_version": self.last_bytes, **(delta.report() if delta else {}), **skipped,
+        return {"publish_bytes_per_version": self.last_bytes, **self.publisher.report(),
                 "weights_settle_max_s": self.publisher.settle_max_s,
                 **({"weight_sync": self.sync.report()} if self.sync else {})}
 
@@ -102,7 +100,7 @@ def _collective(cfg: Config):
     t = cfg.transport
     if t.weight_sync != "collective":
         return None
-    from streamrl.comm.weight_sync import LearnerSync
+    from streamrl.comm.weights.collective import LearnerSync
 
     # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
     first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)

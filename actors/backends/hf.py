@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
-from streamrl.comm import assembly
+from streamrl.comm.weights import assembly
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
-from streamrl.comm.weight_sync import plan
+from streamrl.comm.weights.collective import plan
 from streamrl.models.model import end_token_ids
 
 

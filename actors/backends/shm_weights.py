@@ -1,7 +1,7 @@
 """A weight version handed from the actor to its engine's workers through node-local shared memory.
 
 The actor writes the state dict as bucket files in a folder under /dev/shm (each bucket one dtype,
-at most `bucket_bytes`, cut by `streamrl.comm.weight_sync.plan`, the same plan the collective sync
+at most `bucket_bytes`, cut by `streamrl.comm.weights.collective.plan`, the same plan the collective sync
 uses); the workers (every tensor-parallel rank, same node) map the files one bucket at a time and
 hand out tensors that are views into the mapping, so nothing is serialised, no message size limit
 applies, and no tensor is copied to the device before the engine's own weight loaders copy it into
@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from streamrl.comm.weight_sync import SyncPlan
+from streamrl.comm.weights.collective import SyncPlan
 
 Buckets = list[list[list]]  # [[[name, dtype, shape], ...] per bucket]: what crosses to the workers (msgpack)
 

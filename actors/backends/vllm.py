@@ -46,7 +46,7 @@ import streamrl.actors.backends.shm_weights as shm_weights
 from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
-from streamrl.comm.weight_sync import plan
+from streamrl.comm.weights.collective import plan
 from streamrl.models.model import end_token_ids
 
 log = logging.getLogger("streamrl.actor.vllm")

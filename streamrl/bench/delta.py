@@ -8,9 +8,9 @@ DeepSpeed-unsupported and far slower), and each version is published as its bf16
 actors receive (its fp32 master weights rounded), and as the fp32 weights themselves.
 
 Reported per dtype: the fraction of elements whose bits changed per version, bytes per version full and as a delta
-(`streamrl.comm.delta.DeltaEncoder`, what the learner sends), their ratio; and for bf16 the time per version from
-publish to a subscriber process holding the assembled version (a WeightPublisher → WeightSubscriber over TCP),
-delta against full, on loopback, or across a network-namespace link when `STREAMRL_BENCH_NETNS="PUB_NS SUB_NS
+(`streamrl.comm.weights.encoders.DeltaEncoder`, what the learner sends), their ratio; and for bf16 the time per
+version from publish to a subscriber process holding the assembled version (a WeightPublisher → WeightSubscriber over
+TCP), delta against full, on loopback, or across a network-namespace link when `STREAMRL_BENCH_NETNS="PUB_NS SUB_NS
 SUB_HOST_ADDR"` names one (`.ci/netns_cluster.sh` makes them; its links are shaped to 1 Gbit/s).
 """
 
@@ -81,10 +81,10 @@ def _changed(a: dict, b: dict) -> float:
 
 
 def _sizes(states: list[dict]) -> dict:
-    from streamrl.comm import chunks, delta
+    from streamrl.comm.weights import chunks, encoders
 
     layout = chunks.Layout(states[0])
-    enc = delta.DeltaEncoder("on", full_every=1 << 30)
+    enc = encoders.DeltaEncoder("on", full_every=1 << 30)
     for v, s in enumerate(states):
         enc.encode(v, layout, list(s.values()), chunks.DEFAULT_CHUNK_BYTES, "bench")
     r = enc.report()
@@ -97,7 +97,7 @@ def _subscriber(pub_addr: str, req_addr: str, ack_addr: str, n: int) -> None:
     import zmq
 
     from streamrl.comm.control import Inbox
-    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.comm.weights.subscriber import WeightSubscriber
 
     ctx = zmq.Context()
     ack = ctx.socket(zmq.PUSH)
@@ -121,7 +121,7 @@ def _transfer(states: list[dict], mode: str) -> list[float]:
 
     from streamrl.bench.groups import free_port
     from streamrl.comm.control import ControlServer
-    from streamrl.comm.weights import WeightPublisher
+    from streamrl.comm.weights.publisher import WeightPublisher
 
     ns = os.environ.get("STREAMRL_BENCH_NETNS", "").split()
     pub_host, sub_prefix = ("0.0.0.0", ["ip", "netns", "exec", ns[1]]) if ns else ("127.0.0.1", [])

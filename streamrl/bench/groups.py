@@ -82,8 +82,8 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     kind "raw": `payload` is bytes, sent n times bare."""
     import zmq
 
-    from streamrl.comm.chunks import ZERO_COPY_MIN
     from streamrl.comm.groups import GroupSender
+    from streamrl.comm.weights.chunks import ZERO_COPY_MIN
 
     port = free_port()
     mpc = mp.get_context("spawn")

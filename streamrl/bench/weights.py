@@ -20,7 +20,7 @@ def _weights_subscriber(kind: str, pub_port: int, router_port: int, ack_port: in
     import zmq
 
     from streamrl.comm.control import Inbox
-    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.comm.weights.subscriber import WeightSubscriber
 
     ctx = zmq.Context()
     ack = ctx.socket(zmq.PUSH)
@@ -74,7 +74,7 @@ class _Broadcast:
     def __init__(self, kind: str, subscribers: int, n: int, max_message: int):
         import zmq
 
-        from streamrl.comm.weights import WeightPublisher
+        from streamrl.comm.weights.publisher import WeightPublisher
 
         self.kind, self.subscribers = kind, subscribers
         pub_port, router_port, ack_port = (free_port() for _ in range(3))
@@ -171,7 +171,7 @@ class _Broadcast:
 
 
 def _chunk_bytes(max_message: int) -> int:
-    from streamrl.comm.chunks import chunk_bytes_for
+    from streamrl.comm.weights.chunks import chunk_bytes_for
 
     return chunk_bytes_for(max_message)
 

@@ -18,7 +18,7 @@ import zmq
 from streamrl.comm import wire
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import RejectCounter, bind, make
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
 

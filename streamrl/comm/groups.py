@@ -14,10 +14,11 @@ import uuid
 
 import zmq
 
-from streamrl.comm import chunks, codec, wire
+from streamrl.comm import codec, wire
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import RejectCounter, bind, make
+from streamrl.comm.weights import chunks
 
 
 def batches(groups: list[ScoredGroup], max_bytes: int) -> list[list[ScoredGroup]]:

@@ -4,7 +4,7 @@ A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and
 follow as separate frames so they travel without copies. Scored groups have one format, a batch
 (GroupBatchHeader; its arrays and their checks are streamrl.comm.codec's). Weights have one layout:
 a version is one flat byte buffer (every tensor at an aligned offset) that travels as chunks under
-the message cap (WeightsChunk; streamrl.comm.chunks checks the layout).
+the message cap (WeightsChunk; streamrl.comm.weights.chunks checks the layout).
 
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
@@ -150,9 +150,9 @@ class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
     learner: str = ""
     """Which life of the learner sent it: a new value tells actors the learner restarted (resync)."""
     checksum: int | None = None
-    """XXH3-64 of the chunk's bytes (frames 1.., in order; streamrl.comm.chunks.checksum): a full chunk without one,
-    or whose bytes do not match it, is refused and the version asked for again. None only as a WeightsDelta's layout
-    (the delta carries the CRC-32 of the bytes it makes)."""
+    """XXH3-64 of the chunk's bytes (frames 1.., in order; streamrl.comm.weights.chunks.checksum): a full chunk
+    without one, or whose bytes do not match it, is refused and the version asked for again. None only as a
+    WeightsDelta's layout (the delta carries the CRC-32 of the bytes it makes)."""
 
     @property
     def count(self) -> int:
@@ -175,7 +175,7 @@ class WeightsDelta(Struct, tag="weights_delta", kw_only=True):
 
 class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
     """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
-    collective), cut into `buckets` of one dtype each (see streamrl.comm.weight_sync): receivers join the
+    collective), cut into `buckets` of one dtype each (see streamrl.comm.weights.collective): receivers join the
     broadcast when they see this, and allocate from it."""
 
     schema: int = SCHEMA_VERSION

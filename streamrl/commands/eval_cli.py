@@ -84,7 +84,7 @@ def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None =
     from streamrl.comm import security
     from streamrl.comm.control import Inbox
     from streamrl.comm.sockets import endpoint
-    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.comm.weights.subscriber import WeightSubscriber
     from streamrl.tasks import rewards
 
     t, host = cfg.transport, host or cfg.transport.host

@@ -48,7 +48,8 @@ def preload(cfg) -> None:
         from streamrl.models import tiny_llama, word_tokenizer  # noqa: F401
     else:
         from transformers import PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
-    from streamrl.comm import codec, control, groups, subscriber, wire  # noqa: F401
+    from streamrl.comm import codec, control, groups, wire  # noqa: F401
+    from streamrl.comm.weights import subscriber  # noqa: F401
 
 
 class Forked:

@@ -18,14 +18,14 @@ pytestmark = pytest.mark.gpu
 def _rank(rank: int, port: int, out) -> None:
     import torch
 
-    from streamrl.comm import weight_sync
+    from streamrl.comm.weights import collective
 
     torch.cuda.set_device(0)  # both ranks on GPU 0
     try:
-        group = weight_sync.Group("127.0.0.1", port, rank, 2, timeout_s=60, backend="nccl", rendezvous_s=60)
+        group = collective.Group("127.0.0.1", port, rank, 2, timeout_s=60, backend="nccl", rendezvous_s=60)
         group.broadcast(torch.zeros(4, device="cuda"), "header")
         out.put((rank, "ok"))
-    except weight_sync.WeightSyncError as e:
+    except collective.WeightSyncError as e:
         out.put((rank, f"WeightSyncError: {e}"))
     except BaseException as e:  # noqa: BLE001  (anything else is the failure this test is for)
         out.put((rank, f"{type(e).__name__}: {e}"))

@@ -115,7 +115,7 @@ def test_a_learner_on_loopback_trains_strictly_on_masked_episodes_from_a_test_ac
     from streamrl.comm.control import Inbox
     from streamrl.comm.groups import GroupSender
     from streamrl.comm.sockets import endpoint
-    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.comm.weights.subscriber import WeightSubscriber
     from streamrl.models import model as model_lib
     from streamrl.run import fingerprint
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from procs import REPO, metrics, reaped, spawn, summary
 
-from streamrl.comm import weight_sync
+from streamrl.comm.weights import collective
 from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,10 @@ def _worker(rank: int, world: int, port: int, out: str, mode: str) -> None:
     try:
         # Meeting gets 60 s in every mode: the scenarios start side by side, and a rank slow to import must
         # not turn the silent case's 4 s collective timeout into a rendezvous failure.
-        group = weight_sync.Group("127.0.0.1", port, rank, world, timeout_s=4 if mode == "silent" else 60,
+        group = collective.Group("127.0.0.1", port, rank, world, timeout_s=4 if mode == "silent" else 60,
                                   backend="gloo", rendezvous_s=60)
         state = _state()
-        sync_plan = weight_sync.plan(state, bucket_bytes=2000)
+        sync_plan = collective.plan(state, bucket_bytes=2000)
         if rank == 0:
             if mode == "silent":      # the learner never sends: workers must fail, not hang
                 import time
@@ -41,22 +41,22 @@ def _worker(rank: int, world: int, port: int, out: str, mode: str) -> None:
                 time.sleep(8)
             elif mode == "corrupt":   # a bucket whose checksum does not match what arrives
                 group.broadcast(torch.tensor([3, len(sync_plan.buckets)]), "header")
-                flats = [weight_sync.flatten(state[s.name] for s in b) for b in sync_plan.buckets]
+                flats = [collective.flatten(state[s.name] for s in b) for b in sync_plan.buckets]
                 for f in flats:
                     group.broadcast(f, "bucket")
-                sums = torch.tensor([weight_sync.checksum(f) for f in flats], dtype=torch.float64)
+                sums = torch.tensor([collective.checksum(f) for f in flats], dtype=torch.float64)
                 sums[1] += 1.0
                 group.broadcast(sums, "checksums")
             else:
-                buckets = (weight_sync.flatten(state[s.name] for s in b) for b in sync_plan.buckets)
-                weight_sync.send(group, 7, sync_plan, buckets)
+                buckets = (collective.flatten(state[s.name] for s in b) for b in sync_plan.buckets)
+                collective.send(group, 7, sync_plan, buckets)
             return
         got: dict = {}
-        stats = weight_sync.receive(group, sync_plan, lambda tensors: got.update(tensors))
+        stats = collective.receive(group, sync_plan, lambda tensors: got.update(tensors))
         ok = all(torch.equal(got[k], v) for k, v in state.items()) and set(got) == set(state)
         with open(f"{out}/rank{rank}", "w") as f:
             f.write(f"ok={ok} version={stats['version']} buckets={stats['buckets']}")
-    except weight_sync.WeightSyncError as e:
+    except collective.WeightSyncError as e:
         with open(f"{out}/rank{rank}", "w") as f:
             f.write(f"error={e}")
 
@@ -97,9 +97,9 @@ def _run(synced: dict, mode: str) -> list[str]:
 
 
 def test_plan_cuts_buckets_by_size_and_dtype():
-    p = weight_sync.plan(_state(), bucket_bytes=2000)
+    p = collective.plan(_state(), bucket_bytes=2000)
     assert [[t.name for t in b] for b in p.buckets] == [["embed", "ln"], ["step"], ["head"]]
-    p = weight_sync.plan({"a": torch.zeros(10), "b": torch.zeros(10), "c": torch.zeros(200)}, bucket_bytes=100)
+    p = collective.plan({"a": torch.zeros(10), "b": torch.zeros(10), "c": torch.zeros(200)}, bucket_bytes=100)
     assert [[t.name for t in b] for b in p.buckets] == [["a", "b"], ["c"]]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import streamrl.actors.backends.shm_weights as shm
-from streamrl.comm.weight_sync import plan
+from streamrl.comm.weights.collective import plan
 
 
 @pytest.fixture

@@ -156,7 +156,7 @@ def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
     from fakes.fake_vllm import Worker
 
     from streamrl.actors.backends import shm_weights
-    from streamrl.comm.weight_sync import plan
+    from streamrl.comm.weights.collective import plan
 
     state = {"w": torch.arange(6.0).reshape(2, 3), "h": torch.ones(3, dtype=torch.bfloat16)}
     folder = shm_weights.new_folder()

@@ -159,7 +159,7 @@ def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(rank
 
     from streamrl.comm.control import ControlServer
     from streamrl.comm.groups import GroupReceiver, GroupSender
-    from streamrl.comm.weights import WeightPublisher
+    from streamrl.comm.weights.publisher import WeightPublisher
     from streamrl.learner.intake import Intake
 
     ctx = zmq.Context()

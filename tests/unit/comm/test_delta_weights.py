@@ -1,10 +1,9 @@
-"""Delta weight versions (transport.weights_delta, streamrl.comm.delta) over real ZeroMQ sockets on loopback: versions
-assembled from deltas are bit-identical to full sends, a corrupted delta is caught by its checksum and repaired by a
-full version, a full version damaged on the way is caught by its chunks' checksums and sent again, and `auto` picks
-the smaller of the two."""
+"""Delta weight versions (transport.weights_delta, streamrl.comm.weights.encoders) over real ZeroMQ sockets on
+loopback: versions assembled from deltas are bit-identical to full sends, a corrupted delta is caught by its checksum
+and repaired by a full version, a full version damaged on the way is caught by its chunks' checksums and sent again,
+and `auto` picks the smaller of the two."""
 
 from __future__ import annotations
-
 
 import time
 
@@ -14,11 +13,12 @@ import torch
 import zmq
 from fakes.pubsub import joined
 
-from streamrl.comm import assembly, chunks, delta, wire
+from streamrl.comm import wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
-from streamrl.comm.subscriber import WeightSubscriber
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights import assembly, chunks, encoders
+from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.weights.subscriber import WeightSubscriber
 from streamrl.commands.launch import free_ports
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,7 +85,7 @@ def test_versions_assembled_from_random_sparse_deltas_are_bit_identical_to_full_
             assert torch.equal(bits(got[name]), bits(t)), name
             assert torch.equal(bits(got[name]), bits(full[name])), name
     assert (sub.fulls, sub.deltas) == (1, 5)
-    report = pub.delta.report()
+    report = pub.report()
     assert report["weights_delta_versions"] == 5
     assert report["weights_delta_bytes_per_version"] < report["weights_full_bytes_per_version"] / 2
     assert dict(sub.rejected.counts) == {}
@@ -103,15 +103,15 @@ def test_a_corrupted_delta_is_refused_and_repaired_by_a_full_version(channel, co
         bad[100] ^= 0x10
         sub._base = (learner, version, [[memoryview(bytes(bad))]] + payloads[1:])
     else:  # a byte of the compressed delta flipped on the way
-        send = pub._send_chunk
+        send = pub.send_chunk
 
         def flip(header, frames):
             frames = [bytes(f) for f in frames]
             frames[-1] = frames[-1][:20] + bytes([frames[-1][20] ^ 0xFF]) + frames[-1][21:]
-            pub._send_chunk = send
+            pub.send_chunk = send
             return send(header, frames)
 
-        pub._send_chunk = flip
+        pub.send_chunk = flip
     pub.settle()
     state["w"][3, :5] += 1.0
     pub.publish(1, state)
@@ -132,7 +132,7 @@ def test_a_flipped_bit_in_a_full_version_is_refused_counted_asked_for_again_and_
                                                                                                           mode):
     pub, control, sub = channel(mode=mode)  # on: a delta run's full versions (the first one) are checked alike
     state = {"w": torch.arange(4096, dtype=torch.float32).view(64, 64), "b": torch.ones(7)}
-    send, flipped = pub._send_chunk, []
+    send, flipped = pub.send_chunk, []
 
     def flip(header, frames):  # one bit of chunk 1 of version 0 flips on the way, once
         if not flipped and wire.decode_header([header]).index == 1:
@@ -141,7 +141,7 @@ def test_a_flipped_bit_in_a_full_version_is_refused_counted_asked_for_again_and_
             flipped.append(True)
         return send(header, frames)
 
-    pub._send_chunk = flip
+    pub.send_chunk = flip
     pub.publish(0, state)  # live: the re-request is answered with version 0 again
     got = receive(sub, 0, control)
     assert flipped and torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
@@ -164,12 +164,12 @@ def test_a_delta_from_a_base_the_actor_lacks_is_refused_and_the_next_version_goe
         state["w"][0] = 1.0
         pub.publish(1, state)  # a delta from version 0
         pub.settle()
-        assert pub.delta.stats["delta"][0] == 1
+        assert pub.encoder.stats["delta"][0] == 1
         pub.ask(0)  # an actor holding version 0 asks while version 1 is already out
         state["w"][1] = 1.0
         pub.publish(2, state)  # a delta from 1 would not help it: version 2 goes full
         pub.flush()
-        assert pub.delta.stats == {"full": [2, 2 * 1024], "delta": pub.delta.stats["delta"]}
+        assert pub.encoder.stats == {"full": [2, 2 * 1024], "delta": pub.encoder.stats["delta"]}
         pub.close()
     finally:
         ctx.destroy(linger=0)
@@ -189,7 +189,7 @@ def test_an_actor_that_joins_between_deltas_drops_them_unrefused_and_starts_from
     state["w"][3, :5] += 1.0
     pub.publish(1, state)  # a delta from version 0, which this actor never held
     got = receive(sub, 1, control)
-    assert torch.equal(got["w"], state["w"]) and pub.delta.stats["delta"][0] == 1 and pub.rebroadcasts >= 1
+    assert torch.equal(got["w"], state["w"]) and pub.encoder.stats["delta"][0] == 1 and pub.rebroadcasts >= 1
     assert dict(sub.rejected.counts) == {} and (sub.fulls, sub.deltas) == (1, 0)
     pub.settle()
     state["w"][5, :5] -= 1.0
@@ -217,7 +217,7 @@ def test_a_request_never_claims_a_newer_version_than_the_delta_base_held(channel
 def test_auto_sends_a_delta_only_when_it_is_smaller_and_a_full_version_every_n():
     layout_state = {"w": torch.randn(4096, generator=torch.Generator().manual_seed(0))}
     layout = chunks.Layout(layout_state)
-    enc = delta.DeltaEncoder("auto", full_every=3)
+    enc = encoders.DeltaEncoder("auto", full_every=3)
     values = list(layout_state.values())
     kinds = [enc.encode(0, layout, values, 1 << 20, "l")[0]]
     values[0][:10] += 1.0  # sparse: the delta is far smaller
@@ -237,7 +237,7 @@ def test_auto_sends_a_delta_only_when_it_is_smaller_and_a_full_version_every_n()
 
 def test_delta_apply_names_what_is_wrong():
     layout = chunks.Layout({"w": torch.zeros(64)})
-    enc = delta.DeltaEncoder("on", full_every=100)
+    enc = encoders.DeltaEncoder("on", full_every=100)
     w = torch.zeros(64)
     enc.encode(0, layout, [w], 1 << 20, "l")
     w[3] = 2.0
@@ -246,12 +246,12 @@ def test_delta_apply_names_what_is_wrong():
 
     header = wire.decode_header([head])
     base = np.zeros(256, np.uint8)
-    assert bytes(delta.apply(payload, base, header)) == w.numpy().tobytes()
+    assert bytes(encoders.apply(payload, base, header)) == w.numpy().tobytes()
     with pytest.raises(wire.WireError, match="delta_corrupt: weights version 1 chunk 0: its delta does not"):
-        delta.apply(b"not zstd", base, header)
+        encoders.apply(b"not zstd", base, header)
     base[0] = 1
     with pytest.raises(wire.WireError, match="delta_checksum: .* made from version 0"):
-        delta.apply(payload, base, header)
+        encoders.apply(payload, base, header)
 
 
 def test_copy_chunk_zeroes_the_padding_of_a_reused_buffer_so_every_send_of_a_version_has_the_same_bytes():

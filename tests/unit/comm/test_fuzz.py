@@ -14,11 +14,12 @@ import zmq
 from fakes import malformed
 from fakes.pubsub import joined
 
-from streamrl.comm import assembly, chunks, wire
+from streamrl.comm import wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver
-from streamrl.comm.subscriber import WeightSubscriber
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights import assembly, chunks
+from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.weights.subscriber import WeightSubscriber
 
 pytestmark = pytest.mark.timeout(120)
 ANY = "tcp://127.0.0.1:*"

@@ -14,8 +14,8 @@ from zmq.auth import create_certificates
 from streamrl.comm import codec, security
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver, GroupSender
-from streamrl.comm.subscriber import WeightSubscriber
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.weights.subscriber import WeightSubscriber
 
 pytestmark = pytest.mark.timeout(60)
 ANY = "tcp://127.0.0.1:*"

@@ -12,11 +12,12 @@ import torch
 import zmq
 from fakes.pubsub import joined
 
-from streamrl.comm import assembly, chunks, codec, wire
+from streamrl.comm import codec, wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver, GroupSender
-from streamrl.comm.subscriber import WeightSubscriber
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights import assembly, chunks
+from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.weights.subscriber import WeightSubscriber
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -152,7 +152,7 @@ def test_the_learner_channel_makes_the_optimizer_wait_for_a_background_copy(setu
 
 def test_the_hf_backend_loads_a_chunked_version_straight_into_its_parameters():
     from streamrl.actors.backends.hf import HFBackend
-    from streamrl.comm import assembly, chunks
+    from streamrl.comm.weights import assembly, chunks
 
     g = torch.Generator().manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 8))
@@ -196,8 +196,8 @@ def test_prometheus_counts_the_bytes_actually_sent_full_and_as_deltas_apart():
     def sent(kind: str) -> float:
         return registry.get_sample_value("streamrl_weight_publish_bytes_total", {**telemetry.labels, "kind": kind})
 
-    full_versions, full_bytes = learner.publisher.delta.stats["full"]
-    delta_versions, delta_bytes = learner.publisher.delta.stats["delta"]
+    full_versions, full_bytes = learner.publisher.encoder.stats["full"]
+    delta_versions, delta_bytes = learner.publisher.encoder.stats["delta"]
     assert (full_versions, delta_versions) == (1, 3)
     assert sent("full") == full_bytes == learner.last_bytes  # one whole version
     assert sent("delta") == delta_bytes and 0 < delta_bytes < learner.last_bytes / 20  # what went, not 3 x the model

@@ -1,4 +1,4 @@
-"""streamrl.comm.weight_sync on a machine without NCCL: every collective tensor is made on the device the
+"""streamrl.comm.weights.collective on a machine without NCCL: every collective tensor is made on the device the
 group's backend takes, and the NCCL group is built so that a timeout cannot kill the process."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.comm import weight_sync
+from streamrl.comm.weights import collective
 
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
 def test_the_collective_device_is_the_one_torch_maps_to_the_backend(backend):
-    device = weight_sync.collective_device(backend)
+    device = collective.collective_device(backend)
     assert dist.Backend.default_device_backend_map[device.type] == backend
 
 
 def test_an_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="expected 'nccl' or 'gloo'"):
-        weight_sync.collective_device("mpi")
+        collective.collective_device("mpi")
 
 
 class _RecordingPG:
@@ -36,8 +36,8 @@ class _RecordingPG:
 
 
 def test_an_nccl_group_refuses_a_cpu_tensor_before_it_reaches_the_collective():
-    group = object.__new__(weight_sync.Group)
-    group.backend, group.device, group.pg = "nccl", weight_sync.collective_device("nccl"), _RecordingPG()
+    group = object.__new__(collective.Group)
+    group.backend, group.device, group.pg = "nccl", collective.collective_device("nccl"), _RecordingPG()
     group.rank, group.world, group.timeout_s = 0, 2, 1.0
     with pytest.raises(ValueError, match="cpu tensor; the nccl group takes cuda tensors"):
         group.broadcast(torch.zeros(2), "header")
@@ -64,7 +64,7 @@ def test_the_detector_finds_a_tensor_made_without_a_device():
     assert _tensor_calls_without_device(made_on_cpu) == ["line 2: torch.zeros"]
 
 
-@pytest.mark.parametrize("fn", [weight_sync.send, weight_sync.receive], ids=["send", "receive"])
+@pytest.mark.parametrize("fn", [collective.send, collective.receive], ids=["send", "receive"])
 def test_every_tensor_the_sync_protocol_makes_is_made_on_the_groups_device(fn):
     assert _tensor_calls_without_device(fn) == []
 
@@ -82,12 +82,12 @@ def test_the_nccl_group_is_built_with_cleanup_only_error_handling_and_the_settin
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
     monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: object())
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what torchrun sets for its workers
-    group = weight_sync.Group("127.0.0.1", 1, 0, 2, timeout_s=5.0, backend="nccl")
-    assert seen["mode"] == weight_sync.NCCL_ERROR_HANDLING == "2"  # CleanUpOnly: raise in wait, keep the process
+    group = collective.Group("127.0.0.1", 1, 0, 2, timeout_s=5.0, backend="nccl")
+    assert seen["mode"] == collective.NCCL_ERROR_HANDLING == "2"  # CleanUpOnly: raise in wait, keep the process
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"  # the training group's setting is untouched
     assert group.device.type == "cuda"
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
-    weight_sync.Group("127.0.0.1", 1, 0, 2, timeout_s=5.0, backend="nccl")
+    collective.Group("127.0.0.1", 1, 0, 2, timeout_s=5.0, backend="nccl")
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
 
 
@@ -113,10 +113,10 @@ class _BlockedPG:
         raise RuntimeError("released")
 
 
-def _gloo_group(pg, timeout_s: float = 60.0) -> weight_sync.Group:
+def _gloo_group(pg, timeout_s: float = 60.0) -> collective.Group:
     """timeout_s: long where the broadcast ends by itself (the first one's thread is joined that long at most:
     a loaded machine may take more than a fraction of a second to run it), short where it never ends."""
-    group = object.__new__(weight_sync.Group)
+    group = object.__new__(collective.Group)
     group.backend, group.device, group.pg = "gloo", torch.device("cpu"), pg
     group.rank, group.world, group.timeout_s = 0, 2, timeout_s
     return group
@@ -126,14 +126,14 @@ def _gloo_group(pg, timeout_s: float = 60.0) -> weight_sync.Group:
 def test_a_broadcast_that_raises_inside_the_process_group_is_a_weight_sync_error(connected):
     group = _gloo_group(_FailingPG(dist.DistBackendError("NCCL error: invalid usage, Duplicate GPU detected")))
     group._connected = connected
-    with pytest.raises(weight_sync.WeightSyncError, match="header failed .*Duplicate GPU detected"):
+    with pytest.raises(collective.WeightSyncError, match="header failed .*Duplicate GPU detected"):
         group.broadcast(torch.zeros(2, dtype=torch.int64), "header")
 
 
 def test_the_first_broadcast_gives_up_after_the_timeout_when_a_peer_never_connects():
     pg = _BlockedPG()
     try:
-        with pytest.raises(weight_sync.WeightSyncError, match="first broadcast, did not finish in 0s .*never connected"):
+        with pytest.raises(collective.WeightSyncError, match="first broadcast, did not finish in 0s .*never connected"):
             _gloo_group(pg, timeout_s=0.5).broadcast(torch.zeros(2, dtype=torch.int64), "header")
     finally:
         pg.release.set()
@@ -142,11 +142,11 @@ def test_the_first_broadcast_gives_up_after_the_timeout_when_a_peer_never_connec
 def test_a_learner_whose_broadcast_raises_falls_back_to_zeromq_and_stays_alive():
     """LearnerSync.send answers False (the learner then serves that version over ZeroMQ) and leaves the
     collective for good, where the broadcast outside its `try` would have raised into the learner's loop."""
-    sync = object.__new__(weight_sync.LearnerSync)
+    sync = object.__new__(collective.LearnerSync)
     sync.failed, sync.syncs, sync.sync_s = None, 0, 0.0
     sync.group = _gloo_group(_FailingPG(dist.DistBackendError("NCCL error: Duplicate GPU detected")))
     state = {"w": torch.ones(3)}
-    sync.plan = weight_sync.plan(state, 1 << 20)
+    sync.plan = collective.plan(state, 1 << 20)
     assert sync.send(1, state) is False
     assert not sync.ready and "Duplicate GPU detected" in sync.report()["failed"]
 
@@ -161,11 +161,11 @@ def _reference_checksum(flat: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_sliced_checksum_is_the_whole_ones_value_and_still_order_sensitive(dtype):
     g = torch.Generator().manual_seed(0)
-    flat = torch.randn(2 * weight_sync._SLICE + 12_345, generator=g).to(dtype)  # three slices, the last partial
-    assert weight_sync.checksum(flat) == pytest.approx(_reference_checksum(flat), rel=1e-12)
+    flat = torch.randn(2 * collective._SLICE + 12_345, generator=g).to(dtype)  # three slices, the last partial
+    assert collective.checksum(flat) == pytest.approx(_reference_checksum(flat), rel=1e-12)
     swapped = flat.clone()
-    swapped[[7, weight_sync._SLICE + 3]] = swapped[[weight_sync._SLICE + 3, 7]]
-    assert weight_sync.checksum(swapped) != pytest.approx(weight_sync.checksum(flat), rel=1e-12)
+    swapped[[7, collective._SLICE + 3]] = swapped[[collective._SLICE + 3, 7]]
+    assert collective.checksum(swapped) != pytest.approx(collective.checksum(flat), rel=1e-12)
 
 
 def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it():
@@ -176,7 +176,7 @@ def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_bey
     import sys
 
     # Warmed up on a few slices first: the first passes also set up the BLAS library's own buffers.
-    code = ("import resource, torch\nfrom streamrl.comm.weight_sync import checksum, _SLICE\n"
+    code = ("import resource, torch\nfrom streamrl.comm.weights.collective import checksum, _SLICE\n"
             "flat = torch.randn(32 << 20); checksum(flat[:3 * _SLICE])\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\nchecksum(flat)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.comm import assembly, chunks, codec, wire
+from streamrl.comm import codec, wire
+from streamrl.comm.weights import assembly, chunks
 from streamrl.comm.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
 
 REPO = Path(__file__).resolve().parents[3]

@@ -19,8 +19,8 @@ from streamrl import config, evaluation
 from streamrl.comm import codec, wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver, GroupSender
-from streamrl.comm.subscriber import WeightSubscriber
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.weights.subscriber import WeightSubscriber
 from streamrl.learner.evals import Evals
 from streamrl.tasks import rewards
 from streamrl.telemetry import prometheus_metrics

@@ -10,7 +10,7 @@ import zmq
 from streamrl.comm import codec
 from streamrl.comm.control import ControlServer
 from streamrl.comm.groups import GroupReceiver, GroupSender
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
 from streamrl.learner.intake import Intake
 
 pytestmark = pytest.mark.timeout(30)
@@ -206,7 +206,7 @@ def test_the_sessions_poller_answers_a_weight_request_while_the_intake_waits_for
     import torch
 
     from streamrl.comm.control import Inbox
-    from streamrl.comm.subscriber import WeightSubscriber
+    from streamrl.comm.weights.subscriber import WeightSubscriber
     from streamrl.learner.session import Poller
 
     ctx = zmq.Context()

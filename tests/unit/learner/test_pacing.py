@@ -15,7 +15,7 @@ from streamrl.algo import staleness
 from streamrl.comm import codec, wire
 from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.groups import GroupReceiver, GroupSender
-from streamrl.comm.weights import WeightPublisher
+from streamrl.comm.weights.publisher import WeightPublisher
 from streamrl.learner.intake import Intake
 from streamrl.learner.pacing import Pacer
 from streamrl.learner.session import Poller

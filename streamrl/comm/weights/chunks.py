@@ -9,7 +9,7 @@ chunk by chunk into a small `ChunkPool` of reused buffers instead, refilled only
 with them (their trackers), so a publish holds `pool × chunk` bytes whatever the model's size.
 
 The receiving end checks each chunk (`chunk_payload`), a version's layout once (`check_layout`) and each
-chunk's bytes against the checksum the sender put in its header (`check_sum`); streamrl.comm.assembly puts the
+chunk's bytes against the checksum the sender put in its header (`check_sum`); streamrl.comm.weights.assembly puts the
 version together.
 """
 
@@ -112,7 +112,8 @@ def pieces_of(layout: Layout, tensors: list, start: int, end: int) -> list | Non
 def copy_chunk(layout: Layout, tensors: list, start: int, dst) -> None:
     """Copy bytes [start, start + dst.numel()) of the flat buffer of `tensors` (the state dict's values,
     any device) into `dst` (a uint8 CPU tensor). Padding bytes are zeroed: a reused buffer's old bytes there would
-    make two sends of one version differ, which a delta version's checksum (streamrl.comm.delta) would refuse."""
+    make two sends of one version differ, which a delta version's checksum (streamrl.comm.weights.encoders) would
+    refuse."""
     import torch
 
     srcs, dsts, at_end = [], [], 0
@@ -144,7 +145,7 @@ def copy_all(dsts: list, srcs: list) -> None:
 class ChunkPool:
     """`size` reused chunk buffers for tensors that cannot be sent in place (on a GPU, not contiguous),
     taken round robin; each remembers the trackers of the sends still reading it, which the caller
-    waits for before refilling it (WeightPublisher._wait_sent: one rule for a stalled subscriber)."""
+    waits for before refilling it (WeightPublisher.wait_sent: one rule for a stalled subscriber)."""
 
     def __init__(self, chunk_bytes: int, size: int = 4):
         self.chunk_bytes, self.size = chunk_bytes, size

@@ -44,7 +44,7 @@ import torch
 
 from streamrl.comm.wire import TensorInfo, WeightsCollective
 
-log = logging.getLogger("streamrl.comm.weight_sync")
+log = logging.getLogger(__name__)
 
 
 class WeightSyncError(RuntimeError):

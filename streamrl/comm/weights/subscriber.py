@@ -1,5 +1,5 @@
 """The weight channel's actor end: versions SUBscribed to and put together from their chunks
-(streamrl.comm.assembly); the learner end is streamrl.comm.weights.
+(streamrl.comm.weights.assembly); the learner end is streamrl.comm.weights.publisher.
 
 The newest weights are asked for, and notices kept, by the actor's control-channel `Inbox`
 (streamrl.comm.control), whose socket the subscriber watches beside its own: one wait wakes on either.
@@ -11,14 +11,14 @@ import logging
 import time
 from typing import Callable
 
+import numpy as np
 import zmq
 
-import numpy as np
-
-from streamrl.comm import assembly, chunks, delta, wire
+from streamrl.comm import wire
 from streamrl.comm.control import Inbox
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import make
+from streamrl.comm.weights import assembly, chunks, encoders
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class WeightSubscriber:
     kept, by its `inbox` (streamrl.comm.control), whose socket it watches beside its own.
 
     `poll` returns the newest version waiting (older ones are skipped), so an actor that fell
-    behind jumps straight to the current policy. A version comes as chunks (streamrl.comm.chunks) and is
+    behind jumps straight to the current policy. A version comes as chunks (streamrl.comm.weights.chunks) and is
     returned only once all of them have arrived and agree; a version whose chunks stop coming (a
     newer one starts, a chunk was lost) is dropped and counted (`chunk_lost`), and chunks of a
     version already held are skipped without a copy.
@@ -241,7 +241,7 @@ class WeightSubscriber:
         old = base[2][h.index]
         old = np.frombuffer(old[0], np.uint8) if len(old) == 1 else \
             np.concatenate([np.frombuffer(b, np.uint8) for b in old])
-        new = delta.apply(wire.buffer(frames[1]), old, d)
+        new = encoders.apply(wire.buffer(frames[1]), old, d)
         return self._chunk(frames, h, [memoryview(new)], checked=True)
 
     def _chunk(self, frames, header: wire.WeightsChunk, payload: list,

@@ -15,8 +15,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from streamrl.comm import chunks, wire
+from streamrl.comm import wire
+from streamrl.comm.weights import chunks
 from streamrl.comm.wire import WeightsChunk, WireError
+
 
 class Assembly:
     """One version being put together from its chunks (any order). The received frames are kept as
@@ -36,7 +38,7 @@ class Assembly:
 
     def add(self, header: WeightsChunk, payload: list[memoryview], checked: bool = False) -> None:
         """Take one chunk of this version (its frames checked by chunks.chunk_payload, its bytes against its checksum
-        here unless `checked`: a delta's bytes, made and checked by streamrl.comm.delta); raises WireError
+        here unless `checked`: a delta's bytes, made and checked by streamrl.comm.weights.encoders); raises WireError
         ("duplicate_chunk", "chunk_mismatch", "weights_checksum") and leaves the assembly as it was."""
         first = self.first
         if (header.total, header.chunk_bytes, header.offsets) != (first.total, first.chunk_bytes, first.offsets) \
@@ -52,7 +54,7 @@ class Assembly:
 
     @property
     def payloads(self) -> list[list[memoryview]]:
-        """Each chunk's pieces as received (the base of a delta version: streamrl.comm.delta)."""
+        """Each chunk's pieces as received (the base of a delta version: streamrl.comm.weights.encoders)."""
         return self._chunks
 
     @property

@@ -1,12 +1,12 @@
-"""The weight channel's learner end: each new version PUBlished as chunks (streamrl.comm.chunks).
+"""The weight channel's learner end: each new version PUBlished as chunks (streamrl.comm.weights.chunks), the way
+its encoder (streamrl.comm.weights.encoders) makes them.
 
-Actors SUBscribe (streamrl.comm.subscriber). A late or lagging actor asks for the newest weights on
+Actors SUBscribe (streamrl.comm.weights.subscriber). A late or lagging actor asks for the newest weights on
 the control channel (streamrl.comm.control), which answers with a re-broadcast here.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import logging
 import threading
@@ -15,9 +15,10 @@ import uuid
 
 import zmq
 
-from streamrl.comm import chunks, delta, wire
+from streamrl.comm import wire
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import bind, make
+from streamrl.comm.weights import chunks, encoders
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ SLOW_LINK_BYTES_S = 12.5e6
 class WeightPublisher:
     """Learner side of the weight channel: PUB for broadcasts (requests come on streamrl.comm.control).
 
-    A version travels as chunks under the message cap (streamrl.comm.chunks), sent zero-copy from the
+    A version travels as chunks under the message cap (streamrl.comm.weights.chunks), sent zero-copy from the
     live parameters' own memory (or, for tensors ZeroMQ cannot read in place, copied into a small
     pool of reused buffers), so a publish holds at most the pool, never a copy of the model.
     `publish(..., wait=False)` sends on a background thread so the learner goes on with its next
@@ -38,15 +39,15 @@ class WeightPublisher:
     version, and a request is answered by sending it again from them; after it, requests wait for
     the next publish.
 
-    With delta versions (transport.weights_delta) every version is copied into the encoder's base before it is
-    sent, so the learner never waits for the network: a version whose send has not begun when `settle` comes
-    (the one before it still on its way: a slow or dead subscriber holds the broadcast) is skipped, not waited
-    for, and the next goes as a delta from the last one sent (`skipped` counts them); a subscriber that missed a
-    version asks, as after any gap. Without deltas chunks are sent from the parameters themselves, and `settle`
-    waits until they are out. Either way a send that a subscriber holds up (it stopped reading: a dead link, a
-    stopped process) is given up after `superseded_stall_s` without progress once the learner or a newer version
-    waits for it (`stall_s` otherwise): the PUB socket is reopened, which drops that subscriber until it
-    reconnects and asks.
+    The encoder (transport.weights_delta: streamrl.comm.weights.encoders) makes and sends each version. A detached
+    one (deltas) copies every version off the parameters before it is sent, so the learner never waits for the
+    network: a version whose send has not begun when `settle` comes (the one before it still on its way: a slow
+    or dead subscriber holds the broadcast) is skipped, not waited for, and the next goes from the last one sent
+    (`skipped` counts them); a subscriber that missed a version asks, as after any gap. Otherwise chunks are sent
+    from the parameters themselves, and `settle` waits until they are out. Either way a send that a subscriber
+    holds up (it stopped reading: a dead link, a stopped process) is given up after `superseded_stall_s` without
+    progress once the learner or a newer version waits for it (`stall_s` otherwise): the PUB socket is reopened,
+    which drops that subscriber until it reconnects and asks.
 
     An answer to a request (`ask`, then `answer`) is a re-broadcast on the PUB socket (the one thread
     that sends weights owns it; ZeroMQ sockets are not thread-safe):
@@ -59,13 +60,13 @@ class WeightPublisher:
                  pool_chunks: int | None = None, stall_s: float = 10.0, delta_mode: str = "off",
                  full_every: int = 20):
         """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4);
-        delta_mode, full_every: transport.weights_delta and weights_delta_full_every (streamrl.comm.delta)."""
+        delta_mode, full_every: transport.weights_delta and weights_delta_full_every (encoders.make)."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self._ctx, self._curve = ctx, curve
         self.pool = chunks.ChunkPool(self.chunk_bytes, pool_chunks)
         self.stall_s = stall_s
-        """How long a send may go without a chunk leaving before the PUB socket is reopened (see _wait_sent)."""
+        """How long a send may go without a chunk leaving before the PUB socket is reopened (see wait_sent)."""
         self.superseded_stall_s = min(1.0, stall_s)
         """The same, plus one chunk's time at SLOW_LINK_BYTES_S, once a newer version waits for this send: then a
         peer that takes nothing holds up every other one's newer weights, not only this version."""
@@ -79,8 +80,8 @@ class WeightPublisher:
         answered from it."""
         self._asked = 0  # requests waiting for a re-broadcast
         self._asked_have = 1 << 62  # the oldest version those requests hold: a delta from a newer base is no use
-        self.delta = delta.DeltaEncoder(delta_mode, full_every) if delta_mode != "off" else None
-        """Versions as differences from the previous one (keeps a host copy of it), or None: always full."""
+        self.encoder: encoders.Encoder = encoders.make(delta_mode, full_every)
+        """How each version goes on the wire: in full, or as deltas from the previous one (a host copy of it)."""
         self.version = -1
         self.sent = {"full": 0, "delta": 0}
         """Bytes put on the broadcast socket (one copy), by how the versions went: in full (re-broadcasts included)
@@ -95,9 +96,10 @@ class WeightPublisher:
         self.send_wait_s = 0.0
         """Seconds the publishing thread waited for ZeroMQ to send chunks (in flight bound, in-place frames)."""
         self.reopened = 0
-        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see _wait_sent)."""
+        """Times the PUB socket was reopened to release chunks a stalled subscriber held (see wait_sent)."""
         self.skipped = 0
-        """Versions not broadcast because the one before was still being sent when `settle` came (delta mode)."""
+        """Versions not broadcast because the one before was still being sent when `settle` came (a detached
+        encoder)."""
         self.settle_max_s = 0.0
         """The longest one `settle` waited (the learner's worst step for publishing)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
@@ -128,8 +130,8 @@ class WeightPublisher:
         self.version = version
         if broadcast or self._asked:
             self._start(version, state, fresh=True)
-        elif self.delta is not None:  # this version went another way: the next delta would have the wrong base
-            self.delta.reset()
+        else:  # this version went another way: the next delta would have the wrong base
+            self.encoder.reset()
         if wait:
             self._wait_copied()
         return layout.total
@@ -141,93 +143,22 @@ class WeightPublisher:
         self._sending = self._job
         if fresh and self._sending is not None and not self._sending.done():
             self._superseded.set()  # the send going on is of an older version (a step behind already)
-        if fresh and self.delta is not None:
-            full = self._asked_have < self.delta.base_version  # an asker lacks the base
-            self._job = self._pool.submit(self._encode_and_send, version, state, self._layout, copied, full)
-        elif self.delta is not None and self.delta.base_version == version:
-            # A re-broadcast with deltas: from the encoder's copy, so `settle` never waits for this send either.
-            copied.set()
-            self._job = self._pool.submit(self._send_base, version, self._layout)
-        else:
-            self._job = self._pool.submit(self._copy_and_send, version, state, self._layout, copied)
-            self.sent["full"] += self._layout.total
+        send = self.encoder.job(self, version, state, self._layout, copied, fresh, self._asked_have)
+        self._job = self._pool.submit(self._run, self._layout, send)
         self.requests_served += self._asked
         self._job_asked = (self._asked, self._asked_have)
         self._asked, self._asked_have = 0, 1 << 62
 
-    def _copy_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
-        """On the publishing thread: each chunk sent zero-copy from the tensors' own memory (or, for
-        tensors that cannot be sent in place, from a pool buffer it is copied into). `copied` is set
-        once nothing sent refers to `state` any more: every copy made and every in-place frame sent.
-        At most pool.size chunks are in flight (what a stalled subscriber can hold back)."""
+    def _run(self, layout: chunks.Layout, send) -> None:
+        """On the publishing thread: one of the encoder's sends."""
         self._begin(layout)
         try:
-            tensors = list(state.values())
-            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
-            in_flight: collections.deque[tuple[list, bool]] = collections.deque()  # (trackers, reads `state`)
-            for h in heads:
-                start = h.index * self.chunk_bytes
-                end = min(start + self.chunk_bytes, layout.total)
-                while len(in_flight) >= self.pool.size:
-                    self._wait_sent(in_flight.popleft()[0])
-                frames, pooled = chunks.pieces_of(layout, tensors, start, end), None
-                if frames is None:
-                    pooled, buf, reading = self.pool.take(end - start)
-                    self._wait_sent(reading)
-                    t0 = time.perf_counter()
-                    chunks.copy_chunk(layout, tensors, start, buf)
-                    self.copy_s += time.perf_counter() - t0
-                    frames = [buf.numpy()]
-                trackers = self._send_chunk(chunks.encode_chunk_header(h, frames), frames)
-                for tracker in trackers if pooled is not None else ():
-                    self.pool.track(pooled, tracker)
-                in_flight.append((trackers, pooled is None))
-            for trackers, reads_state in in_flight:  # the parameters may change once no frame reads them
-                if reads_state:
-                    self._wait_sent(trackers)  # chunk by chunk: `stall_s` is for one chunk, not the whole tail
+            send()
         except BaseException as e:
             self._error = e  # raised by the caller's next settle
             raise
-        finally:
-            copied.set()
 
-    def _encode_and_send(self, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
-                         full: bool) -> None:
-        """On the publishing thread: the version copied into the delta encoder's base (then `copied` is set) and
-        sent as a delta or in full (from the base, which the next encode may change only once this is sent)."""
-        self._begin(layout)
-        try:
-            try:
-                kind, messages = self.delta.encode(version, layout, list(state.values()), self.chunk_bytes,
-                                                   self.session, full)
-            finally:
-                copied.set()
-            self.sent[kind] += sum(memoryview(f).nbytes for _, *frames in messages for f in frames)
-            trackers = []
-            for header, *frames in messages:
-                trackers += self._send_chunk(header, frames)
-            self._wait_sent(trackers)
-        except BaseException as e:
-            self._error = e
-            raise
-
-    def _send_base(self, version: int, layout: chunks.Layout) -> None:
-        """On the publishing thread: the version the delta encoder's base holds, sent in full from it (the next
-        encode runs on this thread, so only after this send)."""
-        self._begin(layout)
-        try:
-            heads = chunks.headers(version, layout, self.chunk_bytes, self.session)
-            trackers = []
-            for h in heads:
-                frames = [self.delta._slice(h, self.chunk_bytes, layout.total)]
-                trackers += self._send_chunk(chunks.encode_chunk_header(h, frames), frames)
-            self.sent["full"] += layout.total
-            self._wait_sent(trackers)
-        except BaseException as e:
-            self._error = e
-            raise
-
-    def _send_chunk(self, header: bytes, frames: list) -> list:
+    def send_chunk(self, header: bytes, frames: list) -> list:
         """Send one chunk message; returns the trackers of the frames sent zero-copy."""
         self.pub.send(header, zmq.SNDMORE)
         trackers = []
@@ -244,7 +175,7 @@ class WeightPublisher:
         self._superseded.clear()
         self._chunk_s = min(self.chunk_bytes, layout.total) / SLOW_LINK_BYTES_S
 
-    def _wait_sent(self, trackers: list) -> None:
+    def wait_sent(self, trackers: list) -> None:
         """Wait until ZeroMQ is done with these frames. A subscriber that stays connected but stops
         reading (a dead link, a stopped process) would keep them forever, and a frame that is a view of the live
         parameters must never go out after the optimizer changed them: after `stall_s` without a frame released
@@ -296,7 +227,7 @@ class WeightPublisher:
 
     def _new_pub(self) -> zmq.Socket:
         pub = make(self._ctx, zmq.PUB, curve=self._curve)
-        # No high-water mark: chunks in flight are bounded by their trackers (`_copy_and_send`), and a PUB
+        # No high-water mark: chunks in flight are bounded by their trackers (`encoders.send_state`), and a PUB
         # socket at its mark drops messages. The mark cannot stand in for that bound: the socket learns
         # that queued messages left only every (mark + 1) / 2 of them, so it drops at about half its mark
         # (a pool of 8 chunks under a mark of 12 lost chunks, and the version never completed).
@@ -318,12 +249,12 @@ class WeightPublisher:
 
     def settle(self) -> None:
         """Block until the pending publish has copied `state`; from here on the caller may change the
-        parameters (call it before the optimizer step), and requests wait for the next publish. With deltas, a
-        version whose copy has not begun (the one before it is still being sent) is skipped instead."""
+        parameters (call it before the optimizer step), and requests wait for the next publish. With a detached
+        encoder, a version whose copy has not begun (the one before it is still being sent) is skipped instead."""
         t0 = time.perf_counter()
         job = self._job
         behind = self._sending is not None and not self._sending.done()  # queued behind a send still going
-        if self.delta is not None and job is not None and self._copied is not None and behind and job.cancel():
+        if self.encoder.detached and job is not None and self._copied is not None and behind and job.cancel():
             self.skipped += 1
             self._superseded.set()
             self._copied, self._job = None, self._sending  # that one, maybe still on its way, is the pending job
@@ -342,6 +273,10 @@ class WeightPublisher:
         job, self._job = self._job, None
         if job is not None and not job.cancelled():
             job.result()
+
+    def report(self) -> dict:
+        """For the run's summary: the encoder's record (with deltas: versions and bytes each way, versions skipped)."""
+        return self.encoder.report(self.skipped)
 
     def ask(self, have_version: int = -1) -> None:
         """One more actor, holding `have_version`, asked for the newest weights (answered by `answer`)."""
