@@ -10,6 +10,11 @@ import zmq
 PROBE = b"pubsub.joined probe "
 
 
+def bound(sock: zmq.Socket) -> str:
+    """The address `sock` is bound to (the port the OS picked for a `tcp://host:*` bind)."""
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
 def joined(pub: zmq.Socket, *subs: zmq.Socket, timeout_s: float = 60.0) -> None:
     """Return once each of `subs` (SUB sockets subscribed to everything, connected to `pub`) receives what `pub`
     sends, with every probe this took read back out of them: the test's own messages are the next they see."""

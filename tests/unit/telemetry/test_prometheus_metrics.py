@@ -1,20 +1,15 @@
-"""Prometheus series of learner and actors, from real step records; the exporter's HTTP endpoints."""
+"""Prometheus series of learner and actors (streamrl.telemetry.prometheus_metrics, actor_metrics), from real step
+records."""
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
-import numpy as np
 import pytest
 import torch
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from streamrl.algo import advantages, learning_signal, losses
 from streamrl.comm.codec import ScoredGroup
@@ -22,7 +17,6 @@ from streamrl.comm.wire import FilteredCensus
 from streamrl.learner import stepstats
 from streamrl.learner.batch import collate
 from streamrl.telemetry import actor_metrics, prometheus_metrics
-from streamrl.telemetry.exporter import Exporter, Health, WeightedHistogram, serve
 
 R_MIN = 0.75
 
@@ -161,87 +155,6 @@ def test_the_exposition_passes_promtool_check_metrics(promtool_bin):
     actor.observe_weights(3, 0.01)
     check = subprocess.run([promtool_bin, "check", "metrics"], input=generate_latest(registry), capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-
-
-# ── WeightedHistogram ───────────────────────────────────────────────────────────────────────────
-
-def test_weighted_histogram_bins_like_prometheus_client_including_values_on_a_bound():
-    values = [0.0, 0.25, 0.3, 1.0, 1.0, 2.5, 7.0, -1.0]
-    buckets = [0.0, 0.25, 1.0, 2.5]
-    reference = CollectorRegistry()
-    h = Histogram("ref", "r", buckets=buckets, registry=reference)
-    for v in values:
-        h.observe(v)
-    ours = CollectorRegistry()
-    WeightedHistogram(ours, "ref", "r", buckets, {}).observe(np.array(values))
-    expect = {(s.name, s.labels.get("le")): s.value for s in next(iter(reference.collect())).samples
-              if not s.name.endswith("_created")}
-    got = {(s.name, s.labels.get("le")): s.value for s in next(iter(ours.collect())).samples}
-    assert got == expect
-
-
-def test_weighted_histogram_weights_count_and_non_finite_values_are_set_aside():
-    registry = CollectorRegistry()
-    h = WeightedHistogram(registry, "lag", "l", [0, 1, 2], {"run": "x"})
-    h.observe(np.array([0, 2, math.nan, math.inf]), weights=np.array([3, 5, 7, 1]))
-    assert registry.get_sample_value("lag_bucket", {"run": "x", "le": "0.0"}) == 3
-    assert registry.get_sample_value("lag_count", {"run": "x"}) == 8
-    assert registry.get_sample_value("lag_sum", {"run": "x"}) == 10
-    assert h.dropped == 2
-
-
-# ── Exporter ────────────────────────────────────────────────────────────────────────────────────
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-@pytest.fixture
-def exporter():
-    registry = CollectorRegistry()
-    WeightedHistogram(registry, "streamrl_demo", "d", [1], {"run": "x"}).observe(np.array([0.5]))
-    # A beat counts for a minute: a GET right after one answers 200 even on a loaded machine (0.2 s did not
-    # always hold); the stalled case moves the last beat back instead of sleeping past the limit.
-    health = Health("learner", healthy_within_s=60.0)
-    ex = Exporter(registry, health, "127.0.0.1", 0)
-    yield ex
-    ex.close()
-
-
-def test_metrics_and_healthz_are_served_and_any_other_path_is_404(exporter):
-    base = f"http://127.0.0.1:{exporter.port}"
-    status, body = get(base + "/metrics")
-    assert status == 200 and b'streamrl_demo_count{run="x"} 1.0' in body
-    assert exporter.scrapes == 1 and exporter.scrape_cpu_s >= 0
-    exporter.health.beat(step=7)
-    status, body = get(base + "/healthz")
-    assert status == 200 and json.loads(body)["step"] == 7
-    assert get(base + "/nope")[0] == 404
-
-
-def test_healthz_answers_503_once_the_main_loop_stops_beating(exporter):
-    exporter.health.beat()
-    exporter.health._last -= 61.0  # the main loop's last beat, a minute and a second ago
-    status, body = get(f"http://127.0.0.1:{exporter.port}/healthz")
-    assert status == 503 and json.loads(body)["status"] == "stalled"
-
-
-def test_port_zero_in_the_config_serves_nothing():
-    assert serve(CollectorRegistry(), Health("learner", 1), "127.0.0.1", 0) is None
-
-
-def test_a_taken_port_is_a_warning_and_the_process_goes_on_without_metrics(caplog):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        with caplog.at_level(logging.WARNING, logger="streamrl.telemetry.exporter"):
-            assert serve(CollectorRegistry(), Health("actor", 1), "127.0.0.1", port) is None
-    assert f"127.0.0.1:{port}" in caplog.text and "monitoring.actor_port" in caplog.text
 
 
 def test_histogram_inputs_come_from_tensors_on_any_device_unchanged():

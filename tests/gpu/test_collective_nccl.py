@@ -2,7 +2,7 @@
 makes when an actor shares the learner's GPU: NCCL refuses it ("Duplicate GPU detected") inside the first
 broadcast. Each rank must get a WeightSyncError (the learner then sends that version over ZeroMQ) and
 stay alive. Not run yet: no GPU has been available to this project; the CPU counterpart raises inside a
-fake process group (tests/unit/comm/test_weight_sync_devices.py)."""
+fake process group (tests/unit/comm/test_collective_devices.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The weight-sync checksum on a GPU: learner rank 0 checksums every bucket it broadcasts, and must not
 make float64 copies of it (24 B per element: 1.5 GiB for a 256 MiB float32 bucket, 3 GiB for bf16).
 Not run yet: no GPU has been available to this project; the CPU counterpart (peak RSS) is
-tests/unit/comm/test_weight_sync_devices.py::test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it."""
+tests/unit/comm/test_collective_devices.py::test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it."""
 
 from __future__ import annotations
 
