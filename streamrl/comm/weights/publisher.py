@@ -58,9 +58,10 @@ class WeightPublisher:
     def __init__(self, ctx: zmq.Context, pub_addr: str, max_bytes: int,
                  curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
                  pool_chunks: int | None = None, stall_s: float = 10.0, delta_mode: str = "off",
-                 full_every: int = 20):
+                 full_every: int = 20, encoder: encoders.Encoder | None = None):
         """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4);
-        delta_mode, full_every: transport.weights_delta and weights_delta_full_every (encoders.make)."""
+        delta_mode, full_every: transport.weights_delta and weights_delta_full_every, which pick the encoder
+        (encoders.make) unless one is given."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self._ctx, self._curve = ctx, curve
@@ -80,7 +81,7 @@ class WeightPublisher:
         answered from it."""
         self._asked = 0  # requests waiting for a re-broadcast
         self._asked_have = 1 << 62  # the oldest version those requests hold: a delta from a newer base is no use
-        self.encoder: encoders.Encoder = encoders.make(delta_mode, full_every)
+        self.encoder: encoders.Encoder = encoder or encoders.make(delta_mode, full_every)
         """How each version goes on the wire: in full, or as deltas from the previous one (a host copy of it)."""
         self.version = -1
         self.sent = {"full": 0, "delta": 0}

@@ -14,7 +14,7 @@ from fakes.pubsub import bound, joined
 
 from streamrl.comm import wire
 from streamrl.comm.control import ControlServer, Inbox
-from streamrl.comm.weights import assembly, chunks
+from streamrl.comm.weights import assembly, chunks, encoders
 from streamrl.comm.weights.publisher import WeightPublisher
 from streamrl.comm.weights.subscriber import WeightSubscriber
 
@@ -69,6 +69,31 @@ def test_a_late_joiner_gets_the_published_weights_through_the_request_path(zmq_c
     for k, t in state.items():
         assert tensors[k].dtype == t.dtype and torch.equal(tensors[k], t)
     assert pub.requests_served >= 1
+
+
+def test_the_publisher_sends_through_any_encoder_it_is_given_without_asking_which(zmq_ctx):
+    """The encoder interface is all the publisher knows: one of the test's own carries new versions and re-broadcasts,
+    and what it sends arrives."""
+
+    class Recording(encoders.FullEncoder):
+        def __init__(self):
+            self.jobs: list[tuple[int, bool]] = []
+
+        def job(self, link, version, state, layout, copied, fresh, asked_have):
+            self.jobs.append((version, fresh))
+            return super().job(link, version, state, layout, copied, fresh, asked_have)
+
+    ctx, track = zmq_ctx
+    encoder = Recording()
+    pub, pub_ctl = _learner(ctx, track, max_bytes=MAX_BYTES, encoder=encoder)
+    state = _state(0)
+    pub.publish(0, state)  # nobody is subscribed yet: only a request brings it
+    pub.flush()
+    sub = track(_subscriber(ctx, track, bound(pub.pub), bound(pub_ctl.sock), "late", MAX_BYTES))
+    got = sub.wait_for(0, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub_ctl))
+    assert got is not None and all(torch.equal(got[1][k], t) for k, t in state.items())
+    assert encoder.jobs[0] == (0, True) and (0, False) in encoder.jobs[1:]  # the new version, then a re-broadcast
+    assert pub.report() == {}
 
 
 def test_wait_for_skips_versions_older_than_asked(zmq_ctx):
