@@ -71,7 +71,7 @@ class Encoder(Protocol):
     def reset(self) -> None:
         """The version just published went another way (the collective sync)."""
 
-    def report(self, skipped: int) -> dict:
+    def report(self, skipped: int = 0) -> dict:
         """For the run's summary (skipped: versions the publisher skipped)."""
 
 
@@ -126,7 +126,7 @@ class FullEncoder:
     def reset(self) -> None:
         pass  # every version goes in full: nothing depends on the one before
 
-    def report(self, skipped: int) -> dict:
+    def report(self, skipped: int = 0) -> dict:
         return {}
 
 
@@ -271,7 +271,7 @@ class DeltaEncoder(FullEncoder):
         start = h.index * chunk_bytes
         return self.base[start:min(start + chunk_bytes, total)]
 
-    def report(self, skipped: int) -> dict:
+    def report(self, skipped: int = 0) -> dict:
         """For the run's summary: versions and bytes per version, full and delta apart, and the versions skipped."""
         out = {}
         for kind, (n, nbytes) in self.stats.items():
