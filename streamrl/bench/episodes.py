@@ -63,7 +63,7 @@ def episodes(short: bool = False) -> list[dict]:
             before = multi_backend.tokens
             t0 = time.perf_counter()
             sampled_before = multi_backend.seconds
-            _, stats = runner.make_groups(prompts, 0)
+            _, stats, done = runner.make_groups(prompts, 0)
             wall = time.perf_counter() - t0
             if call:
                 times["multi"].append(wall)
@@ -98,14 +98,14 @@ def _runners(cfg, reward, single_tokens: int, tool_ms: float):
     import msgspec
 
     from streamrl.actors import backends
-    from streamrl.actors.episodes import Episodes
+    from streamrl.actors.environment_episodes import EnvironmentEpisodes
     from streamrl.models import model as model_lib
 
     model, tok = model_lib.build(cfg, reward.task.vocabulary)
     multi_backend = _Counting(backends.build("hf", cfg, model, tok))
     single_cfg = msgspec.structs.replace(cfg, actors=msgspec.structs.replace(cfg.actors, max_new_tokens=single_tokens))
     single_backend = _Counting(backends.build("hf", single_cfg, model, tok))
-    runner = Episodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
+    runner = EnvironmentEpisodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
     runner.env_cls = _sleeping_env(tool_ms / 1e3)
     return runner, multi_backend, single_backend
 

@@ -10,7 +10,7 @@ An environment plays one episode per data row, turn by turn (the `Environment` p
         def step(self, reply: str) -> tuple[list[dict], float | None, bool]:
             ...                                     # (messages to append, reward when done, done)
 
-The actor's episode runner (`streamrl.actors.episodes`) renders the conversation (tools through the chat
+The actor's episode runner (`streamrl.actors.environment_episodes`) renders the conversation (tools through the chat
 template's `tools=`), samples the model's reply, and then: a reply that calls tools has them run (with a
 timeout, on a thread pool) and each result appended as a `tool` message, and the model goes on; a reply with no
 tool call goes to `step`, whose messages are appended, until it says done or the episode hits `task.max_turns`
@@ -28,6 +28,7 @@ import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.tasks import plugins
+from streamrl.tasks.base import optional
 
 GROUP = "streamrl.environments"
 
@@ -66,18 +67,29 @@ ADAPTERS = {"skyrl_gym": "streamrl.tasks.skyrl_adapter", "openenv": "streamrl.ta
 """task.name → the module whose `environment_class(task)` adapts that ecosystem's environments."""
 
 
+KINDS = ("single_turn", "environment", "agent")
+"""How a task's samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`)."""
+
+
+def rollout_of(task, task_cfg) -> str:
+    """How a built task's samples are made: its `rollout`; a single-turn task plays episodes of task.environment
+    where one is set (any task may: the environment gives the reward)."""
+    kind = optional(task, "rollout")
+    if kind not in KINDS:
+        raise ValueError(f"task {type(task).__name__}: rollout {kind!r}; allowed: {', '.join(KINDS)}")
+    return "environment" if kind == "single_turn" and task_cfg.environment else kind
+
+
+def class_of(task, task_cfg) -> type:
+    """The environment class of a task whose rollout is "environment": its own (an adapter's), else
+    task.environment's."""
+    return optional(task, "environment_class")() or load(task_cfg.environment)
+
+
 def episodic(task) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment (streamrl.actors.episodes)."""
+    """Whether a task config's samples are multi-turn episodes of an environment, from the config alone (its
+    checks); a built task says it itself (its `rollout`, which the actor's episode runtime reads)."""
     return bool(task.environment) or task.name in ADAPTERS
-
-
-def factory(task) -> type:
-    """The class each episode's environment is built from, `Cls(row)`: an adapter's, else task.environment's."""
-    if task.name in ADAPTERS:
-        import importlib
-
-        return importlib.import_module(ADAPTERS[task.name]).environment_class(task)
-    return load(task.environment)
 
 
 def row_of(prompt) -> dict:
