@@ -102,8 +102,7 @@ class AgentEpisodes(EpisodeRunner):
         self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
         self.workers, self.timeout_s = t.agent_workers, t.agent_timeout_s
         self.window_s = e.batch_window_s
-        self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
-        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
+        self.renderer = Renderer(tokenizer, *self.template)
         self.parser = parser_for(t.tool_parser, self.renderer.chat)
         self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id,
                                  e.read_timeout_s)
@@ -321,7 +320,7 @@ class AgentEpisodes(EpisodeRunner):
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
             self.health.note(self.name, why, self._detail(e, why))
         e.failure = why
-        e.reward = self.levels[0] if value is None else self.reward.shape(value)
+        e.reward = self.lowest if value is None else self.reward.shape(value)
 
     def _detail(self, e: _Episode, why: str) -> str:
         """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""

@@ -67,8 +67,6 @@ class EnvironmentEpisodes(EpisodeRunner):
         t = cfg.task
         self.env_cls = environments.class_of(reward.task, t)
         self.max_turns, self.timeout_s = t.max_turns, t.tool_timeout_s
-        self.chat_template, self.enable_thinking = cfg.model.chat_template, cfg.model.enable_thinking
-        self.lowest = min(reward.levels)
         self.parser = None
         self.tool_parser = t.tool_parser
         self.pool = cf.ThreadPoolExecutor(t.tool_workers, thread_name_prefix=f"{actor_id}-tools")
@@ -86,7 +84,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         key = tuple((getattr(f, "__module__", ""), getattr(f, "__qualname__", n)) for n, f in tools.items())
         if key not in self._schemas:
             self._schemas[key] = [environments.schema(f) for f in tools.values()]
-        r = Renderer(self.tokenizer, self.chat_template, self.enable_thinking, self._schemas[key])
+        r = Renderer(self.tokenizer, *self.template, self._schemas[key])
         if self.parser is None:
             self.parser = tool_calls.parser_for(self.tool_parser, r.chat)
         return r

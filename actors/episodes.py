@@ -115,6 +115,8 @@ class EpisodeRunner:
         self.group_size, self.max_new_tokens, self.seq_cap = cfg.actors.group_size, cfg.actors.max_new_tokens, \
             sequence_cap(cfg)
         self.levels = reward.levels
+        self.lowest = self.levels[0]  # a truncated or failed episode's (its reward's shape, not a score it got)
+        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
         # The levels an episode's return goes on (the task's own; none where reward.bucket_edges buckets it).
         self.task_levels = [] if cfg.reward.bucket_edges else sorted(reward.task.reward_levels)
         self.tolerance = t.reward_level_tolerance
