@@ -63,10 +63,6 @@ def load(ref: str) -> type:
     return cls
 
 
-ADAPTERS = {"skyrl_gym": "streamrl.tasks.skyrl_adapter", "openenv": "streamrl.tasks.openenv_adapter"}
-"""task.name → the module whose `environment_class(task)` adapts that ecosystem's environments."""
-
-
 KINDS = ("single_turn", "environment", "agent")
 """How a task's samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`)."""
 
@@ -86,10 +82,18 @@ def class_of(task, task_cfg) -> type:
     return optional(task, "environment_class")() or load(task_cfg.environment)
 
 
-def episodic(task) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment, from the config alone (its
-    checks); a built task says it itself (its `rollout`, which the actor's episode runtime reads)."""
-    return bool(task.environment) or task.name in ADAPTERS
+def configured_rollout(task_cfg) -> str:
+    """How the samples of a task config are made, from the config alone (for its checks): its task class's
+    `rollout`, task.environment's episodes for a single-turn one where it is set. The built task says the same."""
+    from streamrl.tasks.base import TASKS
+
+    return rollout_of(TASKS.get(task_cfg.name), task_cfg)
+
+
+def episodic(task_cfg) -> bool:
+    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or task.environment's),
+    from the config alone."""
+    return configured_rollout(task_cfg) == "environment"
 
 
 def row_of(prompt) -> dict:
