@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Sequence
 
-from streamrl.tasks.base import TaskDefaults, optional
+from streamrl.tasks.base import optional
 
 
 def bucket(r: float, edges: Sequence[float], values: Sequence[float]) -> float:
@@ -82,8 +82,6 @@ class Reward:
         self._close = optional(task, "close")
         self.grouped: bool = bool(optional(task, "grouped"))
         """The task scores a group per call (reward functions by reference) rather than a sample."""
-        # the counter lives on the task (it raises it while scoring); one without it never counts
-        self._counter = task if isinstance(task, TaskDefaults) or "unparseable" in dir(task) else TaskDefaults
 
     @property
     def levels(self) -> list[float]:
@@ -93,7 +91,8 @@ class Reward:
 
     @property
     def unparseable(self) -> int:
-        return self._counter.unparseable
+        """The task's counter, read as it is now (the task raises it while scoring; one without it never counts)."""
+        return optional(self.task, "unparseable")
 
     def close(self) -> None:
         """The task's close (a dataset task's reward-function threads; nothing for most tasks)."""
