@@ -20,15 +20,16 @@ prompt must start with the held ids or their text. Each answer carries the compl
 (`return_tokens_as_token_ids` names the tokens `token_id:N`, as vLLM does). Every model turn is recorded (its
 prompt ids, completion ids, log-probs, policy version; `endpoint.record_turns` writes them to the run directory).
 
-A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return
-is the reward (a dict: rewards by name, summed), put on the task's levels by the runtime's one rule, then shaped. Failures are counted as reward
-failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
-abandoned, since Python cannot stop a thread; its later requests get 404) or raised because a model call timed
-out (`timeout` too), returned no number (`bad_return`, `non_finite`, `out_of_scale`) or never called the model
-(`no_model_call`). A failed episode that sampled tokens is scored lowest; a group with an episode that sampled
-nothing is not sent (`groups_unscored`). An agent failing on most of its last `task.reward_fail_window` episodes is
-broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint refuses (no valid credential, malformed)
-never reach an episode, so they never count against the agent (counted apart: `endpoint_refused/<code>`).
+A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return is
+the reward (a dict: rewards by name, summed), put on the task's levels by the runtime's one rule, then shaped.
+Failures are counted as reward failures by reason and logged: an agent that raised (`raised`), ran past
+`task.agent_timeout_s` (`timeout`: abandoned, since Python cannot stop a thread; its later requests get 404) or
+raised because a model call timed out (`timeout` too), returned no number (`bad_return`, `non_finite`,
+`out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens is scored lowest;
+a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing on most of its last
+`task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint
+refuses (no valid credential, malformed) never reach an episode, so they never count against the agent (counted
+apart: `endpoint_refused/<code>`).
 
 A request may ask for `n` choices (the episode goes on with the one the agent sends back), declare `tools` (the
 reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`streamrl.actors.replies`).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+
 import msgspec
 
 from streamrl.actors.rollout import RolloutStats
@@ -112,8 +113,8 @@ class EpisodeRunner:
         t = cfg.task
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.end_ids = set(end_ids)
-        self.group_size, self.max_new_tokens, self.seq_cap = cfg.actors.group_size, cfg.actors.max_new_tokens, \
-            sequence_cap(cfg)
+        self.group_size, self.max_new_tokens = cfg.actors.group_size, cfg.actors.max_new_tokens
+        self.seq_cap = sequence_cap(cfg)
         self.levels = reward.levels
         self.lowest = self.levels[0]  # a truncated or failed episode's (its reward's shape, not a score it got)
         self.template = (cfg.model.chat_template, cfg.model.enable_thinking)

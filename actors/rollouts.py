@@ -4,9 +4,9 @@ A task says how its samples are made (its `rollout` member, `streamrl.tasks.base
 plays episodes of `task.environment` where one is set: `streamrl.tasks.environments.rollout_of`):
 
 - "single_turn": G completions per prompt, scored by the task (`SingleTurn`, over `streamrl.actors.rollout`);
-- "environment": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven by the actor, tools on a
-  thread pool (`streamrl.actors.environment_episodes`); SkyRL-Gym and OpenEnv environments arrive through their
-  adapters as such classes;
+- "environment": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven
+  by the actor, tools on a thread pool (`streamrl.actors.environment_episodes`); SkyRL-Gym and OpenEnv environments
+  arrive through their adapters as such classes;
 - "agent": G episodes per prompt of the task's `agent_fn`, which drives its turns through the actor's
   OpenAI-compatible endpoint (`streamrl.actors.agents`); both verifiers stacks arrive through their tasks as such
   functions.

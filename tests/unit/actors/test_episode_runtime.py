@@ -79,7 +79,8 @@ def _agent_run(tmp_path, value: float):
     reward = rewards.build(cfg)
     model, tok = model_lib.build(cfg, reward.task.vocabulary)
     backend = backends.build("hf", cfg, model, tok)
-    runner = rollouts.runner(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids, RolloutOptions.from_config(cfg), None)
+    options = RolloutOptions.from_config(cfg)
+    runner = rollouts.runner(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids, options, None)
     rng = random.Random(0)
     try:
         return runner.make_groups([reward.task.sample(rng) for _ in range(2)], 0)
@@ -118,5 +119,6 @@ def test_a_task_declares_how_its_samples_are_made():
 def test_a_single_turn_task_gets_the_single_turn_rollout():
     cfg = config.load("tiny.yaml", [])
     reward = rewards.build(cfg)
-    runner = rollouts.runner(cfg, 0, None, None, reward, "actor-0", [], RolloutOptions.from_config(cfg), random.Random(0))
+    options = RolloutOptions.from_config(cfg)
+    runner = rollouts.runner(cfg, 0, None, None, reward, "actor-0", [], options, random.Random(0))
     assert isinstance(runner, rollouts.SingleTurn)

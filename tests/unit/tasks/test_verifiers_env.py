@@ -1,6 +1,6 @@
 """task.name: verifiers (streamrl.tasks.verifiers_env): a classic verifiers Environment loaded by id, file or
-module, its dataset as the rows, its rubric's weighted reward returned as verifiers gives it (the episode runtime puts it on the levels:
-tests/unit/actors/test_episode_runtime.py)."""
+module, its dataset as the rows, its rubric's weighted reward returned as verifiers gives it (the episode runtime
+puts it on the levels: tests/unit/actors/test_episode_runtime.py)."""
 
 from __future__ import annotations
 
