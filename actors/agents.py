@@ -1,4 +1,4 @@
-"""rollout "agent" of the episode runtime (`streamrl.actors.episodes`): the task's `agent_fn` (`task.name: agent`:
+"""rollout "agent" of the episode runtime (`streamrl.actors.rollouts`): the task's `agent_fn` (`task.name: agent`:
 the user's agent code, unchanged; both verifiers stacks through their tasks) drives each episode through the
 `openai` client, and the actor's own engine answers it.
 

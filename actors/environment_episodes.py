@@ -1,4 +1,4 @@
-"""rollout "environment" of the episode runtime (`streamrl.actors.episodes`): episodes of the task's
+"""rollout "environment" of the episode runtime (`streamrl.actors.rollouts`): episodes of the task's
 `environment_class()` (`task.environment`; SkyRL-Gym and OpenEnv environments through their adapters), turns
 driven by the actor, tools run on a thread pool.
 

@@ -1,10 +1,10 @@
 """`streamrl bench episodes`: multi-turn generation with a slow tool against single-turn generation.
 
 On the tiny model (the tiny-tools recipe's, hf backend, as an actor runs it), the actor's episode runner
-(`streamrl.actors.episodes`) plays prompts × G episodes of `turns` model turns each; every reply calls a tool
-that sleeps `tool_ms` (50 ms) and the episode goes on until `task.max_turns`. The reference is the same
-prompts × G completions sampled in one turn with turns × max_new_tokens new tokens: the same budget of model
-tokens, without tools. Alternated call by call, so load on the machine falls on both alike.
+(`streamrl.actors.environment_episodes`) plays prompts × G episodes of `turns` model turns each; every reply calls a
+tool that sleeps `tool_ms` (50 ms) and the episode goes on until `task.max_turns`. The reference is the same prompts
+× G completions sampled in one turn with turns × max_new_tokens new tokens: the same budget of model tokens, without
+tools. Alternated call by call, so load on the machine falls on both alike.
 
 Reported: model tokens per second of each, their ratio (multi-turn / single-turn), the time the tool calls
 took summed (what a runner that waited for each call in turn would add), and the share of the multi-turn
