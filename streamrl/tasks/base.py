@@ -36,9 +36,9 @@ TASKS = TaskRegistry("task")
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task must have (docs/guides/bring-your-own-task.md). The optional members (grouped, levels_take_edges,
-    unparseable, category, rollout, row_converter, sample_report, agent_fn, reward_map, to_reward, levels_for,
-    environment_class, close) and their defaults are `TaskDefaults`'; a plug-in may inherit it or not (`optional`
+    """What a task must have (docs/guides/bring-your-own-task.md). The optional members (grouped, submit_groups,
+    collect_groups, levels_take_edges, unparseable, category, rollout, row_converter, sample_report, agent_fn,
+    reward_map, to_reward, levels_for, environment_class, close) and their defaults are `TaskDefaults`'; a plug-in may inherit it or not (`optional`
     fills in what it lacks). Nothing asks a task whether it has a member: `optional` reads each once."""
 
     @classmethod
@@ -94,6 +94,15 @@ class TaskDefaults:
     """sample_report(): a sample prompt with a right and a wrong answer's scores (`streamrl check` prints it)."""
     agent_fn: Callable[[Any, dict], Any] | None = None
     """rollout "agent": fn(client, row) plays one episode through the actor's endpoint and returns its reward."""
+
+    def submit_groups(self, prompts: list[Prompt], texts: list[list[str]], ids: list[list[list[int]]]) -> Any:
+        """grouped: start scoring each group's completions (texts[g][i], their token ids ids[g][i]); returns a
+        handle for `collect_groups`."""
+        raise ValueError(f"task {type(self).__name__}: grouped, so it needs submit_groups and collect_groups")
+
+    def collect_groups(self, handle) -> list:
+        """grouped: each group's outcome (`scores`, None where unscored; `failures` by reason; optional `parts`)."""
+        raise ValueError(f"task {type(self).__name__}: grouped, so it needs submit_groups and collect_groups")
 
     def environment_class(self) -> type | None:
         """rollout "environment": the `Environment` class each episode is built from, `Cls(row)` (an adapter's);

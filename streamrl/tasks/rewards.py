@@ -81,6 +81,7 @@ class Reward:
         self._levels_for = optional(task, "levels_for")
         self._close = optional(task, "close")
         self.grouped: bool = bool(optional(task, "grouped"))
+        self._submit, self._collect = optional(task, "submit_groups"), optional(task, "collect_groups")
         """The task scores a group per call (reward functions by reference) rather than a sample."""
 
     @property
@@ -110,14 +111,14 @@ class Reward:
 
     def submit_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
         """Start scoring the groups on the task's pool; `collect_groups` waits for them."""
-        return self.task.submit_groups(prompts, texts, ids)
+        return self._submit(prompts, texts, ids)
 
     def collect_groups(self, handle, parts: list | None = None):
         """(each group's shaped rewards, None where unscored; the failures by reason). parts: a list to extend with
         each group's per-sample values of each reward function (None for a task that does not say)."""
         from collections import Counter
 
-        outcomes, failures = self.task.collect_groups(handle), Counter()
+        outcomes, failures = self._collect(handle), Counter()
         for o in outcomes:
             failures.update(o.failures)
         if parts is not None:
