@@ -38,8 +38,9 @@ TASKS = TaskRegistry("task")
 class Task(Protocol):
     """What a task must have (docs/guides/bring-your-own-task.md). The optional members (grouped, submit_groups,
     collect_groups, levels_take_edges, unparseable, category, rollout, row_converter, sample_report, agent_fn,
-    reward_map, to_reward, levels_for, environment_class, close) and their defaults are `TaskDefaults`'; a plug-in may inherit it or not (`optional`
-    fills in what it lacks). Nothing asks a task whether it has a member: `optional` reads each once."""
+    reward_map, to_reward, levels_for, environment_class, close) and their defaults are `TaskDefaults`'; a plug-in
+    may inherit it or not (`optional` fills in what it lacks). Nothing asks a task whether it has a member:
+    `optional` reads each once."""
 
     @classmethod
     def from_config(cls, cfg) -> Task:

@@ -10,13 +10,13 @@ An environment plays one episode per data row, turn by turn (the `Environment` p
         def step(self, reply: str) -> tuple[list[dict], float | None, bool]:
             ...                                     # (messages to append, reward when done, done)
 
-The actor's episode runner (`streamrl.actors.environment_episodes`) renders the conversation (tools through the chat
-template's `tools=`), samples the model's reply, and then: a reply that calls tools has them run (with a
+The actor's episode runner (`streamrl.actors.environment_episodes`) renders the conversation (tools through the
+chat template's `tools=`), samples the model's reply, and then: a reply that calls tools has them run (with a
 timeout, on a thread pool) and each result appended as a `tool` message, and the model goes on; a reply with no
 tool call goes to `step`, whose messages are appended, until it says done or the episode hits `task.max_turns`
 or `model.max_seq_len` (truncated: counted, and scored with the task's lowest reward level where `step` gave
-none). `row` is the task's prompt: its other columns, with "prompt" (its text or chat messages) and "id".
-Tools may be bound methods, so they can see the row.
+none). `row` is the task's prompt: its other columns, with "prompt" (its text or chat messages) and "id". Tools
+may be bound methods, so they can see the row.
 
 `task.environment` names the class as "package.module:Class", "path/to/file.py:Class", or an entry point of
 the group `streamrl.environments` (a package's `[project.entry-points."streamrl.environments"]`).
@@ -28,7 +28,7 @@ import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.tasks import plugins
-from streamrl.tasks.base import optional
+from streamrl.tasks.base import TASKS, optional
 
 GROUP = "streamrl.environments"
 
@@ -85,14 +85,12 @@ def class_of(task, task_cfg) -> type:
 def configured_rollout(task_cfg) -> str:
     """How the samples of a task config are made, from the config alone (for its checks): its task class's
     `rollout`, task.environment's episodes for a single-turn one where it is set. The built task says the same."""
-    from streamrl.tasks.base import TASKS
-
     return rollout_of(TASKS.get(task_cfg.name), task_cfg)
 
 
 def episodic(task_cfg) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or task.environment's),
-    from the config alone."""
+    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or
+    task.environment's), from the config alone."""
     return configured_rollout(task_cfg) == "environment"
 
 
