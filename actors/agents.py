@@ -1,7 +1,8 @@
-"""Agent episodes (`task.name: agent`): the user's agent code, unchanged, drives each episode through the
+"""rollout "agent" of the episode runtime (`streamrl.actors.rollouts`): the task's `agent_fn` (`task.name: agent`:
+the user's agent code, unchanged; both verifiers stacks through their tasks) drives each episode through the
 `openai` client, and the actor's own engine answers it.
 
-Each generate call plays G episodes per prompt: `task.agent` is called as fn(client, row) on a thread of its
+Each generate call plays G episodes per prompt: the agent is called as fn(client, row) on a thread of its
 own (at most `task.agent_workers` at once), with `client` an `openai.OpenAI` pointed at the actor's endpoint
 (`streamrl.actors.endpoint`) whose api_key is the episode's credential (`streamrl.actors.credentials`: only the
 agent started for an episode may call for it; episode ids carry a random part). Meanwhile this thread, the actor's,
@@ -19,15 +20,16 @@ prompt must start with the held ids or their text. Each answer carries the compl
 (`return_tokens_as_token_ids` names the tokens `token_id:N`, as vLLM does). Every model turn is recorded (its
 prompt ids, completion ids, log-probs, policy version; `endpoint.record_turns` writes them to the run directory).
 
-A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return
-is the reward (a dict: rewards by name, summed), shaped onto the task's scale. Failures are counted as reward
-failures by reason and logged: an agent that raised (`raised`), ran past `task.agent_timeout_s` (`timeout`:
-abandoned, since Python cannot stop a thread; its later requests get 404) or raised because a model call timed
-out (`timeout` too), returned no number (`bad_return`, `non_finite`, `out_of_scale`) or never called the model
-(`no_model_call`). A failed episode that sampled tokens is scored lowest; a group with an episode that sampled
-nothing is not sent (`groups_unscored`). An agent failing on most of its last `task.reward_fail_window` episodes is
-broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint refuses (no valid credential, malformed)
-never reach an episode, so they never count against the agent (counted apart: `endpoint_refused/<code>`).
+A sample is the episode's ids after its group's common prompt, the model's tokens unmasked. The agent's return is
+the reward (a dict: rewards by name, summed), put on the task's levels by the runtime's one rule, then shaped.
+Failures are counted as reward failures by reason and logged: an agent that raised (`raised`), ran past
+`task.agent_timeout_s` (`timeout`: abandoned, since Python cannot stop a thread; its later requests get 404) or
+raised because a model call timed out (`timeout` too), returned no number (`bad_return`, `non_finite`,
+`out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens is scored lowest;
+a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing on most of its last
+`task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint
+refuses (no valid credential, malformed) never reach an episode, so they never count against the agent (counted
+apart: `endpoint_refused/<code>`).
 
 A request may ask for `n` choices (the episode goes on with the one the agent sends back), declare `tools` (the
 reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`streamrl.actors.replies`).
@@ -41,7 +43,6 @@ import secrets
 import threading
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -49,12 +50,11 @@ import msgspec
 from streamrl.actors import replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
-from streamrl.actors.episodes import EpisodeStats, sequence_cap
+from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
 from streamrl.actors.rollout import RolloutStats
-from streamrl.comm.codec import ScoredGroup
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
-from streamrl.tasks import agent as agent_task
+from streamrl.tasks.base import optional
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
@@ -75,44 +75,35 @@ class Turn(msgspec.Struct):
     """Which of the request's n choices (the episode goes on with the one the agent sends back; 0 by default)."""
 
 
-class _Episode:
+class _Episode(Episode):
     def __init__(self, episode_id: str, group: int, row: dict):
-        self.id, self.group, self.row = episode_id, group, row
-        self.conv: Conversation | None = None
-        self.turns: list[Turn] = []
+        super().__init__(group)
+        self.id, self.row = episode_id, row
+        self.sampled: list[Turn] = []  # every model call, choices apart
         self.thread: threading.Thread | None = None
-        self.started = self.ended = 0.0
         self.value, self.error = None, None
         self.returned = False
-        self.reward: float | None = None
         self.failure: str | None = None  # the reward-failure reason, if any
-        self.finish = "stop"
         self.tools: list[dict] | None = None  # the tools its first chat request declared
         self.choices: list[Choice] = []  # the last turn's (n > 1: the agent may go on with any)
         self.held_before = self.held_messages = 0  # what the episode held before the last turn's reply
-        self.turn_count = 0
 
 
-class AgentEpisodes:
-    """An actor's agent runner: `make_groups(prompts, version)` plays G agent episodes per prompt."""
+class AgentEpisodes(EpisodeRunner):
+    """rollout "agent": `make_groups(prompts, version)` plays G episodes per prompt of the task's `agent_fn`."""
 
     def __init__(self, cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+        super().__init__(cfg, backend, tokenizer, reward, actor_id, end_ids)
         t, e = cfg.task, cfg.endpoint
-        # task.name verifiers: the task's own agent runs the environment's rollout (streamrl.tasks.verifiers_env)
-        self.fn = getattr(reward.task, "agent_fn", None) or agent_task.load(t.agent)
+        self.fn = optional(reward.task, "agent_fn")
+        if self.fn is None:
+            raise ValueError(f"task {type(reward.task).__name__}: rollout 'agent' needs its agent_fn(client, row)")
         # An agent failing on most of its recent episodes is broken, not flaky: the run stops naming it.
         self.name, self.kind = t.agent or getattr(self.fn, "__name__", "agent"), getattr(self.fn, "kind", "agent")
         self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
-        self.failures: Counter = Counter()
-        self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
-        self.end_ids = set(end_ids)
-        self.group_size, self.workers, self.timeout_s = cfg.actors.group_size, t.agent_workers, t.agent_timeout_s
-        self.max_new_tokens, self.seq_cap = cfg.actors.max_new_tokens, sequence_cap(cfg)
+        self.workers, self.timeout_s = t.agent_workers, t.agent_timeout_s
         self.window_s = e.batch_window_s
-        self.levels = reward.levels
-        self.off_scale_checked = bool(t.reward_levels) and not cfg.reward.bucket_edges
-        self.renderer = Renderer(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
-        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
+        self.renderer = Renderer(tokenizer, *self.template)
         self.parser = parser_for(t.tool_parser, self.renderer.chat)
         self.endpoint = Endpoint(e.host, e.port + index if e.port else 0, e.request_timeout_s, actor_id,
                                  e.read_timeout_s)
@@ -141,37 +132,30 @@ class AgentEpisodes:
         if self._client is not None:
             self._client.close()
 
-    def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats, RolloutStats]:
-        stats, done = EpisodeStats(), RolloutStats()
+    def _open(self, prompts: list, stats: EpisodeStats, done: RolloutStats) -> list[_Episode]:
         nonce = secrets.token_hex(6)  # ids nobody outside can list: <actor>-<random>-<group>-<sample>
-        episodes = [_Episode(f"{self.actor_id}-{nonce}-{g}-{i}", g, row_of(p))
-                    for g, p in enumerate(prompts) for i in range(self.group_size)]
-        self._play(episodes, version, stats)
-        groups = []
-        for g, prompt in enumerate(prompts):
-            mine = [e for e in episodes if e.group == g]
-            for e in mine:
-                self._score(e, done)
-                if e.failure is not None:
-                    self.failures[e.failure] += 1
-                self.health.record(self.name, e.failure, self.failures)
-            if any(not e.turns for e in mine):  # an episode that sampled nothing leaves no sample to train
-                done.groups_unscored += 1
-                continue
-            groups.append(self._group(prompt.id, mine, version))
-        stats.episodes = len(episodes)
+        return [_Episode(f"{self.actor_id}-{nonce}-{g}-{i}", g, row_of(p))
+                for g, p in enumerate(prompts) for i in range(self.group_size)]
+
+    def _settle(self, mine: list[_Episode], done: RolloutStats) -> bool:
+        """Each episode scored (its failure counted; a broken agent stops the run); a group with an episode that
+        sampled nothing is not sent: it leaves no sample to train."""
+        for e in mine:
+            self._score(e, done)
+            if e.failure is not None:
+                self.failures[e.failure] += 1
+            self.health.record(self.name, e.failure, self.failures)
+        return all(e.sampled for e in mine)
+
+    def _finish(self, episodes: list[_Episode], stats: EpisodeStats) -> None:
         if take := getattr(self.fn, "take_errors", None):  # verifiers: rollouts it ended errored (scored by it)
             stats.truncated.update(take())
-        stats.turns = [e.turn_count for e in episodes]
-        stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
-        stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
         stats.endpoint_refused = self.endpoint.take_refused()
-        self.turns_log = [t for e in episodes for t in e.turns]
+        self.turns_log = [t for e in episodes for t in e.sampled]
         if self.record is not None:
             self.record.parent.mkdir(parents=True, exist_ok=True)
             with self.record.open("ab") as f:
                 f.writelines(msgspec.json.encode(t) + b"\n" for t in self.turns_log)
-        return groups, stats, done
 
     def _play(self, episodes: list[_Episode], version: int, stats: EpisodeStats) -> None:
         """Every episode to its end: agents on their threads, their model calls served here in batches."""
@@ -258,10 +242,10 @@ class AgentEpisodes:
                 body = tokens[:-1] if tokens and tokens[-1] in self.end_ids else tokens
                 e.choices.append(Choice(tokens, logprobs, self.renderer.decode(body, skip_special_tokens=True),
                                         c.finish_reason))
-                e.turns.append(Turn(e.id, e.turn_count, version, prompt_ids, tokens, logprobs, k))
-            e.held_before, e.held_messages, e.turn_count = len(prompt_ids), len(e.conv.messages), e.turn_count + 1
+                e.sampled.append(Turn(e.id, e.turns, version, prompt_ids, tokens, logprobs, k))
+            e.held_before, e.held_messages, e.turns = len(prompt_ids), len(e.conv.messages), e.turns + 1
             self._hold(e, 0)
-            r.answer(200, replies.payload(r.kind, r.body, f"{e.id}-{e.turn_count - 1}", prompt_ids, e.choices,
+            r.answer(200, replies.payload(r.kind, r.body, f"{e.id}-{e.turns - 1}", prompt_ids, e.choices,
                                           version, lambda t: self.renderer.decode([t]), e.tools, self.parser))
 
     def _hold(self, e: _Episode, k: int) -> None:
@@ -295,7 +279,7 @@ class AgentEpisodes:
                     sent, calls = messages[held - 1]["content"], messages[held - 1].get("tool_calls") or []
                     ids = [str(c.get("id", "")) for c in calls if isinstance(c, dict)]
                     self._pick(e, lambda k: e.choices[k].text == sent or any(
-                        i.startswith(f"call-{e.id}-{e.turn_count - 1}-{k}-") for i in ids))
+                        i.startswith(f"call-{e.id}-{e.turns - 1}-{k}-") for i in ids))
                 if len(messages) <= held or any(m["role"] != h["role"] for m, h in zip(messages, e.conv.messages)):
                     raise ValueError(f"messages must extend the episode's conversation ({held} messages held, their "
                                      f"roles {[h['role'] for h in e.conv.messages]}); start a new episode instead")
@@ -312,8 +296,7 @@ class AgentEpisodes:
                 raise ValueError(f"the prompt does not start with the episode's {len(e.conv.ids)} held ids (nor "
                                  "their text): a turn extends the previous prompt and completion")
         asked = body.get("max_completion_tokens", body.get("max_tokens")) or self.max_new_tokens
-        left = self.seq_cap - len(e.conv.ids) if self.seq_cap else self.max_new_tokens
-        return min(asked, self.max_new_tokens, left)
+        return min(asked, self.room(e.conv))
 
     def _score(self, e: _Episode, done: RolloutStats) -> None:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
@@ -323,14 +306,14 @@ class AgentEpisodes:
             log.warning("%s: agent %s %s in episode %s (scored lowest, counted): %s: %s", self.actor_id,
                         getattr(self.fn, "__name__", self.fn), "timed out" if why == "timeout" else "raised", e.id,
                         type(e.error).__name__, e.error)
-        elif why is None and not e.turns:
+        elif why is None and not e.sampled:
             why = "no_model_call"
             log.warning("%s: agent %s returned without calling the model in episode %s (counted; its group is "
                         "not sent)", self.actor_id, getattr(self.fn, "__name__", self.fn), e.id)
         elif why is None:
             value, why = _reward(e.value)
-            if why is None and self.off_scale_checked and value not in self.levels:
-                value, why = None, "out_of_scale"
+            if why is None and (value := self.on_level(value)) is None:
+                why = "out_of_scale"
             if why is not None:
                 log.warning("%s: agent episode %s returned %r: %s (scored lowest, counted); return a number on "
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
@@ -338,7 +321,7 @@ class AgentEpisodes:
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
             self.health.note(self.name, why, self._detail(e, why))
         e.failure = why
-        e.reward = self.levels[0] if value is None else self.reward.shape(value)
+        e.reward = self.lowest if value is None else self.reward.shape(value)
 
     def _detail(self, e: _Episode, why: str) -> str:
         """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
@@ -350,24 +333,6 @@ class AgentEpisodes:
         if why == "no_model_call":
             return f"episode {e.id}: the agent returned {e.value!r} without calling the model"
         return f"episode {e.id}: the agent returned {e.value!r} ({why}); allowed: a number on {self.levels} or a dict"
-
-    def _group(self, prompt_id: str, mine: list[_Episode], version: int) -> ScoredGroup:
-        """The group's prompt is the episodes' common opening; what differs after it rides masked."""
-        first = mine[0].conv
-        common = first.ids[:min(e.conv.prompt_len for e in mine)]
-        for e in mine[1:]:
-            n = next((i for i, (a, b) in enumerate(zip(common, e.conv.ids)) if a != b), len(common))
-            common = common[:n]
-        completions, masks, logprobs = [], [], []
-        for e in mine:
-            c, extra = e.conv, e.conv.prompt_len - len(common)
-            completions.append(c.ids[len(common):])
-            masks.append([False] * extra + c.model_mask)
-            logprobs.append([0.0] * extra + c.logprobs)
-        return ScoredGroup.from_samples(
-            prompt_id=prompt_id, policy_version=version, actor_id=self.actor_id, prompt_tokens=common,
-            completions=completions, logprobs=logprobs, rewards=[e.reward for e in mine],
-            finish_reasons=[e.finish for e in mine], model_token_masks=masks)
 
 
 def _reward(value) -> tuple[float | None, str | None]:

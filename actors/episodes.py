@@ -1,53 +1,28 @@
-"""Multi-turn episodes with tools (`task.environment`): prompts → G episodes each → rewards → ScoredGroups.
+"""What the actor's two episode kinds share (`streamrl.actors.rollouts` names the kinds): what an episode holds, the
+room left under the sequence cap, the one rule that puts an episode's return on the task's levels, the groups made of
+a call's episodes (their common opening as the prompt, the environment's tokens masked), and `EpisodeStats`, what the
+episodes of a call did. A kind (`streamrl.actors.environment_episodes`, `streamrl.actors.agents`) opens its
+episodes, plays them and says which groups are sent.
 
-Every episode of a generate call is in flight at once. Each round, the backend samples one turn for every
-episode that is waiting on the model, as one batch; a reply that calls tools hands its calls to a thread pool
-(`task.tool_workers`) and the loop goes on generating for the other episodes while they run, so a slow tool
-overlaps generation instead of stalling it. A call past `task.tool_timeout_s` is abandoned (Python cannot stop
-a thread) and the model is told it timed out. A reply with no tool call goes to the environment's `step`.
-
-Token in, token out (`streamrl.models.conversation`): an episode's ids only ever grow, the model's sampled
-tokens kept as sampled. A sample's completion is every id after the opening prompt, the model's turns and the
-environment's interleaved; `model_token_masks` says which the model sampled (behaviour log-probs are 0.0 under
-the environment's). An episode ends when the environment says done, or truncated at `task.max_turns` model
-turns or when no room is left under the sequence cap (`model.max_seq_len`, else the model's context); a
-truncated episode that got no reward scores the task's lowest level.
-
-What episodes did is added up in `EpisodeStats` (turns, tool calls by tool and outcome, time in tools,
-truncations, template drift) for the actor's report and Prometheus.
+One rule for a reward's level (`streamrl.tasks.rewards.nearest_level`, as for reward functions and the SkyRL-Gym
+and OpenEnv adapters): a return within `task.reward_level_tolerance` of one of the task's levels is that level (0.749
+is 0.75); one on no level is a failure, counted, never rounded silently (an environment's: the episode fails as a
+raising `step` does; an agent's: `out_of_scale`, scored lowest). With `reward.bucket_edges`, the return as it is
+(the buckets shape it).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import logging
-import math
-import time
-import traceback
 from collections import Counter
 from pathlib import Path
 
 import msgspec
 
-from streamrl.actors.rollout import fill_unscored
+from streamrl.actors.rollout import RolloutStats
+from streamrl.algo import group_filters
 from streamrl.comm.codec import ScoredGroup
-from streamrl.models.conversation import Conversation, Renderer
-from streamrl.models.sampling import capped
-from streamrl.tasks import environments, tool_calls
-from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import FailureWindow
-
-log = logging.getLogger("streamrl.actor")
-
-REFUSALS = (ValueError, TypeError, LookupError)
-"""What a tool raises to refuse its input (`KeyError("no key x")`, a bad value): the model's mistake, told to it and
-counted as `raised`, never a sign that the tool is broken. Any other exception, and a timeout, on most of a tool's
-recent calls stops the run (the failure window)."""
-
-OUTCOMES = ("ok", "raised", "timeout", "unknown_tool", "bad_call")
-"""A tool call's outcome: returned; raised; ran past task.tool_timeout_s; named no tool; unreadable or its
-arguments did not fit the tool."""
+from streamrl.tasks.rewards import nearest_level
 
 
 class EpisodeStats(msgspec.Struct):
@@ -57,21 +32,17 @@ class EpisodeStats(msgspec.Struct):
     turns: list[int] = []
     """Model turns of each episode."""
     tool_calls: dict[str, int] = {}
-    """'tool/outcome' → calls (outcomes: OUTCOMES)."""
+    """'tool/outcome' → calls (outcomes: environment_episodes.OUTCOMES)."""
     tool_s: float = 0.0
     """Seconds tools ran, summed over calls (they overlap each other and generation)."""
     episode_s: float = 0.0
     """Seconds episodes were in flight, summed over episodes."""
     truncated: dict[str, int] = {}
-    """Episodes cut short, by reason: max_turns, max_seq_len."""
+    """Episodes cut short, by reason: max_turns, max_seq_len, agent_timeout, verifiers_<error>."""
     template_drift: int = 0
     """Turns whose chat-template rendering disagreed with the ids held (see streamrl.models.conversation)."""
     step_raised: int = 0
     """Episodes ended because the environment's step or reset raised (unscored, logged)."""
-    prompts_too_long: int = 0
-    """Prompts whose opening left no room for a reply (their groups are not made)."""
-    groups_unscored: int = 0
-    """Groups not made because the environment raised in every one of their episodes."""
     endpoint_refused: dict[str, int] = {}
     """Agent tasks: requests the actor's endpoint refused itself, by code (unauthorized, too_large, ...)."""
 
@@ -82,8 +53,6 @@ class EpisodeStats(msgspec.Struct):
         self.episode_s += other.episode_s
         self.template_drift += other.template_drift
         self.step_raised += other.step_raised
-        self.prompts_too_long += other.prompts_too_long
-        self.groups_unscored += other.groups_unscored
         self.tool_calls = dict(Counter(self.tool_calls) + Counter(other.tool_calls))
         self.truncated = dict(Counter(self.truncated) + Counter(other.truncated))
         self.endpoint_refused = dict(Counter(self.endpoint_refused) + Counter(other.endpoint_refused))
@@ -114,17 +83,6 @@ class EpisodeStats(msgspec.Struct):
                 "endpoint_refused": dict(self.endpoint_refused)}
 
 
-class _Episode:
-    def __init__(self, env, conv: Conversation, tools: dict, group: int):
-        self.env, self.conv, self.tools, self.group = env, conv, tools, group
-        self.turns, self.reward, self.finish = 0, None, "stop"
-        self.scored = True  # False: the environment raised, so no score came for it
-        self.tool_calls: Counter = Counter()  # 'tool/outcome' → calls, for the samples log
-        self.calls: list[tuple] = []  # (call, future | None, started, message if settled)
-        self.started = time.perf_counter()
-        self.done = False
-
-
 def sequence_cap(cfg) -> int:
     """Most ids an episode may hold: model.max_seq_len, else the model's context (the tiny model's
     model.context, a folder's max_position_embeddings); 0: none known."""
@@ -136,247 +94,104 @@ def sequence_cap(cfg) -> int:
     return json.loads(path.read_text()).get("max_position_embeddings") or 0 if path.is_file() else 0
 
 
-class Episodes:
-    """An actor's episode runner: `make_groups(prompts, version)` plays G episodes per prompt."""
+class Episode:
+    """What every episode holds: its group, its conversation (token in, token out), its model turns, its reward."""
+
+    def __init__(self, group: int):
+        self.group, self.conv = group, None
+        self.turns, self.reward, self.finish = 0, None, "stop"
+        self.scored = True  # False: the environment raised, so no score came for it
+        self.tool_calls: Counter = Counter()  # 'tool/outcome' → calls, for the samples log
+        self.started = self.ended = 0.0
+
+
+class EpisodeRunner:
+    """What the two episode kinds share; a kind opens its episodes (`_open`), plays them (`_play`) and says which
+    groups are sent (`_settle`)."""
 
     def __init__(self, cfg, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         t = cfg.task
-        self.env_cls = environments.factory(t)
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
-        self.group_size, self.max_turns, self.timeout_s = cfg.actors.group_size, t.max_turns, t.tool_timeout_s
-        self.max_new_tokens, self.seq_cap = cfg.actors.max_new_tokens, sequence_cap(cfg)
-        self.chat_template, self.enable_thinking = cfg.model.chat_template, cfg.model.enable_thinking
         self.end_ids = set(end_ids)
-        self.lowest = min(reward.levels)
-        self.parser = None
-        self.tool_parser = t.tool_parser
-        self.pool = cf.ThreadPoolExecutor(t.tool_workers, thread_name_prefix=f"{actor_id}-tools")
-        self._schemas: dict = {}
-        # The user's code failing on most episodes (the environment) or calls (a tool) stops the run, as a broken
-        # reward function does (reward_health); the model's own bad calls (bad_call, unknown_tool) never count.
-        self.env_name = t.environment
-        self.env_health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, kind="environment")
-        self.tool_health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, kind="tool")
+        self.group_size, self.max_new_tokens = cfg.actors.group_size, cfg.actors.max_new_tokens
+        self.seq_cap = sequence_cap(cfg)
+        self.levels = reward.levels
+        self.lowest = self.levels[0]  # a truncated or failed episode's (its reward's shape, not a score it got)
+        self.template = (cfg.model.chat_template, cfg.model.enable_thinking)
+        # The levels an episode's return goes on (the task's own; none where reward.bucket_edges buckets it).
+        self.task_levels = [] if cfg.reward.bucket_edges else sorted(reward.task.reward_levels)
+        self.tolerance = t.reward_level_tolerance
+        self.filter_zero_variance = cfg.actors.filter_zero_variance
         self.failures: Counter = Counter()
-        """environment_raised (episodes), tool_raised and tool_timeout (calls): what a UserCodeFailure carries."""
+        """What a UserCodeFailure carries: environment_raised, tool_raised, tool_timeout; an agent's reasons."""
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def on_level(self, value: float) -> float | None:
+        """The one rule: the task's level within task.reward_level_tolerance of `value`, None when on none
+        (reward.bucket_edges: `value` as it is, the buckets shape it)."""
+        return nearest_level(value, self.task_levels, self.tolerance) if self.task_levels else value
 
-    def _renderer(self, tools: dict) -> Renderer:
-        key = tuple((getattr(f, "__module__", ""), getattr(f, "__qualname__", n)) for n, f in tools.items())
-        if key not in self._schemas:
-            self._schemas[key] = [environments.schema(f) for f in tools.values()]
-        r = Renderer(self.tokenizer, self.chat_template, self.enable_thinking, self._schemas[key])
-        if self.parser is None:
-            self.parser = tool_calls.parser_for(self.tool_parser, r.chat)
-        return r
-
-    def room(self, ep: _Episode) -> int:
-        left = self.seq_cap - len(ep.conv.ids) if self.seq_cap else self.max_new_tokens
+    def room(self, conv) -> int:
+        """Most tokens the next reply may have: max_new_tokens, less where the sequence cap is nearer."""
+        left = self.seq_cap - len(conv.ids) if self.seq_cap else self.max_new_tokens
         return min(self.max_new_tokens, left)
 
-    def make_groups(self, prompts: list, version: int) -> tuple[list[ScoredGroup], EpisodeStats]:
-        stats = EpisodeStats()
-        episodes, kept = [], []
-        for g, prompt in enumerate(prompts):
-            mine = [e for e in (self._start(prompt, g, stats) for _ in range(self.group_size)) if e is not None]
-            if len(mine) < self.group_size or any(self.room(e) <= 0 for e in mine):
-                stats.prompts_too_long += len(mine) == self.group_size
-                continue
-            episodes += mine
-            kept.append(g)
-        self._play(episodes, stats)
+    def make_groups(self, prompts: list, version: int, observe=None, between_steps=None
+                    ) -> tuple[list[ScoredGroup], EpisodeStats, RolloutStats]:
+        """G episodes per prompt, played at once; a group of each prompt whose episodes `_settle` keeps.
+        (observe and between_steps: single-turn only; an episode's turns all use the weights of `version`.)"""
+        stats, done = EpisodeStats(), RolloutStats()
+        episodes = self._open(prompts, stats, done)
+        self._play(episodes, version, stats)
         groups = []
-        for g in kept:
-            mine = [e for e in episodes if e.group == g]
-            c = [e.conv for e in mine]
-            # An episode the environment failed takes the mean of its group's scored ones, as an unscored sample
-            # does (rollout.fill_unscored): the model's reply is not what failed.
-            rewards = fill_unscored([e.reward if e.scored else None for e in mine])
-            if not any(e.scored for e in mine):
-                stats.groups_unscored += 1
-                continue
-            groups.append(ScoredGroup.from_samples(
-                prompt_id=prompts[g].id, policy_version=version, actor_id=self.actor_id,
-                prompt_tokens=c[0].ids[:c[0].prompt_len], completions=[x.completion for x in c],
-                logprobs=[x.logprobs for x in c], rewards=rewards,
-                finish_reasons=[e.finish for e in mine], model_token_masks=[x.model_mask for x in c],
-                scored=[e.scored for e in mine], turns=[e.turns for e in mine],
-                tool_calls=[e.tool_calls for e in mine]))
+        for g, prompt in enumerate(prompts):
+            if mine := [e for e in episodes if e.group == g]:
+                if self._settle(mine, done):
+                    groups.append(self._group(prompt.id, mine, version))
+                else:
+                    done.groups_unscored += 1
         stats.episodes = len(episodes)
         stats.turns = [e.turns for e in episodes]
-        stats.episode_s = sum(e.ended - e.started for e in episodes)
-        stats.template_drift = sum(e.conv.drift for e in episodes)
-        return groups, stats
+        stats.episode_s = sum(e.ended - e.started for e in episodes if e.started)
+        stats.template_drift = sum(e.conv.drift for e in episodes if e.conv is not None)
+        self._finish(episodes, stats)
+        if self.filter_zero_variance:
+            kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
+            done.filtered_zero_variance, groups = len(groups) - len(kept), kept
+        return groups, stats, done
 
-    def _start(self, prompt, group: int, stats: EpisodeStats) -> _Episode | None:
-        try:
-            env = self.env_cls(row_of(prompt))
-            opening = env.reset()
-            tools = environments.tools_of(env)
-        except Exception as e:  # a broken environment is the user's bug: say where, and skip the prompt
-            stats.step_raised += 1
-            log.warning("%s: %s could not start an episode of prompt %s: %s: %s", self.actor_id,
-                        self.env_cls.__name__, prompt.id, type(e).__name__, e)
-            self._env_failed(e)
-            return None
-        return _Episode(env, Conversation(self._renderer(tools), opening), tools, group)
+    def _open(self, prompts: list, stats: EpisodeStats, done: RolloutStats) -> list:
+        raise NotImplementedError
 
-    def _play(self, episodes: list[_Episode], stats: EpisodeStats) -> None:
-        """Every episode to its end: batched turns for those waiting on the model, tools on the pool meanwhile."""
-        ready, calling = list(episodes), []
-        while ready or calling:
-            if ready:
-                batch, ready = ready, []
-                drawn = self.backend.generate([e.conv.ids for e in batch], 1)
-                for e, completions in zip(batch, drawn):
-                    self._reply(e, capped(completions[0], max(0, self.room(e))), stats)
-                    (calling if e.calls else ready if not e.done else []).append(e)
-            if calling:
-                # Wait only when nothing else can run; otherwise take what finished and generate again.
-                wait_s = None if not ready else 0.0
-                pending = [f for e in calling for _, f, _, m in e.calls if f is not None and m is None]
-                if pending and wait_s is None:
-                    soonest = min(s for e in calling for _, f, s, m in e.calls if f is not None and m is None)
-                    cf.wait(pending, timeout=max(0.0, soonest + self.timeout_s - time.perf_counter()),
-                            return_when=cf.FIRST_COMPLETED)
-                still = []
-                for e in calling:
-                    if self._settle(e, stats):
-                        if not e.done:
-                            ready.append(e)
-                    else:
-                        still.append(e)
-                calling = still
+    def _play(self, episodes: list, version: int, stats: EpisodeStats) -> None:
+        raise NotImplementedError
 
-    def _reply(self, e: _Episode, completion, stats: EpisodeStats) -> None:
-        """The model's turn: hold its tokens; start its tool calls, or hand the reply to the environment."""
-        e.turns += 1
-        text = e.conv.add_reply(list(completion.tokens), list(completion.logprobs), self.end_ids)
-        calls = self.parser(text, list(e.tools)) if e.tools else []
-        if calls:
-            now = time.perf_counter()
-            e.calls = [self._call(e, c, now) for c in calls]
-            return
-        try:
-            messages, reward, done = e.env.step(text)
-        except Exception as err:
-            stats.step_raised += 1
-            log.warning("%s: %s.step raised (episode ended, unscored): %s: %s", self.actor_id,
-                        type(e.env).__name__, type(err).__name__, err)
-            e.scored = False
-            self._end(e, None, "stop")
-            return self._env_failed(err)
-        if done:
-            return self._end(e, reward, "stop")
-        self._continue(e, list(messages), stats)
+    def _settle(self, mine: list, done: RolloutStats) -> bool:
+        """Sets each episode's reward; whether the group is sent."""
+        raise NotImplementedError
 
-    def _call(self, e: _Episode, call: tool_calls.ToolCall, now: float) -> list:
-        """[call, future, started, message]: message is set at once for a call that cannot run."""
-        if call.error is not None:
-            return [call, None, now, self._tool_message(call, f"error: {call.error}", "bad_call")]
-        fn = e.tools.get(call.name)
-        if fn is None:
-            return [call, None, now, self._tool_message(
-                call, f"error: no tool {call.name!r}; tools: {', '.join(e.tools)}", "unknown_tool")]
-        try:
-            args, kwargs = tool_calls.bind(fn, call)
-        except TypeError as err:
-            return [call, None, now, self._tool_message(call, f"error: {call.name}: {err}", "bad_call")]
-        return [call, self.pool.submit(_timed, fn, args, kwargs), now, None]
+    def _finish(self, episodes: list, stats: EpisodeStats) -> None:
+        """What a kind adds to the call's stats once its groups are made."""
 
-    @staticmethod
-    def _tool_message(call, content: str, outcome: str) -> dict:
-        return {"role": "tool", "name": call.name, "content": content, "_outcome": outcome, "_seconds": 0.0}
+    def _sample_info(self, mine: list) -> dict:
+        """What the samples log shows of each episode (ScoredGroup.from_samples' scored, turns, tool_calls)."""
+        return {}
 
-    def _settle(self, e: _Episode, stats: EpisodeStats) -> bool:
-        """Whether every tool call of the episode's reply has an answer (a result, an error, a timeout); then
-        their messages are appended and the episode goes on."""
-        now = time.perf_counter()
-        for item in e.calls:
-            call, future, started, message = item
-            if message is not None:
-                continue
-            if future.done():
-                try:
-                    value, seconds = future.result()
-                    item[3] = {**self._tool_message(call, tool_calls.result_text(value), "ok"), "_seconds": seconds}
-                except Exception as err:  # the model sees what went wrong; the call is counted
-                    item[3] = {**self._tool_message(call, f"error: {call.name} raised {type(err).__name__}: {err}",
-                                                    "raised"), "_seconds": now - started,
-                               "_error": None if isinstance(err, REFUSALS) else _user_traceback(err)}
-            elif now - started >= self.timeout_s:
-                future.cancel()
-                item[3] = {**self._tool_message(call, f"error: {call.name} timed out after {self.timeout_s:g}s",
-                                                "timeout"), "_seconds": self.timeout_s}
-        if any(m is None for _, _, _, m in e.calls):
-            return False
-        messages = []
-        for _, _, _, m in e.calls:
-            # Labelled by the tool's own name only: a name the model made up must not mint a new series.
-            key = f"{m['name'] if m['name'] in e.tools else '(unknown)'}/{m['_outcome']}"
-            stats.tool_calls[key] = stats.tool_calls.get(key, 0) + 1
-            e.tool_calls[key] += 1
-            refused = m["_outcome"] == "raised" and m.get("_error") is None  # the model's input: not the tool's fault
-            if m["_outcome"] in ("ok", "raised", "timeout") and m["name"] in e.tools and not refused:
-                self._tool_fate(m["name"], m["_outcome"], m.get("_error"))
-            stats.tool_s += m["_seconds"]
-            messages.append({k: v for k, v in m.items() if not k.startswith("_")})
-        e.calls = []
-        self._continue(e, messages, stats)
-        return True
+    def _group(self, prompt_id: str, mine: list, version: int) -> ScoredGroup:
+        """The group's prompt is the episodes' common opening; what differs after it rides masked."""
+        common = mine[0].conv.ids[:min(e.conv.prompt_len for e in mine)]
+        for e in mine[1:]:
+            n = next((i for i, (a, b) in enumerate(zip(common, e.conv.ids)) if a != b), len(common))
+            common = common[:n]
+        completions, masks, logprobs = [], [], []
+        for e in mine:
+            c, extra = e.conv, e.conv.prompt_len - len(common)
+            completions.append(c.ids[len(common):])
+            masks.append([False] * extra + c.model_mask)
+            logprobs.append([0.0] * extra + c.logprobs)
+        return ScoredGroup.from_samples(
+            prompt_id=prompt_id, policy_version=version, actor_id=self.actor_id, prompt_tokens=common,
+            completions=completions, logprobs=logprobs, rewards=[e.reward for e in mine],
+            finish_reasons=[e.finish for e in mine], model_token_masks=masks, **self._sample_info(mine))
 
-    def _continue(self, e: _Episode, messages: list[dict], stats: EpisodeStats) -> None:
-        """Append the environment's messages and the next generation prompt, or end the episode truncated."""
-        if e.turns >= self.max_turns:
-            stats.truncated["max_turns"] = stats.truncated.get("max_turns", 0) + 1
-            return self._end(e, None, "length")
-        e.conv.add_messages(messages)
-        if self.seq_cap and len(e.conv.ids) > self.seq_cap:  # the environment's turn overflows: cut it at the cap
-            e.conv.cut(self.seq_cap)
-        if self.room(e) <= 0:
-            stats.truncated["max_seq_len"] = stats.truncated.get("max_seq_len", 0) + 1
-            return self._end(e, None, "length")
-
-    def _env_failed(self, err: BaseException | None) -> None:
-        """An episode the environment's reset or step ended by raising (err); raises UserCodeFailure once most of
-        the window's episodes did."""
-        self.failures["environment_raised"] += 1
-        self.env_health.note(self.env_name, "raised", _user_traceback(err))
-        self.env_health.record(self.env_name, "raised", self.failures)
-
-    def _tool_fate(self, name: str, outcome: str, detail: str | None) -> None:
-        """A call of tool `name` ended `outcome` (ok, raised, timeout); raises UserCodeFailure once most of its
-        window's calls failed."""
-        if outcome != "ok":
-            self.failures[f"tool_{outcome}"] += 1
-            self.tool_health.note(name, outcome, detail or f"a call took longer than task.tool_timeout_s="
-                                                           f"{self.timeout_s:g} (abandoned)")
-        self.tool_health.record(name, None if outcome == "ok" else outcome, self.failures)
-
-    def _end(self, e: _Episode, reward: float | None, finish: str) -> None:
-        e.done, e.finish, e.ended = True, finish, time.perf_counter()
-        try:  # an environment holding a connection or a process lets it go however the episode ended
-            getattr(e.env, "close", lambda: None)()
-        except Exception as err:
-            log.warning("%s: %s.close raised: %s: %s", self.actor_id, type(e.env).__name__, type(err).__name__, err)
-        if e.scored:  # the environment did its part (a raise is recorded by _env_failed)
-            self.env_health.record(self.env_name, None, self.failures)
-        value = self.lowest if reward is None or not math.isfinite(reward) else self.reward.shape(float(reward))
-        e.reward = value
-
-
-def _user_traceback(err: BaseException) -> str:
-    """err's traceback from the user's code down: this module's and the thread pool's frames say nothing to its
-    author."""
-    tb = err.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
-                              or "concurrent" in tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(err), err, tb or err.__traceback__))
-
-
-def _timed(fn, args, kwargs):
-    t0 = time.perf_counter()
-    return fn(*args, **kwargs), time.perf_counter() - t0
+    def close(self) -> None:
+        pass

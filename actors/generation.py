@@ -9,10 +9,10 @@ import random
 import time
 from typing import Callable
 
-from streamrl.actors import rollout
+from streamrl.actors import rollout, rollouts
 from streamrl.actors.dealt import DealtPrompts
-from streamrl.actors.episodes import Episodes, EpisodeStats
-from streamrl.algo import difficulty, group_filters
+from streamrl.actors.episodes import EpisodeStats
+from streamrl.algo import difficulty
 from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
@@ -78,18 +78,13 @@ class Generation:
         # A dealt prompt is accounted for when its call ends: none may be left scoring in the background.
         self.overlap = self.overlap and dealt is None
         self.pending: rollout.Started | None = None
-        # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
-        self.episodes = None
-        # The user's agent (or verifiers environment) drives each episode through the actor's endpoint.
-        if cfg.task.name in ("agent", "verifiers"):
-            from streamrl.actors.agents import AgentEpisodes
-
-            self.episodes = AgentEpisodes(cfg, index, self.timed, tokenizer, reward, self.actor_id,
-                                          backend.end_ids or [tokenizer.eos_token_id])
-        elif environments.episodic(cfg.task):
-            # Every end token of the model (the backend's): a turn ending in one closes it.
-            end_ids = backend.end_ids or [tokenizer.eos_token_id]
-            self.episodes = Episodes(cfg, self.timed, tokenizer, reward, self.actor_id, end_ids)
+        # How a sample is made is the task's to say (its `rollout`): one completion, an environment's episode, an
+        # agent's episode through the actor's endpoint. Every end token of the model (the backend's) closes a turn.
+        self.episodic = environments.rollout_of(reward.task, cfg.task) != "single_turn"
+        end_ids = (backend.end_ids or [tokenizer.eos_token_id]) if self.episodic else []
+        self.rollout = rollouts.runner(cfg, index, self.timed, tokenizer, reward, self.actor_id, end_ids,
+                                       self.options, self.phrase_rng)
+        self.overlap = self.overlap and not self.episodic  # an episode's reward comes with it
         self.episode_totals = EpisodeStats()
 
     def __call__(self, budget: int, version: int, between_steps: Callable[[], int] | None) -> list[ScoredGroup]:
@@ -111,38 +106,26 @@ class Generation:
         observed: dict[str, list[float]] = {}
         if self.dealt is not None:  # what each dealt prompt scored: a group it made none of was filtered or dropped
             observe = functools.partial(_observe_too, observed, observe)
-        if self.episodes is not None:
-            if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
-                return []
-            groups, done = self._episodes(prompts, version)
-        elif self.overlap:
+        if self.overlap:
             groups, done = self._overlapped(budget, version, between_steps, observe)
         else:
             if not (prompts := self._prompts(min(self.prompts_per_call, budget))):
                 return []
-            groups, done = rollout.make_groups(self.timed, self.tokenizer, self.reward, prompts, self.options, version,
-                                               self.actor_id, self.phrase_rng, observe=observe,
-                                               between_steps=between_steps)
+            groups, played, done = self.rollout.make_groups(prompts, version, observe, between_steps)
+            self._played(played)
         if self.dealt is not None:
             groups = self.dealt.settle(self.call_prompts, groups, observed, self.options.filter_zero_variance)
         return self._finish_call(groups, done, t0)
 
-    def _episodes(self, prompts: list, version: int):
-        groups, played, *failed = self.episodes.make_groups(prompts, version)
-        self.episode_totals.add(played)
-        self.played = played.counts()  # carried by the groups that go (_account)
-        self.telemetry.observe_episodes(played)
-        done = failed[0] if failed else rollout.RolloutStats()  # an agent's failures are counted as reward failures
-        done.prompts_too_long = played.prompts_too_long
-        done.groups_unscored += played.groups_unscored  # an environment that raised in all of a group's episodes
-        if self.options.filter_zero_variance:
-            kept = [g for g in groups if not group_filters.zero_variance(g.rewards)]
-            done.filtered_zero_variance, groups = len(groups) - len(kept), kept
-        return groups, done
+    def _played(self, played: EpisodeStats) -> None:
+        """What a call's episodes did: added up, to Prometheus, and carried by the groups that go (_account)."""
+        if self.episodic:
+            self.episode_totals.add(played)
+            self.played = played.counts()
+            self.telemetry.observe_episodes(played)
 
     def close(self) -> None:
-        if self.episodes is not None:
-            self.episodes.close()
+        self.rollout.close()
 
     def _prompts(self, k: int) -> list:
         keep = self.tracker.keep if self.tracker else None
@@ -212,7 +195,7 @@ class Generation:
             self.totals["groups_unsent_at_stop"] = self.finish_pending()
         split = {"sample_s": round(self.timed.seconds, 3),
                  "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
-        played = self.episode_totals.report() if self.episodes is not None else {}
+        played = self.episode_totals.report() if self.episodic else {}
         if self.dealt is not None:
             split.update(prompts_dealt=self.dealt.dealt, deal_wait_s=round(self.dealt.wait_s, 3))
         return {**self.totals, **split, **played, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}

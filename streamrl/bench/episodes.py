@@ -1,10 +1,10 @@
 """`streamrl bench episodes`: multi-turn generation with a slow tool against single-turn generation.
 
 On the tiny model (the tiny-tools recipe's, hf backend, as an actor runs it), the actor's episode runner
-(`streamrl.actors.episodes`) plays prompts × G episodes of `turns` model turns each; every reply calls a tool
-that sleeps `tool_ms` (50 ms) and the episode goes on until `task.max_turns`. The reference is the same
-prompts × G completions sampled in one turn with turns × max_new_tokens new tokens: the same budget of model
-tokens, without tools. Alternated call by call, so load on the machine falls on both alike.
+(`streamrl.actors.environment_episodes`) plays prompts × G episodes of `turns` model turns each; every reply calls a
+tool that sleeps `tool_ms` (50 ms) and the episode goes on until `task.max_turns`. The reference is the same prompts
+× G completions sampled in one turn with turns × max_new_tokens new tokens: the same budget of model tokens, without
+tools. Alternated call by call, so load on the machine falls on both alike.
 
 Reported: model tokens per second of each, their ratio (multi-turn / single-turn), the time the tool calls
 took summed (what a runner that waited for each call in turn would add), and the share of the multi-turn
@@ -63,7 +63,7 @@ def episodes(short: bool = False) -> list[dict]:
             before = multi_backend.tokens
             t0 = time.perf_counter()
             sampled_before = multi_backend.seconds
-            _, stats = runner.make_groups(prompts, 0)
+            _, stats, done = runner.make_groups(prompts, 0)
             wall = time.perf_counter() - t0
             if call:
                 times["multi"].append(wall)
@@ -98,14 +98,14 @@ def _runners(cfg, reward, single_tokens: int, tool_ms: float):
     import msgspec
 
     from streamrl.actors import backends
-    from streamrl.actors.episodes import Episodes
+    from streamrl.actors.environment_episodes import EnvironmentEpisodes
     from streamrl.models import model as model_lib
 
     model, tok = model_lib.build(cfg, reward.task.vocabulary)
     multi_backend = _Counting(backends.build("hf", cfg, model, tok))
     single_cfg = msgspec.structs.replace(cfg, actors=msgspec.structs.replace(cfg.actors, max_new_tokens=single_tokens))
     single_backend = _Counting(backends.build("hf", single_cfg, model, tok))
-    runner = Episodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
+    runner = EnvironmentEpisodes(cfg, multi_backend, tok, reward, "bench", multi_backend.backend.eos_ids)
     runner.env_cls = _sleeping_env(tool_ms / 1e3)
     return runner, multi_backend, single_backend
 

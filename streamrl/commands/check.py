@@ -79,11 +79,12 @@ def task_report(cfg: config_lib.Config) -> str | None:
     comments to print after the config, so the output stays loadable YAML; "" without one; None (the error
     printed) when the task cannot be built."""
     from streamrl.tasks import TASKS, build
+    from streamrl.tasks.base import optional
 
-    if not hasattr(TASKS.get(cfg.task.name), "sample_report"):
+    if optional(TASKS.get(cfg.task.name), "sample_report") is None:
         return ""
     try:
-        report = build(cfg.task).sample_report()
+        report = optional(build(cfg.task), "sample_report")()
     except ValueError as e:
         print(f"streamrl: config error: {e}", file=sys.stderr)
         return None

@@ -54,6 +54,7 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
     from streamrl.models import prompting
     from streamrl.run import checkpoints
     from streamrl.tasks import rewards
+    from streamrl.tasks.base import RowsTask, optional
 
     reward = rewards.build(cfg)
     task = reward.task
@@ -61,7 +62,7 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
         model, tokenizer = checkpoints.load_policy(cfg, checkpoint)
     else:
         model, tokenizer = model_lib.build(cfg, task.vocabulary)
-    rows = getattr(task, "train", None) if cfg.task.data else None
+    rows = task.train if cfg.task.data and isinstance(task, RowsTask) else None
     items = [task.prompt(ex) for ex in rows] if rows else task.eval_set(prompts or cfg.eval.size, cfg.eval.seed)
     a = cfg.actors
     # prompts as the actors encode them (the chat template where the model has one): the success rate is theirs
@@ -79,7 +80,7 @@ def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None 
         from streamrl.tasks import data
 
         # task.train holds the usable rows in file order; `numbers` says which source row each one is
-        numbers = data.read(cfg.task.data, type(task).row_converter(cfg.task), cfg.task.max_row_bytes).numbers
+        numbers = data.read(cfg.task.data, optional(task, "row_converter")(cfg.task), cfg.task.max_row_bytes).numbers
         raw = dict(data.raw_rows(cfg.task.data, cfg.task.max_row_bytes)[0])
         out.write_text("".join(json.dumps(raw[numbers[i]], default=str) + "\n" for i in kept))
     else:

@@ -103,6 +103,7 @@ def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
     (the first `data.SHOWN`, then how many more), since a run skips them; a source that cannot be read or holds
     no usable row is an error. `check` and `run` both print these, before the run directory is claimed."""
     from streamrl.tasks import TASKS, data
+    from streamrl.tasks.base import optional
 
     errors, warnings = [], []
     if cfg.task.reward:  # a reward that cannot be found fails here, not in every actor
@@ -113,8 +114,8 @@ def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
                 resolve(ref)
             except ValueError as e:
                 errors.append(str(e))
-    cls = TASKS.get(cfg.task.name)
-    if not hasattr(cls, "row_converter"):
+    row_converter = optional(TASKS.get(cfg.task.name), "row_converter")
+    if row_converter is None:
         return errors, warnings
     sources = {f"task.{key}": getattr(cfg.task, key) for key in ("data", "eval_data")}
     sources.update({f"eval.sets.{name}": path for name, path in cfg.eval.sets.items()})
@@ -122,7 +123,7 @@ def data_problems(cfg: config_lib.Config) -> tuple[list[str], list[str]]:
         if not source:
             continue
         try:
-            got = data.scan(source, cls.row_converter(cfg.task), cfg.task.max_row_bytes)
+            got = data.scan(source, row_converter(cfg.task), cfg.task.max_row_bytes)
         except (ValueError, OSError) as e:
             errors.append(f"{key}: {e}")
             continue

@@ -2,13 +2,14 @@
 episodes are played by another ecosystem's environment through streamrl's own `Environment` protocol, and the
 map from that environment's return onto the task's ordinal levels.
 
-An adapted environment plays its episode through `streamrl.actors.episodes` like any `task.environment`, so it
-keeps token-in-token-out turns, the environment-token mask and every backend (hf, vLLM); the adapter only
-translates the calls. Its return (the sum of the rewards of its steps, as SkyRL's outcome estimators and
-OpenEnv's episode return add them) is mapped onto `task.reward_levels`: the level within
-`task.reward_level_tolerance` of it; with `reward.bucket_edges` instead of levels, the return as it is (the
-buckets shape it). A return that is not a finite number, or is on no level, raises (`BadReward`): the episode
-counts as an environment failure (`episodes_step_raised`) and is scored lowest, never silently.
+An adapted environment plays its episode through `streamrl.actors.environment_episodes` like any `task.environment`,
+so it keeps token-in-token-out turns, the environment-token mask and every backend (hf, vLLM); the adapter only
+translates the calls. Its return (the sum of the rewards of its steps, as SkyRL's outcome estimators and OpenEnv's
+episode return add them) is mapped onto `task.reward_levels` by the episode runtime's one rule
+(`streamrl.actors.episodes`): the level within `task.reward_level_tolerance` of it; with `reward.bucket_edges`
+instead of levels, the return as it is (the buckets shape it). A return that is not a finite number, or is on no
+level, raises (`BadReward`): the episode counts as an environment failure (`episodes_step_raised`) and is scored
+lowest, never silently.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def to_level(total: float, levels: list[float], tolerance: float, where: str) ->
 class AdaptedTask(DatasetTask):
     """Rows from `task.data`; each sample is an episode of the adapted environment, which gives its reward."""
 
-    grouped = False  # scored by its episodes (streamrl.actors.episodes), never by reward functions
+    grouped = False  # scored by its episodes (streamrl.actors.environment_episodes), never by reward functions
+    rollout = "environment"
     adapter = "adapted"
 
     def __init__(self, cfg):

@@ -31,12 +31,14 @@ class AgentTask(DatasetTask):
     """Rows from `task.data`; each sample is an episode of the agent `task.agent`, which returns its reward."""
 
     grouped = False  # scored by its episodes (streamrl.actors.agents), never by reward functions
+    rollout = "agent"
 
     def __init__(self, cfg):
         if not cfg.agent:
             raise ValueError("task agent needs task.agent ('module:fn')")
         self._rows(cfg, "task agent")
         self.functions = None
+        self.agent_fn = load(cfg.agent)
 
     def close(self) -> None:
         pass  # no reward functions: the agents' threads belong to the actor's episode runner

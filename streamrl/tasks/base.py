@@ -36,8 +36,11 @@ TASKS = TaskRegistry("task")
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task must have (docs/guides/bring-your-own-task.md). The optional members and their defaults are
-    `TaskDefaults`'; a plug-in may inherit it or not (`optional` fills in what it lacks)."""
+    """What a task must have (docs/guides/bring-your-own-task.md). The optional members (grouped, submit_groups,
+    collect_groups, levels_take_edges, unparseable, category, rollout, row_converter, sample_report, agent_fn,
+    reward_map, to_reward, levels_for, environment_class, close) and their defaults are `TaskDefaults`'; a plug-in
+    may inherit it or not (`optional` fills in what it lacks). Nothing asks a task whether it has a member:
+    `optional` reads each once."""
 
     @classmethod
     def from_config(cls, cfg) -> Task:
@@ -81,6 +84,31 @@ class TaskDefaults:
     """Completions the task could not read so far (a counter it raises; the default never counts)."""
     category: Callable[[Prompt], str] | None = None
     """category(prompt): the eval report's row of a prompt (pass@k per category); None: one row."""
+    rollout: str = "single_turn"
+    """How a sample is made (`streamrl.tasks.environments.rollout_of`): "single_turn" (one completion, `score`; an
+    episode of task.environment where one is set), "environment" (an episode of `environment_class()`) or "agent" (an
+    episode of `agent_fn` through the actor's endpoint)."""
+    row_converter: Callable[[Any], Callable[[Any], Any]] | None = None
+    """row_converter(task_cfg) → convert(row): a task reading `task.data` (a staticmethod; `streamrl check` and the
+    epoch count read the files through it); None: the task reads no data file."""
+    sample_report: Callable[[], str] | None = None
+    """sample_report(): a sample prompt with a right and a wrong answer's scores (`streamrl check` prints it)."""
+    agent_fn: Callable[[Any, dict], Any] | None = None
+    """rollout "agent": fn(client, row) plays one episode through the actor's endpoint and returns its reward."""
+
+    def submit_groups(self, prompts: list[Prompt], texts: list[list[str]], ids: list[list[list[int]]]) -> Any:
+        """grouped: start scoring each group's completions (texts[g][i], their token ids ids[g][i]); returns a
+        handle for `collect_groups`."""
+        raise ValueError(f"task {type(self).__name__}: grouped, so it needs submit_groups and collect_groups")
+
+    def collect_groups(self, handle) -> list:
+        """grouped: each group's outcome (`scores`, None where unscored; `failures` by reason; optional `parts`)."""
+        raise ValueError(f"task {type(self).__name__}: grouped, so it needs submit_groups and collect_groups")
+
+    def environment_class(self) -> type | None:
+        """rollout "environment": the `Environment` class each episode is built from, `Cls(row)` (an adapter's);
+        None: task.environment's."""
+        return None
 
     @staticmethod
     def reward_map(cfg) -> Callable[[float], float]:

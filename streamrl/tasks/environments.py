@@ -10,13 +10,13 @@ An environment plays one episode per data row, turn by turn (the `Environment` p
         def step(self, reply: str) -> tuple[list[dict], float | None, bool]:
             ...                                     # (messages to append, reward when done, done)
 
-The actor's episode runner (`streamrl.actors.episodes`) renders the conversation (tools through the chat
-template's `tools=`), samples the model's reply, and then: a reply that calls tools has them run (with a
+The actor's episode runner (`streamrl.actors.environment_episodes`) renders the conversation (tools through the
+chat template's `tools=`), samples the model's reply, and then: a reply that calls tools has them run (with a
 timeout, on a thread pool) and each result appended as a `tool` message, and the model goes on; a reply with no
 tool call goes to `step`, whose messages are appended, until it says done or the episode hits `task.max_turns`
 or `model.max_seq_len` (truncated: counted, and scored with the task's lowest reward level where `step` gave
-none). `row` is the task's prompt: its other columns, with "prompt" (its text or chat messages) and "id".
-Tools may be bound methods, so they can see the row.
+none). `row` is the task's prompt: its other columns, with "prompt" (its text or chat messages) and "id". Tools
+may be bound methods, so they can see the row.
 
 `task.environment` names the class as "package.module:Class", "path/to/file.py:Class", or an entry point of
 the group `streamrl.environments` (a package's `[project.entry-points."streamrl.environments"]`).
@@ -28,6 +28,7 @@ import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.tasks import plugins
+from streamrl.tasks.base import TASKS, optional
 
 GROUP = "streamrl.environments"
 
@@ -62,22 +63,35 @@ def load(ref: str) -> type:
     return cls
 
 
-ADAPTERS = {"skyrl_gym": "streamrl.tasks.skyrl_adapter", "openenv": "streamrl.tasks.openenv_adapter"}
-"""task.name → the module whose `environment_class(task)` adapts that ecosystem's environments."""
+KINDS = ("single_turn", "environment", "agent")
+"""How a task's samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`)."""
 
 
-def episodic(task) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment (streamrl.actors.episodes)."""
-    return bool(task.environment) or task.name in ADAPTERS
+def rollout_of(task, task_cfg) -> str:
+    """How a built task's samples are made: its `rollout`; a single-turn task plays episodes of task.environment
+    where one is set (any task may: the environment gives the reward)."""
+    kind = optional(task, "rollout")
+    if kind not in KINDS:
+        raise ValueError(f"task {type(task).__name__}: rollout {kind!r}; allowed: {', '.join(KINDS)}")
+    return "environment" if kind == "single_turn" and task_cfg.environment else kind
 
 
-def factory(task) -> type:
-    """The class each episode's environment is built from, `Cls(row)`: an adapter's, else task.environment's."""
-    if task.name in ADAPTERS:
-        import importlib
+def class_of(task, task_cfg) -> type:
+    """The environment class of a task whose rollout is "environment": its own (an adapter's), else
+    task.environment's."""
+    return optional(task, "environment_class")() or load(task_cfg.environment)
 
-        return importlib.import_module(ADAPTERS[task.name]).environment_class(task)
-    return load(task.environment)
+
+def configured_rollout(task_cfg) -> str:
+    """How the samples of a task config are made, from the config alone (for its checks): its task class's
+    `rollout`, task.environment's episodes for a single-turn one where it is set. The built task says the same."""
+    return rollout_of(TASKS.get(task_cfg.name), task_cfg)
+
+
+def episodic(task_cfg) -> bool:
+    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or
+    task.environment's), from the config alone."""
+    return configured_rollout(task_cfg) == "environment"
 
 
 def row_of(prompt) -> dict:

@@ -43,12 +43,13 @@ def rows_of(cfg) -> int | None:
     """Usable rows of task.data, counted as the task will load them (a streaming scan); None if it cannot tell
     (the task then reports the problem itself when it loads)."""
     from streamrl.tasks import TASKS, data
+    from streamrl.tasks.base import optional
 
-    cls = TASKS.get(cfg.task.name)
-    if not cfg.task.data or not hasattr(cls, "row_converter"):
+    row_converter = optional(TASKS.get(cfg.task.name), "row_converter")
+    if not cfg.task.data or row_converter is None:
         return None
     try:
-        return data.scan(cfg.task.data, cls.row_converter(cfg.task), cfg.task.max_row_bytes).usable or None
+        return data.scan(cfg.task.data, row_converter(cfg.task), cfg.task.max_row_bytes).usable or None
     except (ValueError, OSError):
         return None
 

@@ -43,6 +43,9 @@ class OpenEnvTask(AdaptedTask):
 
     adapter = "openenv"
 
+    def environment_class(self) -> type:
+        return environment_class(self.cfg)
+
 
 def _openenv_core():
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Sequence
 
-from streamrl.tasks.base import TaskDefaults, optional
+from streamrl.tasks.base import optional
 
 
 def bucket(r: float, edges: Sequence[float], values: Sequence[float]) -> float:
@@ -81,9 +81,8 @@ class Reward:
         self._levels_for = optional(task, "levels_for")
         self._close = optional(task, "close")
         self.grouped: bool = bool(optional(task, "grouped"))
+        self._submit, self._collect = optional(task, "submit_groups"), optional(task, "collect_groups")
         """The task scores a group per call (reward functions by reference) rather than a sample."""
-        # the counter lives on the task (it raises it while scoring); one without it never counts
-        self._counter = task if isinstance(task, TaskDefaults) or "unparseable" in dir(task) else TaskDefaults
 
     @property
     def levels(self) -> list[float]:
@@ -93,7 +92,8 @@ class Reward:
 
     @property
     def unparseable(self) -> int:
-        return self._counter.unparseable
+        """The task's counter, read as it is now (the task raises it while scoring; one without it never counts)."""
+        return optional(self.task, "unparseable")
 
     def close(self) -> None:
         """The task's close (a dataset task's reward-function threads; nothing for most tasks)."""
@@ -111,14 +111,14 @@ class Reward:
 
     def submit_groups(self, prompts, texts: list[list[str]], ids: list[list[list[int]]]):
         """Start scoring the groups on the task's pool; `collect_groups` waits for them."""
-        return self.task.submit_groups(prompts, texts, ids)
+        return self._submit(prompts, texts, ids)
 
     def collect_groups(self, handle, parts: list | None = None):
         """(each group's shaped rewards, None where unscored; the failures by reason). parts: a list to extend with
         each group's per-sample values of each reward function (None for a task that does not say)."""
         from collections import Counter
 
-        outcomes, failures = self.task.collect_groups(handle), Counter()
+        outcomes, failures = self._collect(handle), Counter()
         for o in outcomes:
             failures.update(o.failures)
         if parts is not None:

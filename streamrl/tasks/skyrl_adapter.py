@@ -34,6 +34,9 @@ class SkyRLGymTask(AdaptedTask):
 
     adapter = "skyrl_gym"
 
+    def environment_class(self) -> type:
+        return environment_class(self.cfg)
+
 
 def _skyrl_gym():
     try:

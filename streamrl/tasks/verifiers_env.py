@@ -12,8 +12,9 @@ its `OpenAIChatCompletionsClient`): the environment keeps its own semantics (max
 its parser, its stop conditions) and its rubric scores the rollout. The episodes are run by
 `streamrl.actors.agents` like any agent's (token in, token out; failures counted).
 
-The rubric's weighted reward becomes an ordinal level: with `task.reward_levels` declared it is snapped to the
-nearest level (verifiers' rewards are floats: 0.74999 is 0.75); without, `reward.bucket_edges` buckets it. A
+The rubric's weighted reward becomes an ordinal level by the episode runtime's one rule: with `task.reward_levels`
+declared, the level within `task.reward_level_tolerance` of it (verifiers' rewards are floats: 0.74999 is 0.75; one
+on no level is counted `out_of_scale` and scored lowest); without, `reward.bucket_edges` buckets it. A
 rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
 its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
 out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
@@ -98,13 +99,13 @@ class VerifiersTask(AgentTask):
             self.env = verifiers_v1.load(cfg.verifiers_env, dict(cfg.verifiers_args))
             train, tasks = verifiers_v1.rows(self.env, repr(cfg.verifiers_env))
             self._keep(cfg, train, None)
-            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, cfg.reward_levels, name)
+            self.agent_fn = verifiers_v1.Episodes(self.env, tasks, name)
         else:
             self.env = load(cfg.verifiers_env, dict(cfg.verifiers_args))
             has_eval = getattr(self.env, "eval_dataset", None) is not None
             self._keep(cfg, rows(self.env.get_dataset(), "train"),
                        rows(self.env.get_eval_dataset(), "eval") if has_eval else None)
-            self.agent_fn = Rollouts(self.env, cfg.reward_levels, name)
+            self.agent_fn = Rollouts(self.env, name)
         self.functions = None
 
     @property
@@ -125,8 +126,8 @@ class Rollouts(LoopAgent):
     episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
     sending its episode's credential (the api_key of the client it was handed) and id."""
 
-    def __init__(self, env, levels: list[float], name: str):
-        super().__init__(levels, name)
+    def __init__(self, env, name: str):
+        super().__init__(name)
         self.env = env
         self._oai = None
 
@@ -149,4 +150,4 @@ class Rollouts(LoopAgent):
         reward = out.get("reward")
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             return reward  # the agent runner counts a reward that is no number
-        return self.snap(float(reward))
+        return float(reward)

@@ -1,7 +1,8 @@
 """What the agents of verifiers' two stacks share (`Rollouts`, classic; `Episodes`, v1): verifiers is asyncio, the
 actor's episode runner calls an agent from its threads, so each agent runs its episodes on one event loop in a
 thread of its own, started with the first episode; and it counts the episodes verifiers ended errored but scored,
-which the runner takes as truncations."""
+which the runner takes as truncations. An agent returns the rubric's reward as verifiers gives it: the runtime puts
+it on the task's levels by its one rule (`streamrl.actors.episodes`)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,13 @@ import threading
 from collections.abc import Callable, Coroutine
 
 
-def nearest(value: float, levels: list[float]) -> float:
-    """The level closest to `value` (a tie goes to the lower one)."""
-    return min(levels, key=lambda level: (abs(level - value), level))
-
-
 class LoopAgent:
-    """The event loop, the snap onto the task's levels and the error counts of a verifiers agent; `kind` names it
-    in the actor's failure reports."""
+    """The event loop and the error counts of a verifiers agent; `kind` names it in the actor's failure reports."""
 
     kind = "verifiers environment"
 
-    def __init__(self, levels: list[float], name: str):
-        self.levels, self.__name__ = sorted(levels), name
+    def __init__(self, name: str):
+        self.__name__ = name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._errors: collections.Counter = collections.Counter()
@@ -40,10 +35,6 @@ class LoopAgent:
     def _run(self, coro: Coroutine, timeout: float | None = None):
         """`coro`'s result, run on the loop (from the runner's thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def snap(self, reward: float) -> float:
-        """`reward` on the task's nearest level (no levels: unchanged, for bucketing)."""
-        return nearest(reward, self.levels) if self.levels else reward
 
     def _count_error(self, name: str) -> None:
         with self._lock:

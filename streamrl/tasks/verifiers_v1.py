@@ -129,10 +129,10 @@ def rows(env, where: str) -> tuple[list[Row], list]:
 class Episodes(LoopAgent):
     """The task's agent: fn(client, row) runs one `env.run_episode` on the agent's event loop, inside the env's
     `serving()` (its interception server and shared tools, up once for the actor's life), and returns the trace's
-    weighted reward snapped onto the task's levels."""
+    weighted reward."""
 
-    def __init__(self, env, tasks: list, levels: list[float], name: str):
-        super().__init__(levels, name)
+    def __init__(self, env, tasks: list, name: str):
+        super().__init__(name)
         self.env, self.tasks = env, tasks
         self._serving = None
 
@@ -155,7 +155,7 @@ class Episodes(LoopAgent):
             raise RuntimeError(f"verifiers episode failed: {errors[-1].type}: {errors[-1].message[:300]}")
         if errors:
             self._count_error(f"verifiers_{errors[-1].type}")
-        return self.snap(float(sum(r.value for r in scored)))
+        return float(sum(r.value for r in scored))
 
     def close(self) -> None:
         if self._loop is not None:

@@ -45,7 +45,7 @@ class ActorMetrics:
         self.share = m.gauge("streamrl_actor_share_groups", "Groups this actor makes per learner version")
         self.last_progress = m.gauge("streamrl_actor_last_progress_timestamp_seconds",
                                      "Unix time the actor last sent a group or applied weights")
-        # Multi-turn episodes with tools (task.environment; actors/episodes.py).
+        # Multi-turn episodes with tools (task.environment; actors/environment_episodes.py).
         self.episode_turns = m.histogram("streamrl_actor_episode_turns", "Model turns per multi-turn episode",
                                          TURN_BUCKETS)
         self.tool_calls = m.counter("streamrl_actor_tool_calls_total", "Tool calls by tool and outcome",

@@ -90,7 +90,7 @@ def _episodes_probe() -> dict:
 
     from streamrl import config
     from streamrl.actors.backends import build
-    from streamrl.actors.episodes import Episodes
+    from streamrl.actors.environment_episodes import EnvironmentEpisodes
     from streamrl.models import model
     from streamrl.tasks import rewards
 
@@ -99,8 +99,8 @@ def _episodes_probe() -> dict:
     reward = rewards.build(cfg)
     m, tok = model.build(cfg, reward.task.vocabulary)
     backend = build("vllm", cfg, m, tok)
-    runner = Episodes(cfg, backend, tok, reward, "probe", backend.stop_token_ids)
-    groups, stats = runner.make_groups([reward.task.sample(random.Random(i)) for i in range(32)], 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "probe", backend.stop_token_ids)
+    groups, stats, done = runner.make_groups([reward.task.sample(random.Random(i)) for i in range(32)], 0)
     runner.close()
     backend.close()
     gap, multi = 0.0, 0

@@ -14,7 +14,7 @@ import time
 import pytest
 from streamrl import config
 from streamrl.actors import backends
-from streamrl.actors.episodes import Episodes
+from streamrl.actors.environment_episodes import EnvironmentEpisodes
 from streamrl.models import model as model_lib
 from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
@@ -63,9 +63,9 @@ def lookup_then_answer(text: str) -> str:
 
 def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
     cfg, reward, tok, backend = _setup(reply=lookup_then_answer)
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     prompts = _prompts(reward.task)
-    groups, stats = runner.make_groups(prompts, version=3)
+    groups, stats, done = runner.make_groups(prompts, version=3)
     runner.close()
     assert [g.rewards for g in groups] == [[1.0, 1.0], [1.0, 1.0]]
     assert stats.tool_calls == {"lookup/ok": 4} and stats.turns == [2, 2, 2, 2] and stats.truncated == {}
@@ -83,8 +83,8 @@ def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
 
 def test_a_raising_tool_becomes_an_error_message_and_is_counted():
     cfg, reward, tok, backend = _setup(reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
     assert stats.tool_calls == {"lookup/raised": 2}
     text = tok.decode(list(groups[0].completion_tokens[:groups[0].samples[0].num_tokens]))
@@ -107,7 +107,7 @@ def test_a_tool_raising_on_most_calls_stops_the_actor_naming_it_with_its_traceba
     """))
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Down", "task.reward_fail_window=4"],
                                        reply=lookup_then_answer)
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     with pytest.raises(UserCodeFailure, match=r"tool lookup failed on 4 of its last 4 calls \(raised\): "
                                               r"ConnectionError: the symbol service is down") as e:
         runner.make_groups(_prompts(reward.task, 2), 0)
@@ -120,8 +120,8 @@ def test_a_tool_refusing_the_models_input_is_never_judged_broken():
     # LookupEnv's lookup raises KeyError for a key it does not have: the model's mistake, told to it, counted
     cfg, reward, tok, backend = _setup(["task.reward_fail_window=2"],
                                        reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    _, stats = runner.make_groups(_prompts(reward.task, 3), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats, done = runner.make_groups(_prompts(reward.task, 3), 0)
     runner.close()
     assert stats.tool_calls == {"lookup/raised": 6} and runner.failures == {}
 
@@ -149,19 +149,19 @@ def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window
                 return [], 1.0, True
     """))
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Half"], reply=lambda t: "a")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)  # 1 of its window of 50: it goes on
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)  # 1 of its window of 50: it goes on
     runner.close()
     # the failed episode takes its group's scored mean (not the lowest level: the model's reply did not fail)
     assert groups[0].scored == [True, False] and groups[0].rewards == [1.0, 1.0] and stats.step_raised == 1
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad"], reply=lambda t: "a")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
-    assert groups == [] and stats.groups_unscored == 1 and stats.step_raised == 2  # nothing scored: not sent
+    assert groups == [] and done.groups_unscored == 1 and stats.step_raised == 2  # nothing scored: not sent
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Bad", "task.reward_fail_window=4"],
                                        reply=lambda t: "a")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     with pytest.raises(UserCodeFailure, match=r"environment .*bad_env.py:Bad failed on 4 of its last 4 episodes "
                                               r"\(raised\): ValueError: no state a"):
         runner.make_groups(_prompts(reward.task, 2), 0)
@@ -170,24 +170,24 @@ def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window
 
 def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():
     cfg, reward, tok, backend = _setup(reply=lambda t: "lookup" if len(t.split()) == 2 else "a")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    _, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
     assert stats.tool_calls == {"lookup/bad_call": 2}
 
 
 def test_episodes_end_truncated_at_max_turns_and_at_the_sequence_cap():
     cfg, reward, tok, backend = _setup(["task.max_turns=3"], reply=lambda t: f"lookup {t.split()[1]}")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     assert stats.truncated == {"max_turns": 2} and stats.turns == [3, 3]
     assert [s.finish_reason for s in groups[0].samples] == ["length", "length"]
     assert groups[0].rewards == [0.0, 0.0]  # no reward at truncation: the lowest level
     runner.close()
     cfg, reward, tok, backend = _setup(["task.max_turns=5", "model.max_seq_len=8"],
                                        reply=lambda t: f"lookup {t.split()[1]}")
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     runner.close()
     assert stats.truncated == {"max_seq_len": 2}
     assert all(len(groups[0].prompt_tokens) + s.num_tokens <= 8 for s in groups[0].samples)
@@ -210,9 +210,9 @@ def test_a_tool_past_its_timeout_is_abandoned_and_the_episode_goes_on(tmp_path):
     """))
     cfg, reward, tok, backend = _setup([f"task.environment={env}:Slow", "task.tool_timeout_s=0.1"],
                                        reply=lookup_then_answer)
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     t0 = time.perf_counter()
-    groups, stats = runner.make_groups(_prompts(reward.task, 1), 0)
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
     waited = time.perf_counter() - t0
     runner.close()
     assert stats.tool_calls == {"lookup/timeout": 2}
@@ -260,7 +260,7 @@ def test_tools_run_while_other_episodes_generate(tmp_path):
     real_load = envs.load
     envs.load = lambda ref: Staggered
     try:
-        runner = Episodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+        runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     finally:
         envs.load = real_load
     runner.make_groups([Prompt(id=f"p{i}", text="k1") for i in range(4)], 0)
@@ -270,8 +270,8 @@ def test_tools_run_while_other_episodes_generate(tmp_path):
 
 def test_the_tiny_model_plays_lookup_episodes_token_in_token_out():
     cfg, reward, tok, backend = _setup(["actors.group_size=4"])
-    runner = Episodes(cfg, backend, tok, reward, "actor-0", backend.eos_ids)
-    groups, stats = runner.make_groups(_prompts(reward.task, 8, seed=1), 0)
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", backend.eos_ids)
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 8, seed=1), 0)
     runner.close()
     assert len(groups) == 8 and stats.episodes == 32
     for g in groups:
@@ -306,8 +306,8 @@ def test_a_dataset_task_feeds_its_rows_to_an_environment_without_reward_function
                                           "task.options={}", "task.vocabulary=[lookup, answer]", "actors.group_size=2"])
     reward = rewards.build(cfg)
     model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    runner = Episodes(cfg, Scripted(tok, lookup_then_answer), tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups([reward.task.sample(random.Random(0)) for _ in range(2)], 0)
+    runner = EnvironmentEpisodes(cfg, Scripted(tok, lookup_then_answer), tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups([reward.task.sample(random.Random(0)) for _ in range(2)], 0)
     runner.close()
     reward.task.functions.close()
     assert stats.tool_calls == {"lookup/ok": 4} and [g.rewards for g in groups] == [[1.0, 1.0], [1.0, 1.0]]

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from streamrl import config
-from streamrl.actors.episodes import Episodes
+from streamrl.actors.environment_episodes import EnvironmentEpisodes
 from streamrl.models import release_model
 from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
@@ -81,8 +81,8 @@ def _run(tok, tmp_path, thinking: str, think: bool):
                                           f"model.enable_thinking={thinking}", "actors.group_size=2",
                                           "actors.max_new_tokens=256"])
     reward = rewards.build(cfg)
-    runner = Episodes(cfg, Scripted(tok, think), tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats = runner.make_groups([Prompt(id="p", text="What is k1, and 2 + 3?")], 0)
+    runner = EnvironmentEpisodes(cfg, Scripted(tok, think), tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, _ = runner.make_groups([Prompt(id="p", text="What is k1, and 2 + 3?")], 0)
     runner.close()
     (schemas,) = runner._schemas.values()  # what went in through tools=
     return groups[0], stats, schemas

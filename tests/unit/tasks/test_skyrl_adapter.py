@@ -110,10 +110,14 @@ def test_an_unknown_env_id_or_a_class_that_is_no_env_is_refused_at_the_start(tmp
         environment_class(_task(f"{tmp_path / 'notenv.py'}:NotEnv"))
 
 
-def test_the_skyrl_gym_task_is_episodic_and_its_factory_is_the_adapter():
-    task = _task("gsm8k")
-    assert environments.episodic(task)
-    assert environments.factory(task).__name__ == "SkyRLGym[gsm8k]"
+def test_the_skyrl_gym_task_is_episodic_and_its_environment_class_is_the_adapter():
+    from streamrl.tasks.skyrl_adapter import SkyRLGymTask
+
+    assert environments.episodic(_task("gsm8k"))
+    task = SkyRLGymTask.__new__(SkyRLGymTask)  # the rows are not needed to name the class
+    task.cfg = _task("gsm8k")
+    assert environments.rollout_of(task, task.cfg) == "environment"
+    assert environments.class_of(task, task.cfg).__name__ == "SkyRLGym[gsm8k]"
 
 
 def test_an_id_registered_by_the_users_module_is_made_after_importing_it(tmp_path):

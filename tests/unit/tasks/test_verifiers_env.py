@@ -1,5 +1,6 @@
 """task.name: verifiers (streamrl.tasks.verifiers_env): a classic verifiers Environment loaded by id, file or
-module, its dataset as the rows, its rubric's weighted reward snapped to the declared levels."""
+module, its dataset as the rows, its rubric's weighted reward returned as verifiers gives it (the episode runtime
+puts it on the levels: tests/unit/actors/test_episode_runtime.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,9 @@ import pytest
 
 from streamrl.config import TaskConfig
 from streamrl.tasks.verifiers_env import VerifiersTask, load
-from streamrl.tasks.verifiers_loop import nearest
 
 vf = pytest.importorskip("verifiers.legacy")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "verifiers-copy" / "copy_env.py"
-
-
-def test_a_weighted_reward_snaps_to_the_nearest_level_ties_down():
-    levels = [0.0, 0.25, 0.5, 0.75, 1.0]
-    assert nearest(0.74999, levels) == 0.75 and nearest(0.3, levels) == 0.25 and nearest(1.7, levels) == 1.0
-    assert nearest(0.125, levels) == 0.0 and nearest(-2.0, levels) == 0.0
 
 
 def test_the_environments_own_dataset_is_the_rows_with_its_answers():
