@@ -17,6 +17,7 @@ from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
 from streamrl.config import Config
+from streamrl.registry import TASKS
 from streamrl.tasks import environments
 from streamrl.telemetry import actor_metrics
 
@@ -81,7 +82,7 @@ class Generation:
         # Multi-turn episodes with tools (task.environment) take the place of single-turn sampling.
         self.episodes = None
         # The user's agent (or verifiers environment) drives each episode through the actor's endpoint.
-        if cfg.task.name in ("agent", "verifiers"):
+        if TASKS.can(cfg.task.name, "agent_rollout"):
             from streamrl.actors.agents import AgentEpisodes
 
             self.episodes = AgentEpisodes(cfg, index, self.timed, tokenizer, reward, self.actor_id,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
+from streamrl import registry
 from streamrl.registry import Registry
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 # torch is imported where a tensor is made, not here: validating a config looks the estimator up in
 # ESTIMATORS, and `streamrl run` must not spend torch's 2-3 s of import doing that.
 Estimator = Callable[..., "torch.Tensor"]
-ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+ESTIMATORS: Registry = registry.ESTIMATORS  # one registry for every kind of plug-in (streamrl.registry)
 
 # Below this group std the std-normalised GRPO advantage is 0 rather than a division blow-up.
 _STD_EPS = 1e-6

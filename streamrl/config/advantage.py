@@ -14,7 +14,7 @@ class AdvantageConfig(_Section):
     """GRPO only: divide by the group's reward std."""
 
     def __post_init__(self) -> None:
-        from streamrl.algo.advantages import ESTIMATORS
+        from streamrl.registry import ESTIMATORS
 
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator={self.estimator!r}: {ESTIMATORS.unknown(self.estimator)}")

@@ -40,7 +40,6 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         raw = _read(found, ())
     for item in overrides:
         _apply_override(raw, item)
-    _check_keys(raw, Config, "")
     return from_dict(raw)
 
 
@@ -106,7 +105,25 @@ def _fractions(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Sections whose other keys are the options of the plug-in the section names (its Struct parses them).
+PLUGIN_SECTIONS = ("task",)
+
+
+def _gather_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """A plug-in section's keys beyond its shared fields, moved under its `opts` (the plug-in's Struct parses them)."""
+    out = dict(raw)
+    for section in PLUGIN_SECTIONS:
+        keys = out.get(section)
+        if isinstance(keys, dict):
+            fields = get_type_hints(Config)[section].__struct_fields__
+            own = {k: v for k, v in keys.items() if k not in fields}
+            out[section] = {**{k: v for k, v in keys.items() if k in fields}, **({"opts": own} if own else {})}
+    return out
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
+    raw = _gather_options(raw)
+    _check_keys(raw, Config, "")
     try:
         return msgspec.convert(_fractions(raw), Config, strict=False)
     except msgspec.ValidationError as e:
@@ -114,7 +131,12 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    return msgspec.to_builtins(cfg)
+    """The config as plain data, each plug-in's options back among its section's keys (as a file writes them)."""
+    out = msgspec.to_builtins(cfg)
+    for section in PLUGIN_SECTIONS:
+        opts = out[section].pop("opts", None)
+        out[section].update(opts or {})
+    return out
 
 
 def dump(cfg: Config) -> str:

@@ -63,7 +63,7 @@ class LossConfig(_Section):
     def __post_init__(self) -> None:
         if self.name == DEFAULT_LOSS:  # registered (a test pins it): no torch import for the check
             return
-        from streamrl.algo.losses import LOSSES
+        from streamrl.registry import LOSSES
 
         if self.name not in LOSSES:
             raise ValueError(f"name={self.name!r}: {LOSSES.unknown(self.name)}")

@@ -22,7 +22,7 @@ class MonitoringConfig(_Section):
     """Project (W&B, trackio) or experiment (MLflow) the run is filed under; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME win."""
 
     def __post_init__(self) -> None:
-        from streamrl.telemetry.trackers import TRACKERS
+        from streamrl.registry import TRACKERS
 
         for name in self.report_to:
             if name not in TRACKERS:

@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
-from streamrl.tasks.plugins import TaskRegistry
+from streamrl import registry
 
 
 class Prompt(msgspec.Struct, frozen=True):
@@ -31,7 +31,7 @@ class Prompt(msgspec.Struct, frozen=True):
     """Dataset task: the row's other columns, passed to the reward functions as keyword lists."""
 
 
-TASKS = TaskRegistry("task")
+TASKS = registry.TASKS
 
 
 @runtime_checkable

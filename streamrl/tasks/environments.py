@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from streamrl.registry import TASKS
 from streamrl.tasks import plugins
 
 GROUP = "streamrl.environments"
@@ -68,7 +69,7 @@ ADAPTERS = {"skyrl_gym": "streamrl.tasks.skyrl_adapter", "openenv": "streamrl.ta
 
 def episodic(task) -> bool:
     """Whether a task config's samples are multi-turn episodes of an environment (streamrl.actors.episodes)."""
-    return bool(task.environment) or task.name in ADAPTERS
+    return bool(task.environment) or TASKS.can(task.name, "episodes")
 
 
 def factory(task) -> type:
