@@ -17,6 +17,7 @@ from msgspec import Meta, Struct
 from streamrl import resources
 from streamrl.config.base import ConfigError
 from streamrl.config.root import Config
+from streamrl.registry import TASKS
 
 log = logging.getLogger("streamrl.config")
 
@@ -105,8 +106,9 @@ def _fractions(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Sections whose other keys are the options of the plug-in the section names (its Struct parses them).
-PLUGIN_SECTIONS = ("task",)
+# Sections whose other keys are the options of the plug-in the section names (its Struct parses them): section →
+# (the key naming the plug-in, its registry).
+PLUGIN_SECTIONS = {"task": ("name", TASKS)}
 
 
 def _gather_options(raw: dict[str, Any]) -> dict[str, Any]:

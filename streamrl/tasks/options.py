@@ -15,6 +15,8 @@ PositiveFloat = Annotated[float, Meta(gt=0)]
 
 
 class SymbolOptions(Options):
+    """The symbol tasks' prompts: an alphabet and a length."""
+
     num_symbols: Annotated[int, Meta(ge=2, le=26)] = 4
     """Alphabet size of the built-in symbol tasks."""
     length: Annotated[int, Meta(ge=1, le=64)] = 4
@@ -22,6 +24,8 @@ class SymbolOptions(Options):
 
 
 class LookupOptions(Options):
+    """The lookup task: its alphabet and its credits (an episode looks a key up with the lookup tool)."""
+
     num_symbols: Annotated[int, Meta(ge=2, le=26)] = 4
     """Alphabet size: the values a key may hold (a guess without the tool is right 1 in num_symbols)."""
     options: dict[str, Any] = {}
@@ -29,6 +33,8 @@ class LookupOptions(Options):
 
 
 class ScaleOptions(Options):
+    """A reward quantised onto an ordinal scale of steps, and the prompt's template."""
+
     scale_steps: Annotated[int, Meta(ge=1, le=1000)] = 10
     """The reward is quantised to 0, 1/steps, ..., 1 (the paper's 10-step scale)."""
     template: str | None = None
@@ -36,6 +42,8 @@ class ScaleOptions(Options):
 
 
 class VerifierOptions(ScaleOptions):
+    """The paper's pairwise code verifier: its scale, templates and trained reward form."""
+
     single_fraction: Fraction = 0.1
     """Synthetic data: share of single-response judgement prompts."""
     single_template: str | None = None
@@ -54,11 +62,15 @@ class VerifierOptions(ScaleOptions):
 
 
 class MathOptions(Options):
+    """Math with a final answer: the prompt's template."""
+
     template: str | None = None
     """Prompt template with {problem}; null: built-in."""
 
 
 class ReasoningGymOptions(ScaleOptions):
+    """reasoning-gym's procedural datasets (nothing downloaded): which one, its options, the scale."""
+
     dataset: str | None = None
     """The reasoning-gym dataset name (e.g. spell_backward, leg_counting, basic_arithmetic)."""
     options: dict[str, Any] = {}
@@ -66,6 +78,8 @@ class ReasoningGymOptions(ScaleOptions):
 
 
 class DatasetOptions(Options):
+    """A dataset scored by reward functions in TRL's signature (task.reward)."""
+
     prompt_field: str = "prompt"
     """The column holding the prompt, a string or a list of chat messages (the rest go to the reward)."""
     reward_weights: list[float] = []
@@ -77,11 +91,15 @@ class DatasetOptions(Options):
 
 
 class SkyRLOptions(Options):
+    """SkyRL-Gym environments (task.environment: an env id or a BaseTextEnv class)."""
+
     env_config: dict[str, Any] = {}
     """The env_config its envs are made with (SkyRL's skyrl_gym config section for the env)."""
 
 
 class OpenEnvOptions(Options):
+    """OpenEnv environments: a running server (env_url) or one each actor serves (env_app)."""
+
     env_url: str | None = None
     """The base URL of a running OpenEnv server (http://host:port); or task.env_app."""
     env_app: str | None = None
@@ -98,6 +116,8 @@ class OpenEnvOptions(Options):
 
 
 class VerifiersOptions(Options):
+    """A verifiers environment (or verifiers 0.4 taskset), run as an agent through the actor's endpoint."""
+
     verifiers_env: str
     """An environment id, 'path/file.py' or 'module:loader'; verifiers 0.4: a taskset id or package dir."""
     verifiers_args: dict[str, Any] = {}
