@@ -230,13 +230,21 @@ def _of_another(reg: Registry, key: str) -> bool:
     return any(key in getattr(reg.options(n), "__struct_fields__", ()) for n in reg.names())
 
 
+class OptionError(ValueError):
+    """A plug-in's option is refused; `key` names it (the config loader adds what its type allows)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 def _refused(key: str, value: Any, why: str) -> Any:
-    raise ValueError(f"{key}={value!r}: {why}")
+    raise OptionError(key, f"{key}={value!r}: {why}")
 
 
 TASKS: Registry = Registry("task", "streamrl.tasks", own="streamrl.tasks.")
 ENVIRONMENTS: Registry = Registry("environment", "streamrl.environments")
-LOSSES: Registry = Registry("loss", "streamrl.losses", modules=("streamrl.algo.losses",))
+LOSSES: Registry = Registry("loss", "streamrl.losses", own="streamrl.algo.")
 ESTIMATORS: Registry = Registry("advantage estimator", "streamrl.estimators", modules=("streamrl.algo.advantages",))
 BACKENDS: Registry = Registry("generation backend", "streamrl.backends", own="streamrl.actors.backends.")
 TRACKERS: Registry = Registry("tracker", "streamrl.trackers", modules=("streamrl.telemetry.trackers",))

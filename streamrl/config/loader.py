@@ -17,7 +17,7 @@ from msgspec import Meta, Struct
 from streamrl import resources
 from streamrl.config.base import ConfigError
 from streamrl.config.root import Config
-from streamrl.registry import TASKS
+from streamrl.registry import LOSSES, TASKS, OptionError, parse_options
 
 log = logging.getLogger("streamrl.config")
 
@@ -108,7 +108,7 @@ def _fractions(raw: dict[str, Any]) -> dict[str, Any]:
 
 # Sections whose other keys are the options of the plug-in the section names (its Struct parses them): section →
 # (the key naming the plug-in, its registry).
-PLUGIN_SECTIONS = {"task": ("name", TASKS)}
+PLUGIN_SECTIONS = {"task": ("name", TASKS), "loss": ("name", LOSSES)}
 
 
 def _gather_options(raw: dict[str, Any]) -> dict[str, Any]:
@@ -123,9 +123,31 @@ def _gather_options(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _parse_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each plug-in section's `opts` parsed by its plug-in's Struct, here, where a refused one can say what is
+    allowed (a name the registry does not know is left to the section, which lists the valid ones)."""
+    out = dict(raw)
+    for section, (selector, reg) in PLUGIN_SECTIONS.items():
+        keys = out.get(section) or {}
+        name = keys.get(selector, getattr(get_type_hints(Config)[section](), selector))
+        if not isinstance(keys, dict) or not isinstance(name, str) or name not in reg:
+            continue
+        try:
+            opts = parse_options(reg, name, keys.get("opts") or {}, section)
+        except OptionError as e:
+            hints = get_type_hints(reg.options(name), include_extras=True) if reg.options(name) else {}
+            allowed = _describe(hints[e.key]) if e.key in hints else ""
+            raise ConfigError(f"config error: {section}.{e}" + (f"; allowed: {allowed}" if allowed else "")) from None
+        except ValueError as e:
+            raise ConfigError(f"config error: {section}.{e}") from None
+        out[section] = {**keys, "opts": opts}
+    return out
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     raw = _gather_options(raw)
     _check_keys(raw, Config, "")
+    raw = _parse_options(raw)
     try:
         return msgspec.convert(_fractions(raw), Config, strict=False)
     except msgspec.ValidationError as e:
