@@ -139,14 +139,14 @@ def plugin_sections(section: str) -> list[str]:
     """Under a plug-in section, each of streamrl's own plug-ins' options (those sharing one Struct together)."""
     if section not in config_lib.PLUGIN_SECTIONS:
         return []
-    selector, reg = config_lib.PLUGIN_SECTIONS[section]
-    by_struct: dict[type, list[str]] = {}
-    for name in reg.names():
-        opts = reg.options(name)
-        if opts is not None and opts.__module__.startswith("streamrl."):  # a user's own would vary by machine
-            by_struct.setdefault(opts, []).append(name)
+    by_struct: dict[type, tuple[str, list[str]]] = {}
+    for selector, reg in config_lib.PLUGIN_SECTIONS[section]:
+        for name in reg.names():
+            opts = reg.options(name)
+            if opts is not None and opts.__module__.startswith("streamrl."):  # a user's own would vary by machine
+                by_struct.setdefault(opts, (selector, []))[1].append(name)
     out = []
-    for opts, names in by_struct.items():
+    for opts, (selector, names) in by_struct.items():
         out += [f"### `{section}.{selector}`: {', '.join(f'`{n}`' for n in names)}", "",
                 f"{opts.__doc__.split(chr(10))[0] if opts.__doc__ else ''}", "",
                 "| key | type | default | meaning |", "|---|---|---|---|"]

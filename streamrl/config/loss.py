@@ -8,8 +8,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from streamrl.config.base import NonNegFloat, _Section
-from streamrl.registry import LOSSES, parse_options
+from streamrl.config.base import NonNegFloat
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import LOSSES
 
 
 # Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md, 3 seeds): on reverse 6x5 every
@@ -22,7 +23,10 @@ DEFAULT_LOSS = "token_pg"
 _AROUND = ("name", "variance_control", "ess_step_rule", "ess_step_floor", "proximal")
 
 
-class LossConfig(_Section):
+class LossConfig(PluginSection):
+    SELECTORS = (("name", LOSSES),)
+    SECTION = "loss"
+
     name: str = DEFAULT_LOSS
     """Policy loss from the loss registry: token_pg (PPO clip against the behaviour policy, dual clip for A < 0), or an off-policy objective (streamrl/algo/offpolicy.py): decoupled_ppo (AReaL), tis (truncated IS), mis / icepop (masked IS), seq_mask (sequence geometric-mean masking, then TIS), m2po (second-moment trust region)."""
     kl_coef: NonNegFloat = 0.0
@@ -39,23 +43,16 @@ class LossConfig(_Section):
     """ess_step: the smallest lr multiplier (VCPO: none, 0)."""
     proximal: Literal["forward", "interpolate"] = "forward"
     """decoupled_ppo, learner.minibatches > 1: proximal log-probs by a forward pass, or interpolated (A-3PO)."""
-    opts: Any = None
+    opts: dict[str, Any] = {}
     """The objective's own options, parsed by its Struct from this section's other keys (shown under loss below)."""
 
     def objective_knobs(self) -> dict:
         """The knobs the objective takes (losses.compute): its own options and the terms every objective adds."""
         shared = {k: v for k, v in msgspec.structs.asdict(self).items() if k not in _AROUND and k != "opts"}
-        return {**shared, **(msgspec.structs.asdict(self.opts) if self.opts is not None else {})}
+        own = self.options_for(LOSSES)
+        return {**shared, **(msgspec.structs.asdict(own) if own is not None else {})}
 
     def __post_init__(self) -> None:
         if self.name not in LOSSES:
             raise ValueError(f"name={self.name!r}: {LOSSES.unknown(self.name)}")
-        if not isinstance(self.opts, msgspec.Struct):  # read from a file or given as a dict: the objective's Struct
-            self.opts = parse_options(LOSSES, self.name, self.opts or {}, "loss")
-
-    def __getattr__(self, key: str) -> Any:
-        # loss.<option> reads the objective's own option: the keys a config file writes are the ones code reads
-        opts = self.opts if key != "opts" else None
-        if opts is not None and key in opts.__struct_fields__:
-            return getattr(opts, key)
-        raise AttributeError(f"loss {self.name!r} has no option {key!r}")
+        super().__post_init__()

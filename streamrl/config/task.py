@@ -6,14 +6,17 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-import msgspec
 from msgspec import Meta
 
-from streamrl.config.base import PositiveInt, PositiveFloat, Fraction, _Section
-from streamrl.registry import TASKS, parse_options
+from streamrl.config.base import Fraction, PositiveFloat, PositiveInt
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import ENVIRONMENTS, TASKS
 
 
-class TaskConfig(_Section):
+class TaskConfig(PluginSection):
+    SELECTORS = (("name", TASKS), ("environment", ENVIRONMENTS))
+    SECTION = "task"
+
     name: str = "copy"
     """Task from the task registry (see `streamrl.tasks.TASKS`)."""
     data: str | None = None
@@ -54,14 +57,13 @@ class TaskConfig(_Section):
     """agent, verifiers: episodes whose agent code (rollout) runs at once in each actor, each on a thread."""
     agent_timeout_s: PositiveFloat = 60.0
     """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
-    opts: Any = None
-    """The task's own options, parsed by its Struct from this section's other keys (shown under each task below)."""
+    opts: dict[str, Any] = {}
+    """The options of the task and environment it names, parsed by their Structs from the section's other keys."""
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
             raise ValueError(f"name={self.name!r}: {TASKS.unknown(self.name)}")
-        if not isinstance(self.opts, msgspec.Struct):  # read from a file or given as a dict: the task's Struct parses it
-            self.opts = parse_options(TASKS, self.name, self.opts or {}, "task")
+        super().__post_init__()
         if TASKS.can(self.name, "reward_functions") and (not self.data or not (self.reward or self.environment)):
             raise ValueError(f"name={self.name}: needs task.data (a data file) and task.reward (a function) or "
                              f"task.environment (episodes rewarded by it); got "
@@ -102,11 +104,4 @@ class TaskConfig(_Section):
 
     def options_of(self, key: str) -> Any:
         """The task's own option `key`, or None where its task has no such option."""
-        return getattr(self.opts, key, None) if self.opts is not None else None
-
-    def __getattr__(self, key: str) -> Any:
-        # task.<option> reads the task's own option: the keys a config file writes are the ones code reads
-        opts = self.opts if key != "opts" else None
-        if opts is not None and key in opts.__struct_fields__:
-            return getattr(opts, key)
-        raise AttributeError(f"task {self.name!r} has no option {key!r}")
+        return getattr(self.options_for(TASKS), key, None)

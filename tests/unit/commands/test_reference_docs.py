@@ -21,9 +21,8 @@ def _keys(cls: type = config_lib.Config, prefix: str = "") -> list[str]:
     for field in msgspec.structs.fields(cls):
         tp = field.type
         if field.name == "opts":
-            selector, reg = config_lib.PLUGIN_SECTIONS[prefix.rstrip(".")]
-            out += sorted({prefix + k for n in reg.names() if (o := reg.options(n)) is not None
-                           for k in o.__struct_fields__})
+            out += sorted({prefix + k for _, reg in config_lib.PLUGIN_SECTIONS[prefix.rstrip(".")]
+                           for n in reg.names() if (o := reg.options(n)) is not None for k in o.__struct_fields__})
         elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
             out += _keys(tp, prefix + field.name + ".")
         else:
