@@ -65,6 +65,9 @@ class Plugin:
     capabilities: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        if self.item is not None:  # what the implementation carries itself counts too
+            object.__setattr__(self, "options", self.options or getattr(self.item, "Options", None))
+            object.__setattr__(self, "capabilities", {*self.capabilities, *getattr(self.item, "capabilities", ())})
         bad = sorted(set(self.capabilities) - set(CAPABILITIES))
         if bad:
             raise ValueError(f"capabilities {bad}: unknown; valid: {', '.join(sorted(CAPABILITIES))}")
@@ -73,9 +76,7 @@ class Plugin:
     @classmethod
     def of(cls, obj: Any) -> Plugin:
         """`obj` as a Plugin: itself, or an implementation with optional `Options` / `capabilities` attributes."""
-        if isinstance(obj, Plugin):
-            return obj
-        return cls(item=obj, options=getattr(obj, "Options", None), capabilities=getattr(obj, "capabilities", ()))
+        return obj if isinstance(obj, Plugin) else cls(item=obj)
 
     def implementation(self) -> Any:
         if self.item is None and self.load is not None:
@@ -133,9 +134,7 @@ class Registry(Generic[T]):
             if ep is not None and ep.value != f"{getattr(item, '__module__', '')}:{getattr(item, '__qualname__', '')}":
                 raise ValueError(f"{self.kind} {name!r} is already installed as an entry point ({ep.value}, "
                                  f"{dist_of(ep)})")
-            own = Plugin.of(item)
-            self._plugins[name] = Plugin(item=item, options=options or own.options,
-                                         capabilities=frozenset(capabilities) | own.capabilities)
+            self._plugins[name] = Plugin(item=item, options=options, capabilities=frozenset(capabilities))
             return item
 
         return add
