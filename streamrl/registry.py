@@ -189,8 +189,8 @@ class Registry(Generic[T]):
     def origin(self, name: str) -> str:
         """Where a plug-in comes from: its entry point and distribution, or the module that registered it."""
         ep = self._installed().get(name)
-        if ep is not None:
-            return f"{ep.value} (entry point, {dist_of(ep)})"
+        if ep is not None:  # a Plugin that loads its implementation later: that implementation is where it lives
+            return f"{self.plugin(name).load or ep.value} (entry point, {dist_of(ep)})"
         if name in self._plugins:
             item = self._plugins[name].item
             return f"{item.__module__}:{item.__qualname__} (registered in this process only)"

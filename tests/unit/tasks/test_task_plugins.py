@@ -29,8 +29,8 @@ def site(tmp_path, monkeypatch):
 
 
 def test_the_built_in_tasks_come_from_streamrls_own_entry_points():
-    for name, where in [("copy", "streamrl.tasks.specs:COPY"), ("dataset", "streamrl.tasks.specs:DATASET"),
-                        ("math", "streamrl.tasks.specs:MATH")]:
+    for name, where in [("copy", "streamrl.tasks.symbols:Copy"), ("dataset", "streamrl.tasks.dataset:DatasetTask"),
+                        ("math", "streamrl.tasks.math_answer:MathAnswer")]:
         assert TASKS.origin(name).startswith(f"{where} (entry point, streamrl ")
     assert TASKS.get("copy").__name__ == "Copy"
 
