@@ -10,7 +10,7 @@ threshold, and then failed samples are reinforced.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from streamrl import registry
 from streamrl.registry import Registry
@@ -53,9 +53,10 @@ def corpo(rewards: torch.Tensor, r_min_correct: float, std_normalize: bool = Fal
 
 
 def compute(
-    rewards: torch.Tensor, estimator: str, r_min_correct: float, std_normalize: bool = False
+    rewards: torch.Tensor, estimator: str, r_min_correct: float, std_normalize: bool = False, **options: Any
 ) -> torch.Tensor:
-    """Advantages for `rewards` of shape (num_groups, group_size); returns the same shape.
+    """Advantages for `rewards` of shape (num_groups, group_size); returns the same shape. `options`: the
+    estimator's own (an installed estimator's Options, `advantage.options_dict(ESTIMATORS)`), as keywords.
 
     `std_normalize` applies to `grpo` only (static and CoRPO baselines are absolute thresholds,
     and dividing by the std would change which side of the threshold a sample lands on).
@@ -66,4 +67,4 @@ def compute(
         raise ValueError(f"rewards must be (num_groups, group_size), got shape {tuple(rewards.shape)}")
     if not math.isfinite(float(rewards.sum(dtype=torch.float64))):  # non-finite iff some reward is
         raise ValueError("rewards contain NaN or inf; reject those groups before computing advantages")
-    return ESTIMATORS.get(estimator)(rewards.float(), float(r_min_correct), std_normalize=std_normalize)
+    return ESTIMATORS.get(estimator)(rewards.float(), float(r_min_correct), std_normalize=std_normalize, **options)

@@ -49,8 +49,7 @@ class LossConfig(PluginSection):
     def objective_knobs(self) -> dict:
         """The knobs the objective takes (losses.compute): its own options and the terms every objective adds."""
         shared = {k: v for k, v in msgspec.structs.asdict(self).items() if k not in _AROUND and k != "opts"}
-        own = self.options_for(LOSSES)
-        return {**shared, **(msgspec.structs.asdict(own) if own is not None else {})}
+        return {**shared, **self.options_dict(LOSSES)}
 
     def __post_init__(self) -> None:
         if self.name not in LOSSES:

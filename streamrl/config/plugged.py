@@ -37,6 +37,11 @@ class PluginSection(_Section):
         """The options of the plug-in of registry `reg` this section names (None: it takes none)."""
         return next((v for k, v in self.opts.items() if k.partition(":")[0] == reg.kind), None)
 
+    def options_dict(self, reg: Registry) -> dict[str, Any]:
+        """The options of the plug-in of `reg` this section names, as keywords ({}: it takes none)."""
+        own = self.options_for(reg)
+        return msgspec.structs.asdict(own) if own is not None else {}
+
     def __getattr__(self, key: str) -> Any:
         # section.<option> reads a named plug-in's option: the keys a config file writes are the ones code reads
         opts = self.opts if key != "opts" else {}

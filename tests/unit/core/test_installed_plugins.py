@@ -129,6 +129,13 @@ def test_each_installed_plug_in_brings_its_own_options_under_its_section(install
     assert type(cfg.task.options_for(registry.ENVIRONMENTS)).__name__ == "DepthOptions"
     assert cfg.loss.my_margin == 0.5 and cfg.loss.objective_knobs()["my_margin"] == 0.5
     assert cfg.advantage.my_shift == 0.25
+    import torch
+
+    from streamrl.algo import advantages
+
+    shifted = advantages.compute(torch.tensor([[0.0, 1.0]]), "my_estimator", 0.5,
+                                 **cfg.advantage.options_dict(registry.ESTIMATORS))
+    assert shifted.tolist() == [[-0.25, 0.75]]  # the estimator got its option
     assert cfg.actors.my_engine_flag == "careful"
     assert cfg.monitoring.my_tracker_dir == "/tmp/mine"
     # The task's option reached the task: its levels (4 steps) make 0.75 a level.
