@@ -77,11 +77,15 @@ class ReasoningGymOptions(ScaleOptions):
     """Keyword options of reasoning_gym.create_dataset (size: 1000 and seed: 0 unless given)."""
 
 
-class DatasetOptions(Options):
-    """A dataset scored by reward functions in TRL's signature (task.reward)."""
+class RowsOptions(Options):
+    """A task over rows of task.data (dataset, agent, skyrl_gym, openenv, verifiers): which column is the prompt."""
 
     prompt_field: str = "prompt"
     """The column holding the prompt, a string or a list of chat messages (the rest go to the reward)."""
+
+
+class DatasetOptions(RowsOptions):
+    """A dataset scored by reward functions in TRL's signature (task.reward)."""
     reward_weights: list[float] = []
     """Weight of each task.reward function in the sum ([]: 1 each)."""
     reward_workers: PositiveInt = 4
@@ -90,14 +94,14 @@ class DatasetOptions(Options):
     """Longest one reward call may take; a longer one is counted and its samples retried alone."""
 
 
-class SkyRLOptions(Options):
+class SkyRLOptions(RowsOptions):
     """SkyRL-Gym environments (task.environment: an env id or a BaseTextEnv class)."""
 
     env_config: dict[str, Any] = {}
     """The env_config its envs are made with (SkyRL's skyrl_gym config section for the env)."""
 
 
-class OpenEnvOptions(Options):
+class OpenEnvOptions(RowsOptions):
     """OpenEnv environments: a running server (env_url) or one each actor serves (env_app)."""
 
     env_url: str | None = None
@@ -115,7 +119,7 @@ class OpenEnvOptions(Options):
                              f"('module:app', served by each actor); got env_app={self.env_app!r}")
 
 
-class VerifiersOptions(Options):
+class VerifiersOptions(RowsOptions, kw_only=True):
     """A verifiers environment (or verifiers 0.4 taskset), run as an agent through the actor's endpoint."""
 
     verifiers_env: str

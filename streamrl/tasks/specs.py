@@ -17,7 +17,7 @@ DATASET = Plugin(load="streamrl.tasks.dataset:DatasetTask", options=o.DatasetOpt
                  capabilities=ROWS | {"reward_functions"})
 REASONING_GYM = Plugin(load="streamrl.tasks.procedural:ReasoningGym", options=o.ReasoningGymOptions)
 LOOKUP = Plugin(load="streamrl.tasks.lookup:Lookup", options=o.LookupOptions)
-AGENT = Plugin(load="streamrl.tasks.agent:AgentTask", capabilities=ROWS | {"agent_rollout"})
+AGENT = Plugin(load="streamrl.tasks.agent:AgentTask", options=o.RowsOptions, capabilities=ROWS | {"agent_rollout"})
 SKYRL_GYM = Plugin(load="streamrl.tasks.skyrl_adapter:SkyRLGymTask", options=o.SkyRLOptions,
                    capabilities=ROWS | {"episodes", "names_environment"})
 OPENENV = Plugin(load="streamrl.tasks.openenv_adapter:OpenEnvTask", options=o.OpenEnvOptions,
