@@ -66,16 +66,18 @@ def selected(cls: type[PluginSection], values: dict[str, Any]) -> list[tuple[Reg
 def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[str, Any],
                   section: str) -> dict[str, msgspec.Struct]:
     """The section's other keys `raw`, each given to the first named plug-in whose options have it, parsed by
-    their Structs. A key only another plug-in of these kinds takes (a file extending tiny.yaml keeps its symbol
-    options) is left unread; a key none takes is an error naming the options the named plug-ins take."""
+    their Structs. A key only another plug-in of these kinds takes is left unread while it holds that plug-in's
+    default (a file extending tiny.yaml keeps its symbol options), and an error otherwise (it would do nothing); a
+    key none takes is an error naming the options the named plug-ins take."""
     plugins = selected(cls, values)
     own: dict[tuple[Registry, str], dict[str, Any]] = {p: {} for p in plugins}
     for key, value in raw.items():
         owner = next((p for p in plugins if key in _fields(p[0].options(p[1]))), None)
         if owner is not None:
             own[owner][key] = value
-        elif any(key in _fields(reg.options(n)) for reg in {r for _, r in cls.SELECTORS} for n in reg.names()):
-            log.info("%s.%s=%r: an option of a plug-in this run does not use; not read", section, key, value)
+        elif others := [(reg, n) for reg in {r for _, r in cls.SELECTORS} for n in reg.names()
+                        if key in _fields(reg.options(n))]:
+            _unused(key, value, others, plugins, section)
         else:
             takes = [f"{reg.kind} {n!r}: {', '.join(_fields(reg.options(n))) or 'none'}" for reg, n in plugins]
             known = [*cls.__struct_fields__, *(k for reg, n in plugins for k in _fields(reg.options(n)))]
@@ -87,6 +89,19 @@ def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[st
                                    f"({'; '.join(takes) or 'none'})")
     parsed = {f"{reg.kind}:{name}": parse_options(reg, name, keys, section) for (reg, name), keys in own.items()}
     return {k: v for k, v in parsed.items() if v is not None}
+
+
+def _unused(key: str, value: Any, others: list[tuple[Registry, str]], plugins: list[tuple[Registry, str]],
+            section: str) -> None:
+    """A key of plug-ins this run does not name: unread at their default, else an error naming them."""
+    if any(value == msgspec.structs.fields(reg.options(n))[_fields(reg.options(n)).index(key)].default
+           for reg, n in others):
+        log.info("%s.%s=%r: an option of a plug-in this run does not use; not read", section, key, value)
+        return
+    named = ", ".join(f"{reg.kind} {n!r}" for reg, n in plugins) or "none"
+    owners = ", ".join(f"{reg.kind} {n!r}" for reg, n in others)
+    raise OptionError(key, f"{key}={value!r}: an option of {owners}, which this run does not name ({section} "
+                           f"names {named}); it would do nothing: drop it, or name that plug-in")
 
 
 def _fields(opts: type | None) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from streamrl import config
+from streamrl import config, registry
 from streamrl.config import ConfigError, from_dict, load, to_dict
 
 REPO = Path(__file__).resolve().parents[3]
@@ -395,3 +395,20 @@ def test_levels_take_fractions_as_users_write_them_and_a_tolerance_below_half_th
                     "task.reward_level_tolerance=0.2"])
     with pytest.raises((ConfigError, ValueError), match="reward_levels"):
         load(None, [*task, "task.reward_levels=[0, one third, 1]", "advantage.r_min_correct=1"])
+
+
+def test_a_key_of_a_plug_in_the_run_does_not_name_is_refused_unless_it_holds_that_plug_ins_default():
+    msg = _error("loss.m2po_tau=0.01")  # the run's objective is token_pg: the key would do nothing
+    assert "loss.m2po_tau=0.01: an option of loss 'm2po', which this run does not name" in msg
+    # At its default it is left unread (a file extending tiny.yaml keeps the symbol tasks' keys).
+    assert "m2po_tau" not in load(None, ["loss.m2po_tau=0.04"]).loss.objective_knobs()
+    assert "task.verifiers_env='x': an option of task 'verifiers'" in _error("task.verifiers_env=x")
+
+
+def test_each_plug_ins_own_keys_reach_it_typed_and_are_written_back_among_the_sections_keys():
+    cfg = load(None, ["task.name=code_verifier", "task.scale_steps=5", "advantage.r_min_correct=0",
+                      "loss.name=tis", "loss.tis_cap=1"])
+    assert type(cfg.task.options_for(registry.TASKS)).__name__ == "VerifierOptions" and cfg.task.scale_steps == 5
+    assert cfg.loss.objective_knobs() == {"kl_coef": 0.0, "entropy_coef": 0.0, "aggregation": "token", "tis_cap": 1.0}
+    written = config.to_dict(cfg)
+    assert written["task"]["scale_steps"] == 5 and written["loss"]["tis_cap"] == 1.0 and "opts" not in written["task"]

@@ -47,7 +47,7 @@ def test_an_environment_is_named_by_file_by_module_loader_or_installed_id(tmp_pa
 def test_the_config_asks_for_an_environment_with_the_verifiers_task_only():
     with pytest.raises(ValueError, match="task 'verifiers': Object missing required field `verifiers_env`"):
         TaskConfig(name="verifiers")
-    with pytest.raises(ValueError, match="not an option of task 'copy'"):
+    with pytest.raises(ValueError, match="verifiers_env='copy_env': an option of task 'verifiers', which this run"):
         TaskConfig(name="copy", opts={"verifiers_env": "copy_env"})
 
 
