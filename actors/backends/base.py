@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.models.sampling import Completion
+from streamrl import registry
 from streamrl.registry import Registry
 
 
@@ -54,6 +55,6 @@ class BackendDefaults:
         pass  # nothing outlives the actor's process
 
 
-BACKENDS: Registry = Registry("generation backend")
+BACKENDS: Registry = registry.BACKENDS  # one registry for every kind of plug-in (streamrl.registry)
 
 __all__ = ["BACKENDS", "Backend", "BackendDefaults", "Completion"]

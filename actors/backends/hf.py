@@ -7,13 +7,12 @@ from typing import Callable
 
 import torch
 
-from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
+from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.comm.weights import assembly
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 
 
-@BACKENDS.register("hf")
 class HFBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         self.cfg = cfg.actors

@@ -28,7 +28,7 @@ import os
 import time
 from typing import Callable
 
-from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
+from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.comm.weights.collective import plan
 from streamrl.models.model import end_token_ids
@@ -38,7 +38,6 @@ class WeightUpdateError(RuntimeError):
     """SGLang refused or failed a weight update: the engine may hold a partly loaded version."""
 
 
-@BACKENDS.register("sglang")
 class SGLangBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         import sglang

@@ -43,7 +43,7 @@ import time
 from typing import Callable
 
 import streamrl.actors.backends.shm_weights as shm_weights
-from streamrl.actors.backends.base import BACKENDS, BackendDefaults, Completion
+from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
 from streamrl.comm.weights.collective import plan
@@ -54,7 +54,6 @@ LOGPROBS_MODE = "processed_logprobs"
 UPDATE_MODE = "shared_memory"
 
 
-@BACKENDS.register("vllm")
 class VLLMBackend(BackendDefaults):
     def __init__(self, cfg, model, tokenizer):
         from vllm import LLM

@@ -10,8 +10,9 @@ threshold, and then failed samples are reinforced.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from streamrl import registry
 from streamrl.registry import Registry
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 # torch is imported where a tensor is made, not here: validating a config looks the estimator up in
 # ESTIMATORS, and `streamrl run` must not spend torch's 2-3 s of import doing that.
 Estimator = Callable[..., "torch.Tensor"]
-ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+ESTIMATORS: Registry = registry.ESTIMATORS  # one registry for every kind of plug-in (streamrl.registry)
 
 # Below this group std the std-normalised GRPO advantage is 0 rather than a division blow-up.
 _STD_EPS = 1e-6
@@ -52,9 +53,10 @@ def corpo(rewards: torch.Tensor, r_min_correct: float, std_normalize: bool = Fal
 
 
 def compute(
-    rewards: torch.Tensor, estimator: str, r_min_correct: float, std_normalize: bool = False
+    rewards: torch.Tensor, estimator: str, r_min_correct: float, std_normalize: bool = False, **options: Any
 ) -> torch.Tensor:
-    """Advantages for `rewards` of shape (num_groups, group_size); returns the same shape.
+    """Advantages for `rewards` of shape (num_groups, group_size); returns the same shape. `options`: the
+    estimator's own (an installed estimator's Options, `advantage.options_dict(ESTIMATORS)`), as keywords.
 
     `std_normalize` applies to `grpo` only (static and CoRPO baselines are absolute thresholds,
     and dividing by the std would change which side of the threshold a sample lands on).
@@ -65,4 +67,4 @@ def compute(
         raise ValueError(f"rewards must be (num_groups, group_size), got shape {tuple(rewards.shape)}")
     if not math.isfinite(float(rewards.sum(dtype=torch.float64))):  # non-finite iff some reward is
         raise ValueError("rewards contain NaN or inf; reject those groups before computing advantages")
-    return ESTIMATORS.get(estimator)(rewards.float(), float(r_min_correct), std_normalize=std_normalize)
+    return ESTIMATORS.get(estimator)(rewards.float(), float(r_min_correct), std_normalize=std_normalize, **options)

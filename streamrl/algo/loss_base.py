@@ -16,6 +16,7 @@ from typing import Callable
 import msgspec
 import torch
 
+from streamrl import registry
 from streamrl.registry import Registry
 
 # exp() of a log-ratio beyond this is clamped, so a wildly off-policy token cannot overflow to inf.
@@ -73,7 +74,7 @@ def token_weights(mask: torch.Tensor, aggregation: str = "token", token_count: f
 
 
 LossFn = Callable[..., LossOutput]
-LOSSES: Registry[LossFn] = Registry("loss")
+LOSSES: Registry = registry.LOSSES  # one registry for every kind of plug-in (streamrl.registry)
 
 
 def regularised(loss: torch.Tensor, logprobs: torch.Tensor, w: torch.Tensor, kl_coef: float,

@@ -20,7 +20,6 @@ import functools
 
 import torch
 
-from streamrl.algo import offpolicy  # noqa: F401  (registers the off-policy objectives in LOSSES)
 from streamrl.algo.loss_base import (  # noqa: F401  (re-exported: the learner and tests use losses.*)
     _MAX_LOG_RATIO,
     AGGREGATIONS,
@@ -33,7 +32,6 @@ from streamrl.algo.loss_base import (  # noqa: F401  (re-exported: the learner a
 )
 
 
-@LOSSES.register("token_pg")
 def token_pg(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,

@@ -1,6 +1,6 @@
 """Off-policy objectives: the policy-gradient losses that correct for stale or mismatched behaviour policies.
 
-Each is a small pure function registered in `streamrl.algo.losses.LOSSES` (`streamrl.algo.loss_base`'s), with
+Each is a small pure function in the loss registry (declared with its options in `streamrl.algo.loss_specs`), with
 token_pg's tensors and conventions (all (B, T), `mask` 1 on the completion tokens the model sampled,
 `advantages` (B,), token losses weighted by `losses.token_weights`). Each returns the per-token bool tensors
 `clipped` (a trust region removed the gradient), `truncated` (an importance weight was capped: gradient kept,
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.algo.loss_base import LOSSES, LossOutput, importance_ratio, regularised, token_weights
+from streamrl.algo.loss_base import LossOutput, importance_ratio, regularised, token_weights
 
 
 def _setup(logprobs, behaviour_logprobs, advantages, mask, token_count, aggregation, sequence_count):
@@ -43,7 +43,6 @@ def _output(pg, logprobs, w, m, ratio, reg, *, clipped=None, truncated=None, mas
                       masked=none if masked is None else masked, weights=(weights * m).detach())
 
 
-@LOSSES.register("tis")
 def tis(logprobs, behaviour_logprobs, advantages, mask, *, tis_cap: float = 2.0, kl_coef: float = 0.0,
         entropy_coef: float = 0.0, ref_logprobs=None, entropy=None, token_count=None, aggregation: str = "token",
         sequence_count=None) -> LossOutput:
@@ -80,11 +79,8 @@ def masked_is(logprobs, behaviour_logprobs, advantages, mask, *, mis_low: float 
                    masked=~keep & m.bool(), weights=weight)
 
 
-LOSSES.register("mis")(masked_is)
-LOSSES.register("icepop")(masked_is)
 
 
-@LOSSES.register("seq_mask")
 def seq_mask(logprobs, behaviour_logprobs, advantages, mask, *, seq_mask_low: float = 0.5,
              seq_mask_high: float = 2.0, tis_cap: float = 2.0, kl_coef: float = 0.0, entropy_coef: float = 0.0,
              ref_logprobs=None, entropy=None, token_count=None, aggregation: str = "token",
@@ -127,7 +123,6 @@ def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) 
     return out
 
 
-@LOSSES.register("m2po")
 def m2po(logprobs, behaviour_logprobs, advantages, mask, *, m2po_tau: float = 0.04, kl_coef: float = 0.0,
          entropy_coef: float = 0.0, ref_logprobs=None, entropy=None, token_count=None, aggregation: str = "token",
          sequence_count=None) -> LossOutput:
@@ -149,7 +144,6 @@ def m2po(logprobs, behaviour_logprobs, advantages, mask, *, m2po_tau: float = 0.
                    masked=masked, weights=ratio * keep)
 
 
-@LOSSES.register("decoupled_ppo")
 def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, *, proximal_logprobs=None, proximal_alpha=None,
                   clip_low: float = 0.2, clip_high: float = 0.2, tis_cap: float = 2.0, kl_coef: float = 0.0,
                   entropy_coef: float = 0.0, ref_logprobs=None, entropy=None, token_count=None,

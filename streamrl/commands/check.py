@@ -7,6 +7,7 @@ import sys
 
 from streamrl import config as config_lib
 from streamrl.commands import options, start
+from streamrl.registry import TASKS
 
 
 def add_parser(subparsers) -> None:
@@ -36,7 +37,7 @@ def rewards_work(cfg: config_lib.Config) -> bool:
     """Call each of a dataset task's reward functions on its first rows, with the row's reference answer as a
     completion where one exists (a column of REFERENCE_COLUMNS), as a run would: each failure named on stderr
     (function, row, error). False when a function fails on every row tried: a run would stop on it."""
-    if cfg.task.name != "dataset" or not cfg.task.reward:
+    if not TASKS.can(cfg.task.name, "reward_functions") or not cfg.task.reward:
         return True
     from streamrl.tasks import build
     from streamrl.tasks.reward_functions import plain

@@ -10,6 +10,7 @@ is one line naming what failed and the log that holds its traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from streamrl import resources
 from streamrl.commands import forked, options, start
 from streamrl.commands.supervisor import Supervisor
 from streamrl.config import Config
+from streamrl.registry import BACKENDS
 from streamrl.run import fingerprint, lifecycle, lock, preflight
 from streamrl.run.placement import actor_gpus
 from streamrl.tasks import epochs
@@ -143,9 +145,10 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
         raise config_lib.ConfigError(f"learner.ranks={ranks}: each learner rank needs a GPU of its own, this machine "
                                      f"has {len(gpus)} (allowed: 1..{len(gpus)})")
     learner = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[:ranks])}
-    if cfg.actors.backend == "hf" and cfg.actors.device == "cpu":
+    can = functools.partial(BACKENDS.can, cfg.actors.backend)
+    if can("device_choice") and cfg.actors.device == "cpu":
         return learner, [{} for _ in range(cfg.actors.num)]
-    tp = cfg.actors.tensor_parallel_size if cfg.actors.backend != "hf" else 1  # hf generates on one GPU
+    tp = cfg.actors.tensor_parallel_size if can("tensor_parallel") else 1  # hf generates on one GPU
     pool = gpus[ranks:] if len(gpus) - ranks >= tp else gpus
     if tp > len(pool):
         raise config_lib.ConfigError(f"actors.tensor_parallel_size={tp}: each actor needs {tp} GPUs, "
@@ -153,7 +156,7 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
     usable = len(pool) // tp * tp
     actors = [{"CUDA_VISIBLE_DEVICES": ",".join(pool[g] for g in actor_gpus(i, tp, usable))}
               for i in range(cfg.actors.num)]
-    if cfg.actors.backend in ("vllm", "sglang"):
+    if can("engine_memory"):
         shared_gpu_problem(cfg, gpus[:ranks], [a["CUDA_VISIBLE_DEVICES"].split(",") for a in actors])
     return learner, actors
 

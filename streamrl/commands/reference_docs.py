@@ -29,7 +29,14 @@ _BOUNDS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
 
 
 def field_docstrings(cls: type) -> dict[str, str]:
-    """{field name: the string literal that follows its annotated assignment in the class body}."""
+    """{field name: the string literal that follows its annotated assignment in the class body (or a base's)}."""
+    docs: dict[str, str] = {}
+    for base in reversed([c for c in cls.__mro__ if issubclass(c, msgspec.Struct) and c is not msgspec.Struct]):
+        docs.update(_own_docstrings(base))
+    return docs
+
+
+def _own_docstrings(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # the ClassDef's statements
     docs: dict[str, str] = {}
@@ -62,6 +69,8 @@ def type_text(tp: Any) -> str:
 
 
 def default_text(field: msgspec.structs.FieldInfo) -> str:
+    if field.required:
+        return "(required)"
     value = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
     return json.dumps(msgspec.to_builtins(value), ensure_ascii=False)
 
@@ -85,6 +94,8 @@ def config_rows(cls: type = config_lib.Config, prefix: str = "") -> list[tuple[s
         if field.name not in docs:
             raise ValueError(f"{cls.__name__}.{field.name}: no docstring after the field in streamrl/config/")
         tp = hints[field.name]
+        if field.name == "opts":  # a plug-in's own options: their tables follow the section's (plugin_sections)
+            continue
         if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
             nested.append((field.name, tp, docs[field.name]))
             continue
@@ -114,9 +125,33 @@ def config_page() -> str:
         if section in section_docs:
             out += [section_docs[section], ""]
         out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        out += [f"| `{key}` | {_cell(tp)} | `{_code_cell(default)}` | {_cell(doc)} |" for key, tp, default, doc in rows]
-        out.append("")
+        out += _table(rows)
+        out += plugin_sections(section)
     return "\n".join(out)
+
+
+def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    return [*(f"| `{key}` | {_cell(tp)} | `{_code_cell(default)}` | {_cell(doc)} |" for key, tp, default, doc in rows),
+            ""]
+
+
+def plugin_sections(section: str) -> list[str]:
+    """Under a plug-in section, each of streamrl's own plug-ins' options (those sharing one Struct together)."""
+    if section not in config_lib.PLUGIN_SECTIONS:
+        return []
+    by_struct: dict[type, tuple[str, list[str]]] = {}
+    for selector, reg in config_lib.PLUGIN_SECTIONS[section]:
+        for name in reg.names():
+            opts = reg.options(name)
+            if opts is not None and opts.__module__.startswith("streamrl."):  # a user's own would vary by machine
+                by_struct.setdefault(opts, (selector, []))[1].append(name)
+    out = []
+    for opts, (selector, names) in by_struct.items():
+        out += [f"### `{section}.{selector}`: {', '.join(f'`{n}`' for n in names)}", "",
+                f"{opts.__doc__.split(chr(10))[0] if opts.__doc__ else ''}", "",
+                "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += _table(config_rows(opts, section + ".")[0][1])
+    return out
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from streamrl.commands import forked
 from streamrl.config import Config
+from streamrl.registry import BACKENDS
 from streamrl.run import lifecycle
 from streamrl.telemetry.startup import Phases
 
@@ -61,7 +62,7 @@ class Supervisor:
         # On CPU the children are forked from this process once it has imported what they all need:
         # those imports are most of their start-up, and 2 cores would otherwise do them three times.
         cfg = self.cfg
-        fork = forked.enabled() and cfg.actors.backend == "hf" and not self.learner_env and not any(self.actor_envs)
+        fork = forked.enabled() and BACKENDS.can(cfg.actors.backend, "cpu_fork") and not self.learner_env and not any(self.actor_envs)
         if fork:
             forked.preload(cfg)
             phases.mark("imports")

@@ -17,7 +17,7 @@ from streamrl.config.endpoint import EndpointConfig
 from streamrl.config.evaluation import EvalConfig
 from streamrl.config.grader import GraderConfig
 from streamrl.config.learner import LearnerConfig
-from streamrl.config.loader import (DEFAULT_CONFIG, dump, from_dict, load, overrides_for, to_dict)
+from streamrl.config.loader import (DEFAULT_CONFIG, PLUGIN_SECTIONS, dump, from_dict, load, overrides_for, to_dict)
 from streamrl.config.lora import LORA_TARGETS, LoraConfig
 from streamrl.config.loss import DEFAULT_LOSS, LossConfig
 from streamrl.config.mgrpo import MGRPOConfig
@@ -31,7 +31,7 @@ from streamrl.config.transport import TransportConfig
 
 __all__ = [
     "ActorConfig", "AdvantageConfig", "Config", "ConfigError", "DEFAULT_CONFIG", "DEFAULT_LOSS", "DifficultyConfig", "EndpointConfig",
-    "EvalConfig", "Fraction", "GraderConfig", "LORA_TARGETS", "LearnerConfig", "LoraConfig", "LossConfig",
+    "EvalConfig", "Fraction", "PLUGIN_SECTIONS", "GraderConfig", "LORA_TARGETS", "LearnerConfig", "LoraConfig", "LossConfig",
     "MGRPOConfig", "ModelConfig", "MonitoringConfig", "NonNegFloat", "NonNegInt", "OptimConfig", "Port",
     "PositiveFloat", "PositiveInt", "RewardConfig", "TaskConfig", "TransportConfig", "_Section", "dump", "from_dict",
     "load", "overrides_for", "to_dict",

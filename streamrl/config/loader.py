@@ -17,6 +17,9 @@ from msgspec import Meta, Struct
 from streamrl import resources
 from streamrl.config.base import ConfigError
 from streamrl.config.root import Config
+from streamrl.config import plugged
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import OptionError
 
 log = logging.getLogger("streamrl.config")
 
@@ -40,7 +43,6 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         raw = _read(found, ())
     for item in overrides:
         _apply_override(raw, item)
-    _check_keys(raw, Config, "")
     return from_dict(raw)
 
 
@@ -106,7 +108,48 @@ def _fractions(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plugin_sections() -> dict[str, type[PluginSection]]:
+    """section → its Struct, for every section whose keys name plug-ins (their other keys are those plug-ins')."""
+    hints = get_type_hints(Config)
+    return {k: t for k, t in hints.items() if isinstance(t, type) and issubclass(t, PluginSection)}
+
+
+PLUGIN_SECTIONS = {name: cls.SELECTORS for name, cls in plugin_sections().items()}
+"""section → ((the key naming a plug-in, its registry), ...), for the reference docs and tests."""
+
+
+def _parse_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """A plug-in section's keys beyond its own fields, parsed by the Structs of the plug-ins it names into its
+    `opts`, here, where a refused one can say what is allowed (a name no registry knows is left to the section,
+    which lists the valid ones)."""
+    out = dict(raw)
+    for section, cls in plugin_sections().items():
+        keys = out.get(section, {})
+        if not isinstance(keys, dict):
+            continue
+        fields = cls.__struct_fields__
+        values = {k: keys.get(k, getattr(cls(), k)) for k, _ in cls.SELECTORS}
+        try:
+            opts = plugged.parse_section(cls, values, {k: v for k, v in keys.items() if k not in fields}, section)
+        except OptionError as e:
+            raise ConfigError(f"config error: {section}.{e}{_allowed_option(cls, values, e.key)}") from None
+        except ValueError as e:
+            raise ConfigError(f"config error: {section}.{e}") from None
+        out[section] = {**{k: v for k, v in keys.items() if k in fields}, "opts": opts}
+    return out
+
+
+def _allowed_option(cls: type[PluginSection], values: dict[str, Any], key: str) -> str:
+    for reg, name in plugged.selected(cls, values):
+        hints = get_type_hints(reg.options(name), include_extras=True) if reg.options(name) else {}
+        if key in hints:
+            return f"; allowed: {_describe(hints[key])}"
+    return ""
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
+    _check_keys(raw, Config, "")
+    raw = _parse_options(raw)
     try:
         return msgspec.convert(_fractions(raw), Config, strict=False)
     except msgspec.ValidationError as e:
@@ -114,7 +157,11 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    return msgspec.to_builtins(cfg)
+    """The config as plain data, each plug-in's options back among its section's keys (as a file writes them)."""
+    out = msgspec.to_builtins(cfg)
+    for section in plugin_sections():
+        out[section] = plugged.flatten(out[section])
+    return out
 
 
 def dump(cfg: Config) -> str:
@@ -160,6 +207,8 @@ def _check_keys(raw: dict[str, Any], struct: type, prefix: str) -> None:
     fields = struct.__struct_fields__
     for key, value in raw.items():
         where = f"{prefix}{key}"
+        if key not in fields and isinstance(struct, type) and issubclass(struct, PluginSection):
+            continue  # a plug-in's option: the Structs of the plug-ins the section names check it
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""

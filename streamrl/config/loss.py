@@ -1,13 +1,16 @@
-"""The `loss` section: the policy loss and its clipping, KL and entropy terms."""
+"""The `loss` section: the objective, and what every objective shares (KL and entropy terms, how token losses add
+up, what acts around it); each objective's own keys (clip ranges, caps) are parsed by its Struct (algo.loss_specs)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from streamrl.config.base import NonNegFloat, _Section
+from streamrl.config.base import NonNegFloat
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import LOSSES
 
 
 # Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md, 3 seeds): on reverse 6x5 every
@@ -20,31 +23,16 @@ DEFAULT_LOSS = "token_pg"
 _AROUND = ("name", "variance_control", "ess_step_rule", "ess_step_floor", "proximal")
 
 
-class LossConfig(_Section):
+class LossConfig(PluginSection):
+    SELECTORS = (("name", LOSSES),)
+    SECTION = "loss"
+
     name: str = DEFAULT_LOSS
     """Policy loss from the loss registry: token_pg (PPO clip against the behaviour policy, dual clip for A < 0), or an off-policy objective (streamrl/algo/offpolicy.py): decoupled_ppo (AReaL), tis (truncated IS), mis / icepop (masked IS), seq_mask (sequence geometric-mean masking, then TIS), m2po (second-moment trust region)."""
-    clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
-    """PPO clip range below 1 for the importance ratio."""
-    clip_high: NonNegFloat = 0.2
-    """PPO clip range above 1 for the importance ratio."""
-    is_cap: Annotated[float, Meta(ge=1)] = 2.0
-    """Truncation cap on the importance ratio where PPO clipping does not bound it (A < 0)."""
     kl_coef: NonNegFloat = 0.0
     """Weight of the k3 KL penalty against the initial (reference) policy."""
     entropy_coef: NonNegFloat = 0.0
     """Weight of the entropy bonus."""
-    tis_cap: Annotated[float, Meta(ge=1)] = 2.0
-    """Truncation cap C on the importance weight min(ratio, C) of tis and seq_mask, and on decoupled_ppo's behaviour weight pi_prox / pi_behaviour."""
-    mis_low: Annotated[float, Meta(ge=0, le=1)] = 0.5
-    """mis / icepop: a token whose ratio pi_theta / pi_behaviour is below this gets no gradient (IcePop: 0.5)."""
-    mis_high: Annotated[float, Meta(ge=1)] = 5.0
-    """mis / icepop: a token whose ratio is above this gets no gradient (IcePop: 5)."""
-    seq_mask_low: Annotated[float, Meta(ge=0, le=1)] = 0.5
-    """seq_mask: a sequence whose geometric-mean ratio exp(mean log ratio) is below this gets no gradient."""
-    seq_mask_high: Annotated[float, Meta(ge=1)] = 2.0
-    """seq_mask: a sequence whose geometric-mean ratio is above this gets no gradient."""
-    m2po_tau: Annotated[float, Meta(gt=0)] = 0.04
-    """m2po: the bound on the mean squared log-ratio of the tokens kept; the largest are masked until it holds (the paper's 0.04)."""
     aggregation: Literal["token", "sequence"] = "token"
     """How token losses add up: token (mean over the batch's tokens, DAPO) or sequence (mean per sequence, then over sequences: GRPO, MGRPO)."""
     variance_control: Literal["none", "ess_step", "mvb", "both"] = "none"
@@ -55,16 +43,15 @@ class LossConfig(_Section):
     """ess_step: the smallest lr multiplier (VCPO: none, 0)."""
     proximal: Literal["forward", "interpolate"] = "forward"
     """decoupled_ppo, learner.minibatches > 1: proximal log-probs by a forward pass, or interpolated (A-3PO)."""
+    opts: dict[str, Any] = {}
+    """The objective's own options, parsed by its Struct from this section's other keys (shown under loss below)."""
 
     def objective_knobs(self) -> dict:
-        """The knobs the objectives take (losses.compute): every field but the name and what acts around the loss."""
-        return {k: v for k, v in msgspec.structs.asdict(self).items() if k not in _AROUND}
+        """The knobs the objective takes (losses.compute): its own options and the terms every objective adds."""
+        shared = {k: v for k, v in msgspec.structs.asdict(self).items() if k not in _AROUND and k != "opts"}
+        return {**shared, **self.options_dict(LOSSES)}
 
     def __post_init__(self) -> None:
-        if self.name == DEFAULT_LOSS:  # registered (a test pins it): no torch import for the check
-            return
-        from streamrl.algo.losses import LOSSES
-
         if self.name not in LOSSES:
             raise ValueError(f"name={self.name!r}: {LOSSES.unknown(self.name)}")
-
+        super().__post_init__()

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from streamrl.config.base import NonNegFloat, Port, PositiveFloat, _Section
+from typing import Any
+
+from streamrl.config.base import NonNegFloat, Port, PositiveFloat
+from streamrl.config.plugged import PluginSection
+from streamrl.registry import TRACKERS
 
 
-class MonitoringConfig(_Section):
+class MonitoringConfig(PluginSection):
+    SELECTORS = (("report_to", TRACKERS),)
+    SECTION = "monitoring"
+
     host: str = "127.0.0.1"
     """Address /metrics and /healthz bind to (0.0.0.0 lets a Prometheus on another host scrape)."""
     learner_port: Port = 29620
@@ -21,12 +28,14 @@ class MonitoringConfig(_Section):
     tracker_project: str = "streamrl"
     """Project (W&B, trackio) or experiment (MLflow) the run is filed under; WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME win."""
 
-    def __post_init__(self) -> None:
-        from streamrl.telemetry.trackers import TRACKERS
+    opts: dict[str, Any] = {}
+    """The options of the trackers it names that bring their own, parsed by their Structs from the other keys."""
 
+    def __post_init__(self) -> None:
         for name in self.report_to:
             if name not in TRACKERS:
                 raise ValueError(f"report_to={self.report_to!r}: {TRACKERS.unknown(name)}")
         if len(set(self.report_to)) != len(self.report_to):
             raise ValueError(f"report_to={self.report_to!r}: names a tracker twice")
+        super().__post_init__()
 

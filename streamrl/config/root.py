@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,7 @@ from streamrl.config.optim import OptimConfig
 from streamrl.config.reward import RewardConfig
 from streamrl.config.task import TaskConfig
 from streamrl.config.transport import TransportConfig
+from streamrl.registry import BACKENDS, TASKS
 from streamrl.tasks import environments
 
 
@@ -90,25 +92,8 @@ class Config(_Section):
             raise ValueError(f"mgrpo.augment={self.mgrpo.augment}: must be actors.group_size - 1 = "
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
-        if self.transport.weight_sync == "collective" and self.actors.backend != "hf":
-            raise ValueError(f"transport.weight_sync=collective: wired for actors.backend=hf only (the "
-                             f"{self.actors.backend} engine takes weights over ZeroMQ, from shared memory or in "
-                             "buckets); use zmq")
-        if self.strict and self.actors.top_p < 1 and self.actors.backend == "vllm":
-            raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend=vllm: on_policy strict refuses it (vLLM "
-                             "reports log-probs of the top-p truncated distribution, the learner recomputes the full "
-                             "one); use top_p=1, another backend, or on_policy=async")
-        if self.actors.inflight_updates and self.strict:
-            raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
-                             "from two policy versions); use on_policy=async")
-        if self.actors.inflight_updates and self.actors.backend not in ("hf", "vllm"):
-            raise ValueError(f"actors.inflight_updates=true: the {self.actors.backend} backend loads weights between "
-                             "generate calls only; in-flight updates need actors.backend=hf or vllm")
-        if self.actors.inflight_updates and self.actors.backend == "vllm" and self.lora.rank:
-            raise ValueError("actors.inflight_updates=true with lora.rank > 0 on vllm: a running request keeps the "
-                             "LoRA adapter it started with (each version is a new LoRARequest), so nothing would land "
-                             "in flight; use inflight_updates=false, or the hf backend")
-        if environments.episodic(self.task) or self.task.name in ("agent", "verifiers"):
+        self._check_backend()
+        if environments.episodic(self.task) or TASKS.can(self.task.name, "agent_rollout"):
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
@@ -122,6 +107,30 @@ class Config(_Section):
         if self.strict:  # the bound resolved once: every reader (gate, throttle, gauge, labels) sees 0
             self.max_staleness = 0
 
+    def _check_backend(self) -> None:
+        """What the run asks of its generation backend, against what the backend declares it can do."""
+        backend = self.actors.backend
+        can = functools.partial(BACKENDS.can, backend)
+        if self.transport.weight_sync == "collective" and not can("collective_sync"):
+            raise ValueError(f"transport.weight_sync=collective: wired for actors.backend="
+                             f"{' or '.join(BACKENDS.with_capability('collective_sync'))} only (the {backend} engine "
+                             "takes weights over ZeroMQ, from shared memory or in buckets); use zmq")
+        if self.strict and self.actors.top_p < 1 and not can("full_logprobs"):
+            raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend={backend}: on_policy strict refuses "
+                             "it (the engine reports log-probs of the top-p truncated distribution, the learner "
+                             "recomputes the full one); use top_p=1, another backend, or on_policy=async")
+        if self.actors.inflight_updates and self.strict:
+            raise ValueError("actors.inflight_updates=true: on_policy strict forbids it (a sample's tokens would come "
+                             "from two policy versions); use on_policy=async")
+        if self.actors.inflight_updates and not can("inflight_updates"):
+            raise ValueError(f"actors.inflight_updates=true: the {backend} backend loads weights between generate "
+                             "calls only; in-flight updates need actors.backend="
+                             f"{' or '.join(BACKENDS.with_capability('inflight_updates'))}")
+        if self.actors.inflight_updates and self.lora.rank and not can("inflight_lora"):
+            raise ValueError(f"actors.inflight_updates=true with lora.rank > 0 on {backend}: a running request keeps "
+                             "the LoRA adapter it started with (each version is a new LoRARequest), so nothing would "
+                             "land in flight; use inflight_updates=false, or the hf backend")
+
     def _check_episodes(self) -> None:
         """Multi-turn episodes run one way for now: layer 1, one round, weights between generate calls."""
         clash = {"mgrpo.enabled=true": self.mgrpo.enabled, f"actors.rollout_factor={self.actors.rollout_factor}":
@@ -134,8 +143,7 @@ class Config(_Section):
                              f"{', '.join(bad)} yet")
 
     def _check_reward_scale(self) -> None:
-        rows_rewarded = ("dataset", "agent", "verifiers", "skyrl_gym", "openenv")  # a scale the config must declare
-        if self.task.name in rows_rewarded and not self.task.reward_levels and not self.reward.bucket_edges:
+        if TASKS.can(self.task.name, "declared_levels") and not self.task.reward_levels and not self.reward.bucket_edges:
             raise ValueError(f"task.reward_levels=[]: a {self.task.name} task's reward needs a scale: declare its levels "
                              "(task.reward_levels), or bucket a continuous reward with reward.bucket_edges")
 

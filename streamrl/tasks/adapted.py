@@ -49,7 +49,6 @@ class AdaptedTask(DatasetTask):
     """Rows from `task.data`; each sample is an episode of the adapted environment, which gives its reward."""
 
     grouped = False  # scored by its episodes (streamrl.actors.environment_episodes), never by reward functions
-    rollout = "environment"
     adapter = "adapted"
 
     def __init__(self, cfg):

@@ -31,7 +31,6 @@ class AgentTask(DatasetTask):
     """Rows from `task.data`; each sample is an episode of the agent `task.agent`, which returns its reward."""
 
     grouped = False  # scored by its episodes (streamrl.actors.agents), never by reward functions
-    rollout = "agent"
 
     def __init__(self, cfg):
         if not cfg.agent:

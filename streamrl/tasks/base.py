@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
-from streamrl.tasks.plugins import TaskRegistry
+from streamrl import registry
 
 
 class Prompt(msgspec.Struct, frozen=True):
@@ -31,13 +31,13 @@ class Prompt(msgspec.Struct, frozen=True):
     """Dataset task: the row's other columns, passed to the reward functions as keyword lists."""
 
 
-TASKS = TaskRegistry("task")
+TASKS = registry.TASKS
 
 
 @runtime_checkable
 class Task(Protocol):
     """What a task must have (docs/guides/bring-your-own-task.md). The optional members (grouped, submit_groups,
-    collect_groups, levels_take_edges, unparseable, category, rollout, row_converter, sample_report, agent_fn,
+    collect_groups, levels_take_edges, unparseable, category, row_converter, sample_report, agent_fn,
     reward_map, to_reward, levels_for, environment_class, close) and their defaults are `TaskDefaults`'; a plug-in
     may inherit it or not (`optional` fills in what it lacks). Nothing asks a task whether it has a member:
     `optional` reads each once."""
@@ -84,17 +84,13 @@ class TaskDefaults:
     """Completions the task could not read so far (a counter it raises; the default never counts)."""
     category: Callable[[Prompt], str] | None = None
     """category(prompt): the eval report's row of a prompt (pass@k per category); None: one row."""
-    rollout: str = "single_turn"
-    """How a sample is made (`streamrl.tasks.environments.rollout_of`): "single_turn" (one completion, `score`; an
-    episode of task.environment where one is set), "environment" (an episode of `environment_class()`) or "agent" (an
-    episode of `agent_fn` through the actor's endpoint)."""
     row_converter: Callable[[Any], Callable[[Any], Any]] | None = None
     """row_converter(task_cfg) → convert(row): a task reading `task.data` (a staticmethod; `streamrl check` and the
     epoch count read the files through it); None: the task reads no data file."""
     sample_report: Callable[[], str] | None = None
     """sample_report(): a sample prompt with a right and a wrong answer's scores (`streamrl check` prints it)."""
     agent_fn: Callable[[Any, dict], Any] | None = None
-    """rollout "agent": fn(client, row) plays one episode through the actor's endpoint and returns its reward."""
+    """An agent task's (capability `agent_rollout`): fn(client, row) plays one episode through the actor's endpoint and returns its reward."""
 
     def submit_groups(self, prompts: list[Prompt], texts: list[list[str]], ids: list[list[list[int]]]) -> Any:
         """grouped: start scoring each group's completions (texts[g][i], their token ids ids[g][i]); returns a
@@ -106,7 +102,7 @@ class TaskDefaults:
         raise ValueError(f"task {type(self).__name__}: grouped, so it needs submit_groups and collect_groups")
 
     def environment_class(self) -> type | None:
-        """rollout "environment": the `Environment` class each episode is built from, `Cls(row)` (an adapter's);
+        """An episodic task's (capability `episodes`): the `Environment` class each episode is built from, `Cls(row)` (an adapter's);
         None: task.environment's."""
         return None
 

@@ -64,34 +64,28 @@ def load(ref: str) -> type:
 
 
 KINDS = ("single_turn", "environment", "agent")
-"""How a task's samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`)."""
+"""How a task's samples are made: one completion each, an environment's episodes, an agent's episodes."""
 
 
-def rollout_of(task, task_cfg) -> str:
-    """How a built task's samples are made: its `rollout`; a single-turn task plays episodes of task.environment
-    where one is set (any task may: the environment gives the reward)."""
-    kind = optional(task, "rollout")
-    if kind not in KINDS:
-        raise ValueError(f"task {type(task).__name__}: rollout {kind!r}; allowed: {', '.join(KINDS)}")
-    return "environment" if kind == "single_turn" and task_cfg.environment else kind
+def configured_rollout(task_cfg) -> str:
+    """How the samples of a task config are made, from its task's capabilities (the registry's): "agent" where it
+    declares `agent_rollout`, "environment" where it declares `episodes` or task.environment is set (any
+    single-turn task may play an environment's episodes: the environment gives the reward), else "single_turn"."""
+    if TASKS.can(task_cfg.name, "agent_rollout"):
+        return "agent"
+    return "environment" if task_cfg.environment or TASKS.can(task_cfg.name, "episodes") else "single_turn"
+
+
+def episodic(task_cfg) -> bool:
+    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or
+    task.environment's)."""
+    return configured_rollout(task_cfg) == "environment"
 
 
 def class_of(task, task_cfg) -> type:
     """The environment class of a task whose rollout is "environment": its own (an adapter's), else
     task.environment's."""
     return optional(task, "environment_class")() or load(task_cfg.environment)
-
-
-def configured_rollout(task_cfg) -> str:
-    """How the samples of a task config are made, from the config alone (for its checks): its task class's
-    `rollout`, task.environment's episodes for a single-turn one where it is set. The built task says the same."""
-    return rollout_of(TASKS.get(task_cfg.name), task_cfg)
-
-
-def episodic(task_cfg) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or
-    task.environment's), from the config alone."""
-    return configured_rollout(task_cfg) == "environment"
 
 
 def row_of(prompt) -> dict:

@@ -10,85 +10,30 @@ import stays out of the tiny job's start-up). `TASKS.register(name)` still adds 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from streamrl.registry import Registry
+from streamrl import registry
 
 GROUP = "streamrl.tasks"
 
 
-@functools.lru_cache(maxsize=1)
 def entry_points() -> dict[str, metadata.EntryPoint]:
-    """name → entry point of every installed task; two packages claiming one name is an error naming both."""
-    found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=GROUP):
-        other = found.get(ep.name)
-        if other is not None and other.value != ep.value:
-            first, second = sorted([other, ep], key=_dist)  # sys.path's order varies: name them in a fixed one
-            raise ValueError(f"task {ep.name!r} is declared twice in entry-point group {GROUP!r}: "
-                             f"{first.value} ({_dist(first)}) and {second.value} ({_dist(second)}); uninstall one")
-        found[ep.name] = ep
-    if not any(ep.value.startswith("streamrl.tasks.") for ep in found.values()):
-        # An install made before tasks became entry points (or a checkout on PYTHONPATH) has none of its own.
-        raise ValueError(f"streamrl's own tasks are missing from entry-point group {GROUP!r}: its installed "
-                         "metadata predates them; reinstall streamrl (pip install -e <repository>)")
-    return found
+    """name → entry point of every installed task (an error if streamrl's own are missing)."""
+    return registry.TASKS._installed()
 
 
-def _dist(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+entry_points.cache_clear = registry.entry_points.cache_clear  # type: ignore[attr-defined]
+_dist = registry.dist_of
 
 
-class TaskRegistry(Registry[Callable]):
-    """The task registry: installed entry points (loaded on first use) plus tasks registered in-process."""
-
-    def register(self, name: str) -> Callable[[Any], Any]:
-        add = super().register(name)
-
-        def checked(item):
-            ep = entry_points().get(name)
-            if ep is not None and ep.value != f"{item.__module__}:{item.__qualname__}":
-                raise ValueError(f"task {name!r} is already installed as an entry point ({ep.value}, {_dist(ep)})")
-            return add(item)
-
-        return checked
-
-    def get(self, name: str) -> Callable:
-        if name in self._items:
-            return self._items[name]
-        ep = entry_points().get(name)
-        if ep is None:
-            raise KeyError(self.unknown(name))
-        try:
-            item = ep.load()
-        except Exception as e:  # a broken plug-in names itself rather than failing deep in a run
-            raise ValueError(f"task {name!r}: cannot load entry point {ep.value} ({_dist(ep)}): "
-                             f"{type(e).__name__}: {e}") from e
-        self._items.setdefault(name, item)
-        return item
-
-    def names(self) -> list[str]:
-        return sorted({*self._items, *entry_points()})
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items or name in entry_points()
-
-    def origin(self, name: str) -> str:
-        """Where a task comes from: its entry point and distribution, or the module that registered it."""
-        ep = entry_points().get(name)
-        if ep is not None:
-            return f"{ep.value} (entry point, {_dist(ep)})"
-        if name in self._items:
-            item = self._items[name]
-            return f"{item.__module__}:{item.__qualname__} (registered in this process only)"
-        raise KeyError(self.unknown(name))
+def TaskRegistry(kind: str = "task") -> registry.Registry:
+    """A task registry of its own (tests): the installed entry points plus what is registered in it."""
+    return registry.Registry(kind, GROUP, own="streamrl.tasks.")
 
 
 def resolve(ref: str, setting: str, kind: str = "function", group: str | None = None) -> Any:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from streamrl import registry
 from streamrl.registry import Registry
 
 log = logging.getLogger("streamrl.trackers")
@@ -61,7 +62,7 @@ class Tracker:
         return f"pip install 'streamrl[{self.extra}]'"
 
 
-TRACKERS: Registry[Tracker] = Registry("tracker")
+TRACKERS: Registry = registry.TRACKERS  # one registry for every kind of plug-in (streamrl.registry)
 
 
 def problems(names: list[str]) -> list[str]:
@@ -78,7 +79,7 @@ def problems(names: list[str]) -> list[str]:
 def start_warnings(names: list[str]) -> list[str]:
     """Lines for trackers that will likely fail to start. W&B online needs an API key: where none is in the
     places looked at cheaply (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, ~/.netrc), wandb.init will refuse."""
-    if "wandb" not in names or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+    if not any(TRACKERS.can(n, "api_key_needed") for n in names) or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
         return []
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return []
@@ -392,6 +393,6 @@ class _Trackio:
 
 
 TRACKERS.register("tensorboard")(Tracker(module="tensorboard", extra="tensorboard", open=_TensorBoard))
-TRACKERS.register("wandb")(Tracker(module="wandb", extra="wandb", open=_WandB))
+TRACKERS.register("wandb", capabilities={"api_key_needed"})(Tracker(module="wandb", extra="wandb", open=_WandB))
 TRACKERS.register("mlflow")(Tracker(module="mlflow", extra="mlflow", open=_MLflow))
 TRACKERS.register("trackio")(Tracker(module="trackio", extra="trackio", open=_Trackio))

@@ -4,19 +4,34 @@ A task is a class with `from_config(task_cfg)`, `levels(task_cfg)` (its reward s
 `reward_levels`, `sample(rng) -> Prompt`, `eval_set(size, seed)`, `score(prompt, completion) -> float` and
 `vocabulary` (the words the tiny word-level model needs): the `streamrl.tasks.base.Task` protocol. Its optional
 members it leaves to their defaults (`streamrl.tasks.base.TaskDefaults`). This one gives partial credit: the share of the
-target's positions the completion gets right (levels 0, 1/n, ..., 1).
+target's positions the completion gets right (levels 0, 1/n, ..., 1). Its own keys of the `task` section are its
+`Options` (a msgspec Struct, one docstring per field): the config checks them, `task.length=...` sets them.
 """
 
 from __future__ import annotations
 
 import random
 
+from typing import Annotated
+
+from msgspec import Meta
+
+from streamrl.registry import Options
 from streamrl.tasks import Prompt, distinct
 
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz"
 
 
+class SwapOptions(Options):
+    num_symbols: Annotated[int, Meta(ge=2, le=26)] = 4
+    """Alphabet size: the prompts' symbols are the first num_symbols letters."""
+    length: Annotated[int, Meta(ge=1, le=64)] = 4
+    """Prompt length in symbols."""
+
+
 class Swap:
+    Options = SwapOptions  # the keys this task adds to the `task` section
+
     def __init__(self, num_symbols: int, length: int):
         self.symbols, self.length = list(SYMBOLS[:num_symbols]), max(2, length)
 

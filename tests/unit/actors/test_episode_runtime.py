@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import textwrap
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -98,22 +99,14 @@ def test_an_agents_return_on_no_level_is_out_of_scale_never_rounded(tmp_path):
     assert done.reward_out_of_scale == 4 and [list(g.rewards) for g in groups] == [[0.0, 0.0], [0.0, 0.0]]
 
 
-class _Plugin:
-    """A plug-in task that inherits nothing: its rollout is what it declares."""
-
-    def __init__(self, rollout=None):
-        if rollout is not None:
-            self.rollout = rollout
-
-
-def test_a_task_declares_how_its_samples_are_made():
+def test_a_tasks_capabilities_say_how_its_samples_are_made():
     bare, env_cfg = config.load("tiny.yaml", []).task, config.load("tiny-tools.yaml", []).task
-    assert environments.rollout_of(_Plugin(), bare) == "single_turn"
-    assert environments.rollout_of(_Plugin(), env_cfg) == "environment"  # task.environment: its episodes
-    assert environments.rollout_of(_Plugin("agent"), env_cfg) == "agent"
-    with pytest.raises(ValueError, match="rollout 'multi'; allowed: single_turn, environment, agent"):
-        environments.rollout_of(_Plugin("multi"), bare)
-    assert TaskDefaults.rollout == "single_turn" and TaskDefaults().environment_class() is None
+    assert environments.configured_rollout(bare) == "single_turn"
+    assert environments.configured_rollout(env_cfg) == "environment"  # task.environment: its episodes
+    for name, kind in (("agent", "agent"), ("skyrl_gym", "environment"), ("openenv", "environment"),
+                       ("verifiers", "agent"), ("reverse", "single_turn")):  # what each declares, not its name
+        assert environments.configured_rollout(SimpleNamespace(name=name, environment="")) == kind, name
+    assert TaskDefaults().environment_class() is None
 
 
 def test_a_single_turn_task_gets_the_single_turn_rollout():

@@ -15,10 +15,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _keys(cls: type = config_lib.Config, prefix: str = "") -> list[str]:
+    """Every key a file may write: each section's fields, and in a plug-in section each of streamrl's own plug-ins'
+    options (its `opts` holds them, parsed from the section's other keys)."""
     out = []
     for field in msgspec.structs.fields(cls):
         tp = field.type
-        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        if field.name == "opts":
+            out += sorted({prefix + k for _, reg in config_lib.PLUGIN_SECTIONS[prefix.rstrip(".")]
+                           for n in reg.names() if (o := reg.options(n)) is not None for k in o.__struct_fields__})
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
             out += _keys(tp, prefix + field.name + ".")
         else:
             out.append(prefix + field.name)
@@ -40,6 +45,14 @@ def test_every_config_key_has_a_row_with_its_docstring_in_the_committed_page():
     assert not missing, f"config keys missing from docs/reference/config.md: {missing}"
     docs = reference_docs.field_docstrings(config_lib.ActorConfig)
     assert reference_docs._cell(docs["backend"]) in page
+    assert {"task.verifiers_env", "task.scale_steps", "loss.clip_low", "loss.m2po_tau"} <= set(keys)
+
+
+def test_each_plug_ins_options_are_listed_under_its_section():
+    page = (REPO / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
+    task, loss = page.index("## `task`"), page.index("## `loss`")
+    assert task < page.index("### `task.name`: `verifiers`") < page.index("| `task.verifiers_env` |") < loss
+    assert loss < page.index("### `loss.name`: `token_pg`") < page.index("| `loss.is_cap` |")
 
 
 def test_a_field_without_a_docstring_is_refused_naming_it():

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from streamrl import config
+from streamrl import config, registry
 from streamrl.config import ConfigError, from_dict, load, to_dict
 
 REPO = Path(__file__).resolve().parents[3]
@@ -159,7 +159,7 @@ def test_a_missing_or_malformed_file_is_a_config_error(tmp_path):
 
 
 def _section_classes(tree: ast.Module) -> list[ast.ClassDef]:
-    sections = {"_Section"}
+    sections = {"_Section", "PluginSection", "Options"}  # config sections, and plug-ins' options (streamrl.registry)
     found = []
     for node in tree.body:  # in source order, so subclasses of subclasses count too
         if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id in sections for b in node.bases):
@@ -191,10 +191,13 @@ def test_the_docstring_checker_catches_a_missing_docstring():
 
 
 def test_every_config_field_has_a_one_line_docstring():
-    sources = [p.read_text() for p in sorted((REPO / "streamrl" / "config").glob("*.py"))]
+    files = [*sorted((REPO / "streamrl" / "config").glob("*.py")), REPO / "streamrl" / "tasks" / "options.py",
+             REPO / "streamrl" / "algo" / "loss_specs.py"]
+    sources = [p.read_text() for p in files]
     classes = [c for source in sources for c in _section_classes(ast.parse(source))]
     assert {c.name for c in classes} >= {"ModelConfig", "TaskConfig", "AdvantageConfig", "LossConfig", "OptimConfig",
-                                         "LearnerConfig", "ActorConfig", "TransportConfig", "Config"}
+                                         "LearnerConfig", "ActorConfig", "TransportConfig", "Config",
+                                         "VerifiersOptions", "PPOOptions"}
     assert [name for source in sources for name in _undocumented_fields(source)] == []
 
 
@@ -372,11 +375,12 @@ def test_inflight_updates_with_lora_on_vllm_are_refused_naming_why():
 
 
 def test_the_off_policy_objectives_and_their_knobs_load_and_a_knob_out_of_range_is_named():
-    cfg = load(None, ["loss.name=icepop", "loss.mis_low=0.7", "loss.mis_high=3", "loss.m2po_tau=0.01"])
-    assert (cfg.loss.name, cfg.loss.mis_low, cfg.loss.mis_high, cfg.loss.m2po_tau) == ("icepop", 0.7, 3.0, 0.01)
-    msg = _error("loss.mis_low=2")
+    cfg = load(None, ["loss.name=icepop", "loss.mis_low=0.7", "loss.mis_high=3"])
+    assert (cfg.loss.name, cfg.loss.mis_low, cfg.loss.mis_high) == ("icepop", 0.7, 3.0)
+    assert load(None, ["loss.name=m2po", "loss.m2po_tau=0.01"]).loss.m2po_tau == 0.01
+    msg = _error("loss.name=mis", "loss.mis_low=2")
     assert "loss.mis_low=2" in msg and "allowed: float ≥ 0 and ≤ 1" in msg
-    msg = _error("loss.tis_cap=0.5")
+    msg = _error("loss.name=tis", "loss.tis_cap=0.5")
     assert "loss.tis_cap=0.5" in msg and "≥ 1" in msg
     assert "m2po" in _error("loss.name=m2p")
 
@@ -391,3 +395,20 @@ def test_levels_take_fractions_as_users_write_them_and_a_tolerance_below_half_th
                     "task.reward_level_tolerance=0.2"])
     with pytest.raises((ConfigError, ValueError), match="reward_levels"):
         load(None, [*task, "task.reward_levels=[0, one third, 1]", "advantage.r_min_correct=1"])
+
+
+def test_a_key_of_a_plug_in_the_run_does_not_name_is_refused_unless_it_holds_that_plug_ins_default():
+    msg = _error("loss.m2po_tau=0.01")  # the run's objective is token_pg: the key would do nothing
+    assert "loss.m2po_tau=0.01: an option of loss 'm2po', which this run does not name" in msg
+    # At its default it is left unread (a file extending tiny.yaml keeps the symbol tasks' keys).
+    assert "m2po_tau" not in load(None, ["loss.m2po_tau=0.04"]).loss.objective_knobs()
+    assert "task.verifiers_env='x': an option of task 'verifiers'" in _error("task.verifiers_env=x")
+
+
+def test_each_plug_ins_own_keys_reach_it_typed_and_are_written_back_among_the_sections_keys():
+    cfg = load(None, ["task.name=code_verifier", "task.scale_steps=5", "advantage.r_min_correct=0",
+                      "loss.name=tis", "loss.tis_cap=1"])
+    assert type(cfg.task.options_for(registry.TASKS)).__name__ == "VerifierOptions" and cfg.task.scale_steps == 5
+    assert cfg.loss.objective_knobs() == {"kl_coef": 0.0, "entropy_coef": 0.0, "aggregation": "token", "tis_cap": 1.0}
+    written = config.to_dict(cfg)
+    assert written["task"]["scale_steps"] == 5 and written["loss"]["tis_cap"] == 1.0 and "opts" not in written["task"]

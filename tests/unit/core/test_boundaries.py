@@ -104,7 +104,7 @@ LAYERS = {
     "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
     "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
     "telemetry": {"algo", "comm", "registry"},              # Prometheus, health, start-up phases, trackers
-    "config": {"algo", "resources", "tasks", "telemetry"},  # the typed config (checks names against registries)
+    "config": {"algo", "registry", "resources", "tasks"},   # the typed config (names checked by the registry)
     "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
     "run": {"config", "models", "telemetry"},               # preflight, storage, checkpoints, logging, placement
     "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set

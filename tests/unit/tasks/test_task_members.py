@@ -30,7 +30,7 @@ def test_a_plug_in_without_the_optional_members_reads_their_defaults():
         pass
 
     assert optional(Bare, "row_converter") is None and optional(Bare, "sample_report") is None
-    assert optional(Bare(), "agent_fn") is None and optional(Bare(), "rollout") == "single_turn"
+    assert optional(Bare(), "agent_fn") is None
     assert optional(Bare(), "environment_class")() is None
 
 

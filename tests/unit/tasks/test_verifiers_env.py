@@ -16,8 +16,8 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "verifiers-copy" / 
 
 
 def test_the_environments_own_dataset_is_the_rows_with_its_answers():
-    task = VerifiersTask(TaskConfig(name="verifiers", verifiers_env=str(EXAMPLE), verifiers_args={"symbols": "ab",
-                                    "length": 2}, reward_levels=[0.0, 0.5, 1.0]))
+    task = VerifiersTask(TaskConfig(name="verifiers", opts={"verifiers_env": str(EXAMPLE), "verifiers_args": {
+                                    "symbols": "ab", "length": 2}}, reward_levels=[0.0, 0.5, 1.0]))
     assert len(task.train) == 4  # every ab string of length 2
     row = task.train[0]
     assert row.prompt == ({"role": "user", "content": "copy : a a ="},) and row.columns["answer"] == "a a"
@@ -39,10 +39,10 @@ def test_an_environment_is_named_by_file_by_module_loader_or_installed_id(tmp_pa
 
 
 def test_the_config_asks_for_an_environment_with_the_verifiers_task_only():
-    with pytest.raises(ValueError, match="task.name=verifiers needs task.verifiers_env"):
+    with pytest.raises(ValueError, match="task 'verifiers': Object missing required field `verifiers_env`"):
         TaskConfig(name="verifiers")
-    with pytest.raises(ValueError, match="only it reads one"):
-        TaskConfig(name="copy", verifiers_env="copy_env")
+    with pytest.raises(ValueError, match="verifiers_env='copy_env': an option of task 'verifiers', which this run"):
+        TaskConfig(name="copy", opts={"verifiers_env": "copy_env"})
 
 
 TOOL_ENV = '''

@@ -26,7 +26,7 @@ SMALL = {"symbols": "ab", "length": 2}
 
 
 def _task(**more) -> VerifiersTask:
-    return VerifiersTask(TaskConfig(name="verifiers", verifiers_env=str(PACKAGE), verifiers_args=SMALL,
+    return VerifiersTask(TaskConfig(name="verifiers", opts={"verifiers_env": str(PACKAGE), "verifiers_args": SMALL},
                                     reward_levels=[0.0, 0.5, 1.0], **more))
 
 

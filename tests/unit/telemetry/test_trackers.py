@@ -15,6 +15,7 @@ import pytest
 
 from streamrl import config
 from streamrl.learner.runlog import RunLog
+from streamrl.registry import Plugin
 from streamrl.run import preflight
 from streamrl.telemetry import trackers
 from streamrl.telemetry.trackers import TRACKERS, RunInfo, Tracker, Trackers
@@ -226,7 +227,8 @@ class _Flaky:
 
 def test_a_tracker_that_raises_is_logged_once_counted_and_never_stops_the_others_or_metrics_jsonl(
         tmp_path, monkeypatch, caplog):
-    monkeypatch.setitem(TRACKERS._items, "wandb", Tracker(module="wandb", extra="wandb", open=_Flaky))
+    monkeypatch.setitem(TRACKERS._plugins, "wandb", Plugin(item=Tracker(module="wandb", extra="wandb", open=_Flaky),
+                                                              capabilities={"api_key_needed"}))
     with caplog.at_level(logging.ERROR, logger="streamrl.trackers"):
         log, summary = _run(tmp_path, ["wandb", "tensorboard"])
     told = [r.getMessage() for r in caplog.records]
@@ -258,7 +260,8 @@ class _Hung:
 
 
 def test_a_hung_tracker_never_holds_up_a_step_and_the_run_ends_without_it(tmp_path, monkeypatch, caplog):
-    monkeypatch.setitem(TRACKERS._items, "wandb", Tracker(module="wandb", extra="wandb", open=_Hung))
+    monkeypatch.setitem(TRACKERS._plugins, "wandb", Plugin(item=Tracker(module="wandb", extra="wandb", open=_Hung),
+                                                              capabilities={"api_key_needed"}))
     t = Trackers(["wandb"], RunInfo("tr", tmp_path, "p"), max_pending=2, wait_s=0.2)
     try:
         with caplog.at_level(logging.ERROR, logger="streamrl.trackers"):
