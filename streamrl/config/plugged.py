@@ -94,14 +94,19 @@ def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[st
 def _unused(key: str, value: Any, others: list[tuple[Registry, str]], plugins: list[tuple[Registry, str]],
             section: str) -> None:
     """A key of plug-ins this run does not name: unread at their default, else an error naming them."""
-    if any(value == msgspec.structs.fields(reg.options(n))[_fields(reg.options(n)).index(key)].default
-           for reg, n in others):
+    if any(value == _default(reg.options(n), key) for reg, n in others):
         log.info("%s.%s=%r: an option of a plug-in this run does not use; not read", section, key, value)
         return
     named = ", ".join(f"{reg.kind} {n!r}" for reg, n in plugins) or "none"
     owners = ", ".join(f"{reg.kind} {n!r}" for reg, n in others)
     raise OptionError(key, f"{key}={value!r}: an option of {owners}, which this run does not name ({section} "
                            f"names {named}); it would do nothing: drop it, or name that plug-in")
+
+
+def _default(opts: type, key: str) -> Any:
+    """The default of field `key` of an options Struct (an empty list or dict is held as a factory)."""
+    field = next(f for f in msgspec.structs.fields(opts) if f.name == key)
+    return field.default_factory() if field.default is msgspec.NODEFAULT else field.default
 
 
 def _fields(opts: type | None) -> tuple[str, ...]:

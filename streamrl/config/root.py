@@ -93,7 +93,7 @@ class Config(_Section):
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
         self._check_backend()
-        if environments.episodic(self.task) or TASKS.can(self.task.name, "agent_rollout"):
+        if environments.configured_rollout(self.task) != "single_turn":
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
