@@ -4,10 +4,10 @@ A task says how its samples are made (its `rollout` member, `streamrl.tasks.base
 plays episodes of `task.environment` where one is set: `streamrl.tasks.environments.configured_rollout`):
 
 - "single_turn": G completions per prompt, scored by the task (`SingleTurn`, over `streamrl.actors.rollout`);
-- "environment": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven
+- "environment_episodes": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven
   by the actor, tools on a thread pool (`streamrl.actors.environment_episodes`); SkyRL-Gym and OpenEnv environments
   arrive through their adapters as such classes;
-- "agent": G episodes per prompt of the task's `agent_fn`, which drives its turns through the actor's
+- "agent_episodes": G episodes per prompt of the task's `agent_fn`, which drives its turns through the actor's
   OpenAI-compatible endpoint (`streamrl.actors.agents`); both verifiers stacks arrive through their tasks as such
   functions.
 
@@ -61,11 +61,11 @@ def runner(cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: 
            options: rollout.RolloutOptions, phrase_rng) -> Rollout:
     """The `Rollout` of the task's kind (`environments.configured_rollout`); end_ids: every end token of the model."""
     kind = environments.configured_rollout(cfg.task)
-    if kind == "agent":
+    if kind == "agent_episodes":
         from streamrl.actors.agents import AgentEpisodes
 
         return AgentEpisodes(cfg, index, backend, tokenizer, reward, actor_id, end_ids)
-    if kind == "environment":
+    if kind == "environment_episodes":
         from streamrl.actors.environment_episodes import EnvironmentEpisodes
 
         return EnvironmentEpisodes(cfg, backend, tokenizer, reward, actor_id, end_ids)

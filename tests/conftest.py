@@ -48,7 +48,7 @@ def cuda_gpus() -> int:
 
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests skip cleanly on a machine without CUDA (and run wherever it is present); `long`-marked
-    ones (end-to-end runs of 20 s or more) skip unless STREAMRL_LONG=1, so the README's `pytest -q` stays within
+    ones (end-to-end runs of 12 s or more on an idle 2-core machine) skip unless STREAMRL_LONG=1, so the README's `pytest -q` stays within
     its time budget; .ci/run runs them right after it."""
     if os.environ.get("STREAMRL_LONG") != "1":
         skip_long = pytest.mark.skip(reason="long end-to-end run: opt-in with STREAMRL_LONG=1 (.ci/run runs it)")

@@ -104,9 +104,12 @@ def _unused(key: str, value: Any, others: list[tuple[Registry, str]], plugins: l
 
 
 def _default(opts: type, key: str) -> Any:
-    """The default of field `key` of an options Struct (an empty list or dict is held as a factory)."""
+    """The default of field `key` of an options Struct (an empty list or dict is held as a factory; a required
+    field has none: NODEFAULT, which no value equals)."""
     field = next(f for f in msgspec.structs.fields(opts) if f.name == key)
-    return field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+    if field.default is msgspec.NODEFAULT and field.default_factory is not msgspec.NODEFAULT:
+        return field.default_factory()
+    return field.default
 
 
 def _fields(opts: type | None) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ def _args(tmp_path, *more: str) -> list[str]:
             f"task.agent={EXAMPLE / 'agent.py'}:copy_agent", f"run_dir={tmp_path / 'runs'}", *QUIET, *more]
 
 
+@pytest.mark.long
 def test_agent_episodes_train_through_the_loop_on_the_tokens_the_endpoints_sampled(tmp_path):
     streamrl("run", *_args(tmp_path, "steps=6", "endpoint.record_turns=true"), cwd=tmp_path, timeout=400)
     run = tmp_path / "runs" / "copy-agent"
@@ -43,6 +44,7 @@ def test_agent_episodes_train_through_the_loop_on_the_tokens_the_endpoints_sampl
             assert first["version"] == second["version"] <= 6
 
 
+@pytest.mark.long
 def test_an_agent_that_raises_is_counted_in_the_summary(tmp_path):
     (tmp_path / "flaky.py").write_text(
         "import random\n"
@@ -93,6 +95,7 @@ def agent(client, row):
 '''
 
 
+@pytest.mark.long
 def test_streamed_n_choice_and_tool_call_turns_train_through_the_loop(tmp_path):
     (tmp_path / "streaming.py").write_text(STREAMING_AGENT)
     streamrl("run", *_args(tmp_path, "steps=3", "task.agent=streaming.py:agent", "endpoint.record_turns=true"),
@@ -123,6 +126,7 @@ def never_asks(client, row):
 '''
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("agent,reason,shown", [("raises", "raised", "KeyError: 'no_such_column'"),
                                                 ("hangs", "timeout", "task.agent_timeout_s=1s"),
                                                 ("never_asks", "no_model_call", "without calling the model")])

@@ -24,6 +24,7 @@ def chat_data(folder):
     shutil.copy(EXAMPLES / "chat-dataset" / "reward.py", folder / "reward.py")
 
 
+@pytest.mark.long
 def test_an_installed_plug_in_registers_a_task_that_trains(tmp_path, monkeypatch):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--quiet",
@@ -38,6 +39,7 @@ def test_an_installed_plug_in_registers_a_task_that_trains(tmp_path, monkeypatch
     assert s["status"] == "finished" and s["improvement_fraction_of_range"] >= 0.2, s
 
 
+@pytest.mark.long
 def test_a_chat_dataset_with_a_trl_reward_file_trains_from_near_chance(tmp_path):
     chat_data(tmp_path)
     streamrl("run", str(EXAMPLES / "chat-dataset" / "config.yaml"), f"run_dir={tmp_path / 'runs'}", *QUIET,

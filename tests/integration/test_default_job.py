@@ -8,6 +8,7 @@ from procs import metrics, summary
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_default_job_learns_and_corpo_never_reinforces_a_failed_sample(run_job):
     run = run_job(name="default", timeout=600)
     s = summary(run)

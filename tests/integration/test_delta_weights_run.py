@@ -11,6 +11,7 @@ from procs import metrics, summary
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_the_tiny_job_trains_with_delta_weight_versions_and_reports_their_bytes_apart(run_job):
     run = run_job("transport.weights_delta=on", "transport.weights_delta_full_every=10", "steps=150", name="delta")
     s = summary(run)

@@ -67,6 +67,7 @@ def test_two_actors_evaluate_three_sets_every_n_steps_and_streamrl_eval_repeats_
     assert summary(run)["status"] == "finished"
 
 
+@pytest.mark.long
 def test_an_actor_killed_mid_eval_has_its_shard_run_again_by_the_other(tmp_path):
     group, weights, requests = free_ports(3)
     args = [str(REPO / "configs" / "tiny.yaml"), "name=kill", f"run_dir={tmp_path / 'runs'}", "steps=20",

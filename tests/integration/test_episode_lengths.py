@@ -35,6 +35,7 @@ def histogram(counts: dict[int, int]) -> dict[int, float]:
     return {k: round(v / total, 3) for k, v in sorted(counts.items())}
 
 
+@pytest.mark.long
 def test_trained_episodes_have_the_lengths_generated_when_episodes_take_one_to_six_turns(tmp_path):
     (tmp_path / "laps_env.py").write_text(ENV)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": "say a", "answer": "a", "laps": 1 + i % 6})

@@ -38,6 +38,7 @@ def _compare(run: Path, out: Path, texts: list[str]) -> float:
     return worst
 
 
+@pytest.mark.long
 def test_a_tiny_runs_checkpoint_exports_to_the_learners_logits(tmp_path):
     streamrl("run", str(REPO / "configs" / "tiny.yaml"), "name=tiny", f"run_dir={tmp_path / 'runs'}", "steps=4",
              *FREE_PORTS, *QUIET, cwd=tmp_path)
@@ -58,6 +59,7 @@ def test_a_tiny_runs_checkpoint_exports_to_the_learners_logits(tmp_path):
     assert any(not torch.equal(trained[k], init[k]) for k in init)
 
 
+@pytest.mark.long
 def test_a_release_shaped_runs_checkpoint_exports_with_the_releases_files(release_model, tmp_path):
     streamrl("run", f"model.path={release_model}", "steps=2", "learner.batch_groups=2", "actors.num=1",
              "learner.demand_after_s=60", "learner.micro_batch_tokens=64", "name=release",
@@ -81,6 +83,7 @@ def test_a_release_shaped_runs_checkpoint_exports_with_the_releases_files(releas
     assert gap <= 1e-5
 
 
+@pytest.mark.long
 def test_a_lora_runs_checkpoint_exports_merged_and_as_a_peft_adapter_beside_its_base(tmp_path):
     """--merge: one plain model folder with the adapters folded in; without: the frozen base plus OUT/adapter, a PEFT
     folder that peft loads onto it. Both give the learner's logits (its LoRA model, the checkpoint's weights)."""

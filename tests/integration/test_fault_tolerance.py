@@ -30,6 +30,7 @@ def _final_stats(log) -> dict:
     return ast.literal_eval(line.split(": done ", 1)[1])
 
 
+@pytest.mark.long
 def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(tmp_path):
     args = _args(tmp_path, "restart", steps=100_000)
     run = tmp_path / "runs" / "restart"
@@ -68,6 +69,7 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
         assert seen == {"sent": a["groups_sent"], "received": a["groups_sent"], "reported": True}
 
 
+@pytest.mark.long
 def test_resume_skips_half_written_and_damaged_checkpoints_and_restores_step_and_version(tmp_path):
     args = _args(tmp_path, "resume", steps=6)
     run = tmp_path / "runs" / "resume"
@@ -170,6 +172,7 @@ def test_a_run_with_curve_keys_trains_end_to_end(tmp_path, run_job):
     assert s["steps"] == 5 and s["peers_refused"] == 0 and s["reconciliation"]["balanced"]
 
 
+@pytest.mark.long
 def test_a_killed_learner_resumes_and_its_actors_resync_by_themselves(tmp_path):
     args = _args(tmp_path, "phoenix", steps=60) + ["learner.checkpoint_every=10"]
     run = tmp_path / "runs" / "phoenix"

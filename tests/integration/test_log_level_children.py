@@ -8,6 +8,7 @@ from procs import FREE_PORTS, REPO, streamrl, summary
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_the_processes_streamrl_run_starts_inherit_its_log_level(tmp_path, monkeypatch, fork):
     monkeypatch.setenv("STREAMRL_FORK", fork)

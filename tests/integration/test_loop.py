@@ -36,6 +36,7 @@ GARBAGE = [
 ]
 
 
+@pytest.mark.long
 def test_learner_and_two_actors_on_loopback_advance_versions_reject_garbage_and_stop_cleanly(tmp_path):
     g, w, r = free_ports(3)
     common = [TINY, f"run_dir={tmp_path}", "name=loop", "steps=15", f"transport.group_port={g}",
@@ -112,6 +113,7 @@ def test_a_lone_actor_keeps_a_learner_planned_for_two_actors_stepping(tmp_path):
     assert "'share': 16" in (tmp_path / "actor.log").read_text()
 
 
+@pytest.mark.long
 def test_the_run_goes_on_when_an_actor_dies(tmp_path):
     proc, run = _start_run(tmp_path, "one-down", steps=60)
     with reaped(proc):
@@ -145,6 +147,7 @@ def test_when_every_actor_dies_the_run_stops_with_an_error_instead_of_hanging(tm
     assert children_of_run(run) == []
 
 
+@pytest.mark.long
 def test_an_actor_restarted_by_hand_keeps_the_run_alive_when_the_other_started_actor_dies(tmp_path):
     proc, run = _start_run(tmp_path, "by-hand", steps=100000)
     with reaped(proc):

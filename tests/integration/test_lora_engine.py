@@ -79,6 +79,7 @@ CASES = [(0, 1, "float32"), (0, 1, "bfloat16"), (1, 2, "float32"), (2, 2, "float
          (3, 2, "bfloat16")]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("zero,world,dtype", CASES)
 def test_lora_trains_only_the_adapters_and_resumes_them_at_every_zero_stage(tmp_path, zero, world, dtype):
     port = free_ports(1)[0]

@@ -42,6 +42,7 @@ def test_a_lora_run_publishes_only_adapters_checkpoints_them_and_resumes(run_job
     assert "resumed from" in (run / "logs" / "learner.log").read_text()
 
 
+@pytest.mark.long
 def test_the_strict_self_check_holds_at_lag_0_with_lora(run_job):
     run = run_job("lora.rank=8", "optim.lr=3e-3", "on_policy=strict", "steps=6", name="lora-strict")
     recs = metrics(run)
@@ -64,6 +65,7 @@ def test_the_tiny_lora_recipe_learns_the_default_task(run_job):
     assert s["publish_bytes_per_version"] < 100_000  # 72 KB of adapters (and framing), not the 408 KB model
 
 
+@pytest.mark.long
 def test_a_strict_lora_run_over_the_collective_broadcasts_the_adapters(run_job):
     run = run_job("lora.rank=8", "optim.lr=1e-3", "on_policy=strict", "transport.weight_sync=collective", "steps=8",
                   name="lora-collective")

@@ -25,6 +25,7 @@ def test_mgrpo_run_records_the_five_metrics_every_step(run_job, mode):
     assert summary(run)["reconciliation"]["balanced"]
 
 
+@pytest.mark.long
 def test_layer2_groups_train_beside_every_layer1_group_at_the_papers_batch_shape(tmp_path):
     """configs/mgrpo/tiny-paper-shape.yaml: strict, 4 layer-1 groups per actor and version (the paper's 32 over 8
     actors, here 8 over 2), 8 prompts per call, G 8. Every step trains its 8 layer-1 groups and, beside them, the

@@ -43,6 +43,7 @@ def test_strict_mode_runs_in_bfloat16_with_the_dtypes_own_tolerance(run_job):
     assert all(0 <= r["is_ratio_max_abs_dev"] < 1 for r in recs)
 
 
+@pytest.mark.long
 def test_max_staleness_one_under_a_slow_learner_drops_and_counts_stale_groups(run_job):
     # Unthrottled actors outrun the slowed learner, so the gate itself must hold the bound.
     run = run_job("max_staleness=1", "learner.slow_step_s=0.3", "actors.throttle=false", "steps=12", name="slow")
@@ -64,6 +65,7 @@ def test_failed_positive_fraction_is_zero_under_static_and_positive_under_grpo(r
         assert sum(early) > 0, "GRPO reinforces some failed samples when the group mean is below the threshold"
 
 
+@pytest.mark.long
 def test_throttled_actors_stay_within_the_bound_so_nothing_is_dropped(run_job):
     run = run_job("max_staleness=1", "learner.slow_step_s=0.1", "steps=15", name="throttled")
     recs = metrics(run)
@@ -92,6 +94,7 @@ def test_inflight_updates_land_mid_generation_and_samples_record_their_version_s
         assert 0 < r["is_ratio_min"] and r["is_ratio_max"] < 100
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("stage", [2])  # stage 3 (gathered for publishing) runs in test_ranks
 def test_zero_stages_train_and_publish_full_weights(run_job, stage):
     run = run_job(f"learner.zero_stage={stage}", "steps=8", name=f"zero{stage}")

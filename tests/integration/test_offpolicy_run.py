@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 STEPS = 150
 
 
+@pytest.mark.long
 def test_a_lag_8_run_under_tis_trains_and_records_its_truncation_and_ess_in_range(run_job):
     # Throttled actors run max_staleness versions ahead of a learner slowed a little; tis_cap 1.1 (not 2) so the
     # tiny model's ratios at lag 8 (up to ~1.5) are truncated and the counts have something to count.
@@ -47,6 +48,7 @@ def test_strict_mode_hands_the_objective_weights_of_exactly_one(run_job):
             (0.0, 0.0, 0.0, 1.0)
 
 
+@pytest.mark.long
 def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_batch_and_clips_against_the_proximal(
         run_job):
     # A clip of 1% binds as soon as a batch's first step has moved the policy at all: with one step per batch it
@@ -65,6 +67,7 @@ def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_ba
         assert 0.0 <= r["clipped_fraction"] <= 1.0 and 0.0 < r["is_ess_fraction"] <= 1.0
 
 
+@pytest.mark.long
 def test_a_lag_8_run_under_variance_control_trains_and_records_its_ess_and_step_scale(run_job):
     # VCPO's two controls around tis at lag >= 8: every record carries the ESS and the scale taken from it (sqrt,
     # no floor), the scale falls below 1 where the weights are unequal, and the run still learns.

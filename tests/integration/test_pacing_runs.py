@@ -12,6 +12,7 @@ from procs import REPO, free_ports, metrics, reaped, spawn, summary, wait_steps
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_path):
     # Issue 47, row 11: `streamrl actor --index 2` joining a strict run of two at step ~150 failed it ("lag 1;
     # strict needs 0"): it made a full share of the version it joined at, beside the two that had made that batch.
@@ -44,6 +45,7 @@ def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_
     assert per_actor == {"actor-0": 6, "actor-1": 5, "actor-2": 5}, per_actor
 
 
+@pytest.mark.long
 def test_drift_over_max_drift_holds_the_actors_back_instead_of_letting_them_run_to_the_bound(run_job):
     # max_staleness 4 lets throttled actors run 4 versions ahead (lag 4 throughout, on this machine and the README's);
     # a drift bound that a stale batch exceeds holds them to one share per version whenever it is over, so the lag

@@ -54,6 +54,7 @@ def test_dynamic_rollouts_and_filtering_run_in_the_actor_and_are_counted(run_job
     assert summary(run)["reconciliation"]["balanced"]
 
 
+@pytest.mark.long
 def test_reproduce_trains_three_estimators_and_writes_the_plot_and_table(tmp_path):
     out = tmp_path / "repro"
     streamrl("reproduce", "steps=12", *FREE_PORTS, "--out", str(out), cwd=tmp_path, timeout=400)

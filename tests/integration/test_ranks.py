@@ -192,6 +192,7 @@ def _zero3_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.long
 def test_under_zero3_weight_stats_read_only_shards_and_only_rank_0_copies_the_weights(tmp_path):
     import json
 

@@ -10,6 +10,7 @@ pytest.importorskip("reasoning_gym")
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_the_tiny_model_learns_a_reasoning_gym_task(tmp_path):
     streamrl("run", str(REPO / "configs" / "reasoning-gym-tiny.yaml"), f"run_dir={tmp_path / 'runs'}", *FREE_PORTS,
              cwd=tmp_path, timeout=600)

@@ -9,6 +9,7 @@ from procs import FREE_PORTS, metrics, streamrl, summary
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_a_release_shaped_folder_trains_strictly_on_policy_to_the_end(release_model, tmp_path):
     # fp32: bf16 matmuls over this vocabulary are ~17x slower on these CPUs. A small batch keeps it short,
     # micro-batches of 64 tokens (2-3 rows) make the step accumulate; demand_after_s is raised because a

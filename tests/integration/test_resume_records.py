@@ -33,6 +33,7 @@ def _job(tmp, args: list[str], tag: str) -> None:
         assert [a.wait(timeout=60) for a in actors] == [0, 0]
 
 
+@pytest.mark.long
 def test_a_resume_with_no_checkpoint_is_refused_and_overwrite_moves_the_record_aside_whole(tmp_path):
     args = _args(tmp_path, "nockpt", steps=100_000)
     run = tmp_path / "runs" / "nockpt"
@@ -62,6 +63,7 @@ def test_a_resume_with_no_checkpoint_is_refused_and_overwrite_moves_the_record_a
     assert [r["step"] for r in metrics(run)] == [0, 1, 2]
 
 
+@pytest.mark.long
 def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_whole_run(tmp_path):
     run = tmp_path / "runs" / "ptr"
     _job(tmp_path, _args(tmp_path, "ptr", steps=6) + ["learner.checkpoint_every=3"], "first")
@@ -96,6 +98,7 @@ def test_resume_finds_a_checkpoint_newer_than_latest_and_the_summary_counts_the_
     assert r["actor_sessions"] == 4 and r["balanced"] and r["lost_in_transit"] == 0, r
 
 
+@pytest.mark.long
 def test_resuming_a_finished_run_keeps_the_first_lifes_sessions_and_counts(tmp_path):
     # The last step is a checkpoint's (checkpoint_every divides steps): the learner saves no other at its end, so
     # what came after that save (its actors' final reports, the groups drained at shutdown) is not in a checkpoint.
@@ -116,6 +119,7 @@ def test_resuming_a_finished_run_keeps_the_first_lifes_sessions_and_counts(tmp_p
     assert r["actor_sessions"] == 4 and r["unreported_session_count"] == 0 and r["balanced"], r
 
 
+@pytest.mark.long
 def test_a_killed_learner_resumed_redoes_its_steps_and_keeps_the_earlier_metrics_aside(tmp_path):
     args = _args(tmp_path, "phoenix", steps=30) + ["learner.checkpoint_every=10"]
     run = tmp_path / "runs" / "phoenix"

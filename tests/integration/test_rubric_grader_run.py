@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples"
 
 
+@pytest.mark.long
 def test_a_run_trains_on_the_graders_scores_and_survives_the_grader_failing(tmp_path):
     subprocess.run([sys.executable, str(EXAMPLES / "chat-dataset" / "make_data.py"), str(tmp_path)], check=True)
     server = ChatServer(lambda request: "2").start()  # every completion: 2 on a 1..3 rubric, the level 0.5

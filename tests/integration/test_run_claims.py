@@ -79,6 +79,7 @@ def test_a_live_run_refuses_a_second_run_overwrite_and_resume_naming_its_process
     assert summary(run)["status"] == "stopped"
 
 
+@pytest.mark.long
 def test_a_crashed_runs_lock_goes_with_it(tmp_path):
     run = tmp_path / "runs" / "crash"
     first = _start(tmp_path, "crash", "steps=100000", "learner.slow_step_s=0.2", env={"STREAMRL_FORK": "0"})
@@ -95,6 +96,7 @@ def test_a_crashed_runs_lock_goes_with_it(tmp_path):
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.long
 def test_resume_applies_and_records_a_safe_change_and_refuses_one_that_would_corrupt_the_run(tmp_path):
     run = tmp_path / "runs" / "res"
     common = [TINY, "name=res", f"run_dir={tmp_path / 'runs'}", *FREE_PORTS, *QUIET]
@@ -121,6 +123,7 @@ def test_resume_applies_and_records_a_safe_change_and_refuses_one_that_would_cor
     assert log_after.startswith(log_before) and log_after.count("--- streamrl learner") == 2
 
 
+@pytest.mark.long
 def test_a_learner_that_cannot_stop_does_not_hold_one_ctrl_c_and_the_wait_is_told(tmp_path):
     run = tmp_path / "runs" / "hang"
     # The supervisor's notes every 2 s instead of 15 and its grace for a frozen learner 4 s instead of 30
@@ -148,6 +151,7 @@ def test_a_learner_that_cannot_stop_does_not_hold_one_ctrl_c_and_the_wait_is_tol
     assert s["status"] == "failed" and "killed by SIGKILL" in s["error"] and s["steps"] == len(metrics(run)), s
 
 
+@pytest.mark.long
 def test_a_learner_killed_by_a_signal_leaves_a_failed_summary(tmp_path):
     run = tmp_path / "runs" / "killed"
     proc = _start(tmp_path, "killed", "steps=100000", "learner.slow_step_s=0.2", env={"STREAMRL_FORK": "0"})
@@ -174,6 +178,7 @@ def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written
     assert not (tmp_path / "runs").exists() and not (tmp_path / "escape").exists()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("change,key", [("task.name=reverse", "task.name"), ("model.num_heads=2", "model.num_heads"),
                                         ("actors.group_size=4", "actors.group_size")])
 def test_an_actor_set_up_for_another_run_is_refused_by_name_and_the_run_goes_on_with_the_others(tmp_path, change, key):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from procs import streamrl
 
 
+@pytest.mark.long
 def test_staleness_short_trains_at_exactly_the_forced_lag_and_tabulates_ratios_to_strict(tmp_path):
     out = streamrl("bench", "staleness", "--short", "--objectives", "token_pg", "tis", "decoupled_ppo-2step",
                    "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=300).stdout.splitlines()

@@ -84,6 +84,7 @@ def test_a_refused_resume_changes_nothing_on_disk_and_says_its_own_cause(tmp_pat
     assert "optim.lr" in line and "seed" not in line and "steps" not in line, line
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_an_actor_killed_and_not_restarted_has_its_dealt_prompts_dealt_again_within_seconds(tmp_path):
     rows = 48

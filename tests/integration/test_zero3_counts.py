@@ -81,6 +81,7 @@ def _run(world: int, zero: int, out_dir) -> list[mp.Process]:
     return procs
 
 
+@pytest.mark.long
 def test_zero3_ranks_with_unequal_micro_batch_and_chunk_counts_take_the_one_rank_step(tmp_path):
     from safetensors.torch import load_file
 

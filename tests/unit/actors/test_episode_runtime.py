@@ -102,9 +102,10 @@ def test_an_agents_return_on_no_level_is_out_of_scale_never_rounded(tmp_path):
 def test_a_tasks_capabilities_say_how_its_samples_are_made():
     bare, env_cfg = config.load("tiny.yaml", []).task, config.load("tiny-tools.yaml", []).task
     assert environments.configured_rollout(bare) == "single_turn"
-    assert environments.configured_rollout(env_cfg) == "environment"  # task.environment: its episodes
-    for name, kind in (("agent", "agent"), ("skyrl_gym", "environment"), ("openenv", "environment"),
-                       ("verifiers", "agent"), ("reverse", "single_turn")):  # what each declares, not its name
+    assert environments.configured_rollout(env_cfg) == "environment_episodes"  # task.environment: its episodes
+    for name, kind in (("agent", "agent_episodes"), ("skyrl_gym", "environment_episodes"),
+                       ("openenv", "environment_episodes"), ("verifiers", "agent_episodes"),
+                       ("reverse", "single_turn")):  # what each declares, not its name
         assert environments.configured_rollout(SimpleNamespace(name=name, environment="")) == kind, name
     assert TaskDefaults().environment_class() is None
 

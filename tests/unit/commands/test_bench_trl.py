@@ -39,6 +39,7 @@ def test_without_trl_the_bench_says_how_to_install_it(tmp_path):
         bench_trl._trl(["steps=1"], 1, 0.5, tmp_path)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRL, reason="needs TRL (the test extra installs it)")
 def test_short_bench_trains_both_systems_in_fresh_processes_and_prints_the_table(capsys):

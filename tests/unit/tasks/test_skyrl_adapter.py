@@ -116,7 +116,7 @@ def test_the_skyrl_gym_task_is_episodic_and_its_environment_class_is_the_adapter
     assert environments.episodic(_task("gsm8k"))
     task = SkyRLGymTask.__new__(SkyRLGymTask)  # the rows are not needed to name the class
     task.cfg = _task("gsm8k")
-    assert environments.configured_rollout(task.cfg) == "environment"
+    assert environments.configured_rollout(task.cfg) == "environment_episodes"
     assert environments.class_of(task, task.cfg).__name__ == "SkyRLGym[gsm8k]"
 
 
