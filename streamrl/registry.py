@@ -16,10 +16,8 @@ engine) or the implementation itself, which may carry `Options` and `capabilitie
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
-import logging
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -28,7 +26,6 @@ from typing import Any, Callable, Generic, TypeVar
 import msgspec
 
 T = TypeVar("T")
-log = logging.getLogger("streamrl.registry")
 
 CAPABILITIES = {
     "episodes": "task: its samples are multi-turn episodes of an environment (the episode runtime runs them)",
@@ -197,22 +194,12 @@ class Registry(Generic[T]):
         raise KeyError(self.unknown(name))
 
 
-def parse_options(reg: Registry, name: str, raw: dict[str, Any], section: str) -> msgspec.Struct | None:
-    """`raw` (the section's keys beyond its shared ones) as plug-in `name`'s options, validated by its Struct.
-    Errors read 'KEY=VALUE: why' (the config loader prefixes the section): the key, the plug-in, what it takes."""
+def parse_options(reg: Registry, name: str, raw: dict[str, Any]) -> msgspec.Struct | None:
+    """`raw` (keys the plug-in's options have: `streamrl.config.plugged.parse_section` decides which keys reach it)
+    as plug-in `name`'s options, validated by its Struct. Errors read 'KEY=VALUE: why' (the config loader prefixes
+    the section): the key, the plug-in, what it takes."""
     opts = reg.options(name)
     fields = opts.__struct_fields__ if opts is not None else ()
-    raw = dict(raw)
-    for key, value in list(raw.items()):
-        if key not in fields and _of_another(reg, key):
-            # a file extending another (tiny.yaml's symbol options) may keep keys of the plug-in it replaced
-            log.info("%s.%s=%r: an option of another %s, not read by %r", section, key, value, reg.kind, name)
-            del raw[key]
-        elif key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{key}={value!r}: unknown key under {section!r}{hint}: not an option of {reg.kind} "
-                             f"{name!r}; its options: {', '.join(fields) or 'none'}")
     if opts is None:
         return None
     try:
@@ -223,10 +210,6 @@ def parse_options(reg: Registry, name: str, raw: dict[str, Any], section: str) -
         m = re.search(r"(.*?)(?: - at `\$\.(\w+)[^`]*`)?$", str(e))
         key = m.group(2) or next((f for f in fields if f"`{f}`" in str(e)), "")
         return _refused(key, raw.get(key), f"{reg.kind} {name!r}: {m.group(1)}")
-
-
-def _of_another(reg: Registry, key: str) -> bool:
-    return any(key in getattr(reg.options(n), "__struct_fields__", ()) for n in reg.names())
 
 
 class OptionError(ValueError):

@@ -87,7 +87,7 @@ def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[st
             raise OptionError(key, f"{key}={value!r}: unknown key under {section!r}{hint}; valid keys under "
                                    f"{section!r}: {shared}, and the options of the plug-ins it names "
                                    f"({'; '.join(takes) or 'none'})")
-    parsed = {f"{reg.kind}:{name}": parse_options(reg, name, keys, section) for (reg, name), keys in own.items()}
+    parsed = {f"{reg.kind}:{name}": parse_options(reg, name, keys) for (reg, name), keys in own.items()}
     return {k: v for k, v in parsed.items() if v is not None}
 
 
