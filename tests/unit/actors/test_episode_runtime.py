@@ -48,6 +48,11 @@ def _environment_run(tmp_path, reward_given: float):
     reward = rewards.build(cfg)
     _, tok = model_lib.build(cfg, reward.task.vocabulary)
     runner = EnvironmentEpisodes(cfg, _Answers(tok), tok, reward, "actor-0", [tok.eos_token_id])
+    return _play(runner, reward)
+
+
+def _play(runner, reward):
+    """(groups, stats, counts) of one call of the runner on two of the task's prompts."""
     rng = random.Random(0)
     try:
         return runner.make_groups([reward.task.sample(rng) for _ in range(2)], 0)
@@ -82,11 +87,7 @@ def _agent_run(tmp_path, value: float):
     backend = backends.build("hf", cfg, model, tok)
     options = RolloutOptions.from_config(cfg)
     runner = rollouts.runner(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids, options, None)
-    rng = random.Random(0)
-    try:
-        return runner.make_groups([reward.task.sample(rng) for _ in range(2)], 0)
-    finally:
-        runner.close()
+    return _play(runner, reward)
 
 
 def test_an_agents_return_within_the_tolerance_is_the_tasks_level(tmp_path):
