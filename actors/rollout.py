@@ -96,6 +96,9 @@ class RolloutStats(msgspec.Struct):
     """Multi-layer GRPO: layer-2 corrections sampled (one per layer-1 response)."""
     corrections_kept: int = 0
     """Corrections the verifier found correct, each the seed of a layer-2 group."""
+    layer2_unsent: int = 0
+    """Layer-2 groups not sent because their layer-1 group was not (unscored, or filtered for equal rewards): a
+    layer-2 group trains in its layer-1 group's batch or not at all."""
     queries_capped: int = 0
     """Multi-layer GRPO: layer-2 queries cut to fit the model's context."""
     query_tokens_cut: int = 0
@@ -224,8 +227,9 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
                 policy_version: int, actor_id: str, rng: random.Random | None = None,
                 observe: Callable[[str, list[float]], None] | None = None,
                 between_steps: Callable[[], int] | None = None) -> tuple[list[ScoredGroup], RolloutStats]:
-    """Layer-1 groups, after (multi-layer GRPO) the layer-2 groups of their responses: sent in this order, a
-    layer-2 group reaches the learner before the layer-1 group whose batch it joins. rng draws the guiding phrases;
+    """Layer-1 groups, each right after (multi-layer GRPO) the layer-2 groups of its responses' verified corrections:
+    sent in this order, they reach the learner just ahead of the layer-1 group whose batch they join (learner.escort).
+    rng draws the guiding phrases;
     observe(prompt_id, rewards) sees every prompt's layer-1 rewards, filtered groups included.
     between_steps: in-flight updates (see Backend.generate); groups keep `policy_version`, the
     oldest version of their samples, and each sample records the newest."""
@@ -235,13 +239,13 @@ def make_groups(backend: Backend, tokenizer, reward: Reward, prompts: list[Promp
         return [], stats
     chosen = _layer1(backend, tokenizer, reward, prompts, ids, opts, stats, between_steps)
     corrections: list[list[float] | None] = [None] * len(prompts)
-    layer2: list[ScoredGroup] = []
+    layer2: list[list[ScoredGroup]] = [[] for _ in prompts]
     if opts.phrases:
         corrections, layer2 = _layer2(backend, tokenizer, reward, prompts, ids, chosen, opts, policy_version, actor_id,
                                       rng or random.Random(), stats, between_steps)
-    groups = _finish(prompts, ids, chosen, corrections, opts, policy_version, actor_id, stats, observe)
+    groups = _finish(prompts, ids, chosen, corrections, opts, policy_version, actor_id, stats, observe, layer2)
     stats.unparseable = reward.unparseable - unparseable_before
-    return layer2 + groups, stats
+    return groups, stats
 
 
 class Started(msgspec.Struct):
@@ -296,20 +300,24 @@ def _fitting(tokenizer, prompts: list[Prompt], opts: RolloutOptions, stats: Roll
 
 
 def _finish(prompts, ids, chosen, corrections, opts: RolloutOptions, policy_version: int, actor_id: str,
-            stats: RolloutStats, observe=None) -> list[ScoredGroup]:
-    """Layer-1 groups of scored samples: unscored ones and (dynamic filtering) equal-reward ones dropped and
-    counted; the census before and after filtering."""
+            stats: RolloutStats, observe=None, layer2: list[list[ScoredGroup]] | None = None) -> list[ScoredGroup]:
+    """Layer-1 groups of scored samples, each after its layer-2 groups (layer2[i]: prompt i's): unscored ones and
+    (dynamic filtering) equal-reward ones dropped and counted, with their layer-2 groups; the census before and
+    after filtering."""
     groups = []
-    for prompt, p_ids, samples, corr in zip(prompts, ids, chosen, corrections):
+    for i, (prompt, p_ids, samples, corr) in enumerate(zip(prompts, ids, chosen, corrections)):
+        riders = layer2[i] if layer2 else []
         if any(math.isnan(r) for _, _, r in samples):  # no sample of it could be scored
             stats.groups_unscored += 1
+            stats.layer2_unsent += len(riders)
             continue
         if observe is not None:
             observe(prompt.id, [r for _, _, r in samples])
         if opts.filter_zero_variance and group_filters.zero_variance([r for _, _, r in samples]):
             stats.filtered_zero_variance += 1
+            stats.layer2_unsent += len(riders)
             continue
-        groups.append(_group(prompt.id, p_ids, samples, policy_version, actor_id, corr))
+        groups += [*riders, _group(prompt.id, p_ids, samples, policy_version, actor_id, corr)]
     if opts.estimator:  # the paper's census before and after dynamic filtering, over the groups that were scored
         scored = [[r for _, _, r in c] for c in chosen if not any(math.isnan(r) for _, _, r in c)]
         for stage, rows in (("before", scored), ("after", [g.rewards for g in groups])):
@@ -344,9 +352,9 @@ def _layer1(backend, tokenizer, reward, prompts, ids, opts: RolloutOptions, stat
 
 def _layer2(backend, tokenizer, reward, prompts, prompt_ids: list[list[int]], chosen: list[list[Sample]],
             opts: RolloutOptions, version: int, actor_id: str, rng: random.Random, stats: RolloutStats,
-            between_steps=None) -> tuple[list[list[float]], list[ScoredGroup]]:
+            between_steps=None) -> tuple[list[list[float]], list[list[ScoredGroup]]]:
     """One correction per layer-1 response; the correct ones, each with `augment` more samples of its
-    query, become layer-2 groups. Returns each layer-1 group's correction rewards and the new groups.
+    query, become layer-2 groups. Returns each layer-1 group's correction rewards and its new groups.
     A query continues the response's own tokens (mgrpo.layer2_ids); one longer than `query_limit` keeps the
     original prompt and the end of the response with the phrase, and is counted."""
     owners, q_ids = [], []  # owners[j]: the original prompt of layer-2 query j
@@ -369,11 +377,11 @@ def _layer2(backend, tokenizer, reward, prompts, prompt_ids: list[list[int]], ch
     per_group = [[r for _, _, r in first[i * opts.group_size:(i + 1) * opts.group_size]] for i in range(len(prompts))]
     kept = [j for j, (_, _, r) in enumerate(first) if r >= opts.r_min_correct and caps[j] > 0]
     stats.corrections_kept += len(kept)
-    groups = []
+    groups: list[list[ScoredGroup]] = [[] for _ in prompts]
     if kept and opts.augment:
         more = _sample(backend, tokenizer, reward, [owners[j] for j in kept], [q_ids[j] for j in kept], opts.augment,
                        between_steps, [caps[j] for j in kept], stats)
         for j, extra in zip(kept, more):
-            groups.append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j], [first[j], *extra], version,
-                                 actor_id, layer=2))
+            groups[j // opts.group_size].append(_group(f"{owners[j].id}/t2/{j % opts.group_size}", q_ids[j],
+                                                       [first[j], *extra], version, actor_id, layer=2))
     return per_group, groups

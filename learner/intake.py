@@ -16,6 +16,7 @@ from streamrl.algo import staleness
 from streamrl.comm.control import ControlServer
 from streamrl.comm.groups import GroupReceiver
 from streamrl.comm.codec import ScoredGroup
+from streamrl.learner.escort import Escort
 from streamrl.learner.stepstats import StrictModeViolation
 
 log = logging.getLogger("streamrl.learner")
@@ -59,6 +60,8 @@ class Intake:
         self.pacer = None  # learner.pacing.Pacer: each actor's share of a batch, the actors sharing it, the drift
         self.held: collections.deque[ScoredGroup] = collections.deque()
         """Groups past their actor's share of a batch, taken first into the next (`collect`)."""
+        self.escort = Escort()
+        """Multi-layer GRPO: layer-2 groups waiting for the layer-1 group whose batch they join."""
 
     @property
     def received(self) -> int:
@@ -66,10 +69,9 @@ class Intake:
         return self.receiver.received
 
     def collect(self, version: int, n: int, timeout_s: float, stop=lambda: False) -> tuple[list[ScoredGroup], float]:
-        """n layer-1 groups that pass the gate at `version`, with the multi-layer GRPO layer-2 groups that came
-        before them (an actor sends a call's layer-2 groups first, so each batch holds the corrections of its
-        layer-1 groups' responses, beside them as in MGRPO), and the seconds spent waiting for them. Layer-2
-        groups past a multiple of the learner's ranks are dropped and counted (`layer2_uneven_ranks`).
+        """n layer-1 groups that pass the gate at `version`, each with the multi-layer GRPO layer-2 groups of its
+        responses' corrections (learner.escort: beside them as in MGRPO), and the seconds spent waiting for them.
+        Layer-2 groups past a multiple of the learner's ranks are dropped and counted (`layer2_uneven_ranks`).
 
         Returns fewer than n only when `stop()` turns true. Raises TimeoutError if no group at all
         arrives for `timeout_s` (UserCodeFailed, StrictModeViolation: see `_fill`); the groups taken for the batch
@@ -80,10 +82,12 @@ class Intake:
         t0 = time.perf_counter()
         batch: list[ScoredGroup] = []
         deferred: list[ScoredGroup] = []  # groups past their actor's share of this batch: the next batch's first
+        for group in self.escort.expire(version, self.max_staleness):
+            self._drop(group, "stale")
         try:
             self._fill(batch, deferred, version, n, timeout_s, stop)
         except BaseException:  # a failure ends the run here: what this batch took (or holds) is never trained
-            self.dropped["lost_at_failure"] += len(batch) + len(deferred) + len(self.held)
+            self.dropped["lost_at_failure"] += len(batch) + len(deferred) + len(self.held) + self.escort.clear()
             self.held.clear()
             raise
         self.held.extend(deferred)
@@ -113,18 +117,25 @@ class Intake:
                 group, held = self._next()
                 if group is None:
                     break
+                if group.layer != 1:  # rides with the layer-1 group that comes next from its session
+                    if (verdict := "ok" if held else self._verdict(group, version)) == "ok":
+                        self.escort.wait(group)
+                    else:
+                        self._drop(group, verdict)
+                    continue
                 batch.append(group)  # in hand: a verdict that raises (strict) leaves it counted with the batch
                 verdict = self._gate(group, version) if held else self._verdict(group, version)
+                riders = self.escort.riders(group)
+                batch.pop()
                 if verdict != "ok":
-                    batch.pop()
-                    self.dropped[verdict] += 1
-                    if self.dealing is not None:
-                        self.dealing.dropped(group, verdict)
+                    for g in (*riders, group):
+                        self._drop(g, verdict)
                 elif shares is not None and took[group.actor_id] >= shares.get(group.actor_id, n):
-                    deferred.append(batch.pop())
+                    deferred += [*riders, group]
                 else:
-                    have += group.layer == 1
-                    took[group.actor_id] += group.layer == 1
+                    batch += [*riders, group]
+                    have += 1
+                    took[group.actor_id] += 1
             last_arrival = max(last_arrival, self._previous_arrival or last_arrival)
             if self.receiver.failures:  # a user's function is broken: training on what is left would be pointless
                 raise UserCodeFailed(self.receiver.failures[0])
@@ -181,6 +192,11 @@ class Intake:
         self.held.extend(deferred)
         deferred.clear()
 
+    def _drop(self, group: ScoredGroup, verdict: str) -> None:
+        self.dropped[verdict] += 1
+        if self.dealing is not None:
+            self.dealing.dropped(group, verdict)
+
     def _next(self) -> tuple[ScoredGroup | None, bool]:
         """The next group, and whether it was held: held ones first (past their actor's share of an earlier batch;
         only their lag has changed since), then what arrives (timed, for `demand_wait_s`)."""
@@ -212,8 +228,8 @@ class Intake:
         """At shutdown, after actors were told to stop: take what is still on the way, counting it as
         lost_at_shutdown, until every actor session still sending has reported (or timeout_s)."""
         deadline = time.monotonic() + timeout_s
-        if self.held:  # a Counter key only where something was lost (the accounting lists its keys)
-            self.dropped["lost_at_shutdown"] += len(self.held)
+        if self.held or self.escort:  # a Counter key only where something was lost (the accounting lists its keys)
+            self.dropped["lost_at_shutdown"] += len(self.held) + self.escort.clear()
             self.held.clear()
         while time.monotonic() < deadline:
             while self.receiver.take() is not None:
@@ -325,7 +341,7 @@ class Intake:
     def state(self) -> dict:
         """What a checkpoint keeps of the accounting, for a resumed learner to go on from (`restore`)."""
         return {"used": self.used, "dropped": dict(self.dropped), "demands_sent": self.demands_sent,
-                "held": len(self.held), "receiver": self.receiver.state()}
+                "held": len(self.held) + len(self.escort), "receiver": self.receiver.state()}
 
     def restore(self, state: dict) -> None:
         self.used, self.demands_sent = state["used"], state["demands_sent"]

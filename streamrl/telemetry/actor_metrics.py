@@ -41,6 +41,8 @@ class ActorMetrics:
                                      "Multi-layer GRPO: corrections sampled (one per layer-1 response)")
         self.corrections_kept = m.counter("streamrl_actor_corrections_kept_total",
                                           "Multi-layer GRPO: corrections the verifier found correct")
+        self.layer2_unsent = m.counter("streamrl_actor_layer2_unsent_total",
+                                       "Multi-layer GRPO: layer-2 groups not sent because their layer-1 group was not")
         self.policy_version = m.gauge("streamrl_actor_policy_version", "Policy version the actor generates with")
         self.share = m.gauge("streamrl_actor_share_groups", "Groups this actor makes per learner version")
         self.last_progress = m.gauge("streamrl_actor_last_progress_timestamp_seconds",
@@ -86,6 +88,7 @@ class ActorMetrics:
         self.groups_unscored.inc(getattr(stats, "groups_unscored", 0))
         self.corrections.inc(stats.corrections)
         self.corrections_kept.inc(stats.corrections_kept)
+        self.layer2_unsent.inc(stats.layer2_unsent)
 
     def observe_episodes(self, stats) -> None:
         """stats: actors.episodes.EpisodeStats of one generate call. The share of time in tools is

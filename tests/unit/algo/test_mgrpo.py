@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from streamrl import tasks
+from streamrl import config, tasks
 from streamrl.actors import rollout
 from streamrl.actors.backends import Completion
 from streamrl.algo import mgrpo
@@ -53,10 +53,11 @@ class Scripted:
         return out
 
 
-def _run(script, group_size=4, augment=3, prompt_text="copy : a b =", target=("a", "b")):
+def _run(script, group_size=4, augment=3, prompt_text="copy : a b =", target=("a", "b"), filtering=False):
     tok = Words()
     prompt = tasks.Prompt(id="p0", text=prompt_text, target=target)
-    opts = rollout.RolloutOptions(group_size=group_size, r_min_correct=1.0, phrases=PHRASES, augment=augment)
+    opts = rollout.RolloutOptions(group_size=group_size, r_min_correct=1.0, phrases=PHRASES, augment=augment,
+                                  filter_zero_variance=filtering)
     backend = Scripted(tok, script)
     groups, stats = rollout.make_groups(backend, tok, rewards.Reward(symbols.Copy(4, len(target))), [prompt], opts,
                                         7, "actor-0", random.Random(0))
@@ -93,6 +94,15 @@ def test_only_verified_corrections_are_kept_and_each_is_augmented_h_times():
 def test_no_layer2_group_when_no_correction_verifies():
     groups, stats, backend, _ = _run([LAYER1, ["x x"], ["x x"], ["b b"], ["a x"]])
     assert [g.layer for g in groups] == [1] and stats.corrections_kept == 0 and backend.calls == [(1, 4), (4, 1)]
+
+
+def test_the_layer2_groups_of_a_filtered_layer1_group_are_not_sent_and_are_counted():
+    """A layer-2 group trains in its layer-1 group's batch or not at all (learner.escort): dynamic filtering drops
+    an all-wrong group, and with it the groups of its verified corrections."""
+    groups, stats, _, _ = _run([["x x"] * 4, ["a b"], ["x x"], ["a b"], ["x x"], ["a b"] * 3, ["a b"] * 3],
+                               filtering=True)
+    assert groups == [] and stats.filtered_zero_variance == 1
+    assert stats.corrections_kept == 2 and stats.layer2_unsent == 2
 
 
 def test_five_metrics_on_a_fixed_batch():
@@ -144,17 +154,17 @@ def test_eval_reports_the_five_metrics_under_mgrpo():
 
 # --- layer-2 groups join the batch beside the layer-1 groups (issue 26, item 5) -----------------------
 
-def _wire_group(layer: int, version: int = 0):
+def _wire_group(layer: int, version: int = 0, prompt_id: str = "", actor_id: str = "a"):
     from streamrl.comm.codec import ScoredGroup
 
-    return ScoredGroup.from_samples(prompt_id=f"p/{layer}", policy_version=version, actor_id="a", prompt_tokens=[1],
+    return ScoredGroup.from_samples(prompt_id=prompt_id or f"p/{layer}", policy_version=version, actor_id=actor_id, prompt_tokens=[1],
                                     completions=[[2]] * 2, logprobs=[[-1.0]] * 2, rewards=[0.0, 1.0],
                                     finish_reasons=["stop"] * 2, layer=layer)
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("ranks, dropped", [(1, 0), (2, 1)])
-def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(ranks, dropped):
+def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_each(ranks, dropped):
     import zmq
 
     from streamrl.comm.control import ControlServer
@@ -169,8 +179,8 @@ def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(rank
     sender = GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64, actor_id="a")
     try:
         intake = Intake(receiver, control, group_size=2, max_staleness=0, strict=True, ranks=ranks)
-        # two generate calls at version 0, each as an actor sends it: its layer-2 groups, then its layer-1 groups
-        for layers in ([2, 2, 2, 1, 1], [2, 2, 1, 1]):
+        # two generate calls at version 0, each as an actor sends it: each layer-1 group after its layer-2 groups
+        for layers in ([2, 2, 1, 2, 1], [2, 1, 2, 1]):
             assert sender.send_batch([_wire_group(layer) for layer in layers], timeout_s=2)
         batch, _ = intake.collect(version=0, n=4, timeout_s=10)
         assert sum(g.layer == 1 for g in batch) == 4                  # the batch's layer-1 groups: n, as before
@@ -183,9 +193,107 @@ def test_a_batch_is_n_layer1_groups_plus_the_layer2_groups_sent_before_them(rank
         ctx.term()
 
 
-def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
-    """Generation returns every layer-2 group a call made (no share of the budget, no trim), ahead of the call's
-    layer-1 groups; the actor charges its throttle for the layer-1 ones only (tests/integration/test_mgrpo_runs.py:
+@pytest.fixture
+def wired():
+    """(sender, make_intake(max_staleness)) on live sockets."""
+    import zmq
+
+    from streamrl.comm.control import ControlServer
+    from streamrl.comm.groups import GroupReceiver, GroupSender
+    from streamrl.comm.weights.publisher import WeightPublisher
+    from streamrl.learner.intake import Intake
+
+    from streamrl.learner.pacing import Pacer
+
+    ctx = zmq.Context()
+    receiver = GroupReceiver(ctx, "tcp://127.0.0.1:*", hwm=64, max_bytes=1 << 20, vocab_size=32)
+    publisher = WeightPublisher(ctx, "tcp://127.0.0.1:*", 1 << 20)
+    control = ControlServer(ctx, "tcp://127.0.0.1:*", publisher)
+    socks = [receiver, control, publisher]
+
+    def sender(actor_id: str) -> GroupSender:
+        socks.insert(0, GroupSender(ctx, receiver.sock.getsockopt_string(zmq.LAST_ENDPOINT), hwm=64,
+                                    actor_id=actor_id))
+        return socks[0]
+
+    def make(max_staleness: int, paced: bool = False) -> Intake:
+        intake = Intake(receiver, control, group_size=2, max_staleness=max_staleness)
+        if paced:  # two actors, a share of 1 of each batch of 2
+            intake.pacer = Pacer(config.load(None, ["learner.batch_groups=2", "actors.num=2", "actors.group_size=2",
+                                                    f"max_staleness={max_staleness}"]), control)
+        return intake
+
+    yield sender, make
+    for sock in socks:
+        sock.close()
+    ctx.term()
+
+
+def _call(version: int, *spec: str, actor: str = "a"):
+    """One generate call's groups as an actor sends them: 'x' a layer-1 group of prompt x, 'x/t2' its layer-2 one."""
+    return [_wire_group(2 if "/t2" in s else 1, version, s, actor) for s in spec]
+
+
+@pytest.mark.timeout(30)
+def test_a_call_split_between_two_batches_trains_each_layer2_group_in_its_layer1_groups_batch(wired):
+    sender, make = wired
+    intake = make(max_staleness=1)
+    assert sender("a").send_batch(_call(0, "a/t2", "a", "b/t2", "b/t2", "b", "c/t2", "c"), timeout_s=2)
+    first, _ = intake.collect(version=0, n=2, timeout_s=10)
+    assert [g.prompt_id for g in first] == ["a/t2", "a", "b/t2", "b/t2", "b"]
+    second, _ = intake.collect(version=1, n=1, timeout_s=10)
+    assert [g.prompt_id for g in second] == ["c/t2", "c"]   # not trained a step early, beside a and b
+    assert intake.used == 7 and not intake.dropped
+
+
+@pytest.mark.timeout(30)
+def test_a_layer2_group_is_dropped_with_its_stale_layer1_group_and_counted(wired):
+    sender, make = wired
+    intake, a = make(max_staleness=0), sender("a")
+    assert a.send_batch(_call(0, "a/t2", "a", "b/t2", "b"), timeout_s=2)
+    first, _ = intake.collect(version=0, n=1, timeout_s=10)
+    assert a.send_batch(_call(1, "c/t2", "c"), timeout_s=2)
+    second, _ = intake.collect(version=1, n=1, timeout_s=10)
+    assert [g.prompt_id for g in first] == ["a/t2", "a"] and [g.prompt_id for g in second] == ["c/t2", "c"]
+    assert intake.dropped == {"stale": 2}   # b and its layer-2 group
+    assert intake.received == intake.used + sum(intake.dropped.values())
+
+
+@pytest.mark.timeout(30)
+def test_a_layer2_group_shares_its_layer1_groups_fate_whatever_refused_that_one(wired):
+    """The intake's verdicts that look at a layer-1 group alone (task.epochs' not_dealt, a wrong group size) drop its
+    layer-2 groups with it: they never train without the group whose responses they correct."""
+    from streamrl.comm.codec import ScoredGroup
+
+    sender, make = wired
+    intake, a = make(max_staleness=0), sender("a")
+    odd = ScoredGroup.from_samples(prompt_id="b", policy_version=0, actor_id="a", prompt_tokens=[1],
+                                   completions=[[2]] * 3, logprobs=[[-1.0]] * 3, rewards=[0.0, 1.0, 1.0],
+                                   finish_reasons=["stop"] * 3)
+    assert a.send_batch([*_call(0, "b/t2"), odd, *_call(0, "c/t2", "c")], timeout_s=2)
+    batch, _ = intake.collect(version=0, n=1, timeout_s=10)
+    assert [g.prompt_id for g in batch] == ["c/t2", "c"]
+    assert intake.dropped == {"wrong_group_size": 2}
+
+
+@pytest.mark.timeout(30)
+def test_a_layer1_group_held_past_its_actors_share_keeps_its_layer2_groups_with_it(wired):
+    sender, make = wired
+    intake = make(max_staleness=1, paced=True)
+    assert sender("actor-0").send_batch(_call(0, "a/t2", "a", "b/t2", "b", "c/t2", "c", actor="actor-0"), timeout_s=2)
+    actor1 = sender("actor-1")
+    assert actor1.send_batch(_call(0, "d", actor="actor-1"), timeout_s=2)
+    first, _ = intake.collect(version=0, n=2, timeout_s=10)
+    assert sorted(g.prompt_id for g in first) == ["a", "a/t2", "d"]   # b's and c's corrections wait with them
+    assert actor1.send_batch(_call(1, "e", actor="actor-1"), timeout_s=2)
+    second, _ = intake.collect(version=1, n=2, timeout_s=10)
+    assert sorted(g.prompt_id for g in second) == ["b", "b/t2", "e"]
+    assert intake.received == intake.used + len(intake.held) + len(intake.receiver.pending)
+
+
+def test_a_generate_call_sends_every_layer2_group_just_ahead_of_its_layer1_group():
+    """Generation returns every layer-2 group a call made (no share of the budget, no trim), each just ahead of the
+    layer-1 group whose responses it corrects; the actor charges its throttle for the layer-1 ones only (tests/integration/test_mgrpo_runs.py:
     every strict step holds batch_groups layer-1 groups and one layer-2 group per verified correction)."""
     from streamrl import config
     from streamrl.actors.generation import Generation
@@ -201,7 +309,7 @@ def test_a_generate_call_sends_every_layer2_group_ahead_of_its_layer1_groups():
     gen = Generation(cfg, 0, 0, backend, tok, reward,
                      actor_metrics.ActorMetrics(prometheus_metrics.new_registry(), "t", "actor-0"))
     groups = gen(4, 0, None)
-    assert [g.layer for g in groups] == [2] * 16 + [1] * 4   # corrections first: they reach the learner before
+    assert [g.layer for g in groups] == ([2] * 4 + [1]) * 4   # corrections first: they reach the learner before
     assert "over_budget" not in gen.report()
 
 
