@@ -16,7 +16,7 @@ from streamrl.algo import difficulty
 from streamrl.algo.learning_signal import CENSUS_KEYS
 from streamrl.comm.codec import ScoredGroup
 from streamrl.comm.wire import FilteredCensus
-from streamrl.config import Config
+from streamrl.config import Config, rollout_kind
 from streamrl.tasks import environments
 from streamrl.telemetry import actor_metrics
 
@@ -80,7 +80,7 @@ class Generation:
         self.pending: rollout.Started | None = None
         # How a sample is made is the task's to say (its capabilities): one completion, an environment's episode, an
         # agent's episode through the actor's endpoint. Every end token of the model (the backend's) closes a turn.
-        self.episodic = environments.configured_rollout(cfg.task) != "single_turn"
+        self.episodic = rollout_kind(cfg.task) != "single_turn"
         end_ids = (backend.end_ids or [tokenizer.eos_token_id]) if self.episodic else []
         self.rollout = rollouts.runner(cfg, index, self.timed, tokenizer, reward, self.actor_id, end_ids,
                                        self.options, self.phrase_rng)

@@ -1,7 +1,7 @@
 """The actor's one rollout protocol: prompts → ScoredGroups, whatever a sample is.
 
 A task says how its samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`; any single-turn task
-plays episodes of `task.environment` where one is set: `streamrl.tasks.environments.configured_rollout`):
+plays episodes of `task.environment` where one is set: `streamrl.config.rollout_kind`):
 
 - "single_turn": G completions per prompt, scored by the task (`SingleTurn`, over `streamrl.actors.rollout`);
 - "environment_episodes": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven
@@ -24,7 +24,7 @@ from streamrl.actors import rollout
 from streamrl.actors.episodes import EpisodeStats
 from streamrl.actors.rollout import RolloutStats
 from streamrl.comm.codec import ScoredGroup
-from streamrl.tasks import environments
+from streamrl.config import rollout_kind
 
 
 class Rollout(Protocol):
@@ -59,8 +59,8 @@ class SingleTurn:
 
 def runner(cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int],
            options: rollout.RolloutOptions, phrase_rng) -> Rollout:
-    """The `Rollout` of the task's kind (`environments.configured_rollout`); end_ids: every end token of the model."""
-    kind = environments.configured_rollout(cfg.task)
+    """The `Rollout` of the task's kind (`config.rollout_kind`); end_ids: every end token of the model."""
+    kind = rollout_kind(cfg.task)
     if kind == "agent_episodes":
         from streamrl.actors.agents import AgentEpisodes
 

@@ -104,11 +104,13 @@ def dist_of(ep: metadata.EntryPoint) -> str:
 class Registry(Generic[T]):
     """name → plug-in of one kind: registered in this process, or an installed entry point of `group`."""
 
-    def __init__(self, kind: str, group: str | None = None, own: str | None = None, modules: tuple[str, ...] = ()):
+    def __init__(self, kind: str, group: str | None = None, own: str | None = None, modules: tuple[str, ...] = (),
+                 defaults: str | None = None):
         self.kind = kind
         self.group = group
         self.own = own  # the module prefix of streamrl's own entry points in `group`, which must be installed
         self.modules = modules  # streamrl's modules that register its own plug-ins of this kind, imported on first use
+        self.defaults = defaults  # "module:Class": the optional members of this kind with their defaults (`member`)
         self._plugins: dict[str, Plugin] = {}
 
     def _installed(self) -> dict[str, metadata.EntryPoint]:
@@ -172,6 +174,25 @@ class Registry(Generic[T]):
         """The names of the plug-ins that declare `capability` (loads each one's entry point)."""
         return [n for n in self.names() if self.can(n, capability)]
 
+    def member(self, item: Any, name: str) -> Any:
+        """A plug-in's (or its class's) optional member `name`, or the default of its kind's `defaults` class for
+        one that lacks it (bound to the plug-in where the default is a method). Read once where a plug-in is built,
+        never per call."""
+        defaults = _load(self.defaults) if self.defaults else object
+        if name not in vars(defaults):
+            raise AttributeError(f"{name!r} is not an optional {self.kind} member ({self.defaults})")
+        if isinstance(item, defaults) or (isinstance(item, type) and issubclass(item, defaults)):
+            return getattr(item, name)
+        own = getattr(item, name, _MISSING)
+        if own is not _MISSING:
+            return own
+        default = vars(defaults)[name]
+        if isinstance(default, staticmethod):
+            return default.__func__
+        if callable(default) and not isinstance(item, type):
+            return default.__get__(item)
+        return default
+
     def unknown(self, name: object) -> str:
         return f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}"
 
@@ -220,16 +241,27 @@ class OptionError(ValueError):
         self.key = key
 
 
+_MISSING = object()
+
+
+@functools.cache
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def _refused(key: str, value: Any, why: str) -> Any:
     raise OptionError(key, f"{key}={value!r}: {why}")
 
 
-TASKS: Registry = Registry("task", "streamrl.tasks", own="streamrl.tasks.")
+TASKS: Registry = Registry("task", "streamrl.tasks", own="streamrl.tasks.", defaults="streamrl.tasks.base:TaskDefaults")
 ENVIRONMENTS: Registry = Registry("environment", "streamrl.environments")
 LOSSES: Registry = Registry("loss", "streamrl.losses", own="streamrl.algo.")
 ESTIMATORS: Registry = Registry("advantage estimator", "streamrl.estimators", modules=("streamrl.algo.advantages",))
 BACKENDS: Registry = Registry("generation backend", "streamrl.backends", own="streamrl.actors.backends.")
 TRACKERS: Registry = Registry("tracker", "streamrl.trackers", modules=("streamrl.telemetry.trackers",))
+TOOL_PARSERS: Registry = Registry("tool-call parser", modules=("streamrl.tasks.tool_calls",))
+"""How an agent's or environment's tool calls are read from a model's reply (`task.tool_parser`)."""
 KINDS = {"task": TASKS, "environment": ENVIRONMENTS, "loss": LOSSES, "estimator": ESTIMATORS, "backend": BACKENDS,
          "tracker": TRACKERS}
 """Every kind of plug-in, by the word the docs use for it."""

@@ -18,11 +18,6 @@ from typing import Sequence
 
 # The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`. The paper speaks
 # of a pool of seven; their exact text could not be read here (docs/guides/mgrpo.md says what was found).
-DEFAULT_PHRASES = (
-    "Wait, let me double-check that.",
-    "Where might I have gone wrong this time? Let me double-check carefully.",
-)
-
 PHRASE_SEPARATOR = "\n"
 """What goes between the first answer and the guiding phrase (the phrase starts a new line of the same turn)."""
 

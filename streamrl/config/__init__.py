@@ -26,7 +26,7 @@ from streamrl.config.monitoring import MonitoringConfig
 from streamrl.config.optim import OptimConfig
 from streamrl.config.reward import RewardConfig
 from streamrl.config.root import Config
-from streamrl.config.task import TaskConfig
+from streamrl.config.task import TaskConfig, rollout_kind
 from streamrl.config.transport import TransportConfig
 
 __all__ = [
@@ -34,5 +34,5 @@ __all__ = [
     "EvalConfig", "Fraction", "PLUGIN_SECTIONS", "GraderConfig", "LORA_TARGETS", "LearnerConfig", "LoraConfig", "LossConfig",
     "MGRPOConfig", "ModelConfig", "MonitoringConfig", "NonNegFloat", "NonNegInt", "OptimConfig", "Port",
     "PositiveFloat", "PositiveInt", "RewardConfig", "TaskConfig", "TransportConfig", "_Section", "dump", "from_dict",
-    "load", "overrides_for", "to_dict",
+    "load", "overrides_for", "rollout_kind", "to_dict",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from typing import Annotated, Literal
 
 from msgspec import Meta
@@ -39,7 +40,19 @@ class GraderConfig(_Section):
     """Grader sampling temperature (0: greedy, the same answer for the same request)."""
 
     def __post_init__(self) -> None:
-        from streamrl.tasks.graders import check_template
-
         check_template(self.template)
 
+
+def check_template(template: str) -> None:
+    """Raises ValueError unless `template` is a valid format string naming {completion}."""
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"grader.template: not a format string ({e}); write literal braces as {{{{ }}}}") from None
+    if "completion" not in fields:
+        raise ValueError("grader.template: must contain {completion} (fields: {prompt}, {completion}, {scale}, "
+                         "and any column of the row)")
+    if any(not f.isidentifier() for f in fields):
+        bad = sorted(f for f in fields if not f.isidentifier())
+        raise ValueError(f"grader.template: fields {bad} are not plain names (allowed: {{prompt}}, {{completion}}, "
+                         "{scale}, or a column name)")

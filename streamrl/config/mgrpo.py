@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from streamrl.algo.mgrpo import DEFAULT_PHRASES
 from streamrl.config.base import PositiveInt, NonNegInt, _Section
+
+DEFAULT_PHRASES = (
+    "Wait, let me double-check that.",
+    "Where might I have gone wrong this time? Let me double-check carefully.",
+)
 
 
 class MGRPOConfig(_Section):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from streamrl.config.base import _Section
+from streamrl.ordinal import check_shaping
 
 
 class RewardConfig(_Section):
@@ -12,7 +13,5 @@ class RewardConfig(_Section):
     """Shaped reward of each bucket, ascending, len(bucket_edges)+1 ([]: evenly spaced over [0, 1])."""
 
     def __post_init__(self) -> None:
-        from streamrl.tasks.rewards import check_shaping
-
         check_shaping(self.bucket_edges, self.bucket_values)
 

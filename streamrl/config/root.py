@@ -24,10 +24,10 @@ from streamrl.config.model import ModelConfig
 from streamrl.config.monitoring import MonitoringConfig
 from streamrl.config.optim import OptimConfig
 from streamrl.config.reward import RewardConfig
-from streamrl.config.task import TaskConfig
+from streamrl.config.task import TaskConfig, rollout_kind
 from streamrl.config.transport import TransportConfig
+from streamrl.ordinal import shaped_levels
 from streamrl.registry import BACKENDS, TASKS
-from streamrl.tasks import environments
 
 
 class Config(_Section):
@@ -93,7 +93,7 @@ class Config(_Section):
                              f"{self.actors.group_size - 1} (a layer-2 group is the kept correction plus H samples, "
                              "and the learner's batches hold groups of one size)")
         self._check_backend()
-        if environments.configured_rollout(self.task) != "single_turn":
+        if rollout_kind(self.task) != "single_turn":
             self._check_episodes()
         if self.eval.every_epoch and not self.task.epochs:
             raise ValueError("eval.every_epoch=true: needs task.epochs (a run without epochs has no epoch end; "
@@ -151,15 +151,20 @@ class Config(_Section):
         """R_min_correct is the minimum reward of a correct trajectory: a level of the shaped scale above the
         lowest. A value within float noise of a level is snapped to it (a YAML literal of ln(2/3) and the level
         the task computes must compare equal)."""
-        from streamrl.tasks.rewards import levels_of
-
-        levels, r = levels_of(self), self.advantage.r_min_correct
+        levels, r = self.reward_levels(), self.advantage.r_min_correct
         match = [lv for lv in levels[1:] if abs(lv - r) <= 1e-9 * max(1.0, abs(lv))]
         if not match:
             allowed = ", ".join(repr(lv) for lv in levels[1:])
             raise ValueError(f"advantage.r_min_correct={r!r}: not a level of the shaped reward scale above its lowest "
                              f"({self.task.name}, reward.bucket_edges={self.reward.bucket_edges}); allowed: {allowed}")
         self.advantage.r_min_correct = match[0]
+
+    def reward_levels(self) -> list[float]:
+        """The shaped reward levels of this run, from the config alone (no task is built, no data read)."""
+        cls = TASKS.get(self.task.name)
+        edges = self.reward.bucket_edges
+        levels = cls.levels(self.task, edges) if TASKS.member(cls, "levels_take_edges") else cls.levels(self.task)
+        return shaped_levels(levels, edges, self.reward.bucket_values, TASKS.member(cls, "reward_map")(self.task))
 
     @property
     def strict(self) -> bool:

@@ -10,7 +10,7 @@ from msgspec import Meta
 
 from streamrl.config.base import Fraction, PositiveFloat, PositiveInt
 from streamrl.config.plugged import PluginSection
-from streamrl.registry import ENVIRONMENTS, TASKS
+from streamrl.registry import ENVIRONMENTS, TASKS, TOOL_PARSERS
 
 
 class TaskConfig(PluginSection):
@@ -85,10 +85,8 @@ class TaskConfig(PluginSection):
                              f"{' or '.join(n for n in TASKS.with_capability('agent_rollout') if TASKS.can(n, 'rows'))}"
                              f") runs an agent (name={self.name!r})")
         self._check_levels()
-        from streamrl.tasks.tool_calls import PARSERS
-
-        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
-            raise ValueError(f"tool_parser={self.tool_parser!r}: {PARSERS.unknown(self.tool_parser)}, or auto")
+        if self.tool_parser != "auto" and self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_parser={self.tool_parser!r}: {TOOL_PARSERS.unknown(self.tool_parser)}, or auto")
 
     def _check_levels(self) -> None:
         if any(b <= a for a, b in zip(self.reward_levels, self.reward_levels[1:])):
@@ -105,3 +103,12 @@ class TaskConfig(PluginSection):
     def options_of(self, key: str) -> Any:
         """The task's own option `key`, or None where its task has no such option."""
         return getattr(self.options_for(TASKS), key, None)
+
+
+def rollout_kind(task: TaskConfig) -> str:
+    """How the samples of a task config are made, from its task's capabilities (the registry's): "agent_episodes" where
+    it declares `agent_rollout`, "environment_episodes" where it declares `episodes` or task.environment is set (any
+    single-turn task may play an environment's episodes: the environment gives the reward), else "single_turn"."""
+    if TASKS.can(task.name, "agent_rollout"):
+        return "agent_episodes"
+    return "environment_episodes" if task.environment or TASKS.can(task.name, "episodes") else "single_turn"

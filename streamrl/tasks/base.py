@@ -123,25 +123,10 @@ class TaskDefaults:
         """Let go of what the task holds (threads, connections); it scores nothing after."""
 
 
-_MISSING = object()
-
-
 def optional(task: Any, name: str) -> Any:
     """A task's (or task class's) optional member `name`, or `TaskDefaults`' for one that lacks it (bound to
     the task where it is a method). Read once where a task is built, never per call."""
-    if name not in vars(TaskDefaults):
-        raise AttributeError(f"{name!r} is not an optional task member (TaskDefaults)")
-    if isinstance(task, TaskDefaults) or (isinstance(task, type) and issubclass(task, TaskDefaults)):
-        return getattr(task, name)
-    own = getattr(task, name, _MISSING)
-    if own is not _MISSING:
-        return own
-    default = vars(TaskDefaults)[name]
-    if isinstance(default, staticmethod):
-        return default.__func__
-    if callable(default) and not isinstance(task, type):
-        return default.__get__(task)
-    return default
+    return TASKS.member(task, name)
 
 
 def render(messages) -> str:

@@ -67,21 +67,6 @@ KINDS = ("single_turn", "environment_episodes", "agent_episodes")
 """How a task's samples are made: one completion each, an environment's episodes, an agent's episodes."""
 
 
-def configured_rollout(task_cfg) -> str:
-    """How the samples of a task config are made, from its task's capabilities (the registry's): "agent_episodes" where
-    it declares `agent_rollout`, "environment_episodes" where it declares `episodes` or task.environment is set (any
-    single-turn task may play an environment's episodes: the environment gives the reward), else "single_turn"."""
-    if TASKS.can(task_cfg.name, "agent_rollout"):
-        return "agent_episodes"
-    return "environment_episodes" if task_cfg.environment or TASKS.can(task_cfg.name, "episodes") else "single_turn"
-
-
-def episodic(task_cfg) -> bool:
-    """Whether a task config's samples are multi-turn episodes of an environment (an adapter's or
-    task.environment's)."""
-    return configured_rollout(task_cfg) == "environment_episodes"
-
-
 def class_of(task, task_cfg) -> type:
     """The environment class of a task whose rollout is "environment_episodes": its own (an adapter's), else
     task.environment's."""

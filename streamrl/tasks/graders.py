@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-import string
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from streamrl.config.grader import GraderConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +45,6 @@ class Graded(list):
 
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
-
-
-def check_template(template: str) -> None:
-    """Raises ValueError unless `template` is a valid format string naming {completion}."""
-    try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-    except ValueError as e:
-        raise ValueError(f"grader.template: not a format string ({e}); write literal braces as {{{{ }}}}") from None
-    if "completion" not in fields:
-        raise ValueError("grader.template: must contain {completion} (fields: {prompt}, {completion}, {scale}, "
-                         "and any column of the row)")
-    if any(not f.isidentifier() for f in fields):
-        bad = sorted(f for f in fields if not f.isidentifier())
-        raise ValueError(f"grader.template: fields {bad} are not plain names (allowed: {{prompt}}, {{completion}}, "
-                         "{scale}, or a column name)")
 
 
 def as_text(value: Any) -> str:
@@ -95,9 +81,8 @@ def levels(scale: int) -> list[float]:
 class Grader:
     """One endpoint's grader: a bounded pool of requests (`cfg.concurrency`), counted failures, latencies."""
 
-    def __init__(self, cfg):
-        check_template(cfg.template)
-        self.cfg = cfg
+    def __init__(self, cfg: GraderConfig):
+        self.cfg = cfg  # its template checked where the config was read (config.grader.check_template)
         self.choices = [str(s) for s in range(1, cfg.scale + 1)]
         self.constrain = cfg.constrain != "none"
         self.failures: Counter[str] = Counter()

@@ -9,42 +9,10 @@ levels (the config check refuses anything else), which is why a `Reward` knows i
 
 from __future__ import annotations
 
-import bisect
-from typing import Callable, Sequence
+from typing import Sequence
 
+from streamrl.ordinal import bucket, check_shaping, even_values, shaped_levels
 from streamrl.tasks.base import optional
-
-
-def bucket(r: float, edges: Sequence[float], values: Sequence[float]) -> float:
-    """values[i] where i = #{edges ≤ r}: `edges` ascending, len(values) == len(edges) + 1."""
-    return values[bisect.bisect_right(edges, r)]
-
-
-def even_values(num_buckets: int) -> list[float]:
-    """num_buckets values spread evenly over [0, 1]: 4 buckets → 0, 1/3, 2/3, 1."""
-    return [i / (num_buckets - 1) for i in range(num_buckets)] if num_buckets > 1 else [1.0]
-
-
-def check_shaping(edges: Sequence[float], values: Sequence[float]) -> None:
-    """Raises ValueError naming the problem when edges/values cannot form an ordinal scale."""
-    if any(b <= a for a, b in zip(edges, edges[1:])):
-        raise ValueError(f"bucket_edges={list(edges)}: must be strictly increasing")
-    if values and len(values) != len(edges) + 1:
-        raise ValueError(f"bucket_values={list(values)}: needs len(bucket_edges) + 1 = {len(edges) + 1} values")
-    if any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError(f"bucket_values={list(values)}: must be strictly increasing (an ordinal scale)")
-
-
-def _identity(x: float) -> float:
-    return x
-
-
-def shaped_levels(task_levels: Sequence[float], edges: Sequence[float], values: Sequence[float],
-                  to_reward: Callable[[float], float] = _identity) -> list[float]:
-    """Every reward a task with these levels can give after bucketing and its reward map, ascending."""
-    values = list(values) or (even_values(len(edges) + 1) if edges else [])
-    shaped = {bucket(r, edges, values) for r in task_levels} if edges else set(task_levels)
-    return sorted({to_reward(r) for r in shaped})
 
 
 def nearest_level(value: float, levels: Sequence[float], tolerance: float) -> float | None:
@@ -52,18 +20,6 @@ def nearest_level(value: float, levels: Sequence[float], tolerance: float) -> fl
     1/3 the level 0.33; never tighter than float rounding), else None."""
     near = min(levels, key=lambda lv: abs(lv - value))
     return near if abs(near - value) <= max(tolerance, 1e-9 * max(1.0, abs(near))) else None
-
-
-def levels_of(cfg) -> list[float]:
-    """The shaped reward levels of a run `Config`, from the config alone (no task is built, no data read)."""
-    from streamrl.tasks import TASKS
-
-    cls = TASKS.get(cfg.task.name)
-    to_reward = optional(cls, "reward_map")(cfg.task)
-    # A continuous reward's levels are its buckets: such a task needs the edges to name them.
-    task_levels = (cls.levels(cfg.task, cfg.reward.bucket_edges) if optional(cls, "levels_take_edges")
-                   else cls.levels(cfg.task))
-    return shaped_levels(task_levels, cfg.reward.bucket_edges, cfg.reward.bucket_values, to_reward)
 
 
 class Reward:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from streamrl.registry import Registry
+from streamrl.registry import TOOL_PARSERS, Registry
 
 
 class ToolCall(msgspec.Struct, frozen=True):
@@ -41,7 +41,7 @@ class ToolCall(msgspec.Struct, frozen=True):
 
 
 Parser = Callable[[str, "list[str]"], "list[ToolCall]"]
-PARSERS: Registry[Parser] = Registry("tool-call parser")
+PARSERS: Registry[Parser] = TOOL_PARSERS
 
 _QWEN3 = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

@@ -16,7 +16,7 @@ from streamrl.actors.environment_episodes import EnvironmentEpisodes
 from streamrl.actors.rollout import RolloutOptions
 from streamrl.models import model as model_lib
 from streamrl.models.sampling import Completion
-from streamrl.tasks import environments, rewards
+from streamrl.tasks import rewards
 from streamrl.tasks.base import TaskDefaults
 
 COPY_AGENT = Path(__file__).resolve().parents[3] / "examples" / "copy-agent"
@@ -102,12 +102,12 @@ def test_an_agents_return_on_no_level_is_out_of_scale_never_rounded(tmp_path):
 
 def test_a_tasks_capabilities_say_how_its_samples_are_made():
     bare, env_cfg = config.load("tiny.yaml", []).task, config.load("tiny-tools.yaml", []).task
-    assert environments.configured_rollout(bare) == "single_turn"
-    assert environments.configured_rollout(env_cfg) == "environment_episodes"  # task.environment: its episodes
+    assert config.rollout_kind(bare) == "single_turn"
+    assert config.rollout_kind(env_cfg) == "environment_episodes"  # task.environment: its episodes
     for name, kind in (("agent", "agent_episodes"), ("skyrl_gym", "environment_episodes"),
                        ("openenv", "environment_episodes"), ("verifiers", "agent_episodes"),
                        ("reverse", "single_turn")):  # what each declares, not its name
-        assert environments.configured_rollout(SimpleNamespace(name=name, environment="")) == kind, name
+        assert config.rollout_kind(SimpleNamespace(name=name, environment="")) == kind, name
     assert TaskDefaults().environment_class() is None
 
 

@@ -98,13 +98,14 @@ def _imported_parts(path: Path) -> set[str]:
 # The layers of the shared core, bottom up: a part may import the parts listed against it and nothing else of
 # streamrl. The processes, the commands and the benches sit on top (checked below).
 LAYERS = {
-    "registry": set(),                                      # name → function registries
+    "registry": set(),                                      # name → plug-in registries, every kind's
     "resources": set(),                                     # the shipped recipes and monitoring bundle
     "comm": set(),                                          # wire messages, sockets, weight chunks, CurveZMQ
-    "algo": {"registry"},                                   # advantages, losses, staleness, filters, signal
-    "tasks": {"registry"},                                  # prompts, answers, rewards and their shaping
+    "ordinal": set(),                                       # the ordinal reward scale: buckets, shaped levels
+    "config": {"ordinal", "registry", "resources"},         # the typed config (plug-ins reached through the registry)
+    "algo": {"config", "registry"},                         # advantages, losses, staleness, filters, signal
+    "tasks": {"config", "ordinal", "registry"},             # prompts, answers, rewards and their shaping
     "telemetry": {"algo", "comm", "registry"},              # Prometheus, health, start-up phases, trackers
-    "config": {"algo", "registry", "resources", "tasks"},   # the typed config (names checked by the registry)
     "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
     "run": {"config", "models", "telemetry"},               # preflight, storage, checkpoints, logging, placement
     "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set

@@ -34,7 +34,7 @@ def test_a_dataset_loads_and_its_partial_credit_is_floored_onto_the_declared_lev
 
 def test_the_levels_come_from_the_config_alone_and_r_min_correct_must_be_one():
     cfg = load(None, SPELL)
-    assert rewards.levels_of(cfg) == [i / 10 for i in range(11)]
+    assert cfg.reward_levels() == [i / 10 for i in range(11)]
     with pytest.raises(ConfigError, match="r_min_correct=0.75: not a level"):
         load(None, SPELL[:-1] + ["advantage.r_min_correct=0.75"])
 

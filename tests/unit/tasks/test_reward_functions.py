@@ -155,7 +155,7 @@ def test_a_continuous_reward_is_bucketed_onto_the_configured_levels(tmp_path):
                                  f"task.reward={tmp_path / 'cont.py'}:f", "reward.bucket_edges=[0.3, 0.6]",
                                  "advantage.r_min_correct=0.5"])
     reward = rewards.build(cfg)
-    assert reward.levels == [0.0, 0.5, 1.0] == rewards.levels_of(cfg)
+    assert reward.levels == [0.0, 0.5, 1.0] == cfg.reward_levels()
     prompt = reward.task.sample(__import__("random").Random(0))
     scored, failures = reward.score_groups([prompt], [["ab", "abcd", "abcdefgh"]], [[[], [], []]])
     assert scored == [[0.0, 0.5, 1.0]] and not failures

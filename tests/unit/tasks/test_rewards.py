@@ -57,14 +57,14 @@ def test_four_step_scale_refuses_a_threshold_between_its_levels():
     assert str(e.value).endswith("allowed: 0.3333333333333333, 0.6666666666666666, 1.0")
     cfg = config.load(None, ["task.name=code_verifier", "task.reward_form=exp", "reward.bucket_edges=[0.3,0.6,0.9]",
                              "advantage.r_min_correct=0.6666666666666666"])
-    assert cfg.advantage.r_min_correct in rewards.levels_of(cfg)
+    assert cfg.advantage.r_min_correct in cfg.reward_levels()
 
 
 def test_a_threshold_within_float_noise_of_a_level_is_snapped_to_it():
     cfg = config.load(None, ["task.name=code_verifier", "reward.bucket_edges=[0.3,0.6,0.9]",
                              "advantage.r_min_correct=-0.405465108108"])   # ln(2/3), as a person types it
     assert cfg.advantage.r_min_correct == math.log(2 / 3)
-    assert cfg.advantage.r_min_correct in rewards.levels_of(cfg)
+    assert cfg.advantage.r_min_correct in cfg.reward_levels()
 
 
 def test_shaped_levels_from_the_config_match_the_built_reward():
@@ -74,7 +74,7 @@ def test_shaped_levels_from_the_config_match_the_built_reward():
                        f"advantage.r_min_correct={math.log(2 / 3)!r}"],
                       ["task.length=6", "advantage.r_min_correct=0.5"]):
         cfg = config.load(None, overrides)
-        assert rewards.levels_of(cfg) == rewards.build(cfg).levels
+        assert cfg.reward_levels() == rewards.build(cfg).levels
 
 
 def test_the_paper_configs_threshold_is_a_level():
@@ -82,4 +82,4 @@ def test_the_paper_configs_threshold_is_a_level():
 
     for path in sorted((Path(__file__).resolve().parents[3] / "configs").rglob("*.yaml")):
         cfg = config.load(path)
-        assert cfg.advantage.r_min_correct in rewards.levels_of(cfg)[1:], path
+        assert cfg.advantage.r_min_correct in cfg.reward_levels()[1:], path

@@ -12,6 +12,7 @@ import pytest
 skyrl_gym = pytest.importorskip("skyrl_gym")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
 
+from streamrl import config  # noqa: E402
 from streamrl.tasks import environments  # noqa: E402
 from streamrl.tasks.adapted import BadReward  # noqa: E402
 from streamrl.tasks.skyrl_adapter import environment_class  # noqa: E402
@@ -113,10 +114,10 @@ def test_an_unknown_env_id_or_a_class_that_is_no_env_is_refused_at_the_start(tmp
 def test_the_skyrl_gym_task_is_episodic_and_its_environment_class_is_the_adapter():
     from streamrl.tasks.skyrl_adapter import SkyRLGymTask
 
-    assert environments.episodic(_task("gsm8k"))
+    assert config.rollout_kind(_task("gsm8k")) == "environment_episodes"
     task = SkyRLGymTask.__new__(SkyRLGymTask)  # the rows are not needed to name the class
     task.cfg = _task("gsm8k")
-    assert environments.configured_rollout(task.cfg) == "environment_episodes"
+    assert config.rollout_kind(task.cfg) == "environment_episodes"
     assert environments.class_of(task, task.cfg).__name__ == "SkyRLGym[gsm8k]"
 
 
