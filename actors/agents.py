@@ -47,6 +47,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.config import Config
 from streamrl.actors import replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
@@ -92,7 +93,7 @@ class _Episode(Episode):
 class AgentEpisodes(EpisodeRunner):
     """rollout "agent": `make_groups(prompts, version)` plays G episodes per prompt of the task's `agent_fn`."""
 
-    def __init__(self, cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+    def __init__(self, cfg: Config, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         super().__init__(cfg, backend, tokenizer, reward, actor_id, end_ids)
         t, e = cfg.task, cfg.endpoint
         self.fn = optional(reward.task, "agent_fn")

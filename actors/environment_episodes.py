@@ -28,6 +28,7 @@ import math
 import time
 import traceback
 
+from streamrl.config import Config
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
 from streamrl.actors.rollout import RolloutStats, fill_unscored
 from streamrl.models.conversation import Conversation, Renderer
@@ -62,7 +63,7 @@ class EnvironmentEpisodes(EpisodeRunner):
     """rollout "environment": `make_groups(prompts, version)` plays G episodes per prompt of the task's
     `environment_class()`."""
 
-    def __init__(self, cfg, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+    def __init__(self, cfg: Config, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         super().__init__(cfg, backend, tokenizer, reward, actor_id, end_ids)
         t = cfg.task
         self.env_cls = environments.class_of(reward.task, t)

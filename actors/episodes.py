@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.config import Config
 from streamrl.actors.rollout import RolloutStats
 from streamrl.algo import group_filters
 from streamrl.comm.codec import ScoredGroup
@@ -83,7 +84,7 @@ class EpisodeStats(msgspec.Struct):
                 "endpoint_refused": dict(self.endpoint_refused)}
 
 
-def sequence_cap(cfg) -> int:
+def sequence_cap(cfg: Config) -> int:
     """Most ids an episode may hold: model.max_seq_len, else the model's context (the tiny model's
     model.context, a folder's max_position_embeddings); 0: none known."""
     if cfg.model.max_seq_len:
@@ -109,7 +110,7 @@ class EpisodeRunner:
     """What the two episode kinds share; a kind opens its episodes (`_open`), plays them (`_play`) and says which
     groups are sent (`_settle`)."""
 
-    def __init__(self, cfg, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
+    def __init__(self, cfg: Config, backend, tokenizer, reward, actor_id: str, end_ids: list[int]):
         t = cfg.task
         self.backend, self.tokenizer, self.reward, self.actor_id = backend, tokenizer, reward, actor_id
         self.end_ids = set(end_ids)

@@ -16,6 +16,7 @@ from typing import Callable
 
 import msgspec
 
+from streamrl.config import Config
 from streamrl.actors.backends import Backend, Completion
 from streamrl.algo import group_filters, learning_signal, mgrpo
 from streamrl.comm.codec import ScoredGroup
@@ -55,7 +56,7 @@ class RolloutOptions(msgspec.Struct, frozen=True):
     """A longer prompt is skipped and counted (model.max_prompt_tokens; not layer-2 queries); None: none."""
 
     @classmethod
-    def from_config(cls, cfg) -> "RolloutOptions":
+    def from_config(cls, cfg: Config) -> "RolloutOptions":
         m = cfg.mgrpo
         return cls(group_size=cfg.actors.group_size, r_min_correct=cfg.advantage.r_min_correct,
                    rollout_factor=cfg.actors.rollout_factor, filter_zero_variance=cfg.actors.filter_zero_variance,

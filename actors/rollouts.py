@@ -24,7 +24,7 @@ from streamrl.actors import rollout
 from streamrl.actors.episodes import EpisodeStats
 from streamrl.actors.rollout import RolloutStats
 from streamrl.comm.codec import ScoredGroup
-from streamrl.config import rollout_kind
+from streamrl.config import Config, rollout_kind
 
 
 class Rollout(Protocol):
@@ -57,7 +57,7 @@ class SingleTurn:
         pass
 
 
-def runner(cfg, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int],
+def runner(cfg: Config, index: int, backend, tokenizer, reward, actor_id: str, end_ids: list[int],
            options: rollout.RolloutOptions, phrase_rng) -> Rollout:
     """The `Rollout` of the task's kind (`config.rollout_kind`); end_ids: every end token of the model."""
     kind = rollout_kind(cfg.task)

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from streamrl.config import Config
 from streamrl.comm import wire
 from streamrl.learner.connections import Connections
 from streamrl.tasks.dealer import CURSOR, Dealer, Final, Ticket, cursor_problem, digest
@@ -37,7 +38,7 @@ def attach(session, d: "Dealing") -> None:
 
 
 class Dealing:
-    def __init__(self, cfg, task, step: int):
+    def __init__(self, cfg: Config, task, step: int):
         """step: where the run starts (a resume reads the cursor of checkpoint `step-<step>`)."""
         rows = task.train
         self.ids = [task.prompt(r).id for r in rows]

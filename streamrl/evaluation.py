@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from streamrl.config import Config
 from streamrl.models import sampling
 
 ROWS_PER_GENERATE = 256  # prompts x samples per generate call: bounds memory, keeps batches large
@@ -104,7 +105,7 @@ class EvalSet(NamedTuple):
         return f"eval/{self.name}/" if self.name else "eval/"
 
 
-def eval_sets(cfg, task) -> list[EvalSet]:
+def eval_sets(cfg: Config, task) -> list[EvalSet]:
     """The run's eval sets: eval.sets read as task.eval_data (each through the task's own reader), else the
     task's own eval set. Raises ValueError naming a set the task cannot read."""
     import msgspec
@@ -165,7 +166,7 @@ class ShardScores(NamedTuple):
     """Multi-layer GRPO: whether each sample's correction verified (samples in row order); None otherwise."""
 
 
-def score_shard(sample: Sampler, tokenizer, reward, prompts: list, cfg, seed: int) -> ShardScores:
+def score_shard(sample: Sampler, tokenizer, reward, prompts: list, cfg: Config, seed: int) -> ShardScores:
     """Sample and score eval.samples completions of each prompt (the rows of one shard)."""
     from streamrl.models.prompting import PromptEncoder, room
 
@@ -193,7 +194,7 @@ def score_shard(sample: Sampler, tokenizer, reward, prompts: list, cfg, seed: in
     return ShardScores(rewards, unparseable, corrected)
 
 
-def corrections(sample: Sampler, tokenizer, reward, prompts, drawn: list[list], cfg, seed: int) -> list[bool]:
+def corrections(sample: Sampler, tokenizer, reward, prompts, drawn: list[list], cfg: Config, seed: int) -> list[bool]:
     """Multi-layer GRPO in eval: one correction per sample, its query made as the actors make it (the prompt's
     tokens, the response's own tokens and a guiding phrase in one assistant turn: mgrpo.layer2_ids, capped by
     mgrpo.query_limit), scored by the original prompt's verifier; whether each verified, samples in row order.
@@ -222,7 +223,7 @@ def corrections(sample: Sampler, tokenizer, reward, prompts, drawn: list[list], 
     return [reward(p, t) >= cfg.advantage.r_min_correct for p, t in zip(owners, fixed)]
 
 
-def set_metrics(cfg, es: EvalSet, scores: Sequence[ShardScores]) -> dict:
+def set_metrics(cfg: Config, es: EvalSet, scores: Sequence[ShardScores]) -> dict:
     """The eval/[<set>/]* metrics of one set from its shards' scores, in row order."""
     from streamrl.algo import mgrpo
 
@@ -305,7 +306,7 @@ class Evaluator:
     `reward` is the run's `streamrl.tasks.rewards.Reward`; its task gives the eval prompts.
     """
 
-    def __init__(self, cfg, reward, model=None, tokenizer=None):
+    def __init__(self, cfg: Config, reward, model=None, tokenizer=None):
         from streamrl.models import model as model_lib
 
         self.cfg, self.reward = cfg, reward

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from streamrl.config import Config
+
 
 class SuccessTracker:
     """Per prompt id: successes and samples seen. A prompt is excluded once it has at least
@@ -35,7 +37,7 @@ class SuccessTracker:
         self._excluded: set[str] = set()
 
     @classmethod
-    def from_config(cls, cfg) -> "SuccessTracker":
+    def from_config(cls, cfg: Config) -> "SuccessTracker":
         d = cfg.difficulty
         return cls(d.rollouts, d.low, d.high)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from streamrl.config import Config
+
 # The two guiding phrases the MGRPO paper's examples quote; the pool is `mgrpo.phrases`. The paper speaks
 # of a pool of seven; their exact text could not be read here (docs/guides/mgrpo.md says what was found).
 PHRASE_SEPARATOR = "\n"
@@ -48,12 +50,12 @@ def cap_query(ids: Sequence[int], limit: int, head: int) -> tuple[list[int], int
     return [*ids[:head], *ids[len(ids) - (limit - head):]], len(ids) - limit
 
 
-def correction_room(cfg) -> int:
+def correction_room(cfg: Config) -> int:
     """Tokens a correction is always left: mgrpo.min_correction_tokens, at most actors.max_new_tokens."""
     return min(cfg.mgrpo.min_correction_tokens, cfg.actors.max_new_tokens)
 
 
-def query_limit(cfg, context: int) -> int:
+def query_limit(cfg: Config, context: int) -> int:
     """Most tokens a layer-2 query may hold: `mgrpo.max_query_tokens`, else the model's context (prompt +
     completion tokens, streamrl.models.context.seq_cap; 0: unknown here) minus the correction's minimum room
     (`correction_room`); 0: no cap."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from streamrl.config import Config
+
 
 def positions(model_cfg) -> tuple[int, str] | None:
     """(the model's positions, where that figure comes from), or None when it is not known here."""
@@ -38,7 +40,7 @@ def seq_cap(model_cfg) -> int | None:
     return known[0] if known else None
 
 
-def problems(cfg) -> list[str]:
+def problems(cfg: Config) -> list[str]:
     """Caps beyond the model's positions, one line each: model.max_seq_len above them; with model.max_seq_len
     unset, a completion cap (actors.max_new_tokens, eval.max_new_tokens) that leaves no room for a prompt token.
     (With model.max_seq_len set, it bounds prompt + completion, and a completion cap as large is allowed: the

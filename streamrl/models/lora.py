@@ -20,6 +20,8 @@ import json
 import re
 from pathlib import Path
 
+from streamrl.config import Config
+
 ADAPTER_NAME = "default"
 _ADAPTER = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -140,7 +142,7 @@ def read_adapter_folder(folder: str | Path) -> tuple[dict, dict]:
     return from_peft_keys(load_file(str(folder / WEIGHTS_FILE))), json.loads((folder / CONFIG_FILE).read_text())
 
 
-def base_name(cfg) -> str:
+def base_name(cfg: Config) -> str:
     """What the adapters sit on: model.path, or the tiny model with its seed and shape (the same weights for them)."""
     m = cfg.model
     return m.path or (f"streamrl-tiny(seed={cfg.seed}, hidden={m.hidden_size}, layers={m.num_layers}, "
@@ -157,12 +159,12 @@ ADAPTER_DIR = "adapter"
 """A LoRA checkpoint's PEFT adapter folder, beside policy.safetensors."""
 
 
-def save_in_checkpoint(folder: Path, adapters: dict, cfg) -> Path:
+def save_in_checkpoint(folder: Path, adapters: dict, cfg: Config) -> Path:
     """Write a checkpoint tag folder's `adapter/` (the adapters, naming the base they sit on)."""
     return write_adapter_folder(Path(folder) / ADAPTER_DIR, adapters, cfg.lora, base_name(cfg))
 
 
-def export(checkpoint: str | Path, cfg, out: str | Path | None = None, merge: bool = False):
+def export(checkpoint: str | Path, cfg: Config, out: str | Path | None = None, merge: bool = False):
     """For `streamrl export`: a LoRA checkpoint's weights as a plain model's or as a PEFT adapter folder.
 
     checkpoint: a tag folder (holding policy.safetensors). merge=True returns the base model's state dict

@@ -19,6 +19,7 @@ import os
 import re
 from pathlib import Path
 
+from streamrl.config import Config
 from streamrl.models.word_tokenizer import SPECIAL_TOKENS  # noqa: F401  (the tiny tokenizer's specials, ids 0-3)
 
 
@@ -30,7 +31,7 @@ def build_tokenizer(words: list[str]):
     return WordTokenizer(words)
 
 
-def build(cfg, task_words: list[str] | None = None):
+def build(cfg: Config, task_words: list[str] | None = None):
     """(model, tokenizer) for `cfg` (a streamrl Config). Model weights are seeded by cfg.seed."""
     import torch
 

@@ -12,6 +12,7 @@ positions (`streamrl.models.context`); a prompt that leaves no room, or is longe
 
 from __future__ import annotations
 
+from streamrl.config import Config
 from streamrl.models.context import seq_cap
 from streamrl.tasks.base import render
 
@@ -65,7 +66,7 @@ class PromptEncoder:
         self.max_prompt_tokens = getattr(model_cfg, "max_prompt_tokens", None)
 
     @classmethod
-    def from_config(cls, cfg, tokenizer) -> "PromptEncoder":
+    def from_config(cls, cfg: Config, tokenizer) -> "PromptEncoder":
         return cls(tokenizer, cfg.model, cfg.actors.max_new_tokens)
 
     def __call__(self, text) -> list[int]:

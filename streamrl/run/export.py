@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.config import Config
 from streamrl.models import hf_folder
 from streamrl.run import checkpoints
 
@@ -110,7 +111,7 @@ def _verified(folder: Path) -> Path:
     return folder
 
 
-def policy_tensors(folder: Path, cfg, merge: bool = False) -> dict:
+def policy_tensors(folder: Path, cfg: Config, merge: bool = False) -> dict:
     """{Hugging Face name: tensor} of the policy in checkpoint `folder` (full weights: `merge` changes
     nothing). A LoRA checkpoint: its base with the adapters merged in (`merge`), else the base alone (the
     adapters then go beside it as a PEFT folder, see `export`)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from streamrl.config import TaskConfig
 from streamrl.tasks.base import Prompt
 from streamrl.tasks.dataset import DatasetTask
 from streamrl.tasks.rewards import nearest_level
@@ -51,7 +52,7 @@ class AdaptedTask(DatasetTask):
     grouped = False  # scored by its episodes (streamrl.actors.environment_episodes), never by reward functions
     adapter = "adapted"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TaskConfig):
         self._rows(cfg, f"task {self.adapter}")
         self.functions = None
 

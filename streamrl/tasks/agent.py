@@ -14,6 +14,7 @@ come from `task.data` as for `task.name: dataset`; the reward's scale is `task.r
 
 from __future__ import annotations
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import plugins
 from streamrl.tasks.base import Prompt
 from streamrl.tasks.dataset import DatasetTask
@@ -32,7 +33,7 @@ class AgentTask(DatasetTask):
 
     grouped = False  # scored by its episodes (streamrl.actors.agents), never by reward functions
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TaskConfig):
         if not cfg.agent:
             raise ValueError("task agent needs task.agent ('module:fn')")
         self._rows(cfg, "task agent")

@@ -13,6 +13,7 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
+from streamrl.config import TaskConfig
 from streamrl import registry
 
 
@@ -43,11 +44,11 @@ class Task(Protocol):
     `optional` reads each once."""
 
     @classmethod
-    def from_config(cls, cfg) -> Task:
+    def from_config(cls, cfg: TaskConfig) -> Task:
         """The task, from the `task` config section."""
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         """Its reward levels, ascending, from the config alone (the config checks r_min_correct against them)."""
 
     @property
@@ -107,7 +108,7 @@ class TaskDefaults:
         return None
 
     @staticmethod
-    def reward_map(cfg) -> Callable[[float], float]:
+    def reward_map(cfg: TaskConfig) -> Callable[[float], float]:
         """From the config alone: the map from a shaped level to the reward trained on (monotone)."""
         return _identity
 
@@ -149,7 +150,7 @@ def distinct(sample: Callable[[random.Random], Prompt], size: int, seed: int) ->
     return out
 
 
-def build(cfg):
+def build(cfg: TaskConfig):
     """The task a `TaskConfig` names (every task class has `from_config`)."""
     return TASKS.get(cfg.name).from_config(cfg)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import data
 from streamrl.tasks.base import Prompt, RowsTask, render
 from streamrl.tasks.reward_functions import Call, Outcome, RewardFunctions
@@ -65,7 +66,7 @@ class DatasetTask(RowsTask):
 
     grouped = True  # scored a group at a time (score_groups); `score` is the one-sample path (evaluation)
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TaskConfig):
         self._rows(cfg, "task dataset")
         if not cfg.reward and not cfg.environment:  # an environment's episodes carry their own reward
             raise ValueError("task dataset needs task.reward: 'package.module:function' or 'file.py:function'")
@@ -78,7 +79,7 @@ class DatasetTask(RowsTask):
         """The reward functions' threads go (a call past its timeout may still run on one)."""
         self.functions.close()
 
-    def _rows(self, cfg, rows_from: str) -> None:
+    def _rows(self, cfg: TaskConfig, rows_from: str) -> None:
         """This task's rows from task.data (and task.eval_data) and what every dataset task keeps beside them;
         rows_from: who needs them, for the error when task.data is missing."""
         if not cfg.data:
@@ -88,7 +89,7 @@ class DatasetTask(RowsTask):
         self._keep(cfg, data.load(cfg.data, convert, what, cfg.max_row_bytes),
                    data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None)
 
-    def _keep(self, cfg, train: list[Row], eval_rows: list[Row] | None) -> None:
+    def _keep(self, cfg: TaskConfig, train: list[Row], eval_rows: list[Row] | None) -> None:
         """The task's rows, and what every dataset task keeps beside them."""
         self.train, self.eval_rows = train, eval_rows
         self.cfg, self._declared, self._levels = cfg, bool(cfg.reward_levels), self.levels(cfg, ())
@@ -96,16 +97,16 @@ class DatasetTask(RowsTask):
         self.unparseable = 0
 
     @staticmethod
-    def row_converter(cfg):
+    def row_converter(cfg: TaskConfig):
         """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
         return converter(cfg.prompt_field)
 
     @classmethod
-    def from_config(cls, cfg) -> "DatasetTask":
+    def from_config(cls, cfg: TaskConfig) -> "DatasetTask":
         return cls(cfg)
 
     @staticmethod
-    def levels(cfg, edges=()) -> list[float]:
+    def levels(cfg: TaskConfig, edges=()) -> list[float]:
         """The declared levels; a continuous reward (no levels) is represented by one value per bucket."""
         if cfg.reward_levels:
             return sorted(cfg.reward_levels)

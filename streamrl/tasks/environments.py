@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import plugins
 from streamrl.tasks.base import TASKS, optional
 
@@ -67,7 +68,7 @@ KINDS = ("single_turn", "environment_episodes", "agent_episodes")
 """How a task's samples are made: one completion each, an environment's episodes, an agent's episodes."""
 
 
-def class_of(task, task_cfg) -> type:
+def class_of(task, task_cfg: TaskConfig) -> type:
     """The environment class of a task whose rollout is "environment_episodes": its own (an adapter's), else
     task.environment's."""
     return optional(task, "environment_class")() or load(task_cfg.environment)

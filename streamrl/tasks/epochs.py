@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import random
 
+from streamrl.config import Config
+
 
 def order(rows: int, seed: int, epoch: int) -> list[int]:
     """Row indices 0..rows-1 in epoch `epoch`'s order: the same for the same (rows, seed, epoch) everywhere."""
@@ -29,7 +31,7 @@ def planned_steps(steps: int, rows: int, epochs: int, batch_groups: int) -> int:
     return max(1, min(steps, math.ceil(rows * epochs / batch_groups)))
 
 
-def plan(cfg, rows: int):
+def plan(cfg: Config, rows: int):
     """`cfg` with `steps` following from `task.epochs` over `rows` prompts (unchanged without epochs)."""
     import msgspec
 
@@ -39,7 +41,7 @@ def plan(cfg, rows: int):
                                                             cfg.learner.batch_groups))
 
 
-def rows_of(cfg) -> int | None:
+def rows_of(cfg: Config) -> int | None:
     """Usable rows of task.data, counted as the task will load them (a streaming scan); None if it cannot tell
     (the task then reports the problem itself when it loads)."""
     from streamrl.tasks import TASKS, data
@@ -54,7 +56,7 @@ def rows_of(cfg) -> int | None:
         return None
 
 
-def describe(cfg, rows: int) -> str:
+def describe(cfg: Config, rows: int) -> str:
     """The line printed at start: epochs, rows, the steps they fill."""
     fill = math.ceil(rows * cfg.task.epochs / cfg.learner.batch_groups)
     end = "" if cfg.steps >= fill else f"; steps={cfg.steps} ends it first"

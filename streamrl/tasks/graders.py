@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from streamrl.config.grader import GraderConfig
+from streamrl.config import GraderConfig
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ _GRADERS_LOCK = threading.Lock()
 _CONFIGURED: list = []
 
 
-def grader_for(cfg) -> Grader:
+def grader_for(cfg: GraderConfig) -> Grader:
     """The process's one grader for this config (same settings: same pool, counters and connections)."""
     import msgspec
 
@@ -217,12 +217,12 @@ def grader_for(cfg) -> Grader:
         return _GRADERS[key]
 
 
-def grade(cfg, prompts: Sequence, completions: Sequence, **columns) -> list[float | None]:
+def grade(cfg: GraderConfig, prompts: Sequence, completions: Sequence, **columns) -> list[float | None]:
     """Levels in [0, 1] (or None) of `completions` under the rubric of `cfg` (a `GraderConfig`)."""
     return grader_for(cfg)(prompts, completions, **columns)
 
 
-def configure(cfg) -> None:
+def configure(cfg: GraderConfig) -> None:
     """Sets the `GraderConfig` that `rubric` uses in this process (the actor calls it with `Config.grader`)."""
     with _GRADERS_LOCK:
         _CONFIGURED[:] = [cfg]

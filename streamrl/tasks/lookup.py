@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 
+from streamrl.config import TaskConfig
 from streamrl.tasks.base import Prompt, TaskDefaults, distinct
 from streamrl.tasks.environments import EnvironmentDefaults
 
@@ -34,7 +35,7 @@ class Lookup(TaskDefaults):
         self.credit, self.call_credit = credit, call_credit
 
     @classmethod
-    def from_config(cls, cfg) -> "Lookup":
+    def from_config(cls, cfg: TaskConfig) -> "Lookup":
         opts = dict(cfg.options)
         unknown = set(opts) - {"keys", "credit", "call_credit"}
         if unknown:
@@ -44,7 +45,7 @@ class Lookup(TaskDefaults):
                    float(opts.get("call_credit", 0.0)))
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         opts = dict(cfg.options)
         return sorted({0.0, float(opts.get("call_credit", 0.0)), float(opts.get("credit", 0.0)), 1.0})
 

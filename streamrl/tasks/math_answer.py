@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import data
 from streamrl.tasks.base import Prompt, RowsTask
 
@@ -101,12 +102,12 @@ class MathAnswer(RowsTask):
         self.unparseable = 0
 
     @staticmethod
-    def row_converter(cfg):
+    def row_converter(cfg: TaskConfig):
         """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
         return ROW
 
     @classmethod
-    def from_config(cls, cfg) -> "MathAnswer":
+    def from_config(cls, cfg: TaskConfig) -> "MathAnswer":
         return cls(cfg.data, cfg.eval_data, cfg.template or TEMPLATE, cfg.max_row_bytes)
 
     def prompt(self, row: Problem) -> Prompt:
@@ -123,7 +124,7 @@ class MathAnswer(RowsTask):
         return 1.0 if same_answer(got, prompt.target[0]) else 0.0
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         """The reward levels, from the `TaskConfig` alone."""
         return [0.0, 1.0]
 

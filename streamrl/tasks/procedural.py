@@ -17,6 +17,7 @@ import math
 import random
 import re
 
+from streamrl.config import TaskConfig
 from streamrl.tasks.base import Prompt, TaskDefaults, distinct
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class ReasoningGym(TaskDefaults):  # registered by its entry point (pyproject.to
         self.unparseable = 0  # score_answer raised on a completion (counted, scored 0)
 
     @classmethod
-    def from_config(cls, cfg) -> ReasoningGym:
+    def from_config(cls, cfg: TaskConfig) -> ReasoningGym:
         return cls(cfg.dataset, cfg.options, cfg.template or TEMPLATE, cfg.scale_steps)
 
     def _id(self, entry: dict) -> str:
@@ -122,7 +123,7 @@ class ReasoningGym(TaskDefaults):  # registered by its entry point (pyproject.to
         return floor_level(self.credit(prompt, completion), self.steps)
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         return [i / cfg.scale_steps for i in range(cfg.scale_steps + 1)]
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from streamrl.config import Config
 from streamrl.ordinal import bucket, check_shaping, even_values, shaped_levels
 from streamrl.tasks.base import optional
 
@@ -82,7 +83,7 @@ class Reward:
         return [[None if r is None else self.shape(r) for r in o.scores] for o in outcomes], failures
 
 
-def build(cfg) -> Reward:
+def build(cfg: Config) -> Reward:
     """The shaped reward of a run `Config`."""
     from streamrl import tasks
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+from streamrl.config import TaskConfig
 from streamrl.tasks.base import Prompt, TaskDefaults, distinct
 
 
@@ -34,12 +35,12 @@ class SymbolTask(TaskDefaults):
         return [i / self.length for i in range(self.length + 1)]
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         """The reward levels from the `TaskConfig` alone: 0, 1/L, ..., 1."""
         return [i / cfg.length for i in range(cfg.length + 1)]
 
     @classmethod
-    def from_config(cls, cfg) -> "SymbolTask":
+    def from_config(cls, cfg: TaskConfig) -> "SymbolTask":
         return cls(num_symbols=cfg.num_symbols, length=cfg.length)
 
     def eval_set(self, size: int | None, seed: int = 12345) -> list[Prompt]:

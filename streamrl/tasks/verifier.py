@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import data
 from streamrl.tasks.base import Prompt, RowsTask
 
@@ -177,23 +178,23 @@ class CodeVerifier(RowsTask):
         self.unparseable = 0
 
     @staticmethod
-    def row_converter(cfg):
+    def row_converter(cfg: TaskConfig):
         """The row check of a `TaskConfig` (what `streamrl check` reads the data files with)."""
         return ROW
 
     @classmethod
-    def from_config(cls, cfg) -> "CodeVerifier":
+    def from_config(cls, cfg: TaskConfig) -> "CodeVerifier":
         return cls(cfg.data, cfg.eval_data, cfg.scale_steps, cfg.single_fraction,
                    cfg.template or PAIR_TEMPLATE, cfg.single_template or SINGLE_TEMPLATE, cfg.reward_form,
                    cfg.bce_floor, cfg.rounding, cfg.max_row_bytes)
 
     @staticmethod
-    def levels(cfg) -> list[float]:
+    def levels(cfg: TaskConfig) -> list[float]:
         """The task's ordinal scale on [0, 1] from its `TaskConfig` alone (no data read): 0, 1/steps, ..., 1."""
         return [i / cfg.scale_steps for i in range(cfg.scale_steps + 1)]
 
     @staticmethod
-    def reward_map(cfg):
+    def reward_map(cfg: TaskConfig):
         """The map from a (shaped) level q to the trained reward under `cfg.reward_form`."""
         return lambda q: to_reward(q, cfg.reward_form, cfg.bce_floor)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from streamrl.config import TaskConfig
 from streamrl.tasks import plugins, verifiers_v1
 from streamrl.tasks.agent import AgentTask
 from streamrl.tasks.base import render
@@ -93,7 +94,7 @@ def rows(dataset, where: str) -> list[Row]:
 class VerifiersTask(AgentTask):
     """The environment's dataset; each sample is one rollout of the environment, scored by its rubric."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TaskConfig):
         name = f"verifiers:{Path(cfg.verifiers_env).name}"
         if verifiers_v1.installed():  # verifiers 0.4: the v1 stack (streamrl.tasks.verifiers_v1)
             self.env = verifiers_v1.load(cfg.verifiers_env, dict(cfg.verifiers_args))

@@ -106,9 +106,9 @@ LAYERS = {
     "algo": {"config", "registry"},                         # advantages, losses, staleness, filters, signal
     "tasks": {"config", "ordinal", "registry"},             # prompts, answers, rewards and their shaping
     "telemetry": {"algo", "comm", "registry"},              # Prometheus, health, start-up phases, trackers
-    "models": {"algo", "tasks"},                            # model and tokenizer builders, sampling, prompts
+    "models": {"algo", "config", "tasks"},                  # model and tokenizer builders, sampling, prompts
     "run": {"config", "models", "telemetry"},               # preflight, storage, checkpoints, logging, placement
-    "evaluation": {"algo", "models", "tasks"},              # pass@k on the eval set
+    "evaluation": {"algo", "config", "models", "tasks"},    # pass@k on the eval set
 }
 SHARED = set(LAYERS)
 # On top of everything: they may import the shared core and both processes (a bench drives the learner's and the
