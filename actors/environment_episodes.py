@@ -67,6 +67,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         super().__init__(cfg, backend, tokenizer, reward, actor_id, end_ids)
         t = cfg.task
         self.env_cls = environments.class_of(reward.task, t)
+        self.env_args = environments.options_of(self.env_cls, t)  # (its options,) where the class declares them
         self.max_turns, self.timeout_s = t.max_turns, t.tool_timeout_s
         self.parser = None
         self.tool_parser = t.tool_parser
@@ -114,7 +115,7 @@ class EnvironmentEpisodes(EpisodeRunner):
 
     def _start(self, prompt, group: int, stats: EpisodeStats) -> _Episode | None:
         try:
-            env = self.env_cls(row_of(prompt))
+            env = self.env_cls(row_of(prompt), *self.env_args)
             opening = env.reset()
             tools = environments.tools_of(env)
         except Exception as e:  # a broken environment is the user's bug: say where, and skip the prompt

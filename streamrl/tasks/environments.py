@@ -5,7 +5,7 @@ An environment plays one episode per data row, turn by turn (the `Environment` p
 
     class MyEnv:                                    # may inherit EnvironmentDefaults (tools = [])
         tools: list[Callable] = []                  # typed functions with docstrings, optional
-        def __init__(self, row: dict): ...
+        def __init__(self, row: dict): ...        # or (self, row, options) with `Options` declared
         def reset(self) -> list[dict]: ...          # the opening chat messages
         def step(self, reply: str) -> tuple[list[dict], float | None, bool]:
             ...                                     # (messages to append, reward when done, done)
@@ -16,7 +16,8 @@ timeout, on a thread pool) and each result appended as a `tool` message, and the
 tool call goes to `step`, whose messages are appended, until it says done or the episode hits `task.max_turns`
 or `model.max_seq_len` (truncated: counted, and scored with the task's lowest reward level where `step` gave
 none). `row` is the task's prompt: its other columns, with "prompt" (its text or chat messages) and "id". Tools
-may be bound methods, so they can see the row.
+may be bound methods, so they can see the row. A class that declares `Options` (a streamrl.registry.Options Struct:
+the keys it adds to the `task` section) is built as `Cls(row, options)`, with them parsed from the run's config.
 
 `task.environment` names the class as "package.module:Class", "path/to/file.py:Class", or an entry point of
 the group `streamrl.environments` (a package's `[project.entry-points."streamrl.environments"]`).
@@ -29,6 +30,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from streamrl.config import TaskConfig
 from streamrl.tasks import plugins
+from streamrl.registry import ENVIRONMENTS
 from streamrl.tasks.base import TASKS, optional
 
 GROUP = "streamrl.environments"
@@ -72,6 +74,15 @@ def class_of(task, task_cfg: TaskConfig) -> type:
     """The environment class of a task whose rollout is "environment_episodes": its own (an adapter's), else
     task.environment's."""
     return optional(task, "environment_class")() or load(task_cfg.environment)
+
+
+def options_of(env_cls: type, task_cfg: TaskConfig) -> tuple:
+    """What an episode's environment is built with besides its row: `(options,)` for a class that declares its
+    `Options` (parsed from the task section's keys), else nothing: `env_cls(row, *options_of(env_cls, task_cfg))`."""
+    if getattr(env_cls, "Options", None) is None:
+        return ()
+    found = task_cfg.options_for(ENVIRONMENTS)
+    return (found if isinstance(found, env_cls.Options) else env_cls.Options(),)
 
 
 def row_of(prompt) -> dict:

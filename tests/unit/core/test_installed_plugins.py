@@ -40,8 +40,8 @@ class DepthOptions(Options):
 class MyEnv:
     Options = DepthOptions
 
-    def __init__(self, row):
-        pass
+    def __init__(self, row, options):
+        self.row, self.depth = row, options.env_depth
 
     def reset(self):
         return [{"role": "user", "content": "hi"}]
@@ -120,6 +120,17 @@ def test_an_installed_package_adds_a_plug_in_of_every_kind(installed):
                        ("estimator", "my_estimator"), ("backend", "my_backend"), ("tracker", "my_tracker")]:
         assert name in registry.KINDS[kind].names()
         assert registry.KINDS[kind].origin(name).endswith("(entry point, my-plugins 1.0)")
+
+
+def test_an_installed_environment_is_built_for_each_episode_with_its_own_options(installed):
+    from streamrl.tasks import environments
+
+    cfg = config.load(None, MINE)
+    cls = environments.load(cfg.task.environment)
+    env = cls({"prompt": "hi", "id": "r0"}, *environments.options_of(cls, cfg.task))   # as the episode runner does
+    assert env.depth == 3 and env.row["id"] == "r0"
+    bare = config.load(None, [k for k in MINE if not k.startswith("task.env_depth")])
+    assert cls({}, *environments.options_of(cls, bare.task)).depth == 1   # its default where the config sets none
 
 
 def test_each_installed_plug_in_brings_its_own_options_under_its_section(installed):
