@@ -105,7 +105,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
     s.add_argument("--steps", type=int, help="learner steps per run (default: staleness 300, stability 5000, "
                                              "time-to-target 600)")
-    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, chat-dataset")
+    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, copy-long, chat-dataset")
     s.add_argument("--jobs", type=int, help="runs at once (staleness: one torch thread each, default 2; stability, "
                                             "time-to-target: default as many as --cores-per-run allows)")
     s.add_argument("--cores-per-run", type=int, dest="cores_per_run",

@@ -32,6 +32,8 @@ TASKS = {
     "reverse": (None, ["task.name=reverse", "task.num_symbols=6", "task.length=5", "actors.max_new_tokens=5",
                        "advantage.estimator=grpo", "advantage.r_min_correct=0.8"]),
     "copy": (None, []),
+    # a third answer length (issue 46): 12 tokens against reverse's 5 and chat-dataset's 2
+    "copy-long": (None, ["task.num_symbols=6", "task.length=12", "actors.max_new_tokens=12"]),
     "chat-dataset": ("examples/chat-dataset/config.yaml", ["eval.prompts=all", "eval.samples=16"]),
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's (a source checkout's) examples/
@@ -110,7 +112,7 @@ def one_run(spec: dict) -> dict:
                           "clipped_fraction": rec.clipped_fraction, "is_ratio_max": rec.is_ratio_max,
                           "is_ratio_min": rec.is_ratio_min, "truncated_fraction": rec.truncated_fraction,
                           "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction,
-                          "step_scale": rec.step_scale})
+                          "step_scale": rec.step_scale, "kl_behaviour_learner": rec.kl_behaviour_learner})
         train_s = time.perf_counter() - t0
         final = Evaluator(cfg, reward, copy.deepcopy(actor.model), tok).run(engine.full_state_dict())
     finally:
@@ -164,7 +166,8 @@ def table(records: list[dict]) -> list[dict]:
                          "final_reward": mean, "per_seed": [round(r["final_reward"], 3) for r in at],
                          "ratio_to_strict": mean / ref if ref else None,
                          **{k: statistics.mean(s[k] for s in full) if full else 0.0
-                            for k in ("clipped_fraction", "truncated_fraction", "masked_fraction", "is_ess_fraction")},
+                            for k in ("clipped_fraction", "truncated_fraction", "masked_fraction", "is_ess_fraction",
+                                      "kl_behaviour_learner") if all(k in s for s in full)},
                          "step_scale": statistics.mean(s.get("step_scale", 1.0) for s in full) if full else 1.0,
                          "is_ratio_max": max((s["is_ratio_max"] for s in full), default=1.0)})
     return rows
