@@ -30,7 +30,7 @@ class EngineOptions(Options):
     tensor_parallel_size: Annotated[int, Meta(gt=0)] = 1
     """GPUs one actor's engine shards the model over."""
     gpu_memory_fraction: Annotated[float, Meta(gt=0, le=1)] | None = None
-    """Share of its GPU's memory an engine reserves (vLLM gpu_memory_utilization, SGLang mem_fraction_static; null: theirs)."""
+    """GPU memory share an engine reserves (vLLM gpu_memory_utilization, SGLang mem_fraction_static; null: theirs)."""
     update_bucket_bytes: Annotated[int, Meta(gt=0)] = 512 * 1024 * 1024
     """A weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
 

@@ -34,15 +34,17 @@ def test_hfs_device_parses_into_hf_options():
     assert "tensor_parallel_size" not in config.to_dict(cfg)["actors"]
 
 
+ENGINES, HF = "generation backend 'sglang', generation backend 'vllm'", "generation backend 'hf'"
+
+
 @pytest.mark.parametrize("backend,key,owners,allowed", [
-    ("hf", "tensor_parallel_size=2", "generation backend 'sglang', generation backend 'vllm'",
-     "its default (1), or that plug-in named (actors.backend=sglang or vllm)"),
-    ("hf", "gpu_memory_fraction=0.5", "generation backend 'sglang', generation backend 'vllm'",
+    ("hf", "tensor_parallel_size=2", ENGINES, "its default (1), or that plug-in named (actors.backend=sglang or vllm)"),
+    ("hf", "gpu_memory_fraction=0.5", ENGINES,
      "its default (None), or that plug-in named (actors.backend=sglang or vllm)"),
-    ("hf", "update_bucket_bytes=40", "generation backend 'sglang', generation backend 'vllm'",
+    ("hf", "update_bucket_bytes=40", ENGINES,
      "its default (536870912), or that plug-in named (actors.backend=sglang or vllm)"),
-    ("vllm", "device=cuda", "generation backend 'hf'", "its default ('auto'), or that plug-in named (actors.backend=hf)"),
-    ("sglang", "device=cpu", "generation backend 'hf'", "its default ('auto'), or that plug-in named (actors.backend=hf)"),
+    ("vllm", "device=cuda", HF, "its default ('auto'), or that plug-in named (actors.backend=hf)"),
+    ("sglang", "device=cpu", HF, "its default ('auto'), or that plug-in named (actors.backend=hf)"),
 ])
 def test_a_backends_key_set_while_another_backend_is_named_fails_naming_the_key_its_backend_and_what_is_allowed(
         backend, key, owners, allowed):
