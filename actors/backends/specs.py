@@ -14,7 +14,7 @@ from streamrl.registry import BACKENDS, Options, Plugin
 if TYPE_CHECKING:
     from streamrl.config import ActorConfig
 
-O = TypeVar("O", bound=Options)
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
 class HFOptions(Options):
@@ -35,7 +35,7 @@ class EngineOptions(Options):
     """A weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
 
 
-def options(actors: ActorConfig, cls: type[O]) -> O:
+def options(actors: ActorConfig, cls: type[OptionsT]) -> OptionsT:
     """The backend options of the `actors` section as `cls`: the section's own where the backend it names takes
     them, else `cls`'s defaults (an hf sampler built beside a vLLM run's engine, as the eval comparisons do)."""
     own = actors.options_for(BACKENDS)

@@ -135,9 +135,8 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
     The learner's ranks take the first `learner.ranks` GPUs; the actors share out the rest, each on
     `actors.tensor_parallel_size` GPUs of its own where its backend shards (ActorConfig.engine_gpus;
     streamrl.run.placement.actor_gpus: actor i takes slot i mod the number of slots, so more actors
-    than slots share). With too few GPUs left for
-    one actor, the actors use all GPUs alongside the learner (one GPU: everything on it). No GPUs,
-    or CPU actors: nothing is set."""
+    than slots share). With too few GPUs left for one actor, the actors use all GPUs alongside the
+    learner (one GPU: everything on it). No GPUs, or CPU actors: nothing is set."""
     if not gpus:
         return {}, [{} for _ in range(cfg.actors.num)]
     ranks = cfg.learner.ranks
