@@ -9,14 +9,17 @@ then, so choosing one never slows down the others, and this package imports noth
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrl.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from streamrl.config import Config
 
 __all__ = ["BACKENDS", "Backend", "Completion", "build"]
 
 
-def build(name: str, cfg, model, tokenizer, index: int = 0):
+def build(name: str, cfg: Config, model, tokenizer, index: int = 0):
     """The backend `name` for actor `index`. It sees that actor's own seed as cfg.seed
     (placement.actor_seed: seed + index), so no two actors' engines draw one sampling stream."""
     import msgspec

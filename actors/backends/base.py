@@ -14,8 +14,9 @@ from streamrl.registry import Registry
 
 @runtime_checkable
 class Backend(Protocol):
-    """Built as `Cls(cfg, model, tokenizer)` (cfg: the run's Config, seeded for this actor). `end_ids`, `close`
-    and `engine_stats` are optional: `BackendDefaults` gives what a backend without them means."""
+    """Built as `Cls(cfg, model, tokenizer)` (cfg: the run's Config, seeded for this actor; its own `actors` keys:
+    `specs.options(cfg.actors, ItsOptions)`). `end_ids`, `close` and `engine_stats` are optional: `BackendDefaults`
+    gives what a backend without them means."""
 
     def generate(self, prompts: list[list[int]], n: int,
                  between_steps: Callable[[], int] | None = None) -> list[list[Completion]]:

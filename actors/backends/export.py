@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import tempfile
 
+from streamrl.config import Config, LoraConfig
 from streamrl.models import hf_folder as hf_folder_lib
 
 
-def hf_folder(cfg, model, tokenizer) -> str:
+def hf_folder(cfg: Config, model, tokenizer) -> str:
     """cfg.model.path when set; otherwise a temporary folder holding `model` and `tokenizer`."""
     if cfg.model.path:
         return cfg.model.path
     folder = tempfile.mkdtemp(prefix="streamrl-model-")
-    hf_folder_lib.save(folder, _base_of(model, cfg), tokenizer)  # with LoRA the base alone
+    hf_folder_lib.save(folder, _base_of(model, cfg.lora), tokenizer)  # with LoRA the base alone
     return folder
 
 
-def _base_of(model, cfg):
+def _base_of(model, lora_cfg: LoraConfig):
     """With LoRA, the frozen base alone (the engine takes each version's adapters through its LoRA API):
     a plain tiny Llama holding the base weights (the adapters folded in, a no-op while lora_B is zero)."""
     from streamrl.models import lora
@@ -28,5 +29,5 @@ def _base_of(model, cfg):
     from streamrl.models.tiny_llama import TinyLlamaForCausalLM
 
     plain = TinyLlamaForCausalLM(model.config).to(next(iter(state.values())).dtype)
-    plain.load_state_dict(lora.merged(state, cfg.lora), strict=True)
+    plain.load_state_dict(lora.merged(state, lora_cfg), strict=True)
     return plain

@@ -8,15 +8,17 @@ from typing import Callable
 import torch
 
 from streamrl.actors.backends.base import BackendDefaults, Completion
+from streamrl.actors.backends.specs import HFOptions, options
 from streamrl.comm.weights import assembly
+from streamrl.config import Config
 from streamrl.models import lora, sampling
 from streamrl.models.model import end_token_ids
 
 
 class HFBackend(BackendDefaults):
-    def __init__(self, cfg, model, tokenizer):
+    def __init__(self, cfg: Config, model, tokenizer):
         self.cfg = cfg.actors
-        device = cfg.actors.device
+        device = options(cfg.actors, HFOptions).device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

@@ -30,7 +30,9 @@ from typing import Callable
 
 from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
+from streamrl.actors.backends.specs import EngineOptions, options
 from streamrl.comm.weights.collective import plan
+from streamrl.config import Config, LoraConfig
 from streamrl.models.model import end_token_ids
 
 
@@ -39,7 +41,7 @@ class WeightUpdateError(RuntimeError):
 
 
 class SGLangBackend(BackendDefaults):
-    def __init__(self, cfg, model, tokenizer):
+    def __init__(self, cfg: Config, model, tokenizer):
         import sglang
 
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true"):
@@ -48,18 +50,19 @@ class SGLangBackend(BackendDefaults):
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.end_ids = self.stop_token_ids
         self.cfg = cfg.actors
+        self.opts = options(cfg.actors, EngineOptions)
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         self.update_s: list[float] = []
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
-            tp_size=cfg.actors.tensor_parallel_size,
+            tp_size=self.opts.tensor_parallel_size,
             dtype=engine_dtype(cfg.model.dtype),
             random_seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             skip_tokenizer_init=True,
             log_level="error",
-            **({} if cfg.actors.gpu_memory_fraction is None  # engines sharing a GPU: each its share
-               else {"mem_fraction_static": cfg.actors.gpu_memory_fraction}),
-            **_lora_args(cfg),
+            **({} if self.opts.gpu_memory_fraction is None  # engines sharing a GPU: each its share
+               else {"mem_fraction_static": self.opts.gpu_memory_fraction}),
+            **_lora_args(cfg.lora),
         )
         self.lora = cfg.lora if cfg.lora.rank else None
         self.adapter: str | None = None  # with LoRA: the name of the newest version's adapter, in every request
@@ -104,7 +107,7 @@ class SGLangBackend(BackendDefaults):
             self._load_adapter(state)
             self.update_s.append(time.perf_counter() - t0)
             return
-        self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
+        self.plan = self.plan or plan(state, self.opts.update_bucket_bytes)
         last = len(self.plan.buckets) - 1
         _check("begin_weight_update", self.engine.begin_weight_update())
         try:
@@ -155,11 +158,11 @@ def engine_dtype(model_dtype: str) -> str:
     return "bfloat16" if model_dtype == "float32" else model_dtype
 
 
-def _lora_args(cfg) -> dict:
+def _lora_args(lora: LoraConfig) -> dict:
     """The engine's LoRA switches (ServerArgs' lora namespace) for lora.rank > 0: one adapter per batch."""
-    if not cfg.lora.rank:
+    if not lora.rank:
         return {}
-    return {"enable_lora": True, "max_lora_rank": cfg.lora.rank, "lora_target_modules": list(cfg.lora.target_modules),
+    return {"enable_lora": True, "max_lora_rank": lora.rank, "lora_target_modules": list(lora.target_modules),
             "max_loras_per_batch": 1}
 
 

@@ -45,8 +45,10 @@ from typing import Callable
 import streamrl.actors.backends.shm_weights as shm_weights
 from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
+from streamrl.actors.backends.specs import EngineOptions, options
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
 from streamrl.comm.weights.collective import plan
+from streamrl.config import Config, LoraConfig
 from streamrl.models.model import end_token_ids
 
 log = logging.getLogger("streamrl.actor.vllm")
@@ -55,7 +57,7 @@ UPDATE_MODE = "shared_memory"
 
 
 class VLLMBackend(BackendDefaults):
-    def __init__(self, cfg, model, tokenizer):
+    def __init__(self, cfg: Config, model, tokenizer):
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
@@ -64,6 +66,7 @@ class VLLMBackend(BackendDefaults):
             raise RuntimeError("this vLLM has no logprobs_mode: it would report log-probs without the sampling "
                                "temperature and the learner's importance ratios would be wrong; use vLLM >= 0.10")
         self.cfg = cfg.actors
+        self.opts = options(cfg.actors, EngineOptions)
         self.stop_token_ids = end_token_ids(model, tokenizer)  # every end token of the generation config
         self.end_ids = self.stop_token_ids
         cpu = current_platform.is_cpu()
@@ -73,16 +76,16 @@ class VLLMBackend(BackendDefaults):
         self.llm = LLM(
             model=hf_folder(cfg, model, tokenizer),
             skip_tokenizer_init=True,
-            tensor_parallel_size=cfg.actors.tensor_parallel_size,
+            tensor_parallel_size=self.opts.tensor_parallel_size,
             dtype=cfg.model.dtype,
             seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             enforce_eager=cpu,  # the CPU build has no graph capture to speak of; GPUs keep CUDA graphs
             # engines sharing a GPU each take their share (vLLM's own default reserves 0.92 of it)
-            **({} if cfg.actors.gpu_memory_fraction is None
-               else {"gpu_memory_utilization": cfg.actors.gpu_memory_fraction}),
-            **_lora_args(cfg),
+            **({} if self.opts.gpu_memory_fraction is None
+               else {"gpu_memory_utilization": self.opts.gpu_memory_fraction}),
+            **_lora_args(cfg.lora),
         )
         self.lora = cfg.lora if cfg.lora.rank else None
         self.lora_request = None  # with LoRA: the newest version's adapter, named in every generate call
@@ -95,7 +98,7 @@ class VLLMBackend(BackendDefaults):
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
         self.first_generate_s: float | None = None
         log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s, seed %d); new weights load in place "
-                 "from shared memory (%s)", self.start_s, cfg.actors.tensor_parallel_size,
+                 "from shared memory (%s)", self.start_s, self.opts.tensor_parallel_size,
                  "CPU build" if cpu else "GPU", cfg.seed, self.weights_dir)
 
     def generate(self, prompts: list[list[int]], n: int, between_steps: Callable[[], int] | None = None,
@@ -194,7 +197,7 @@ class VLLMBackend(BackendDefaults):
             self._load_adapter(state)
             self.update_s.append(time.perf_counter() - t0)
             return
-        self.plan = self.plan or plan(state, self.cfg.update_bucket_bytes)
+        self.plan = self.plan or plan(state, self.opts.update_bucket_bytes)
         buckets = shm_weights.write(state, self.plan, self.weights_dir)
         if self.generating:
             # Every load inside a call counts, the second of one pause too: two versions can land before the
@@ -249,9 +252,9 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The max_lora_rank values vLLM accepts (vllm/config/lora.py, MaxLoRARanks)."""
 
 
-def _lora_args(cfg) -> dict:
+def _lora_args(lora: LoraConfig) -> dict:
     """The engine's LoRA switches for `lora.rank` > 0: one adapter slot of the smallest rank vLLM allows that fits."""
-    r = cfg.lora.rank
+    r = lora.rank
     if not r:
         return {}
     fits = [x for x in LORA_RANKS if x >= r]

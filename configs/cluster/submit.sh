@@ -12,7 +12,7 @@
 #     --actors-for JOB    submit only an actor job, for learner job JOB (queued or running): after an
 #                         actor job was cancelled, preempted or failed, the new actors rejoin its run
 #                         (give the same options, config and overrides as the first submission)
-# Each actor drives actors.tensor_parallel_size GPUs (from CONFIG and the overrides), so a node runs
+# Each actor drives actors.tensor_parallel_size GPUs (from CONFIG and the overrides; 1 for hf), so a node runs
 # G / tp actors and actors.num = actor nodes x G / tp. Partition, account and the like come from
 # Slurm's own environment variables (SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, ...).
 set -euo pipefail
@@ -62,7 +62,7 @@ try:
     cfg = config.load(path, overrides)
 except config.ConfigError as e:
     sys.exit(f"submit.sh: {e}")
-tp, ranks = cfg.actors.tensor_parallel_size, nodes * gpus
+tp, ranks = cfg.actors.engine_gpus(), nodes * gpus  # 1 for a backend that cannot shard (hf)
 if gpus % tp:
     sys.exit(f"submit.sh: actors.tensor_parallel_size={tp} must divide the {gpus} GPUs of a node")
 if cfg.learner.batch_groups % ranks:

