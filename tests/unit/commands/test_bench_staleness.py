@@ -30,7 +30,7 @@ def test_ratios_are_to_the_mean_of_the_shared_strict_runs_and_shares_count_full_
 
 
 def test_an_unknown_task_is_refused_with_the_allowed_names():
-    with pytest.raises(ValueError, match="task 'nope' unknown; allowed: reverse, copy, chat-dataset"):
+    with pytest.raises(ValueError, match="task 'nope' unknown; allowed: reverse, copy, copy-long, chat-dataset"):
         staleness._config("nope", "token_pg", 0, 10, [])
 
 
