@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from streamrl.config import Config
+
 # (name, prompts per call, samples per prompt, turns, new tokens per turn, tool sleep in ms)
 SHAPES = [("50ms tool", 8, 8, 4, 4, 50), ("0ms tool", 8, 8, 4, 4, 0)]
 
@@ -92,7 +94,7 @@ def episodes(short: bool = False) -> list[dict]:
     return rows
 
 
-def _runners(cfg, reward, single_tokens: int, tool_ms: float):
+def _runners(cfg: Config, reward, single_tokens: int, tool_ms: float):
     """(the multi-turn runner, its backend, a single-turn backend allowed all its turns' tokens at once), on one model;
     the runner's environment sleeps tool_ms in its tool."""
     import msgspec

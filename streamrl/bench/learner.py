@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from streamrl.config import Config
+
 
 def _model(seed: int = 0):
     """A random-init Qwen3ForCausalLM of the release folder's config (fp32), without writing the folder."""
@@ -65,7 +67,7 @@ def _batch(groups: int, group_size: int, prompt: tuple[int, int], completion: tu
     return collate(made, pad_id=0)
 
 
-def _reference_step(model, optimizer, cfg, batch, adv: torch.Tensor, lean: bool) -> float:
+def _reference_step(model, optimizer, cfg: Config, batch, adv: torch.Tensor, lean: bool) -> float:
     """One plain-torch optimizer step over the learner's micro-batches of `batch`; returns the loss.
 
     lean: project only the completion positions onto the vocabulary (else: the model's full logits)."""

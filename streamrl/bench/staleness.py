@@ -33,7 +33,8 @@ TASKS = {
                        "advantage.estimator=grpo", "advantage.r_min_correct=0.8"]),
     "copy": (None, []),
     # a third answer length (issue 46): 8 tokens against reverse's 5 and chat-dataset's 2
-    "copy-long": (None, ["task.num_symbols=4", "task.length=8", "actors.max_new_tokens=8"]),
+    "copy-long": (None, ["task.num_symbols=4", "task.length=8", "actors.max_new_tokens=8",
+                         "advantage.estimator=grpo"]),
     "chat-dataset": ("examples/chat-dataset/config.yaml", ["eval.prompts=all", "eval.samples=16"]),
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"  # the repository's (a source checkout's) examples/

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from streamrl.config import Config
+
 WINDOW = 10
 """Steps the mean reward is taken over (one step's batch mean is noisy)."""
 
@@ -188,7 +190,7 @@ def _trl_child(overrides: list[str], steps: int, stop_at: float, workdir: Path) 
     trainer.train()
 
 
-def _grpo_config(GRPOConfig: type, cfg, steps: int, workdir: Path):
+def _grpo_config(GRPOConfig: type, cfg: Config, steps: int, workdir: Path):
     """TRL's settings for the same job as streamrl's: batch, sampling, optimizer, clipping and loss alike
     (GRPOConfig: the class `_trl_child` imported, where a missing TRL is one line)."""
     per_step = cfg.learner.batch_groups

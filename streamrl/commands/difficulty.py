@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from streamrl import config as config_lib
+from streamrl.config import Config
 from streamrl.algo.difficulty import in_band
 from streamrl.commands import options
 
@@ -46,7 +47,7 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def filter_offline(cfg, rollouts: int, out: Path, checkpoint: str | Path | None = None,
+def filter_offline(cfg: Config, rollouts: int, out: Path, checkpoint: str | Path | None = None,
                    prompts: int | None = None) -> dict:
     """Sample `rollouts` per prompt, write the kept ones to `out`; returns the counts."""
     from streamrl import evaluation

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from streamrl import config as config_lib
+from streamrl.config import Config
 from streamrl.commands import options
 from streamrl.run import checkpoints, jsonfiles
 
@@ -76,7 +77,7 @@ def offline(path: str | Path, overrides: list[str], out: Path | None = None) -> 
     return result
 
 
-def live(cfg, host: str | None, watch: int, timeout_s: float, out: Path | None = None, show=print) -> list[dict]:
+def live(cfg: Config, host: str | None, watch: int, timeout_s: float, out: Path | None = None, show=print) -> list[dict]:
     """Evaluate the learner's newest weights, then every new version, `watch` times in all (fewer if it stops)."""
     import zmq
 

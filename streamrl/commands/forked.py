@@ -26,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from streamrl.config import Config
 from streamrl.run import lifecycle
 
 ENV = "STREAMRL_FORK"
@@ -35,7 +36,7 @@ def enabled() -> bool:
     return hasattr(os, "fork") and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def preload(cfg) -> None:
+def preload(cfg: Config) -> None:
     """Import, once, the modules both the learner and the actors need (never DeepSpeed, never a
     backend's engine): torch, zmq, msgspec, the tokenizer's and the model's classes: for the tiny default
     streamrl's word tokenizer and plain-torch Llama (transformers is never imported: its modeling code

@@ -39,6 +39,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl import resources
+from streamrl.config import Config
 from streamrl.commands import options
 
 GB = 1e9
@@ -65,7 +66,7 @@ class Shape(msgspec.Struct, frozen=True):
     """LoRA (lora.rank > 0): the adapters' parameters, counted by injecting peft's layers into the meta model."""
 
 
-def _hf_config_path(cfg) -> tuple[Path | None, str]:
+def _hf_config_path(cfg: Config) -> tuple[Path | None, str]:
     """config.json of the configured model, and its display name."""
     path = cfg.model.path
     name = Path(path).name if path else "tiny"
@@ -91,7 +92,7 @@ def _hf_config_path(cfg) -> tuple[Path | None, str]:
                             f"configs/models/ ({shipped}); give --model-config FILE")
 
 
-def shape(cfg, model_config: str | Path | None = None) -> Shape:
+def shape(cfg: Config, model_config: str | Path | None = None) -> Shape:
     """The model's Shape: from `model_config` (a config.json) when given, else as `_hf_config_path` finds it."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -200,14 +201,14 @@ class Part(msgspec.Struct):
     """None: no --gpu-mem given."""
 
 
-def sequence_tokens(cfg, prompt_tokens: int) -> tuple[int, str]:
+def sequence_tokens(cfg: Config, prompt_tokens: int) -> tuple[int, str]:
     """Longest sequence (prompt + completion) a step can hold, and where that figure comes from."""
     if cfg.model.max_seq_len:
         return cfg.model.max_seq_len, "model.max_seq_len"
     return prompt_tokens + cfg.actors.max_new_tokens, f"{prompt_tokens} prompt tokens (--prompt-tokens) + actors.max_new_tokens"
 
 
-def learner_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
+def learner_part(cfg: Config, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     L, dtype = cfg.learner, cfg.model.dtype
     ranks = L.ranks
     rows = cfg.learner.batch_groups * cfg.actors.group_size // ranks
@@ -253,7 +254,7 @@ def learner_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     return Part("learner", ranks, total, lines, None if gpu_mem is None else total <= gpu_mem * GB)
 
 
-def actor_part(cfg, s: Shape, seq: int, gpu_mem: float | None) -> Part:
+def actor_part(cfg: Config, s: Shape, seq: int, gpu_mem: float | None) -> Part:
     a, dtype = cfg.actors, cfg.model.dtype
     tp = a.engine_gpus()
     weights = s.params * DTYPE_BYTES[dtype] // tp
@@ -301,7 +302,7 @@ class Plan(msgspec.Struct):
     header: list[str]
 
 
-def make(cfg, gpus: int | None = None, gpu_mem: float | None = None, prompt_tokens: int = 256,
+def make(cfg: Config, gpus: int | None = None, gpu_mem: float | None = None, prompt_tokens: int = 256,
          model_config: str | Path | None = None) -> Plan:
     """The plan of `cfg` on `gpus` GPUs of `gpu_mem` GB each (either may be None: not checked)."""
     s = shape(cfg, model_config)
@@ -343,7 +344,7 @@ def report(plan: Plan, name: str) -> str:
     return "\n".join(out)
 
 
-def run_warning(cfg) -> str | None:
+def run_warning(cfg: Config) -> str | None:
     """`streamrl run`'s check: on CUDA, the plan against this machine's GPUs; elsewhere every process
     shares host memory, so the learner's and actors' needs together against the RAM installed.
     None when it fits (or cannot be told). The tiny default model always fits: it is not planned,

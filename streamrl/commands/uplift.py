@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from streamrl import config as config_lib
+from streamrl.config import Config
 from streamrl.commands import options
 from streamrl.run import jsonfiles
 
@@ -87,7 +88,7 @@ def _exp(x: float) -> float | None:
     return math.exp(x) if x < 700 else None  # JSON has no inf
 
 
-def prompt_ids(cfg, tokenizer, prompts) -> list[list[int]]:
+def prompt_ids(cfg: Config, tokenizer, prompts) -> list[list[int]]:
     """Each prompt's token ids as the run's actors encoded them (streamrl.models.prompting: the chat template where
     the model has one), so the log-probs ranked are those of the sequences training saw."""
     from streamrl.models.prompting import PromptEncoder
