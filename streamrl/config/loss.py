@@ -13,11 +13,11 @@ from streamrl.config.plugged import PluginSection
 from streamrl.registry import LOSSES
 
 
-# Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md, 3 seeds): on reverse 6x5 every
-# corrected objective holds >= 0.94 of strict's final-policy reward at lag 8 and 16 (tis, seq_mask, tis_cap 1, a
-# clip widened to [0.5, 2], decoupled_ppo with 2 or 4 minibatches) where token_pg keeps 0.89 and 0.53; on the
-# chat-dataset example (lr 1e-3, 2-token completions) each of them collapses at lag 8 (0.07-0.34) and only
-# token_pg's clip against the behaviour policy holds (1.16; 0.42 at lag 16). No objective meets both targets.
+# Kept by measurement (`streamrl bench staleness`, docs/reference/benchmarks.md: 3 tasks x 2 drift regimes, 3 seeds):
+# tis holds >= 0.97 of strict's final-policy reward up to lag 64 on reverse and copy-long at low drift, but collapses
+# on the chat-dataset example (lr 1e-3) from lag 1 (0.38 of strict at lag 2), where token_pg's clip against the
+# behaviour policy holds (1.24); token_pg keeps only 0.34-0.62 at lag 16. No objective meets the targets everywhere,
+# and a default must be safe at the default max_staleness.
 DEFAULT_LOSS = "token_pg"
 # Fields that act around the objective (the learner reads them), not knobs it takes.
 _AROUND = ("name", "variance_control", "ess_step_rule", "ess_step_floor", "proximal")
