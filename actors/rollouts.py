@@ -1,7 +1,7 @@
 """The actor's one rollout protocol: prompts → ScoredGroups, whatever a sample is.
 
-A task says how its samples are made (its `rollout` member, `streamrl.tasks.base.TaskDefaults`; any single-turn task
-plays episodes of `task.environment` where one is set: `streamrl.config.rollout_kind`):
+A task says how its samples are made by its capabilities (`streamrl.config.rollout_kind`; any single-turn task plays
+episodes of `task.environment` where one is set):
 
 - "single_turn": G completions per prompt, scored by the task (`SingleTurn`, over `streamrl.actors.rollout`);
 - "environment_episodes": G episodes per prompt of the task's `environment_class()` (else task.environment's), turns driven

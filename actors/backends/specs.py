@@ -38,8 +38,7 @@ class EngineOptions(Options):
 def options(actors: ActorConfig, cls: type[OptionsT]) -> OptionsT:
     """The backend options of the `actors` section as `cls`: the section's own where the backend it names takes
     them, else `cls`'s defaults (an hf sampler built beside a vLLM run's engine, as the eval comparisons do)."""
-    own = actors.options_for(BACKENDS)
-    return own if isinstance(own, cls) else cls()
+    return actors.options_as(BACKENDS, cls)
 
 
 HF = Plugin(load="streamrl.actors.backends.hf:HFBackend", options=HFOptions,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -17,6 +17,8 @@ from streamrl.config.base import _Section
 from streamrl.registry import OptionError, Registry, parse_options
 
 log = logging.getLogger("streamrl.config")
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class PluginSection(_Section):
@@ -36,6 +38,12 @@ class PluginSection(_Section):
     def options_for(self, reg: Registry) -> Any:
         """The options of the plug-in of registry `reg` this section names (None: it takes none)."""
         return next((v for k, v in self.opts.items() if k.partition(":")[0] == reg.kind), None)
+
+    def options_as(self, reg: Registry, cls: type[T]) -> T:
+        """The options of the plug-in of `reg` this section names, as `cls`: its own where that plug-in takes `cls`,
+        else `cls`'s defaults (a plug-in built beside a run that names another: an hf sampler beside a vLLM engine)."""
+        own = self.options_for(reg)
+        return own if isinstance(own, cls) else cls()
 
     def options_dict(self, reg: Registry) -> dict[str, Any]:
         """The options of the plug-in of `reg` this section names, as keywords ({}: it takes none)."""

@@ -81,8 +81,7 @@ def options_of(env_cls: type, task_cfg: TaskConfig) -> tuple:
     `Options` (parsed from the task section's keys), else nothing: `env_cls(row, *options_of(env_cls, task_cfg))`."""
     if getattr(env_cls, "Options", None) is None:
         return ()
-    found = task_cfg.options_for(ENVIRONMENTS)
-    return (found if isinstance(found, env_cls.Options) else env_cls.Options(),)
+    return (task_cfg.options_as(ENVIRONMENTS, env_cls.Options),)
 
 
 def row_of(prompt) -> dict:
