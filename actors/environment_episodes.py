@@ -14,7 +14,9 @@ environment's interleaved; `model_token_masks` says which the model sampled (beh
 the environment's). An episode ends when the environment says done, or truncated at `task.max_turns` model
 turns or when no room is left under the sequence cap (`model.max_seq_len`, else the model's context); a
 truncated episode that got no reward scores the task's lowest level. The reward `step` gives when done goes on the
-task's levels by the runtime's one rule; one on no level fails the episode as a raising `step` does.
+task's levels by the runtime's one rule; one on no level fails the episode as a raising `step` does. A None with
+done is "could not score" (`reward_health.NONE_RULE`): the episode is unscored, counted `none`, and judged by the
+environment's failure window like a raising `step`.
 
 What episodes did is added up in `EpisodeStats` (turns, tool calls by tool and outcome, time in tools,
 truncations, template drift) for the actor's report and Prometheus.
@@ -36,7 +38,7 @@ from streamrl.models.sampling import capped
 from streamrl.tasks import environments, tool_calls
 from streamrl.tasks.adapted import BadReward
 from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import FailureWindow
+from streamrl.tasks.reward_health import NONE_RULE, FailureWindow
 
 log = logging.getLogger("streamrl.actor")
 
@@ -107,6 +109,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         (rollout.fill_unscored): the model's reply is not what failed. A group with none scored is not sent."""
         for e, r in zip(mine, fill_unscored([e.reward if e.scored else None for e in mine])):
             e.reward = r
+            done.reward_none += e.failure == "none"
         return any(e.scored for e in mine)
 
     def _sample_info(self, mine: list[_Episode]) -> dict:
@@ -174,6 +177,11 @@ class EnvironmentEpisodes(EpisodeRunner):
             e.scored = False
             self._end(e, None, "stop")
             return self._env_failed(err)
+        if done and reward is None:  # the environment could not score it (reward_health.NONE_RULE)
+            e.scored, e.failure = False, "none"
+            self._end(e, None, "stop")
+            return self._env_failed(None, "none", f"{type(e.env).__name__}.step returned reward None with done=True "
+                                                  f"(model turn {e.turns}; {NONE_RULE})")
         if done:
             return self._end(e, reward, "stop")
         self._continue(e, list(messages), stats)
@@ -245,12 +253,12 @@ class EnvironmentEpisodes(EpisodeRunner):
             stats.truncated["max_seq_len"] = stats.truncated.get("max_seq_len", 0) + 1
             return self._end(e, None, "length")
 
-    def _env_failed(self, err: BaseException | None) -> None:
-        """An episode the environment's reset or step ended by raising (err); raises UserCodeFailure once most of
-        the window's episodes did."""
-        self.failures["environment_raised"] += 1
-        self.env_health.note(self.env_name, "raised", _user_traceback(err))
-        self.env_health.record(self.env_name, "raised", self.failures)
+    def _env_failed(self, err: BaseException | None, why: str = "raised", detail: str = "") -> None:
+        """An episode the environment's reset or step ended by raising (err), or left unscored (why "none");
+        raises UserCodeFailure once most of the window's episodes did."""
+        self.failures[f"environment_{why}"] += 1
+        self.env_health.note(self.env_name, why, detail or _user_traceback(err))
+        self.env_health.record(self.env_name, why, self.failures)
 
     def _tool_fate(self, name: str, outcome: str, detail: str | None) -> None:
         """A call of tool `name` ended `outcome` (ok, raised, timeout); raises UserCodeFailure once most of its

@@ -102,6 +102,7 @@ class Episode:
         self.group, self.conv = group, None
         self.turns, self.reward, self.finish = 0, None, "stop"
         self.scored = True  # False: the environment raised, so no score came for it
+        self.failure: str | None = None  # why it is unscored, as reward_failures counts it (none, raised, ...)
         self.tool_calls: Counter = Counter()  # 'tool/outcome' → calls, for the samples log
         self.started = self.ended = 0.0
 
@@ -124,7 +125,8 @@ class EpisodeRunner:
         self.tolerance = t.reward_level_tolerance
         self.filter_zero_variance = cfg.actors.filter_zero_variance
         self.failures: Counter = Counter()
-        """What a UserCodeFailure carries: environment_raised, tool_raised, tool_timeout; an agent's reasons."""
+        """What a UserCodeFailure carries: environment_raised, environment_none, tool_raised, tool_timeout; an agent's
+        reasons."""
 
     def on_level(self, value: float) -> float | None:
         """The one rule: the task's level within task.reward_level_tolerance of `value`, None when on none

@@ -5,7 +5,7 @@ map from that environment's return onto the task's ordinal levels.
 An adapted environment plays its episode through `streamrl.actors.environment_episodes` like any `task.environment`,
 so it keeps token-in-token-out turns, the environment-token mask and every backend (hf, vLLM); the adapter only
 translates the calls. Its return (the sum of the rewards of its steps, as SkyRL's outcome estimators and OpenEnv's
-episode return add them) is mapped onto `task.reward_levels` by the episode runtime's one rule
+episode return add them; a step's None adds nothing, and an episode with no step's number could not be scored) is mapped onto `task.reward_levels` by the episode runtime's one rule
 (`streamrl.actors.episodes`): the level within `task.reward_level_tolerance` of it; with `reward.bucket_edges`
 instead of levels, the return as it is (the buckets shape it). A return that is not a finite number, or is on no
 level, raises (`BadReward`): the episode counts as an environment failure (`episodes_step_raised`) and is scored
@@ -26,18 +26,21 @@ class BadReward(ValueError):
     """An environment's reward that is not a finite number or is on none of the task's levels."""
 
 
-def check_reward(value, where: str) -> float:
-    """A step's reward as a float (None: 0.0, a step that gave none); BadReward for anything not a finite number."""
+def add_reward(total: float | None, value, where: str) -> float | None:
+    """The episode's return so far with a step's reward added. A step's None gives nothing (TRL's rule: skipped);
+    an episode none of whose steps gave a number keeps None, could not be scored (reward_health.NONE_RULE).
+    BadReward for anything else that is not a finite number."""
     if value is None:
-        return 0.0
+        return total
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
         raise BadReward(f"{where}: reward {value!r} is not a finite number")
-    return float(value)
+    return (total or 0.0) + float(value)
 
 
-def to_level(total: float, levels: list[float], tolerance: float, where: str) -> float:
-    """The level of `levels` within `tolerance` of `total` ([] levels: `total` unchanged, for bucketing)."""
-    if not levels:
+def to_level(total: float | None, levels: list[float], tolerance: float, where: str) -> float | None:
+    """The level of `levels` within `tolerance` of `total` ([] levels: `total` unchanged, for bucketing; None: the
+    episode could not be scored, left for the runtime to count)."""
+    if not levels or total is None:
         return total
     near = nearest_level(total, levels, tolerance)
     if near is None:

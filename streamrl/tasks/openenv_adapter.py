@@ -16,9 +16,9 @@ observation's text (its `task.env_observation_field`) as a user message when it 
 an Action with the reply in `task.env_action_field` (the client's Action class, read from its `EnvClient[Action,
 Observation, State]` parameters; a dict for GenericEnvClient) and goes to `step`; the observation's text is
 appended as the next user message, until the result says `done`. The episode's reward is the sum of its steps'
-rewards (None: 0), mapped onto `task.reward_levels` by `streamrl.tasks.adapted`. A server error, a timeout
-(`task.tool_timeout_s` per message), or a reward that is not a finite number or is on no level ends the episode as
-an environment failure.
+rewards (a None adds nothing; none at all: the episode could not be scored), mapped onto `task.reward_levels` by
+`streamrl.tasks.adapted`. A server error, a timeout (`task.tool_timeout_s` per message), or a reward that is not a
+finite number or is on no level ends the episode as an environment failure.
 
 Not kept: rubrics' per-component scores (only the observation's reward is read), MCP tool mode ("production"
 clients), container/hub providers (`from_docker_image`, `from_env`: start the server yourself and give
@@ -34,7 +34,7 @@ import typing
 import warnings
 
 from streamrl.tasks import plugins
-from streamrl.tasks.adapted import AdaptedTask, check_reward, opening, to_level
+from streamrl.tasks.adapted import AdaptedTask, add_reward, opening, to_level
 from streamrl.tasks.environments import EnvironmentDefaults
 
 
@@ -160,7 +160,7 @@ class OpenEnvEnvironment(EnvironmentDefaults):
             self.client, self.reused = self.idle.pop(), True
         except IndexError:
             self.client, self.reused = self.client_cls(base_url=self.url, message_timeout_s=self.timeout_s), False
-        self.total, self.turns, self.closed, self.ok = 0.0, 0, False, False
+        self.total, self.turns, self.closed, self.ok = None, 0, False, False
 
     def _run(self, coro):
         return _Loop.run(coro, self.timeout_s + 5)
@@ -186,7 +186,7 @@ class OpenEnvEnvironment(EnvironmentDefaults):
         action = {self.action_field: reply} if cls is dict or typing.get_origin(cls) is dict else cls(
             **{self.action_field: reply})
         result = self._run(self.client.step(action))
-        self.total += check_reward(result.reward, where)
+        self.total = add_reward(self.total, result.reward, where)
         if result.done:
             level = to_level(self.total, self.levels, self.tolerance, where)  # a bad reward fails the episode
             self.ok = True

@@ -39,7 +39,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
-from streamrl.tasks.reward_health import FailureWindow, UserCodeFailure
+from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, UserCodeFailure
 from streamrl.tasks.rewards import nearest_level
 
 log = logging.getLogger("streamrl.tasks")
@@ -149,6 +149,8 @@ class RewardFunctions:
         self.health = FailureWindow(fail_window, fail_threshold)
         # The sum's own window (off the scale, not finite): apart from each function's, whose samples it repeats.
         self.scale_name = f"{','.join(self.refs)} (their sum against task.reward_levels)"
+        # A sample no function scored is theirs together: one function's own name, several's joined.
+        self.none_name = self.refs[0] if len(self.refs) == 1 else f"{','.join(self.refs)} (together)"
         self.totals: Counter = Counter()
         self._lock = threading.Lock()
 
@@ -242,6 +244,7 @@ class RewardFunctions:
         failures: Counter = Counter()
         per_fn: list[list] = []
         fates: list[tuple[str, str | None, int]] = []  # (name, reason or None, samples) for the failure window
+        judged: set[int] = set()  # samples a grader's window already counts as failed
         for fn, ref, one in zip(self.fns, self.refs, running):
             got, reason = self._wait(one, ref)
             values, reason = self._values(ref, got, call.n) if reason is None else (None, reason)
@@ -250,8 +253,9 @@ class RewardFunctions:
                 values = self._one_at_a_time(fn, ref, call, reason, failures, fates)
             elif (failed := getattr(got, "failed", None)) is not None:  # a grader: its None may be a failure
                 self._graded(ref, got, failed, fates)
-            else:
-                fates.append((ref, None, call.n))
+                judged.update(i for i, why in enumerate(failed) if why is not None)
+            elif scored := sum(v is not None for v in values):  # its Nones: judged per sample, below
+                fates.append((ref, None, scored))
             per_fn.append(values)
         scores: list[float | None] = []
         for i in range(call.n):
@@ -262,7 +266,14 @@ class RewardFunctions:
                 continue
             score, why = self._combine(column, failures)
             scores.append(score)
-            fates.append((self.scale_name, why, 1))
+            if why == "none" and i in judged:
+                continue
+            if why == "none":  # nobody could score it: the functions' failure, judged by their own window
+                self._note(self.none_name, "none", f"returned {per_fn[0] if len(self.fns) == 1 else column!r:.200} "
+                           f"for a group of {call.n}: None for every function on a sample ({NONE_RULE})")
+                fates.append((self.none_name, "none", 1))
+            else:
+                fates.append((self.scale_name, why, 1))
         self.totals.update(failures)
         for name, why, n in fates:
             self.health.record(name, why, self.totals, n)
@@ -291,7 +302,8 @@ class RewardFunctions:
         for single in [self._run(fn, call.one(i)) for i in range(call.n)]:
             got, why = self._wait(single, ref)
             one, why = self._values(ref, got, 1) if why is None else (None, why)
-            fates.append((ref, why if one is None else None, 1))
+            if one is None or one[0] is not None:  # a None: judged with the sample's other functions, as above
+                fates.append((ref, why if one is None else None, 1))
             if one is None:
                 failures[why] += 1
                 failures["calls_failed"] += 1
@@ -304,7 +316,7 @@ class RewardFunctions:
         """(the weighted sum on the scale, None) or (None, the reason it is not one)."""
         if all(v is None for v in column):
             failures["none"] += 1
-            return None, None  # not applicable: no function's failure
+            return None, "none"
         total = sum(w * v for w, v in zip(self.weights, column) if v is not None)
         if not math.isfinite(total):
             failures["non_finite"] += 1

@@ -27,6 +27,12 @@ class UserCodeFailure(RuntimeError):
                          f"({reason}): {error}")
 
 
+NONE_RULE = "None is \"could not score\": docs/guides/faults-and-security.md#could-not-score"
+"""The one rule for a None reward, wherever it comes from (reward function, environment, rubric, agent): where
+several functions score a sample, one's None is skipped (TRL's rule); a sample nobody scored is unscored, counted
+`none`, and judged by the failure window like any failure, so mostly-None stops the run."""
+
+
 KINDS = ("reward function", "grader", "environment", "tool", "agent", "verifiers environment")
 """What a failing function may be: each is judged by the same window, and stops the run the same way."""
 

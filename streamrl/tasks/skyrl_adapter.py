@@ -8,7 +8,8 @@ extras are the row's columns but its prompt (and streamrl's "id", and `env_class
 `task.max_turns`. Then SkyRL's loop: `init(prompt)` gives the opening messages, each model reply (the text,
 tool-call markup and all: a SkyRL env parses its own tools) goes to `step(action)`, whose
 `BaseTextEnvStepOutput` observations are appended until `done`; `close()` ends it. The episode's reward is
-the sum of its steps' rewards (what SkyRL's outcome estimators sum its token-level rewards to), mapped onto
+the sum of its steps' rewards (what SkyRL's outcome estimators sum its token-level rewards to; a None adds
+nothing, and an episode whose steps gave no number could not be scored), mapped onto
 `task.reward_levels` by `streamrl.tasks.adapted`. A step that raises, returns no `BaseTextEnvStepOutput`, or a
 reward that is not a finite number or is on no level, ends the episode as an environment failure.
 
@@ -22,7 +23,7 @@ import functools
 import logging
 
 from streamrl.tasks import plugins
-from streamrl.tasks.adapted import AdaptedTask, check_reward, opening, to_level
+from streamrl.tasks.adapted import AdaptedTask, add_reward, opening, to_level
 from streamrl.tasks.environments import EnvironmentDefaults
 
 log = logging.getLogger("streamrl.actor")
@@ -109,7 +110,7 @@ class SkyRLGymEnvironment(EnvironmentDefaults):
         extras["max_turns"] = self.max_turns
         self.name = row.get("env_class") or self.ref
         self.env = make(self.name, self.env_config, extras)
-        self.total, self.turns, self.closed = 0.0, 0, False
+        self.total, self.turns, self.closed = None, 0, False
 
     def reset(self) -> list[dict]:
         got = self.env.init(opening(self.row))
@@ -124,7 +125,7 @@ class SkyRLGymEnvironment(EnvironmentDefaults):
         if not isinstance(out, dict) or "done" not in out:
             raise TypeError(f"{where}: returned {type(out).__name__}, not a BaseTextEnvStepOutput "
                             "(observations, reward, done, metadata)")
-        self.total += check_reward(out.get("reward"), where)
+        self.total = add_reward(self.total, out.get("reward"), where)
         if out.get("postprocessed_action") is not None and not SkyRLGymEnvironment._warned_postprocessed:
             SkyRLGymEnvironment._warned_postprocessed = True
             log.warning("%s: postprocessed_action is ignored: streamrl trains on the tokens sampled", where)

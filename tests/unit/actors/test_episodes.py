@@ -168,6 +168,42 @@ def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window
     runner.close()
 
 
+def test_an_environment_that_could_not_score_leaves_its_episode_unscored_counted_and_mostly_none_stops(tmp_path):
+    # A done step with reward None scored the lowest level silently before (could not score: reward_health.NONE_RULE).
+    env = tmp_path / "none_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class NoneOnWrong(LookupEnv):
+            made = 0
+
+            def __init__(self, row):
+                super().__init__(row)
+                NoneOnWrong.made += 1
+                self.scores = NoneOnWrong.made % 2 == 1
+
+            def step(self, reply):
+                return [], (1.0 if self.scores else None), True
+
+        class AlwaysNone(LookupEnv):
+            def step(self, reply):
+                return [], None, True
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:NoneOnWrong"], reply=lambda t: "a")
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert groups[0].scored == [True, False] and groups[0].rewards == [1.0, 1.0], groups[0]  # the group's mean
+    assert done.reward_none == 1 and runner.failures["environment_none"] == 1
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:AlwaysNone", "task.reward_fail_window=4"],
+                                       reply=lambda t: "a")
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    with pytest.raises(UserCodeFailure, match=r"environment .*none_env.py:AlwaysNone failed on 4 of its last 4 "
+                                              r"episodes \(none\): AlwaysNone.step returned reward None"):
+        runner.make_groups(_prompts(reward.task, 4), 0)
+    runner.close()
+
+
 def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():
     cfg, reward, tok, backend = _setup(reply=lambda t: "lookup" if len(t.split()) == 2 else "a")
     runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])

@@ -159,3 +159,35 @@ def test_a_function_failing_on_most_samples_stops_though_its_scored_samples_pass
     with pytest.raises(UserCodeFailure, match="math:sqrt failed on"):
         fns.score(calls)
     fns.close()
+
+
+def test_a_reward_that_could_score_nothing_stops_the_run_naming_itself_and_what_it_returned():
+    # TRL's "could not score" on every sample: today's run hung waiting for a first step, counting nothing.
+    fns = RewardFunctions(["math:sqrt"], fail_window=8, workers=2)
+    fns.fns = [lambda prompts, completions, **kw: [None] * len(completions)]
+    with pytest.raises(UserCodeFailure) as got:
+        fns.score([Call("p", ["a", "b", "c", "d"], [[]] * 4, {}) for _ in range(3)])
+    e = got.value
+    assert e.function == "math:sqrt" and e.reason == "none", e
+    assert "returned [None, None, None, None]" in str(e) and "could-not-score" in str(e), str(e)
+    assert e.counts["none"] >= 8, e.counts
+    fns.close()
+
+
+def test_one_functions_none_beside_anothers_score_is_skipped_and_never_judged_a_failure():
+    fns = RewardFunctions(["math:sqrt", "math:floor"], fail_window=4, workers=2)
+    fns.fns = [lambda prompts, completions, **kw: [None] * len(completions),  # "not mine to score", always
+               lambda prompts, completions, **kw: [1.0] * len(completions)]
+    outs = fns.score([Call("p", ["a", "b", "c", "d"], [[]] * 4, {}) for _ in range(4)])
+    assert [o.scores for o in outs] == [[1.0] * 4] * 4 and not fns.totals, fns.totals
+
+
+def test_samples_no_function_of_several_scored_are_judged_together_and_a_minority_only_counts():
+    fns = RewardFunctions(["math:sqrt", "math:floor"], fail_window=8, workers=2)
+    fns.fns = [lambda prompts, completions, **kw: [None if c == "x" else 1.0 for c in completions],
+               lambda prompts, completions, **kw: [None] * len(completions)]
+    outs = fns.score([Call("p", ["x", "a", "b", "c"], [[]] * 4, {}) for _ in range(4)])
+    assert [o.scores[0] for o in outs] == [None] * 4 and fns.totals["none"] == 4  # counted, never a number
+    with pytest.raises(UserCodeFailure, match=r"math:sqrt,math:floor \(together\) failed on .* \(none\)"):
+        fns.score([Call("p", ["x", "x", "x", "a"], [[]] * 4, {}) for _ in range(4)])
+    fns.close()

@@ -96,6 +96,35 @@ def test_a_failing_env_or_a_bad_reward_raises_for_the_episode_runner_to_count(wh
     assert env.env.closes == 1
 
 
+class _NoneOnWrong(BaseTextEnv):
+    """Reward None on a wrong answer (SkyRL's type says float; an env returning None could not score it)."""
+
+    def __init__(self, env_config=None, extras={}):
+        super().__init__()
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        self.turns += 1
+        if self.turns == 1:
+            return BaseTextEnvStepOutput(observations=[{"role": "user", "content": "again"}], reward=None,
+                                         done=False, metadata={})
+        return BaseTextEnvStepOutput(observations=[], reward=1.0 if action == "right" else None, done=True,
+                                     metadata={})
+
+
+def test_an_episode_whose_steps_gave_no_number_could_not_be_scored_and_a_none_step_adds_nothing():
+    # It scored 0.0 before, the middle of levels [-1, 0, 1], silently (issue 48).
+    skyrl_gym.register(id="streamrl-test-none-on-wrong", entry_point=_NoneOnWrong)
+    cls = environment_class(_task("streamrl-test-none-on-wrong", levels=(-1, 0, 1)))
+    wrong = cls({"prompt": "q", "id": "r"})
+    wrong.reset()
+    wrong.step("wrong")
+    assert wrong.step("wrong") == ([], None, True)
+    right = cls({"prompt": "q", "id": "r"})
+    right.reset()
+    right.step("wrong")
+    assert right.step("right") == ([], 1.0, True)
+
+
 def test_a_rows_env_class_overrides_the_configured_env():
     cls = environment_class(_task(f"{EXAMPLE / 'copy_env.py'}:CopyEnv"))
     env = cls({"prompt": "q", "id": "r", "env_class": "gsm8k", "reward_spec": {"ground_truth": "7"}})
