@@ -24,9 +24,10 @@ A sample is the episode's ids after its group's common prompt, the model's token
 the reward (a dict: rewards by name, summed), put on the task's levels by the runtime's one rule, then shaped.
 Failures are counted as reward failures by reason and logged: an agent that raised (`raised`), ran past
 `task.agent_timeout_s` (`timeout`: abandoned, since Python cannot stop a thread; its later requests get 404) or
-raised because a model call timed out (`timeout` too), returned no number (`bad_return`, `non_finite`,
-`out_of_scale`) or never called the model (`no_model_call`). A failed episode that sampled tokens is scored lowest;
-a group with an episode that sampled nothing is not sent (`groups_unscored`). An agent failing on most of its last
+raised because a model call timed out (`timeout` too), returned None (`none`: could not score,
+`reward_health.NONE_RULE`) or no number (`bad_return`, `non_finite`, `out_of_scale`) or never called the model
+(`no_model_call`). A failed episode is unscored (its group's scored mean, as any unscored sample); a group with an
+episode that sampled nothing, or none scored, is not sent (`groups_unscored`). An agent failing on most of its last
 `task.reward_fail_window` episodes is broken, not flaky: `UserCodeFailure` stops the run. Requests the endpoint
 refuses (no valid credential, malformed) never reach an episode, so they never count against the agent (counted
 apart: `endpoint_refused/<code>`).
@@ -52,12 +53,12 @@ from streamrl.actors import replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
-from streamrl.actors.rollout import RolloutStats
+from streamrl.actors.rollout import RolloutStats, fill_unscored
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks.base import optional
 from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import FailureWindow, timed_out
+from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
 
 log = logging.getLogger("streamrl.actor")
@@ -139,14 +140,21 @@ class AgentEpisodes(EpisodeRunner):
                 for g, p in enumerate(prompts) for i in range(self.group_size)]
 
     def _settle(self, mine: list[_Episode], done: RolloutStats) -> bool:
-        """Each episode scored (its failure counted; a broken agent stops the run); a group with an episode that
-        sampled nothing is not sent: it leaves no sample to train."""
+        """Each episode scored (its failure counted; a broken agent stops the run). A failed episode is unscored:
+        it takes its group's scored mean, as a reward function's failed sample does (rollout.fill_unscored), since
+        the agent's code failed, not the model's reply. A group with an episode that sampled nothing, or with none
+        scored, is not sent: it leaves no sample to train."""
         for e in mine:
             self._score(e, done)
             if e.failure is not None:
                 self.failures[e.failure] += 1
             self.health.record(self.name, e.failure, self.failures)
-        return all(e.sampled for e in mine)
+        for e, r in zip(mine, fill_unscored([e.reward if e.scored else None for e in mine])):
+            e.reward = r
+        return all(e.sampled for e in mine) and any(e.scored for e in mine)
+
+    def _sample_info(self, mine: list[_Episode]) -> dict:
+        return {"scored": [e.scored for e in mine]}
 
     def _finish(self, episodes: list[_Episode], stats: EpisodeStats) -> None:
         if take := getattr(self.fn, "take_errors", None):  # verifiers: rollouts it ended errored (scored by it)
@@ -304,7 +312,7 @@ class AgentEpisodes(EpisodeRunner):
         value, why = None, e.failure
         if why is None and e.error is not None:
             why = "timeout" if timed_out(e.error) else "raised"
-            log.warning("%s: agent %s %s in episode %s (scored lowest, counted): %s: %s", self.actor_id,
+            log.warning("%s: agent %s %s in episode %s (unscored, counted): %s: %s", self.actor_id,
                         getattr(self.fn, "__name__", self.fn), "timed out" if why == "timeout" else "raised", e.id,
                         type(e.error).__name__, e.error)
         elif why is None and not e.sampled:
@@ -316,13 +324,13 @@ class AgentEpisodes(EpisodeRunner):
             if why is None and (value := self.on_level(value)) is None:
                 why = "out_of_scale"
             if why is not None:
-                log.warning("%s: agent episode %s returned %r: %s (scored lowest, counted); return a number on "
+                log.warning("%s: agent episode %s returned %r: %s (unscored, counted); return a number on "
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
         if why is not None:
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
             self.health.note(self.name, why, self._detail(e, why))
-        e.failure = why
-        e.reward = self.lowest if value is None else self.reward.shape(value)
+        e.failure, e.scored = why, why is None
+        e.reward = None if value is None else self.reward.shape(value)
 
     def _detail(self, e: _Episode, why: str) -> str:
         """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
@@ -333,15 +341,21 @@ class AgentEpisodes(EpisodeRunner):
             return f"episode {e.id} ran past task.agent_timeout_s={self.timeout_s:g}s (abandoned)"
         if why == "no_model_call":
             return f"episode {e.id}: the agent returned {e.value!r} without calling the model"
+        if why == "none":
+            return f"episode {e.id}: the agent returned {e.value!r} ({NONE_RULE})"
         return f"episode {e.id}: the agent returned {e.value!r} ({why}); allowed: a number on {self.levels} or a dict"
 
 
 def _reward(value) -> tuple[float | None, str | None]:
-    """An agent's return as one number (a dict's values summed), or the failure reason."""
+    """An agent's return as one number (a dict's values summed, its Nones skipped), or the failure reason: `none`
+    for None, or a dict of nothing but Nones (reward_health.NONE_RULE)."""
     if isinstance(value, dict):
-        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+        given = [v for v in value.values() if v is not None]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in given):
             return None, "bad_return"
-        value = sum(value.values())
+        value = sum(given) if given else None
+    if value is None:
+        return None, "none"
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None, "bad_return"
     return (float(value), None) if math.isfinite(value) else (None, "non_finite")

@@ -129,6 +129,7 @@ def agent(client, row):
 def test_an_agent_that_raises_hangs_or_never_calls_the_model_is_counted(tmp_path):
     ref = _agents(tmp_path, """
 import time
+SEEN = {}
 def agent(client, row):
     kind = row["kind"]
     if kind == "silent":
@@ -140,23 +141,33 @@ def agent(client, row):
         time.sleep(30)
     if kind == "bad":
         return "yes"
+    if kind == "mixed" and SEEN.setdefault(row["id"], []).append(1) is None and len(SEEN[row["id"]]) == 1:
+        raise RuntimeError("the first of its group")
+    if kind == "none":
+        return {"format": None, "copy": None}  # could not score: none
+    if kind == "half":
+        return {"format": None, "copy": 0.5} if row["id"] == "half" else 1.0  # a None beside a number: skipped
     return {"format": 0.25, "copy": 0.5}
 """)
     cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent", "task.agent_timeout_s=4")  # loose: a loaded machine must not time out the good ones
     from streamrl.tasks.base import Prompt
 
     prompts = [Prompt(id=k, text="copy : a b c d =", columns={"kind": k, "target": "a b c d"})
-               for k in ("raise", "hang", "silent", "ok", "bad")]
+               for k in ("raise", "hang", "silent", "ok", "bad", "none", "half", "mixed")]
     t0 = time.perf_counter()
     try:
         groups, stats, done = runner.make_groups(prompts, version=0)
     finally:
         runner.close()
     assert time.perf_counter() - t0 < 25  # the hung agent was abandoned, not waited for
-    assert (done.reward_raised, done.reward_timeout, done.reward_no_model_call, done.reward_bad_return) == (2, 2, 2, 2)
-    assert done.groups_unscored == 1  # the silent agent's: no tokens to train on
+    assert (done.reward_raised, done.reward_timeout, done.reward_no_model_call, done.reward_bad_return,
+            done.reward_none) == (3, 2, 2, 2, 2)
+    # The silent agent's (no tokens to train on) and those whose agent failed on every episode: failed episodes are
+    # unscored, never the lowest level (an agent's bug is not the model's mistake).
+    assert done.groups_unscored == 5
     rewards_by_prompt = {g.prompt_id: g.rewards for g in groups}
-    assert rewards_by_prompt == {"raise": [0.0] * 2, "hang": [0.0] * 2, "ok": [0.75] * 2, "bad": [0.0] * 2}
+    assert rewards_by_prompt == {"ok": [0.75] * 2, "half": [0.5] * 2, "mixed": [0.75] * 2}  # its scored one's
+    assert sorted(next(g for g in groups if g.prompt_id == "mixed").scored) == [False, True]
 
 
 def test_bad_requests_get_openai_shaped_errors(tmp_path):
