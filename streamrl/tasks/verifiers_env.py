@@ -14,10 +14,15 @@ its parser, its stop conditions) and its rubric scores the rollout. The episodes
 
 The rubric's weighted reward becomes an ordinal level by the episode runtime's one rule: with `task.reward_levels`
 declared, the level within `task.reward_level_tolerance` of it (verifiers' rewards are floats: 0.74999 is 0.75; one
-on no level is counted `out_of_scale` and scored lowest); without, `reward.bucket_edges` buckets it. A
-rollout verifiers marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward
-its rubric gave it, as in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception
-out of the environment itself is the agent's failure (counted as `raised`, scored lowest).
+on no level is counted `out_of_scale`, unscored); without, `reward.bucket_edges` buckets it. A rollout verifiers
+marks as errored (state["error"]: the model's empty reply, a tool's failure) keeps the reward its rubric gave it, as
+in verifiers, and is counted by its error (`truncated/verifiers_<error>`); an exception out of the environment
+itself is the agent's failure (counted as `raised`, unscored).
+
+verifiers scores a rubric function that raises or returns None as 0.0 (and logs it); streamrl watches the rubric's
+functions (`watch`) so one rule holds (`streamrl.tasks.reward_health.NONE_RULE`): a rollout whose rubric function
+raised is unscored and counted `raised` with that function's traceback; one on which every function returned None
+could not be scored (`none`); a None beside other functions' numbers is skipped (verifiers' weighted sum adds 0).
 
 Where the installed verifiers is 0.4 (its v1 stack alone), the task loads a v1 taskset instead:
 `streamrl.tasks.verifiers_v1`.
@@ -25,7 +30,10 @@ Where the installed verifiers is 0.4 (its v1 stack alone), the task loads a v1 t
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import importlib
+import inspect
 from pathlib import Path
 
 from streamrl.config import TaskConfig
@@ -72,7 +80,58 @@ def load(ref: str, args: dict):
     if env.requires_group_rollouts:
         raise ValueError(f"task.verifiers_env={ref!r}: its rubric scores whole groups (requires_group_rollouts); "
                          "streamrl scores each rollout as it ends: group rubrics are not supported yet")
+    watch(env.rubric)
     return env
+
+
+SCORING: contextvars.ContextVar[list | None] = contextvars.ContextVar("streamrl_rubric_calls", default=None)
+"""The rollout in flight's rubric calls, as (function name, outcome, exception or None): outcome ok, none or raised.
+Set in the rollout's own task, so the calls verifiers makes for it (awaited or gathered) land in its list."""
+
+
+def watch(rubric) -> None:
+    """Wrap each reward function of `rubric` (and of a RubricGroup's rubrics) so a rollout sees what verifiers
+    hides: it turns a function's None or exception into 0.0 with a log line. The functions are called as before
+    (functools.wraps keeps the signature verifiers reads their arguments from)."""
+    for inner in getattr(rubric, "rubrics", None) or []:
+        watch(inner)
+    funcs, weights = getattr(rubric, "funcs", None), getattr(rubric, "weights", None)
+    if isinstance(funcs, list) and isinstance(weights, list) and len(weights) == len(funcs):
+        # A weight-0 function is a metric (verifiers' add_metric: turns, tokens), which scores nothing.
+        rubric.funcs = [_watched(f) if w and not getattr(f, "_streamrl_watched", False) else f
+                        for f, w in zip(funcs, weights)]
+
+
+def _watched(func):
+    name = getattr(func, "__name__", repr(func))
+
+    def note(outcome: str, err: BaseException | None = None) -> None:
+        if (calls := SCORING.get()) is not None:
+            calls.append((name, outcome, err))
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        try:
+            got = func(*args, **kwargs)
+        except Exception as e:
+            note("raised", e)
+            raise
+        if not inspect.isawaitable(got):
+            note("none" if got is None else "ok")
+            return got
+
+        async def awaited():
+            try:
+                value = await got
+            except Exception as e:
+                note("raised", e)
+                raise
+            note("none" if value is None else "ok")
+            return value
+        return awaited()
+
+    call._streamrl_watched = True
+    return call
 
 
 def rows(dataset, where: str) -> list[Row]:
@@ -122,6 +181,13 @@ class VerifiersTask(AgentTask):
         self.agent_fn.close()
 
 
+async def _scored(rollout):
+    """The rollout's result and its rubric's calls (SCORING), collected in the rollout's own task."""
+    calls: list = []
+    SCORING.set(calls)
+    return await rollout, calls
+
+
 class Rollouts(LoopAgent):
     """The task's agent: fn(client, row) runs one `env.run_rollout` on the agent's event loop, shared by every
     episode with one `openai.AsyncOpenAI` (a client costs milliseconds to make: its TLS context), each call
@@ -145,9 +211,13 @@ class Rollouts(LoopAgent):
         given = {k: row[k] for k in INPUT_FIELDS if k in row}
         oai = OpenAIChatCompletionsClient(self._oai.with_options(api_key=client.api_key,
                                                                  default_headers={"X-Episode-Id": episode}))
-        out = self._run(self.env.run_rollout(given, oai, "policy", {}))
+        out, calls = self._run(_scored(self.env.run_rollout(given, oai, "policy", {})))
         if err := out.get("error"):
             self._count_error(f"verifiers_{err.get('error', 'error') if isinstance(err, dict) else type(err).__name__}")
+        if raised := next((e for _, outcome, e in calls if outcome == "raised"), None):
+            raise raised  # verifiers scored it 0.0: a failed sample is unscored, counted `raised` with its traceback
+        if calls and all(outcome == "none" for _, outcome, _ in calls):
+            return None  # no function could score it (verifiers made it 0.0): unscored, counted `none`
         reward = out.get("reward")
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             return reward  # the agent runner counts a reward that is no number

@@ -97,7 +97,8 @@ def test_an_agents_return_within_the_tolerance_is_the_tasks_level(tmp_path):
 
 def test_an_agents_return_on_no_level_is_out_of_scale_never_rounded(tmp_path):
     groups, _, done = _agent_run(tmp_path, 0.6)  # verifiers' rubric rewards once rounded this to 0.5
-    assert done.reward_out_of_scale == 4 and [list(g.rewards) for g in groups] == [[0.0, 0.0], [0.0, 0.0]]
+    # counted and unscored (never trained as a level it was not on): nothing of either group is sent
+    assert done.reward_out_of_scale == 4 and groups == [] and done.groups_unscored == 2
 
 
 def test_a_tasks_capabilities_say_how_its_samples_are_made():

@@ -108,3 +108,54 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     assert called > 0 and rewards_of.count(1.0) == answered  # ~1 in 10 replies calls a: 64 episodes
     empty = sum(not tok.decode(ts[-1].completion_ids, skip_special_tokens=True).strip() for ts in by_episode.values())
     assert stats.truncated.get("verifiers_EmptyModelResponseError", 0) == empty  # counted, as verifiers ended them
+
+
+RUBRIC_ENV = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+def none_unless_b(completion, answer, **kwargs):
+    return 1.0 if "b" in answer else None
+
+
+def none_on_aa(completion, answer, **kwargs):
+    if answer == "b b":
+        raise KeyError("no such field")
+    return None if answer == "a a" else 0.0
+
+
+def load_environment():
+    rows = [{"question": f"copy : {s} =", "answer": s} for s in ("a a", "a b", "b b")]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[none_unless_b, none_on_aa]))
+'''
+
+
+def test_a_rubric_function_that_raised_or_nobody_could_score_leaves_the_rollout_unscored_and_counted(tmp_path):
+    """verifiers scores a raising or None-returning rubric function 0.0; streamrl's one rule: a raise is `raised`
+    (unscored, the function's traceback kept), every function's None is `none`, one None beside a number skipped."""
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    (tmp_path / "rubric_env.py").write_text(RUBRIC_ENV)
+    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+        f"task.verifiers_env={tmp_path / 'rubric_env.py'}", "task.verifiers_args={}", "task.reward_levels=[0,1]",
+        "advantage.r_min_correct=1", "actors.max_new_tokens=2", "actors.group_size=2", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    prompts = [reward.task.prompt(r) for r in reversed(reward.task.train)]  # "b b" first: its failure's detail kept
+    try:
+        groups, stats, done = runner.make_groups(prompts, version=0)
+    finally:
+        runner.close()
+        reward.close()
+    answers = {p.id: p.columns["answer"] for p in prompts}
+    assert [(answers[g.prompt_id], g.rewards) for g in groups] == [("a b", [1.0, 1.0])]  # 1.0 + 0.0
+    assert (done.reward_none, done.reward_raised, done.groups_unscored) == (2, 2, 2)
+    reason, detail = runner.health.first[runner.name]
+    assert "none_on_aa" in detail and "KeyError: 'no such field'" in detail, detail
