@@ -108,3 +108,47 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     assert called > 0 and rewards_of.count(1.0) == answered  # ~1 in 10 replies calls a: 64 episodes
     empty = sum(not tok.decode(ts[-1].completion_ids, skip_special_tokens=True).strip() for ts in by_episode.values())
     assert stats.truncated.get("verifiers_EmptyModelResponseError", 0) == empty  # counted, as verifiers ended them
+
+
+MULTI_TURN = EXAMPLE.parents[1] / "verifiers-multiturn"
+
+
+def test_the_docs_multi_turn_env_plays_two_turns_with_the_environments_reply_between(tmp_path):
+    """examples/verifiers-multiturn (the verifiers page's MultiTurnEnv, shown verbatim: tests/unit/core/
+    test_docs_agree.py): each rollout is two model turns, the second prompted with the env_response's
+    `reverse : <answer> =`, its @vf.stop ending it, and the rubric's half-per-turn levels are the rewards."""
+    import random
+
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    cfg = config.load(str(MULTI_TURN / "config.yaml"), [
+        f"task.verifiers_env={MULTI_TURN / 'copy_reverse_env.py'}", "task.verifiers_args={symbols: ab, length: 2}",
+        "actors.max_new_tokens=3", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    assert "reverse" in reward.task.vocabulary  # task.vocabulary: the environment's word, in no row
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    rng = random.Random(0)
+    try:
+        groups, stats, done = runner.make_groups([reward.task.sample(rng) for _ in range(4)], version=0)
+        turns = runner.turns_log
+    finally:
+        runner.close()
+        reward.close()
+    assert len(groups) == 4 and done.reward_raised == done.reward_timeout == 0
+    by_episode: dict[str, list] = {}
+    for t in turns:
+        by_episode.setdefault(t.episode, []).append(t)
+    assert len(by_episode) == 4 * cfg.actors.group_size
+    empty = stats.truncated.get("verifiers_EmptyModelResponseError", 0)  # verifiers ends those after one turn
+    assert sum(len(ts) == 2 for ts in by_episode.values()) == len(by_episode) - empty > 0
+    for ts in by_episode.values():
+        if len(ts) == 2:
+            second_prompt = tok.decode(ts[1].prompt_ids, skip_special_tokens=True)
+            assert second_prompt.rstrip().endswith("=") and "reverse :" in second_prompt, second_prompt
+    assert {r for g in groups for r in g.rewards} <= {0.0, 0.5, 1.0}
