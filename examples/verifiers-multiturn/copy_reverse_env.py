@@ -12,7 +12,7 @@ from datasets import Dataset
 class CopyThenReverse(vf.MultiTurnEnv):
     async def env_response(self, messages: vf.Messages, state: vf.State, **kwargs) -> vf.Messages:
         """The environment's turn after each model turn: ask for the symbols reversed."""
-        return [{"role": "user", "content": f"reverse : {state['answer']} ="}]
+        return [vf.UserMessage(content=f"reverse : {state['answer']} =")]
 
     @vf.stop
     async def both_answered(self, state: vf.State) -> bool:
