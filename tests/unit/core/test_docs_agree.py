@@ -1,8 +1,9 @@
 """The docs agree with the code (issue 48): every config key a page writes in backticks (`task.reward_levels`,
 `transport.group_port=0`) is a key of the config Structs or of a plug-in's options, every default a page states as
-"`key` (default X)" or in a table with a default column is the config's, and every install line is the README's
-(`pip install -e .` / `pip install -e '.[extra]'`, the extra one of pyproject's). What is checked against is
-generated from the Structs (streamrl.commands.reference_docs), never copied here."""
+"`key` (default X)", "`key` (N)" or in a table with a default column is the config's, every install line is the
+README's (`pip install -e .` / `pip install -e '.[extra]'`, the extra one of pyproject's), and every code block headed
+`# examples/<file>` is that file's lines (the tests run the files). What is checked against is generated from the
+Structs (streamrl.commands.reference_docs) and read from the files, never copied here."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def test_the_checker_reads_keys_defaults_and_tables(tmp_path):
 
 
 EXTRAS = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-INSTALL = re.compile(r"pip install(?: -q)? (?P<what>-e \S+|'?streamrl\S*)")
+INSTALL = re.compile(r"pip install(?: -q)? (?P<what>-e [^\s`]+|'?streamrl[^\s`]*)")
 
 
 def install_lines():
@@ -187,3 +188,27 @@ def test_every_install_line_is_the_readmes_with_a_real_extra():
                 wrong.append(f"{where(page, n)}: extra {extra!r} is not in pyproject.toml's {sorted(EXTRAS)}")
     assert not wrong, "\n".join(wrong)
 
+
+
+EXAMPLE_BLOCK = re.compile(r"^```\w*\n# (?P<file>examples/\S+)[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
+
+
+def test_every_example_a_page_shows_is_the_files_lines():
+    """A block headed `# examples/<file>` shows lines of that file, in order (lines may be left out, never
+    changed): the file is what the tests and the example run."""
+    wrong = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in EXAMPLE_BLOCK.finditer(text):
+            path, at = REPO / m["file"], text[:m.start("body")].count("\n") + 1
+            if not path.is_file():
+                wrong.append(f"{where(page, at - 1)}: {m['file']}: no such file")
+                continue
+            lines, i = path.read_text(encoding="utf-8").splitlines(), 0
+            for k, line in enumerate(m["body"].splitlines()):
+                try:
+                    i = lines.index(line, i) + 1
+                except ValueError:
+                    wrong.append(f"{where(page, at + k)}: {line.strip()!r} is not (in this order) a line of {m['file']}")
+                    break
+    assert not wrong, "\n".join(wrong)
