@@ -212,3 +212,14 @@ def test_every_example_a_page_shows_is_the_files_lines():
                     wrong.append(f"{where(page, at + k)}: {line.strip()!r} is not (in this order) a line of {m['file']}")
                     break
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_page_that_speaks_of_unscored_samples_links_the_one_rule():
+    """What a sample nobody could score becomes is stated once (faults-and-security.md#could-not-score); a page that
+    speaks of it links there rather than saying it again (the generated reference quotes docstrings, and is exempt)."""
+    home = REPO / "docs" / "guides" / "faults-and-security.md"
+    assert '## Could not score' in home.read_text(encoding="utf-8")
+    exempt = {home, REPO / "docs" / "reference" / "config.md"}
+    wrong = [str(p.relative_to(REPO)) for p in PAGES if p not in exempt
+             and "unscored" in (text := p.read_text(encoding="utf-8").lower()) and "#could-not-score" not in text]
+    assert not wrong, f"pages that speak of unscored samples without linking #could-not-score: {wrong}"
