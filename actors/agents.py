@@ -43,7 +43,6 @@ import math
 import secrets
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import msgspec
@@ -60,6 +59,7 @@ from streamrl.tasks.base import optional
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
+from streamrl.tasks.user_frames import user_traceback
 
 log = logging.getLogger("streamrl.actor")
 
@@ -335,8 +335,7 @@ class AgentEpisodes(EpisodeRunner):
     def _detail(self, e: _Episode, why: str) -> str:
         """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
         if e.error is not None and e.failure is None:  # its own exception: from the agent's frame down
-            tb = e.error.__traceback__
-            return "".join(traceback.format_exception(type(e.error), e.error, tb.tb_next if tb else None))
+            return user_traceback(e.error)
         if why == "timeout":
             return f"episode {e.id} ran past task.agent_timeout_s={self.timeout_s:g}s (abandoned)"
         if why == "no_model_call":

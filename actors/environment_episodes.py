@@ -28,7 +28,6 @@ import concurrent.futures as cf
 import logging
 import math
 import time
-import traceback
 
 from streamrl.config import Config
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
@@ -39,6 +38,7 @@ from streamrl.tasks import environments, tool_calls
 from streamrl.tasks.adapted import BadReward
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import NONE_RULE, FailureWindow
+from streamrl.tasks.user_frames import user_traceback
 
 log = logging.getLogger("streamrl.actor")
 
@@ -219,7 +219,7 @@ class EnvironmentEpisodes(EpisodeRunner):
                 except Exception as err:  # the model sees what went wrong; the call is counted
                     item[3] = {**self._tool_message(call, f"error: {call.name} raised {type(err).__name__}: {err}",
                                                     "raised"), "_seconds": now - started,
-                               "_error": None if isinstance(err, REFUSALS) else _user_traceback(err)}
+                               "_error": None if isinstance(err, REFUSALS) else user_traceback(err)}
             elif now - started >= self.timeout_s:
                 future.cancel()
                 item[3] = {**self._tool_message(call, f"error: {call.name} timed out after {self.timeout_s:g}s",
@@ -257,7 +257,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         """An episode the environment's reset or step ended by raising (err), or left unscored (why "none");
         raises UserCodeFailure once most of the window's episodes did."""
         self.failures[f"environment_{why}"] += 1
-        self.env_health.note(self.env_name, why, detail or _user_traceback(err))
+        self.env_health.note(self.env_name, why, detail or user_traceback(err))
         self.env_health.record(self.env_name, why, self.failures)
 
     def _tool_fate(self, name: str, outcome: str, detail: str | None) -> None:
@@ -280,16 +280,6 @@ class EnvironmentEpisodes(EpisodeRunner):
         value = self.lowest if reward is None or not math.isfinite(reward) else \
             self.reward.shape(self.on_level(float(reward)))
         e.reward = value
-
-
-def _user_traceback(err: BaseException) -> str:
-    """err's traceback from the user's code down: this module's and the thread pool's frames say nothing to its
-    author."""
-    tb = err.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
-                              or "concurrent" in tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(err), err, tb or err.__traceback__))
 
 
 def _timed(fn, args, kwargs):

@@ -16,9 +16,9 @@ class MonitoringConfig(PluginSection):
     host: str = "127.0.0.1"
     """Address /metrics and /healthz bind to (0.0.0.0 lets a Prometheus on another host scrape)."""
     learner_port: Port = 29620
-    """Learner /metrics and /healthz port; 0 disables."""
+    """Learner /metrics and /healthz port; 0 turns them off (not "any free port", as 0 is for transport.* ports)."""
     actor_port: Port = 29630
-    """Actor i serves /metrics and /healthz on actor_port + i; 0 disables."""
+    """Actor i serves /metrics and /healthz on actor_port + i; 0 turns them off (not "any free port")."""
     healthy_within_s: PositiveFloat = 600.0
     """/healthz answers 503 when the main loop has made no progress for this long."""
     actor_stall_s: NonNegFloat = 600.0

@@ -40,7 +40,7 @@ class TaskConfig(PluginSection):
     reward_overlap: bool = True
     """dataset: score a generate call's groups while the next call generates (async, no dynamic rollouts or MGRPO)."""
     vocabulary: list[str] = []
-    """dataset on the tiny word-level model: words the policy may write beyond those in the data."""
+    """Data-row tasks (dataset, agent, verifiers, skyrl_gym, openenv), tiny word-level model: extra words to write."""
     environment: str | None = None
     """Multi-turn episodes: the environment class, 'package.module:Class', 'path/file.py:Class' or an entry point; skyrl_gym: its env id or BaseTextEnv class; openenv: its EnvClient class (null: GenericEnvClient)."""
     max_turns: PositiveInt = 4

@@ -11,11 +11,11 @@ class TransportConfig(_Section):
     host: str = "127.0.0.1"
     """Address the learner binds and actors connect to."""
     group_port: Port = 29610
-    """Learner PULL port for scored groups."""
+    """Learner PULL port for scored groups; 0: any free port (`streamrl run` tells actors; a lone learner logs it)."""
     weights_port: Port = 29611
-    """Learner PUB port for weight broadcasts."""
+    """Learner PUB port for weight broadcasts; 0: any free port (as group_port)."""
     weights_request_port: Port = 29612
-    """Learner ROUTER port where a (late) actor asks for the newest weights."""
+    """Learner ROUTER port where a (late) actor asks for the newest weights; 0: any free port (as group_port)."""
     send_hwm: PositiveInt = 4
     """Actor-side queue bound in messages, each one group or a batch of small ones (backpressure, not memory growth)."""
     recv_hwm: PositiveInt = 4
@@ -33,7 +33,7 @@ class TransportConfig(_Section):
     weights_delta_full_every: PositiveInt = 20
     """With weights_delta: every this many versions one goes full, so a lost base costs at most this many versions."""
     weight_sync_port: Port = 29613
-    """Collective weight sync: the learner's rendezvous port (TCPStore)."""
+    """Collective weight sync: the learner's rendezvous port (TCPStore); 0: any free port, under `streamrl run` only."""
     weight_sync_timeout_s: PositiveFloat = 60.0
     """Collective weight sync: timeout of every broadcast (then zmq takes over for good)."""
     weight_sync_rendezvous_s: PositiveFloat = 300.0

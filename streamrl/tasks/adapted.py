@@ -8,8 +8,8 @@ translates the calls. Its return (the sum of the rewards of its steps, as SkyRL'
 episode return add them; a step's None adds nothing, and an episode with no step's number could not be scored) is mapped onto `task.reward_levels` by the episode runtime's one rule
 (`streamrl.actors.episodes`): the level within `task.reward_level_tolerance` of it; with `reward.bucket_edges`
 instead of levels, the return as it is (the buckets shape it). A return that is not a finite number, or is on no
-level, raises (`BadReward`): the episode counts as an environment failure (`episodes_step_raised`) and is scored
-lowest, never silently.
+level, raises (`BadReward`): the episode counts as an environment failure (`episodes_step_raised`) and ends
+unscored, never silently rounded.
 """
 
 from __future__ import annotations

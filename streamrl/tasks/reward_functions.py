@@ -34,13 +34,13 @@ import math
 import numbers
 import threading
 import time
-import traceback
 from collections import Counter
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from streamrl.tasks import plugins
 from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, UserCodeFailure
 from streamrl.tasks.rewards import nearest_level
+from streamrl.tasks.user_frames import user_traceback
 
 log = logging.getLogger("streamrl.tasks")
 REASONS = ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none")
@@ -77,14 +77,6 @@ class _Running:
     def timed(self):
         self.started.append(time.monotonic())
         return self.fn(**self.call.kwargs)
-
-
-def user_traceback(e: BaseException) -> str:
-    """e's traceback from the user's function down: the pool's and this module's frames say nothing to its author."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_name != "timed":
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(e), e, tb.tb_next if tb is not None else e.__traceback__))
 
 
 def plain(got: Any) -> list[float | None] | None:

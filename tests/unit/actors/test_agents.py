@@ -4,8 +4,10 @@ returned, turn by turn, the environment's masked; failures are counted by reason
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -297,3 +299,21 @@ def agent(client, row):
         else:
             assert c["calls"] == [] and c["finish"] != "tool_calls", c
     assert any(c["calls"] for c in choices)  # ~1 in 10 replies starts with a: 96 choices all missing it is ~1e-4
+
+
+def test_an_agents_traceback_starts_at_the_agents_own_frame(tmp_path):
+    """What the run stops with (the failure window's first traceback) starts in the agent's file: not in the
+    runner's thread, nor in streamrl's frames that called the agent (docs/guides/faults-and-security.md)."""
+    ref = _agents(tmp_path, """
+def agent(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    return row["no_such_column"]
+""")
+    cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
+    try:
+        runner.make_groups(_prompts(reward, 1), version=0)
+    finally:
+        runner.close()
+    (reason, tb), = runner.health.first.values()
+    assert reason == "raised" and re.search(r'File "([^"]+)"', tb)[1] == ref, tb
+    assert inspect.getfile(AgentEpisodes) not in tb and tb.rstrip().endswith("KeyError: 'no_such_column'"), tb

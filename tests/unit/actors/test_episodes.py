@@ -7,9 +7,11 @@ real word-level tokenizer, with the Backend protocol's Completion); the last tes
 from __future__ import annotations
 
 import random
+import re
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from streamrl import config
@@ -20,6 +22,8 @@ from streamrl.models.sampling import Completion
 from streamrl.tasks import rewards
 from streamrl.tasks.base import Prompt
 from streamrl.tasks.reward_health import UserCodeFailure
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 class Scripted:
@@ -44,6 +48,11 @@ def _setup(overrides=(), reply=None):
     model, tok = model_lib.build(cfg, [*reward.task.vocabulary, "error:"])
     backend = Scripted(tok, reply) if reply else backends.build("hf", cfg, model, tok)
     return cfg, reward, tok, backend
+
+
+def first_frame(tb: str) -> str:
+    """The file of a formatted traceback's first frame."""
+    return re.search(r'File "([^"]+)"', tb)[1]
 
 
 def _prompts(task, k=2, seed=0):
@@ -113,7 +122,7 @@ def test_a_tool_raising_on_most_calls_stops_the_actor_naming_it_with_its_traceba
         runner.make_groups(_prompts(reward.task, 2), 0)
     runner.close()
     assert e.value.kind == "tool" and e.value.counts == {"tool_raised": 4}
-    assert "in lookup" in e.value.traceback and "concurrent" not in e.value.traceback  # from the user's frame down
+    assert first_frame(e.value.traceback) == str(env) and "in lookup" in e.value.traceback  # from the user's frame down
 
 
 def test_a_tool_refusing_the_models_input_is_never_judged_broken():
@@ -163,9 +172,42 @@ def test_a_raising_environment_leaves_its_episodes_unscored_and_most_of_a_window
                                        reply=lambda t: "a")
     runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
     with pytest.raises(UserCodeFailure, match=r"environment .*bad_env.py:Bad failed on 4 of its last 4 episodes "
-                                              r"\(raised\): ValueError: no state a"):
+                                              r"\(raised\): ValueError: no state a") as got:
         runner.make_groups(_prompts(reward.task, 2), 0)
     runner.close()
+    assert first_frame(got.value.traceback) == str(env), got.value.traceback  # the user's step, not the runner's
+
+
+def test_a_skyrl_envs_failure_shows_the_envs_own_frames_not_the_adapters(tmp_path):
+    """A SkyRL-Gym env is played through streamrl's adapter (streamrl.tasks.skyrl_adapter): the traceback the run
+    stops with starts in the env's own step, and its episodes end unscored (docs/guides/skyrl-gym.md)."""
+    pytest.importorskip("skyrl_gym")
+    example = REPO / "examples" / "skyrl-gym-copy"
+    env = tmp_path / "broken_env.py"
+    env.write_text(textwrap.dedent("""
+        from skyrl_gym.envs.base_text_env import BaseTextEnv
+
+        class Broken(BaseTextEnv):
+            def __init__(self, env_config=None, extras={}):
+                super().__init__()
+                self.extras = extras
+
+            def step(self, action):
+                return self.extras["missing"]
+    """))
+    cfg = config.load(str(example / "config.yaml"), [
+        f"task.data={example / 'train.jsonl'}", f"task.environment={env}:Broken", "actors.group_size=2",
+        "task.reward_fail_window=4", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    _model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    runner = EnvironmentEpisodes(cfg, Scripted(tok, lambda t: "a b"), tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)  # 2 of its window of 4: it goes on
+    assert groups == [] and done.groups_unscored == 1 and stats.step_raised == 2  # unscored, not the lowest level
+    with pytest.raises(UserCodeFailure, match=r"KeyError: 'missing'") as got:
+        runner.make_groups(_prompts(reward.task, 1), 0)
+    runner.close()
+    assert first_frame(got.value.traceback) == str(env), got.value.traceback
+    assert "skyrl_adapter" not in got.value.traceback and "environment_episodes" not in got.value.traceback
 
 
 def test_an_environment_that_could_not_score_leaves_its_episode_unscored_counted_and_mostly_none_stops(tmp_path):

@@ -110,6 +110,111 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     assert stats.truncated.get("verifiers_EmptyModelResponseError", 0) == empty  # counted, as verifiers ended them
 
 
+MULTI_TURN = EXAMPLE.parents[1] / "verifiers-multiturn"
+
+
+def test_the_docs_multi_turn_env_plays_two_turns_with_the_environments_reply_between(tmp_path):
+    """examples/verifiers-multiturn (the verifiers page's MultiTurnEnv, shown verbatim: tests/unit/core/
+    test_docs_agree.py): each rollout is two model turns, the second prompted with the env_response's
+    `reverse : <answer> =`, its @vf.stop ending it, and the rubric's half-per-turn levels are the rewards."""
+    import random
+
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    cfg = config.load(str(MULTI_TURN / "config.yaml"), [
+        f"task.verifiers_env={MULTI_TURN / 'copy_reverse_env.py'}", "task.verifiers_args={symbols: ab, length: 2}",
+        "actors.max_new_tokens=3", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    assert "reverse" in reward.task.vocabulary  # task.vocabulary: the environment's word, in no row
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    rng = random.Random(0)
+    try:
+        groups, stats, done = runner.make_groups([reward.task.sample(rng) for _ in range(4)], version=0)
+        turns = runner.turns_log
+    finally:
+        runner.close()
+        reward.close()
+    assert len(groups) == 4 and done.reward_raised == done.reward_timeout == 0
+    by_episode: dict[str, list] = {}
+    for t in turns:
+        by_episode.setdefault(t.episode, []).append(t)
+    assert len(by_episode) == 4 * cfg.actors.group_size
+    for ts in by_episode.values():  # @vf.stop ends it at two; an empty first reply is verifiers' error, at one
+        said_nothing = not tok.decode(ts[0].completion_ids, skip_special_tokens=True).strip()
+        assert len(ts) == (1 if said_nothing else 2), ts
+        if len(ts) == 2:
+            second_prompt = tok.decode(ts[1].prompt_ids, skip_special_tokens=True)
+            assert second_prompt.rstrip().endswith("=") and "reverse :" in second_prompt, second_prompt
+    assert sum(len(ts) == 2 for ts in by_episode.values()) > 0
+
+    def rubric(ts) -> float:  # the example's turns_right, from the turns the learner trains on
+        if len(ts) < 2:
+            return 0.0
+        said = [tok.decode(t.completion_ids, skip_special_tokens=True).split() for t in ts]
+        answer = tok.decode(ts[1].prompt_ids, skip_special_tokens=True).rsplit("reverse :", 1)[1].split()[:-1]
+        return 0.5 * (said[0] == answer) + 0.5 * (said[1] == answer[::-1])
+
+    assert sorted(r for g in groups for r in g.rewards) == sorted(rubric(ts) for ts in by_episode.values())
+
+
+BROKEN_ENV = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+class Broken(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        return state["missing"]
+
+
+def load_environment(**kwargs):
+    rows = [{"question": f"copy : {s} =", "answer": s} for s in ("a b", "b a")]
+    return Broken(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.0]),
+                  max_turns=3)
+'''
+
+
+def test_a_verifiers_envs_failure_shows_no_streamrl_frame_above_the_environments(tmp_path):
+    """An exception out of the environment's own code reaches the failure window through verifiers' rollout, the
+    event loop and streamrl's agent runner: the traceback shown starts past streamrl's frames and the loop's
+    (verifiers' own first, then the environment's file: docs/guides/faults-and-security.md "Your own frames")."""
+    import random
+    import re
+
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    path = tmp_path / "broken_env.py"
+    path.write_text(BROKEN_ENV)
+    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+        f"task.verifiers_env={path}", "task.verifiers_args={}", "task.reward_levels=[0,1]", "advantage.r_min_correct=1",
+        "actors.max_new_tokens=2", f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    rng = random.Random(0)
+    try:
+        runner.make_groups([reward.task.sample(rng) for _ in range(4)], version=0)
+    finally:
+        runner.close()
+        reward.close()
+    (reason, tb), = runner.health.first.values()
+    frames = re.findall(r'File "([^"]+)"', tb)
+    assert reason == "raised" and str(path) in frames and tb.rstrip().endswith("KeyError: 'missing'"), tb
+    streamrls = tuple(str(EXAMPLE.parents[2] / d) + "/" for d in ("streamrl", "actors"))
+    assert "/verifiers/" in frames[0] and not any(f.startswith(streamrls) for f in frames[:frames.index(str(path))]), tb
+
+
 RUBRIC_ENV = '''
 import verifiers as vf
 from datasets import Dataset
