@@ -56,6 +56,7 @@ from streamrl.actors.rollout import RolloutStats, fill_unscored
 from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks.base import optional
+from streamrl.tasks.data_errors import data_error
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
@@ -146,9 +147,14 @@ class AgentEpisodes(EpisodeRunner):
         scored, is not sent: it leaves no sample to train."""
         for e in mine:
             self._score(e, done)
+            if e.failure == "bad_data":  # the row's fault, not the agent's: never in the agent's window
+                continue
             if e.failure is not None:
                 self.failures[e.failure] += 1
             self.health.record(self.name, e.failure, self.failures)
+            self.bad_rows.good()
+        if self._bad_data(mine, done):
+            return False
         for e, r in zip(mine, fill_unscored([e.reward if e.scored else None for e in mine])):
             e.reward = r
         return all(e.sampled for e in mine) and any(e.scored for e in mine)
@@ -195,7 +201,7 @@ class AgentEpisodes(EpisodeRunner):
 
         def run() -> None:
             try:
-                e.value = self.fn(client, dict(e.row))
+                e.value = self.fn(client, e.row.derived(e.row))  # its own copy; a key it lacks is noted on e.row
             except BaseException as err:  # the user's bug: counted and logged with where it came from
                 e.error = err
             finally:
@@ -310,7 +316,10 @@ class AgentEpisodes(EpisodeRunner):
     def _score(self, e: _Episode, done: RolloutStats) -> None:
         """The episode's shaped reward, or its failure counted (and the lowest level where it sampled tokens)."""
         value, why = None, e.failure
-        if why is None and e.error is not None:
+        if why is None and (bad := data_error(e.row, e.error)):
+            why = "bad_data"
+            self.bad_rows.bad(e.row, bad, str(self.name))
+        elif why is None and e.error is not None:
             why = "timeout" if timed_out(e.error) else "raised"
             log.warning("%s: agent %s %s in episode %s (unscored, counted): %s: %s", self.actor_id,
                         getattr(self.fn, "__name__", self.fn), "timed out" if why == "timeout" else "raised", e.id,
@@ -326,7 +335,7 @@ class AgentEpisodes(EpisodeRunner):
             if why is not None:
                 log.warning("%s: agent episode %s returned %r: %s (unscored, counted); return a number on "
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
-        if why is not None:
+        if why is not None and why != "bad_data":  # bad data: counted by _bad_data, named by bad_rows
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
             self.health.note(self.name, why, self._detail(e, why))
         e.failure, e.scored = why, why is None

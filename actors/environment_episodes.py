@@ -36,6 +36,7 @@ from streamrl.models.conversation import Conversation, Renderer
 from streamrl.models.sampling import capped
 from streamrl.tasks import environments, tool_calls
 from streamrl.tasks.adapted import BadReward
+from streamrl.tasks.data_errors import data_error
 from streamrl.tasks.environments import row_of
 from streamrl.tasks.reward_health import NONE_RULE, FailureWindow
 from streamrl.tasks.user_frames import user_traceback
@@ -53,9 +54,9 @@ arguments did not fit the tool."""
 
 
 class _Episode(Episode):
-    def __init__(self, env, conv: Conversation, tools: dict, group: int):
+    def __init__(self, env, conv: Conversation, tools: dict, group: int, row: dict):
         super().__init__(group)
-        self.env, self.conv, self.tools = env, conv, tools
+        self.env, self.conv, self.tools, self.row = env, conv, tools, row
         self.calls: list[list] = []  # [call, future | None, started, message if settled]
         self.started = time.perf_counter()
         self.done = False
@@ -97,7 +98,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         """G started episodes of each prompt; a prompt with one that could not start or has no room is left out."""
         episodes = []
         for g, prompt in enumerate(prompts):
-            mine = [e for e in (self._start(prompt, g, stats) for _ in range(self.group_size)) if e is not None]
+            mine = [e for e in (self._start(prompt, g, stats, done) for _ in range(self.group_size)) if e is not None]
             if len(mine) < self.group_size or any(self.room(e.conv) <= 0 for e in mine):
                 done.prompts_too_long += len(mine) == self.group_size
                 continue
@@ -107,6 +108,8 @@ class EnvironmentEpisodes(EpisodeRunner):
     def _settle(self, mine: list[_Episode], done: RolloutStats) -> bool:
         """An episode the environment failed takes the mean of its group's scored ones, as an unscored sample does
         (rollout.fill_unscored): the model's reply is not what failed. A group with none scored is not sent."""
+        if self._bad_data(mine, done):
+            return False
         for e, r in zip(mine, fill_unscored([e.reward if e.scored else None for e in mine])):
             e.reward = r
             done.reward_none += e.failure == "none"
@@ -116,18 +119,23 @@ class EnvironmentEpisodes(EpisodeRunner):
         return {"scored": [e.scored for e in mine], "turns": [e.turns for e in mine],
                 "tool_calls": [e.tool_calls for e in mine]}
 
-    def _start(self, prompt, group: int, stats: EpisodeStats) -> _Episode | None:
+    def _start(self, prompt, group: int, stats: EpisodeStats, done: RolloutStats) -> _Episode | None:
+        row = row_of(prompt)
         try:
-            env = self.env_cls(row_of(prompt), *self.env_args)
+            env = self.env_cls(row, *self.env_args)
             opening = env.reset()
             tools = environments.tools_of(env)
         except Exception as e:  # a broken environment is the user's bug: say where, and skip the prompt
+            if why := data_error(row, e):  # ... unless the row lacks what it read: the row is bad, not the code
+                self.bad_rows.bad(row, why, self.env_name)
+                done.reward_bad_data += 1
+                return None
             stats.step_raised += 1
             log.warning("%s: %s could not start an episode of prompt %s: %s: %s", self.actor_id,
                         self.env_cls.__name__, prompt.id, type(e).__name__, e)
             self._env_failed(e)
             return None
-        return _Episode(env, Conversation(self._renderer(tools), opening), tools, group)
+        return _Episode(env, Conversation(self._renderer(tools), opening), tools, group, row)
 
     def _play(self, episodes: list[_Episode], version: int, stats: EpisodeStats) -> None:
         """Every episode to its end: batched turns for those waiting on the model, tools on the pool meanwhile."""
@@ -171,6 +179,10 @@ class EnvironmentEpisodes(EpisodeRunner):
                 raise BadReward(f"{type(e.env).__name__}.step: the episode's reward {reward:g} is on none of "
                                 f"the task's levels {self.task_levels} (tolerance {self.tolerance:g})")
         except Exception as err:
+            if why := data_error(e.row, err):  # the row lacks what step read: bad data, not the code's failure
+                e.scored, e.failure = False, "bad_data"
+                self._end(e, None, "stop")
+                return self.bad_rows.bad(e.row, why, self.env_name)
             stats.step_raised += 1
             log.warning("%s: %s.step raised (episode ended, unscored): %s: %s", self.actor_id,
                         type(e.env).__name__, type(err).__name__, err)
@@ -275,8 +287,9 @@ class EnvironmentEpisodes(EpisodeRunner):
             getattr(e.env, "close", lambda: None)()
         except Exception as err:
             log.warning("%s: %s.close raised: %s: %s", self.actor_id, type(e.env).__name__, type(err).__name__, err)
-        if e.scored:  # the environment did its part (a raise is recorded by _env_failed)
+        if e.scored:  # the environment did its part (a raise is recorded by _env_failed), and so did its row
             self.env_health.record(self.env_name, None, self.failures)
+            self.bad_rows.good()
         value = self.lowest if reward is None or not math.isfinite(reward) else \
             self.reward.shape(self.on_level(float(reward)))
         e.reward = value

@@ -23,6 +23,7 @@ from streamrl.config import Config
 from streamrl.actors.rollout import RolloutStats
 from streamrl.algo import group_filters
 from streamrl.comm.codec import ScoredGroup
+from streamrl.tasks.data_errors import BadRows
 from streamrl.tasks.rewards import nearest_level
 
 
@@ -124,6 +125,8 @@ class EpisodeRunner:
         self.task_levels = [] if cfg.reward.bucket_edges else sorted(reward.task.reward_levels)
         self.tolerance = t.reward_level_tolerance
         self.filter_zero_variance = cfg.actors.filter_zero_variance
+        # Rows lacking what the user's code reads: excluded and counted, apart from the code's own failures.
+        self.bad_rows = BadRows(str(t.data) or "task.data", t.reward_fail_window, t.reward_fail_threshold)
         self.failures: Counter = Counter()
         """What a UserCodeFailure carries: environment_raised, environment_none, tool_raised, tool_timeout; an agent's
         reasons."""
@@ -171,6 +174,13 @@ class EpisodeRunner:
     def _settle(self, mine: list, done: RolloutStats) -> bool:
         """Sets each episode's reward; whether the group is sent."""
         raise NotImplementedError
+
+    @staticmethod
+    def _bad_data(mine: list, done: RolloutStats) -> bool:
+        """Whether the group's row was bad data (its episodes counted as bad_data): then it is not sent."""
+        bad = sum(e.failure == "bad_data" for e in mine)
+        done.reward_bad_data += bad
+        return bad > 0
 
     def _finish(self, episodes: list, stats: EpisodeStats) -> None:
         """What a kind adds to the call's stats once its groups are made."""

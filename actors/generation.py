@@ -195,7 +195,7 @@ class Generation:
             self.totals["groups_unsent_at_stop"] = self.finish_pending()
         split = {"sample_s": round(self.timed.seconds, 3),
                  "score_s": round(self.totals["generate_s"] - self.timed.seconds, 3)}
-        played = self.episode_totals.report() if self.episodic else {}
+        played = {**self.episode_totals.report(), **self.rollout.bad_rows.report()} if self.episodic else {}
         if self.dealt is not None:
             split.update(prompts_dealt=self.dealt.dealt, deal_wait_s=round(self.dealt.wait_s, 3))
         return {**self.totals, **split, **played, **({"prompts_excluded": dict(self.tracker.excluded_by_reason)} if self.tracker else {})}

@@ -127,6 +127,8 @@ class RolloutStats(msgspec.Struct):
     """Calls of a reward function that failed, each counted (a group's call and each one-sample retry)."""
     reward_no_model_call: int = 0
     """Agent episodes (task.name: agent) whose agent returned without calling the model."""
+    reward_bad_data: int = 0
+    """Episodes whose row lacked what the user's code read (streamrl.tasks.data_errors): never trained on."""
     groups_unscored: int = 0
     """Groups not sent because no sample in them could be scored."""
 

@@ -30,6 +30,8 @@ class Prompt(msgspec.Struct, frozen=True):
     """Chat prompts: the messages ({"role", "content"}, a system message allowed); `text` is their plain rendering."""
     columns: dict = {}
     """Dataset task: the row's other columns, passed to the reward functions as keyword lists."""
+    where: str = ""
+    """Dataset task: its row's file and line, where known (what a bad row is named by)."""
 
 
 TASKS = registry.TASKS

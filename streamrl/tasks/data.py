@@ -273,6 +273,11 @@ def scan(source: str | Path, convert: Callable[[Any], Any], max_row_bytes: int =
 def load(source: str | Path, convert: Callable[[Any], T], what: str, max_row_bytes: int = MAX_ROW_BYTES) -> list[T]:
     """The usable rows of `source`; skipped rows are logged (the first few, and how many). `what` says what a
     row holds, for the refusal of a source without one usable row."""
+    return load_rows(source, convert, what, max_row_bytes).items
+
+
+def load_rows(source: str | Path, convert: Callable[[Any], T], what: str, max_row_bytes: int = MAX_ROW_BYTES) -> Rows:
+    """As `load`, with each usable row's number (`Rows.numbers`: a JSONL file's line) beside it."""
     rows = read(source, convert, max_row_bytes)
     if not rows.items:
         first = "; ".join(map(str, rows.problems[:3])) or "the source is empty"
@@ -280,7 +285,7 @@ def load(source: str | Path, convert: Callable[[Any], T], what: str, max_row_byt
     if rows.problems:
         log.warning("%s: skipped %d row(s) of %d with a problem (streamrl check lists them): %s", source,
                     len(rows.problems), len(rows.problems) + len(rows.items), "; ".join(map(str, rows.problems[:3])))
-    return rows.items
+    return rows
 
 
 def struct_row(struct: type, hint: str) -> Callable[[Any], Any]:

@@ -26,6 +26,14 @@ ROLES = ("system", "user", "assistant")
 class Row(msgspec.Struct, frozen=True):
     prompt: str | tuple[dict, ...]
     columns: dict
+    where: str = ""
+    """Its file and line ("data/train.jsonl:17"), where known: what a bad row is named by."""
+
+
+def located(source, convert, what: str, max_row_bytes: int) -> list[Row]:
+    """The usable rows of `source` (data.load), each with its file and line."""
+    rows = data.load_rows(source, convert, what, max_row_bytes)
+    return [msgspec.structs.replace(r, where=f"{rows.source}:{n}") for n, r in zip(rows.numbers, rows.items)]
 
 
 def converter(prompt_field: str):
@@ -86,8 +94,8 @@ class DatasetTask(RowsTask):
             raise ValueError(f"{rows_from} needs task.data: " + data.FORMATS)
         convert = converter(cfg.prompt_field)
         what = f"an object with {cfg.prompt_field!r} (a string or chat messages) and any other columns"
-        self._keep(cfg, data.load(cfg.data, convert, what, cfg.max_row_bytes),
-                   data.load(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None)
+        self._keep(cfg, located(cfg.data, convert, what, cfg.max_row_bytes),
+                   located(cfg.eval_data, convert, what, cfg.max_row_bytes) if cfg.eval_data else None)
 
     def _keep(self, cfg: TaskConfig, train: list[Row], eval_rows: list[Row] | None) -> None:
         """The task's rows, and what every dataset task keeps beside them."""
@@ -131,7 +139,7 @@ class DatasetTask(RowsTask):
         text = render(row.prompt) if chat else row.prompt
         key = json.dumps([row.prompt, row.columns], sort_keys=True, default=str)
         return Prompt(id=f"data-{hash_text(key):016x}", text=text, messages=row.prompt if chat else (),
-                      columns=row.columns)
+                      columns=row.columns, where=row.where)
 
     @staticmethod
     def call(prompt: Prompt, texts: list[str], ids: list[list[int]]) -> Call:

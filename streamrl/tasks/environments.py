@@ -32,6 +32,7 @@ from streamrl.config import TaskConfig
 from streamrl.tasks import plugins
 from streamrl.registry import ENVIRONMENTS
 from streamrl.tasks.base import TASKS, optional
+from streamrl.tasks.data_errors import WatchedRow
 
 GROUP = "streamrl.environments"
 
@@ -84,9 +85,11 @@ def options_of(env_cls: type, task_cfg: TaskConfig) -> tuple:
     return (task_cfg.options_as(ENVIRONMENTS, env_cls.Options),)
 
 
-def row_of(prompt) -> dict:
-    """The row an environment is built from: a task Prompt's columns, its "prompt" (messages or text) and "id"."""
-    return {**prompt.columns, "prompt": list(prompt.messages) if prompt.messages else prompt.text, "id": prompt.id}
+def row_of(prompt) -> WatchedRow:
+    """The row an environment or agent is given: a task Prompt's columns, its "prompt" (messages or text) and
+    "id", watched for the keys read from it that it lacks (streamrl.tasks.data_errors)."""
+    return WatchedRow({**prompt.columns, "prompt": list(prompt.messages) if prompt.messages else prompt.text,
+                       "id": prompt.id}, getattr(prompt, "where", "") or f"row {prompt.id}")
 
 
 def tools_of(env) -> dict[str, Callable]:

@@ -33,13 +33,13 @@ several functions score a sample, one's None is skipped (TRL's rule); a sample n
 `none`, and judged by the failure window like any failure, so mostly-None stops the run."""
 
 
-KINDS = ("reward function", "grader", "environment", "tool", "agent", "verifiers environment")
+KINDS = ("reward function", "grader", "environment", "tool", "agent", "verifiers environment", "data")
 """What a failing function may be: each is judged by the same window, and stops the run the same way."""
 
 
 def unit(kind: str) -> str:
     """What a window of `kind` counts: a tool's calls, an environment's episodes, anything else's samples."""
-    return {"tool": "calls", "environment": "episodes"}.get(kind, "samples")
+    return {"tool": "calls", "environment": "episodes", "data": "episodes"}.get(kind, "samples")
 
 
 def error_line(detail: str) -> str:

@@ -23,6 +23,7 @@ import functools
 import logging
 
 from streamrl.tasks import plugins
+from streamrl.tasks.data_errors import WatchedRow
 from streamrl.tasks.adapted import AdaptedTask, add_reward, opening, to_level
 from streamrl.tasks.environments import EnvironmentDefaults
 
@@ -107,6 +108,8 @@ class SkyRLGymEnvironment(EnvironmentDefaults):
     def __init__(self, row: dict):
         self.row = row
         extras = {k: v for k, v in row.items() if k not in _NOT_EXTRAS}
+        if isinstance(row, WatchedRow):  # the env reads its row as extras: a key it lacks is the row's fault
+            extras = row.derived(extras)
         extras["max_turns"] = self.max_turns
         self.name = row.get("env_class") or self.ref
         self.env = make(self.name, self.env_config, extras)

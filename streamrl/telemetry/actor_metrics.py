@@ -82,7 +82,7 @@ class ActorMetrics:
         self.filtered.inc(stats.filtered_zero_variance)
         self.extra_samples.inc(stats.extra_samples)
         self.unparseable.inc(stats.unparseable)
-        for why in ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none", "no_model_call"):
+        for why in ("raised", "timeout", "bad_return", "non_finite", "out_of_scale", "none", "no_model_call", "bad_data"):
             if n := getattr(stats, f"reward_{why}", 0):
                 self.reward_failures.labels(reason=why).inc(n)
         self.groups_unscored.inc(getattr(stats, "groups_unscored", 0))

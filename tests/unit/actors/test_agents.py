@@ -317,3 +317,33 @@ def agent(client, row):
     (reason, tb), = runner.health.first.values()
     assert reason == "raised" and re.search(r'File "([^"]+)"', tb)[1] == ref, tb
     assert inspect.getfile(AgentEpisodes) not in tb and tb.rstrip().endswith("KeyError: 'no_such_column'"), tb
+
+
+def test_a_row_lacking_the_column_the_agent_reads_is_bad_data_not_the_models_mistake(tmp_path, caplog):
+    # The agent raised KeyError on such a row and its samples trained as the lowest level (issue 48).
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "copy : a b a b =", "target": "a b a b"}\n{"prompt": "copy : b b a a ="}\n')
+    cfg, reward, tok, runner = _setup(tmp_path, f"{EXAMPLE / 'agent.py'}:copy_agent", f"task.data={data}",
+                                      "task.reward_fail_window=4")
+    prompts = [reward.task.prompt(r) for r in reward.task.train]
+    try:
+        with caplog.at_level("WARNING", logger="streamrl.tasks"):
+            groups, _, done = runner.make_groups(prompts, version=0)
+        assert [g.prompt_id for g in groups] == [prompts[0].id]  # the bad row's group is not sent
+        assert done.reward_bad_data == 2 and done.reward_raised == 0 and runner.bad_rows.counts == {
+            "missing column 'target'": 2}
+        assert runner.bad_rows.rows == {f"{data}:2": "missing column 'target'"}  # named by file and line
+        named = [r.getMessage() for r in caplog.records if "bad data" in r.getMessage()]
+        assert len(named) == 1 and f"{data}:2: missing column 'target'" in named[0], named  # once per row
+        assert "raised" not in runner.failures  # never in the agent's own window
+        with pytest.raises(codec_failure(), match=r"^data .*rows.jsonl failed on \d of its last 4 episodes "
+                                                  r"\(bad_data\): .*rows.jsonl:2: missing column 'target'"):
+            runner.make_groups([prompts[1]] * 2, version=0)  # nothing but bad rows: the run stops, naming it
+    finally:
+        runner.close()
+
+
+def codec_failure():
+    from streamrl.tasks.reward_health import UserCodeFailure
+
+    return UserCodeFailure

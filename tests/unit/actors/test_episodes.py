@@ -246,6 +246,33 @@ def test_an_environment_that_could_not_score_leaves_its_episode_unscored_counted
     runner.close()
 
 
+def test_an_environment_reading_a_column_its_row_lacks_makes_the_row_bad_data_not_an_environment_failure(tmp_path):
+    env = tmp_path / "reads_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class ReadsAnswer(LookupEnv):
+            def __init__(self, row):
+                super().__init__(row)
+                self.r = row
+
+            def step(self, reply):
+                return [], float(self.r["answer"] == reply), True
+
+        class OpensWithAnswer(ReadsAnswer):
+            def reset(self):
+                return [{"role": "user", "content": self.r["answer"]}]
+    """))
+    for cls in ("ReadsAnswer", "OpensWithAnswer"):  # read in step, or while the episode opens
+        cfg, reward, tok, backend = _setup([f"task.environment={env}:{cls}"], reply=lambda t: "a")
+        runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+        groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
+        runner.close()
+        assert groups == [] and done.reward_bad_data == 2, (cls, done)
+        assert stats.step_raised == 0 and not runner.failures, runner.failures  # not the environment's failure
+        assert runner.bad_rows.counts == {"missing column 'answer'": 2}
+
+
 def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():
     cfg, reward, tok, backend = _setup(reply=lambda t: "lookup" if len(t.split()) == 2 else "a")
     runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])

@@ -125,6 +125,24 @@ def test_an_episode_whose_steps_gave_no_number_could_not_be_scored_and_a_none_st
     assert right.step("right") == ([], 1.0, True)
 
 
+class _ReadsExtras(BaseTextEnv):
+    def __init__(self, env_config=None, extras={}):
+        super().__init__()
+        self.answer = extras["reward_spec"]["ground_truth"]
+
+
+def test_an_env_reading_an_extra_its_row_lacks_is_the_rows_fault():
+    from streamrl.tasks.data_errors import WatchedRow, data_error
+
+    skyrl_gym.register(id="streamrl-test-reads-extras", entry_point=_ReadsExtras)
+    cls = environment_class(_task("streamrl-test-reads-extras"))
+    row = WatchedRow({"prompt": "q", "id": "r"}, "data.jsonl:3")
+    with pytest.raises(KeyError) as got:
+        cls(row)
+    assert data_error(row, got.value) == "missing column 'reward_spec'"
+    assert data_error(WatchedRow({"prompt": "q"}, "x"), KeyError("reward_spec")) is None  # not read from the row
+
+
 def test_a_rows_env_class_overrides_the_configured_env():
     cls = environment_class(_task(f"{EXAMPLE / 'copy_env.py'}:CopyEnv"))
     env = cls({"prompt": "q", "id": "r", "env_class": "gsm8k", "reward_spec": {"ground_truth": "7"}})
