@@ -114,7 +114,7 @@ import time
 
 def raises(client, row):
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-    return row["no_such_column"]
+    return {}["no_such_key"]
 
 def hangs(client, row):
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
@@ -123,14 +123,20 @@ def hangs(client, row):
 
 def never_asks(client, row):
     return 1.0
+
+def reads_missing(client, row):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    return row["no_such_column"]
 '''
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("agent,reason,shown", [("raises", "raised", "KeyError: 'no_such_column'"),
+@pytest.mark.parametrize("agent,reason,shown", [("raises", "raised", "KeyError: 'no_such_key'"),
                                                 ("hangs", "timeout", "task.agent_timeout_s=1s"),
-                                                ("never_asks", "no_model_call", "without calling the model")])
+                                                ("never_asks", "no_model_call", "without calling the model"),
+                                                ("reads_missing", "bad_data", "missing column 'no_such_column'")])
 def test_an_agent_failing_on_most_episodes_stops_the_run_naming_it_and_its_error(tmp_path, agent, reason, shown):
+    """A row lacking what the agent reads stops the run too, naming the data and the row's line, not the agent."""
     (tmp_path / "broken.py").write_text(BROKEN_AGENTS)
     t0 = time.monotonic()
     out = streamrl("run", *_args(tmp_path, "steps=300", f"task.agent=broken.py:{agent}", "task.agent_timeout_s=1",
@@ -138,12 +144,16 @@ def test_an_agent_failing_on_most_episodes_stops_the_run_naming_it_and_its_error
     terminal = out.stdout + out.stderr
     assert out.returncode == 1, (out.returncode, terminal[-3000:])
     assert time.monotonic() - t0 < 150  # not learner.data_timeout_s: the actor says why at once
-    assert f"agent broken.py:{agent} failed on" in terminal and shown in terminal, terminal[-3000:]
+    who = "data " if reason == "bad_data" else f"agent broken.py:{agent} "
+    assert f"{who}" in terminal and "failed on" in terminal and shown in terminal, terminal[-3000:]
     if agent == "raises":  # the agent's own frame, with the line that raised
         assert 'broken.py", line 6, in raises' in terminal, terminal[-3000:]
     s = summary(tmp_path / "runs" / "copy-agent")
     assert s["status"] == "failed" and s["user_code_failure"]["reason"] == reason, s
-    assert s["user_code_failure"]["kind"] == "agent" and s["user_code_failure"]["counts"][reason] > 8, s
+    kind = "data" if reason == "bad_data" else "agent"
+    assert s["user_code_failure"]["kind"] == kind and sum(s["user_code_failure"]["counts"].values()) > 8, s
+    if reason == "bad_data":  # the row named by its file and line
+        assert "train.jsonl:" in terminal and "missing column 'no_such_column'" in terminal, terminal[-3000:]
 
 
 @pytest.mark.agent_learning
