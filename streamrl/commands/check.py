@@ -25,6 +25,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if not rewards_work(cfg):
         return 2
+    from streamrl.commands.episode_check import episodes_work
+
+    if not episodes_work(cfg):
+        return 2
     print(config_lib.dump(cfg) + report, end="")
     return 0
 
@@ -41,7 +45,7 @@ def rewards_work(cfg: config_lib.Config) -> bool:
         return True
     from streamrl.tasks import build
     from streamrl.tasks.reward_functions import plain
-    from streamrl.tasks.reward_health import error_line
+    from streamrl.tasks.reward_health import NONE_RULE, error_line
 
     task = build(cfg.task)
     try:
@@ -59,6 +63,8 @@ def rewards_work(cfg: config_lib.Config) -> bool:
                         f"returned {got!r:.120}, not a list of 2 floats or None")
                 except Exception as e:
                     why = error_line(f"{type(e).__name__}: {e}")
+                if why is None and all(v is None for v in values):
+                    why = f"returned {values}: could not score either completion ({NONE_RULE})"
                 if why is not None:
                     failed += 1
                     print(f"streamrl check: warning: task.reward {ref} on row {i} of {cfg.task.data}: {why}",
