@@ -29,8 +29,23 @@ def main(args: argparse.Namespace) -> int:
 
     if not episodes_work(cfg):
         return 2
+    for note in special_values(cfg):
+        print(f"streamrl check: note: {note}", file=sys.stderr)
     print(config_lib.dump(cfg) + report, end="")
     return 0
+
+
+def special_values(cfg: config_lib.Config) -> list[str]:
+    """What each set option with a special value does: port 0 is any free port for the channels and the endpoint,
+    but no server at all for monitoring (the same 0, two meanings: docs/reference/config.md)."""
+    notes = [f"transport.{k}=0: any free port (streamrl run tells the actors; a learner started alone logs the port "
+             "it bound)" for k in ("group_port", "weights_port", "weights_request_port", "weight_sync_port")
+             if getattr(cfg.transport, k) == 0]
+    notes += [f"monitoring.{k}=0: no metrics server and no /healthz for the {k.split('_')[0]} (Prometheus scrapes "
+              "nothing)" for k in ("learner_port", "actor_port") if getattr(cfg.monitoring, k) == 0]
+    if cfg.endpoint.port == 0 and config_lib.rollout_kind(cfg.task) == "agent_episodes":
+        notes.append("endpoint.port=0: each actor's agent endpoint on any free port")
+    return notes
 
 
 REFERENCE_COLUMNS = ("answer", "solution", "reference", "target", "ground_truth", "label")

@@ -47,3 +47,9 @@ def test_an_environment_failing_on_every_row_fails_the_check_naming_it_and_its_e
                      f"run_dir={tmp_path}")
     assert rc == 2 and "failed: {'step_raised': 2}" in err and "ValueError: no state for" in err, err
     assert "no row of the 3 tried played cleanly" in err, err
+
+
+def test_options_whose_zero_means_two_things_are_explained(tmp_path, capsys):
+    rc, err = _check(capsys, "tiny.yaml", f"run_dir={tmp_path}")
+    assert rc == 0, err
+    assert "transport.group_port=0: any free port" in err and "monitoring.learner_port=0: no metrics server" in err
