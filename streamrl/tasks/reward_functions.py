@@ -15,7 +15,8 @@ What can go wrong with a call, and what a run does (`Outcome.failures` counts it
 - `raised` / `timeout` (longer than `task.reward_timeout_s`): the group's call is repeated one sample at a
   time, so one bad sample does not cost its group; a sample whose own call fails again is counted here.
 - `bad_return`: not a list of G numbers or None; `non_finite`: NaN or ±inf; `out_of_scale`: not one of
-  `task.reward_levels` (when declared); `none`: no function could score the sample.
+  `task.reward_levels` (when declared); `none`: no function could score the sample (judged by the functions'
+  window as any failure is: `reward_health.NONE_RULE`).
 A failed sample is unscored (None); the rollout gives it its group's mean reward (so it pushes no other
 sample's advantage under a mean baseline) and drops a group with no scored sample. Each (function, reason)
 is logged once with its traceback; the counts reach Prometheus, the actor's report and summary.json.
