@@ -22,7 +22,7 @@ class Broken:
         return [{"role": "user", "content": "say a"}]
 
     def step(self, reply):
-        return [], self.row["missing"], True
+        return [], {}["missing"], True  # its own bug (a key its row lacks would be bad data)
 '''
 
 

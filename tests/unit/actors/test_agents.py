@@ -307,7 +307,7 @@ def test_an_agents_traceback_starts_at_the_agents_own_frame(tmp_path):
     ref = _agents(tmp_path, """
 def agent(client, row):
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-    return row["no_such_column"]
+    return {}["no_such_key"]  # its own bug (a key its row lacks would be bad data)
 """)
     cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:agent")
     try:
@@ -316,7 +316,7 @@ def agent(client, row):
         runner.close()
     (reason, tb), = runner.health.first.values()
     assert reason == "raised" and re.search(r'File "([^"]+)"', tb)[1] == ref, tb
-    assert inspect.getfile(AgentEpisodes) not in tb and tb.rstrip().endswith("KeyError: 'no_such_column'"), tb
+    assert inspect.getfile(AgentEpisodes) not in tb and tb.rstrip().endswith("KeyError: 'no_such_key'"), tb
 
 
 def test_a_row_lacking_the_column_the_agent_reads_is_bad_data_not_the_models_mistake(tmp_path, caplog):

@@ -193,7 +193,7 @@ def test_a_skyrl_envs_failure_shows_the_envs_own_frames_not_the_adapters(tmp_pat
                 self.extras = extras
 
             def step(self, action):
-                return self.extras["missing"]
+                return {**self.extras}["missing"]  # its own bug: read from a copy, not the row
     """))
     cfg = config.load(str(example / "config.yaml"), [
         f"task.data={example / 'train.jsonl'}", f"task.environment={env}:Broken", "actors.group_size=2",
