@@ -1,0 +1,229 @@
+"""`streamrl bench agents`: a two-turn agent episode against the same task as an environment episode.
+
+The task is the copy-agent example's (examples/copy-agent, on the tiny model, hf backend, as an actor runs it):
+write back four symbols over two model turns, the user saying "next" between them. As an agent (`copy_agent`
+below: plain `openai` client code, two chat calls) through the actor's endpoint (`streamrl.actors.agents`), and as
+an environment (`CopyEnv` below, the same turns) through `streamrl.actors.environment_episodes`: the same prompts,
+the same G and the same `actors.prompts_per_generate`, one make_groups call each in turn so load on the machine falls
+on both alike.
+
+Reported per episode: the wall time of each and their ratio (agent / environment), and where the agent's time went:
+- generate_ms: the model's own generation (its generate calls, and how many: more, smaller batches cost more);
+- window_ms: the runner waiting, after a first request, for other episodes' (`endpoint.batch_window_s`);
+- idle_ms: the runner waiting for any request at all (the agents' code, their HTTP and client work);
+- serve_ms: rendering turns and building answers on the runner's thread, besides generation;
+- client_setup_ms: the client handed to each episode (`AgentEpisodes._client_for`);
+- request_ms: an agent's `create` call as the agent sees it, and in_app_ms: the same request inside the endpoint's
+  ASGI app (routing, body, checks, queue, answer); their difference is the transport's and the client's own cost
+  (HTTP, serialization, the openai client's models), http_client_ms.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "copy-agent"
+_timed = threading.local()
+
+
+def copy_agent(client, row: dict) -> float:
+    """The copy-agent example's agent, its `create` calls timed as the agent sees them."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    said = []
+    for say in ("next", None):
+        t0 = time.perf_counter()
+        reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+        _timed.requests.append(time.perf_counter() - t0)
+        said.append(reply.choices[0].message.content)
+        if say:
+            messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": say}]
+    words = said[0].split()[:2] + said[1].split()[:2]
+    target = row["target"].split()
+    return sum(a == b for a, b in zip(words, target)) / len(target)
+
+
+class CopyEnv:
+    """The same two turns as an environment: the prompt, then "next", scored by the fraction right."""
+
+    tools: list = []
+
+    def __init__(self, row: dict):
+        self.prompt, self.target, self.said = row["prompt"], row["target"].split(), []
+
+    def reset(self) -> list[dict]:
+        return [{"role": "user", "content": self.prompt}]
+
+    def step(self, reply: str):
+        self.said += reply.split()[:2]
+        if len(self.said) < len(self.target) and len(self.said) <= 2:
+            return [{"role": "user", "content": "next"}], None, False
+        return [], sum(a == b for a, b in zip(self.said, self.target)) / len(self.target), True
+
+
+class _Counting:
+    """The backend, counting its generate calls and their seconds."""
+
+    def __init__(self, backend):
+        self.backend, self.seconds, self.calls = backend, 0.0, 0
+
+    def generate(self, prompts, n, between_steps=None):
+        t0 = time.perf_counter()
+        try:
+            return self.backend.generate(prompts, n)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
+def agents(short: bool = False) -> list[dict]:
+    import torch
+
+    from streamrl import config
+    from streamrl.tasks import rewards
+
+    data = EXAMPLE / "train.jsonl"
+    common = [f"task.data={data}", f"run_dir={Path(__file__).parent / '.bench-runs'}", "endpoint.record_turns=false"]
+    agent_cfg = config.load(str(EXAMPLE / "config.yaml"), [*common, f"task.agent={__name__}:copy_agent"])
+    env_cfg = config.load(str(EXAMPLE / "config.yaml"), [
+        *common, "task.name=dataset", "task.agent=", f"task.environment={__name__}:CopyEnv", "task.max_turns=2"])
+    torch.set_num_threads(agent_cfg.actors.threads or torch.get_num_threads())  # as an actor runs
+    agent_runner, agent_backend, timing = _agent_runner(agent_cfg, rewards.build(agent_cfg))
+    env_runner, env_backend = _env_runner(env_cfg, rewards.build(env_cfg))
+    reward = agent_runner.reward
+    rng = random.Random(0)
+    calls = 3 if short else 20
+    k = agent_cfg.actors.prompts_per_generate
+    walls = {"agent": [], "env": []}
+    try:
+        for call in range(calls + 1):  # call 0 warms both paths up (the first generate, the client, the server)
+            prompts = [reward.task.sample(rng) for _ in range(k)]
+            for name, runner in (("agent", agent_runner), ("env", env_runner)) if call % 2 else (
+                    ("env", env_runner), ("agent", agent_runner)):
+                if call == 1 and name == "agent":
+                    timing.reset(agent_backend)
+                if call == 1 and name == "env":
+                    env_backend.seconds = env_backend.calls = 0
+                torch.manual_seed(call)
+                t0 = time.perf_counter()
+                runner.make_groups(prompts, 0)
+                if call:
+                    walls[name].append(time.perf_counter() - t0)
+    finally:
+        agent_runner.close()
+        env_runner.close()
+    episodes = calls * k * agent_cfg.actors.group_size
+    per = 1e3 / episodes
+    agent_ms, env_ms = sum(walls["agent"]) * per, sum(walls["env"]) * per
+    requests = timing.requests
+    return [{"bench": "agents", "episodes": episodes, "turns": 2, "group_size": agent_cfg.actors.group_size,
+             "agent_workers": agent_cfg.task.agent_workers, "agent_ms": agent_ms, "env_ms": env_ms,
+             "ratio_agent_vs_env": agent_ms / env_ms,
+             "generate_ms": agent_backend.seconds * per, "generate_calls": agent_backend.calls,
+             "env_generate_ms": env_backend.seconds * per, "env_generate_calls": env_backend.calls,
+             "window_ms": timing.window_s * per, "idle_ms": timing.idle_s * per,
+             "serve_ms": (timing.serve_s - agent_backend.seconds) * per,
+             "client_setup_ms": timing.client_s * per,
+             "request_ms": statistics.mean(requests) * 1e3, "in_app_ms": statistics.mean(timing.in_app) * 1e3,
+             "http_client_ms": (statistics.mean(requests) - statistics.mean(timing.in_app)) * 1e3,
+             "median_call_s_agent": statistics.median(walls["agent"]),
+             "median_call_s_env": statistics.median(walls["env"])}]
+
+
+class _Timing:
+    """Where the agent runner's thread spends a call, and each request's time inside the endpoint's app."""
+
+    def __init__(self):
+        self.requests: list[float] = []
+        self.in_app: list[float] = []
+        self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
+
+    def reset(self, backend) -> None:
+        self.requests.clear()
+        self.in_app.clear()
+        self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
+        backend.seconds = backend.calls = 0
+
+
+def _agent_runner(cfg, reward):
+    """The agent runner on a counted backend, its gather/serve/client set-up and its endpoint's app timed."""
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = _Counting(backends.build("hf", cfg, model, tok))
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "bench", backend.backend.eos_ids)
+    timing = _Timing()
+    _timed.requests = timing.requests  # the agents' threads: set below per thread
+    take, gather, serve, client_for = runner.endpoint.take, runner._gather, runner._serve, runner._client_for
+    state = {"first": None}
+
+    def timed_take(timeout_s):
+        t0 = time.perf_counter()
+        r = take(timeout_s)
+        if state["first"] is None:  # waiting for a first request: idle; after it, the window
+            timing.idle_s += time.perf_counter() - t0
+            if r is not None:
+                state["first"] = time.perf_counter()
+        return r
+
+    def timed_gather(running):
+        state["first"] = None
+        batch = gather(running)
+        if state["first"] is not None:
+            timing.window_s += time.perf_counter() - state["first"]
+        return batch
+
+    def timed_serve(batch, version, stats):
+        t0 = time.perf_counter()
+        serve(batch, version, stats)
+        timing.serve_s += time.perf_counter() - t0
+
+    def timed_client(episode_id):
+        t0 = time.perf_counter()
+        client = client_for(episode_id)
+        timing.client_s += time.perf_counter() - t0
+        return client
+
+    runner.endpoint.take, runner._gather, runner._serve, runner._client_for = (
+        timed_take, timed_gather, timed_serve, timed_client)
+    fn = runner.fn
+
+    def agent(client, row):
+        _timed.requests = timing.requests
+        return fn(client, row)
+
+    runner.fn = agent
+    _time_app(runner.endpoint, timing.in_app)
+    return runner, backend, timing
+
+
+def _time_app(endpoint, into: list) -> None:
+    """Each POST's seconds inside the endpoint's app, from its first ASGI call to its last byte sent."""
+    post = endpoint._post
+
+    async def timed(request):
+        t0 = time.perf_counter()
+        try:
+            return await post(request)
+        finally:
+            into.append(time.perf_counter() - t0)
+
+    for route in endpoint.app.router.routes:
+        if getattr(route, "endpoint", None) == post:
+            route.endpoint = timed
+            route.app = __import__("starlette.routing", fromlist=["request_response"]).request_response(timed)
+
+
+def _env_runner(cfg, reward):
+    from streamrl.actors import backends
+    from streamrl.actors.environment_episodes import EnvironmentEpisodes
+    from streamrl.models import model as model_lib
+
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = _Counting(backends.build("hf", cfg, model, tok))
+    return EnvironmentEpisodes(cfg, backend, tok, reward, "bench", backend.backend.eos_ids), backend
