@@ -48,7 +48,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl.config import Config
-from streamrl.actors import replies
+from streamrl.actors import endpoint_transport, replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
@@ -123,8 +123,10 @@ class AgentEpisodes(EpisodeRunner):
         if self._client is None:
             import openai  # the agent's client: `pip install streamrl[agents]`
 
+            # In process: the endpoint's own app and checks, without loopback HTTP (endpoint_transport).
+            http = endpoint_transport.http_client(openai, self.endpoint.app, self.endpoint.loop, self.timeout_s)
             self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
-                                         timeout=self.timeout_s)
+                                         timeout=self.timeout_s, http_client=http)
         return self._client.with_options(api_key=self.endpoint.keys.issue(episode_id),
                                          default_headers={"X-Episode-Id": episode_id})
 
@@ -201,14 +203,20 @@ class AgentEpisodes(EpisodeRunner):
         return e
 
     def _gather(self, running: list[_Episode]) -> list[Request]:
-        """The requests queued now, after waiting (at most batch_window_s) for episodes still thinking to ask."""
+        """The requests queued now, and those of episodes still thinking while they keep coming: the window
+        (batch_window_s) runs from the last request, not the first, so requests that trickle in one by one (each
+        agent's client has its work to do between turns, its threads taking turns) make one generate call, and
+        an episode slower than that (a tool, a long think) costs the batch one window. Once every running episode
+        has asked, nothing is waited for."""
         first = self.endpoint.take(0.05)
         if first is None:
             return []
-        batch, deadline = [first], time.perf_counter() + self.window_s
-        while sum(not e.returned for e in running) > len(batch) and (left := deadline - time.perf_counter()) > 0:
+        batch, last = [first], time.perf_counter()
+        while sum(not e.returned for e in running) > len(batch) and (
+                left := last + self.window_s - time.perf_counter()) > 0:
             if (r := self.endpoint.take(left)) is not None:
                 batch.append(r)
+                last = time.perf_counter()
         while (r := self.endpoint.take(0)) is not None:
             batch.append(r)
         return batch

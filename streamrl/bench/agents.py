@@ -79,14 +79,16 @@ class _Counting:
             self.calls += 1
 
 
-def agents(short: bool = False) -> list[dict]:
+def agents(short: bool = False, overrides: tuple[str, ...] = ()) -> list[dict]:
+    import tempfile
+
     import torch
 
     from streamrl import config
     from streamrl.tasks import rewards
 
     data = EXAMPLE / "train.jsonl"
-    common = [f"task.data={data}", f"run_dir={Path(__file__).parent / '.bench-runs'}", "endpoint.record_turns=false"]
+    common = [f"task.data={data}", f"run_dir={tempfile.mkdtemp(prefix='bench-agents-')}", *overrides]
     agent_cfg = config.load(str(EXAMPLE / "config.yaml"), [*common, f"task.agent={__name__}:copy_agent"])
     env_cfg = config.load(str(EXAMPLE / "config.yaml"), [
         *common, "task.name=dataset", "task.agent=", f"task.environment={__name__}:CopyEnv", "task.max_turns=2"])
