@@ -79,7 +79,20 @@ class _Counting:
             self.calls += 1
 
 
+# (name, overrides): the issue's task on the tiny model, and the same task on a larger model writing longer turns,
+# where the model's own time per turn is larger and what an agent adds per request weighs less.
+SHAPES = [("tiny", ()), ("hidden 256 x 4 layers, 16 tokens a turn", (
+    "model.hidden_size=256", "model.num_layers=4", "model.intermediate_size=512", "actors.max_new_tokens=16"))]
+
+
 def agents(short: bool = False, overrides: tuple[str, ...] = ()) -> list[dict]:
+    floor_ms = 2 * _client_call_s(50 if short else 300) * 1e3  # two turns
+    return [_compare(name, (*shape, *overrides), 3 if short else 20, floor_ms)
+            for name, shape in (SHAPES[:1] if short else SHAPES)]
+
+
+def _compare(shape: str, overrides: tuple[str, ...], calls: int, floor_ms: float) -> dict:
+    """One shape: `calls` make_groups calls of each kind, alternated, after one that warms both up."""
     import tempfile
 
     import torch
@@ -87,52 +100,78 @@ def agents(short: bool = False, overrides: tuple[str, ...] = ()) -> list[dict]:
     from streamrl import config
     from streamrl.tasks import rewards
 
-    data = EXAMPLE / "train.jsonl"
-    common = [f"task.data={data}", f"run_dir={tempfile.mkdtemp(prefix='bench-agents-')}", *overrides]
+    common = [f"task.data={EXAMPLE / 'train.jsonl'}", f"run_dir={tempfile.mkdtemp(prefix='bench-agents-')}",
+              *overrides]
     agent_cfg = config.load(str(EXAMPLE / "config.yaml"), [*common, f"task.agent={__name__}:copy_agent"])
     env_cfg = config.load(str(EXAMPLE / "config.yaml"), [
         *common, "task.name=dataset", "task.agent=", f"task.environment={__name__}:CopyEnv", "task.max_turns=2"])
     torch.set_num_threads(agent_cfg.actors.threads or torch.get_num_threads())  # as an actor runs
     agent_runner, agent_backend, timing = _agent_runner(agent_cfg, rewards.build(agent_cfg))
     env_runner, env_backend = _env_runner(env_cfg, rewards.build(env_cfg))
-    reward = agent_runner.reward
     rng = random.Random(0)
-    calls = 3 if short else 20
     k = agent_cfg.actors.prompts_per_generate
     walls = {"agent": [], "env": []}
     try:
         for call in range(calls + 1):  # call 0 warms both paths up (the first generate, the client, the server)
-            prompts = [reward.task.sample(rng) for _ in range(k)]
-            for name, runner in (("agent", agent_runner), ("env", env_runner)) if call % 2 else (
-                    ("env", env_runner), ("agent", agent_runner)):
-                if call == 1 and name == "agent":
-                    timing.reset(agent_backend)
-                if call == 1 and name == "env":
-                    env_backend.seconds = env_backend.calls = 0
+            prompts = [agent_runner.reward.task.sample(rng) for _ in range(k)]
+            if call == 1:
+                timing.reset(agent_backend, env_backend)
+            for name, runner in [("agent", agent_runner), ("env", env_runner)][::1 if call % 2 else -1]:
                 torch.manual_seed(call)
                 t0 = time.perf_counter()
                 runner.make_groups(prompts, 0)
-                if call:
-                    walls[name].append(time.perf_counter() - t0)
+                walls[name].append(time.perf_counter() - t0)
     finally:
         agent_runner.close()
         env_runner.close()
     episodes = calls * k * agent_cfg.actors.group_size
     per = 1e3 / episodes
-    agent_ms, env_ms = sum(walls["agent"]) * per, sum(walls["env"]) * per
-    requests = timing.requests
-    return [{"bench": "agents", "episodes": episodes, "turns": 2, "group_size": agent_cfg.actors.group_size,
-             "agent_workers": agent_cfg.task.agent_workers, "agent_ms": agent_ms, "env_ms": env_ms,
-             "ratio_agent_vs_env": agent_ms / env_ms,
-             "generate_ms": agent_backend.seconds * per, "generate_calls": agent_backend.calls,
-             "env_generate_ms": env_backend.seconds * per, "env_generate_calls": env_backend.calls,
-             "window_ms": timing.window_s * per, "idle_ms": timing.idle_s * per,
-             "serve_ms": (timing.serve_s - agent_backend.seconds) * per,
-             "client_setup_ms": timing.client_s * per,
-             "request_ms": statistics.mean(requests) * 1e3, "in_app_ms": statistics.mean(timing.in_app) * 1e3,
-             "http_client_ms": (statistics.mean(requests) - statistics.mean(timing.in_app)) * 1e3,
-             "median_call_s_agent": statistics.median(walls["agent"]),
-             "median_call_s_env": statistics.median(walls["env"])}]
+    agent_ms, env_ms = sum(walls["agent"][1:]) * per, sum(walls["env"][1:]) * per
+    request_ms, in_app_ms = statistics.mean(timing.requests) * 1e3, statistics.mean(timing.in_app) * 1e3
+    return {"bench": "agents", "shape": shape, "episodes": episodes, "turns": 2,
+            "group_size": agent_cfg.actors.group_size, "agent_workers": agent_cfg.task.agent_workers,
+            "agent_ms": agent_ms, "env_ms": env_ms, "ratio_agent_vs_env": agent_ms / env_ms,
+            "generate_ms": agent_backend.seconds * per, "generate_calls": agent_backend.calls,
+            "env_generate_ms": env_backend.seconds * per, "env_generate_calls": env_backend.calls,
+            "window_ms": timing.window_s * per, "idle_ms": timing.idle_s * per,
+            "serve_ms": (timing.serve_s - agent_backend.seconds) * per, "client_setup_ms": timing.client_s * per,
+            "request_ms": request_ms, "in_app_ms": in_app_ms, "client_and_transport_ms": request_ms - in_app_ms,
+            "client_floor_ms": floor_ms, "ratio_floor": (env_ms + floor_ms) / env_ms}
+
+
+def _client_call_s(calls: int) -> float:
+    """Seconds of one `create` call of the openai client by itself, on one thread: against a transport that answers
+    at once with a reply of the endpoint's shape (no endpoint, no model). Two of them are what an episode of the
+    agent's own code costs whatever serves it: the floor under the agent's time."""
+    import json
+
+    import openai
+
+    from streamrl.actors.endpoint_transport import httpx_of
+
+    httpx = httpx_of(openai)
+    reply = json.dumps({"id": "e-0", "object": "chat.completion", "created": 0, "model": "policy",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "a b"},
+                                     "finish_reason": "stop", "token_ids": [5, 6]}],
+                        "prompt_token_ids": list(range(12)), "policy_version": 0,
+                        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}}).encode()
+
+    class Canned(httpx.BaseTransport):
+        def handle_request(self, request):
+            request.read()
+            return httpx.Response(200, headers={"content-type": "application/json"}, content=reply, request=request)
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0,
+                           http_client=openai.DefaultHttpxClient(transport=Canned()))
+    messages = [{"role": "user", "content": "copy : a b c d ="}]
+    for _ in range(10):
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    took = (time.perf_counter() - t0) / calls
+    client.close()
+    return took
 
 
 class _Timing:
@@ -143,11 +182,12 @@ class _Timing:
         self.in_app: list[float] = []
         self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
 
-    def reset(self, backend) -> None:
+    def reset(self, *backends) -> None:
         self.requests.clear()
         self.in_app.clear()
         self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
-        backend.seconds = backend.calls = 0
+        for backend in backends:
+            backend.seconds, backend.calls = 0.0, 0
 
 
 def _agent_runner(cfg, reward):

@@ -51,7 +51,8 @@ TWO_TURNS = """
 def agent(client, row):
     messages = [{"role": "user", "content": row["prompt"]}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "next"}]
+    said = first.choices[0].message.content
+    messages += [{"role": "assistant", "content": said}, {"role": "user", "content": "next"}]
     client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
     return 1.0
 """
@@ -104,7 +105,8 @@ def agent(client, row):
     messages = [{"role": "user", "content": row["prompt"]}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
     own = openai.OpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "next"}]
+    said = first.choices[0].message.content
+    messages += [{"role": "assistant", "content": said}, {"role": "user", "content": "next"}]
     own.chat.completions.create(model="policy", messages=messages, max_tokens=2)
     own.close()
     return 1.0
