@@ -11,6 +11,10 @@ loop waits for that answer (at most `endpoint.request_timeout_s`, then 503). At 
 in the app at once, their bodies at most BODY_BUDGET bytes together (503 past either). `stream: true` gets the
 answer as server-sent events and `n` (at most MAX_N) that many choices (`streamrl.actors.replies`).
 
+The client streamrl hands each agent calls the same app in process, on the same loop
+(`streamrl.actors.endpoint_transport`: every check above, no socket); the server is for clients an agent makes
+itself.
+
 Errors use OpenAI's shape: {"error": {"message", "type", "code"}}. Every answer the endpoint refuses itself is
 counted by its code (`take_refused`: the actor's `endpoint_refused/<code>` counts) and logged once per code.
 """

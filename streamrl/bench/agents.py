@@ -7,15 +7,21 @@ an environment (`CopyEnv` below, the same turns) through `streamrl.actors.enviro
 the same G and the same `actors.prompts_per_generate`, one make_groups call each in turn so load on the machine falls
 on both alike.
 
+Two shapes: the tiny model of the example (the issue's case, whose model turn costs well under a millisecond an
+episode), and a larger model writing 16 tokens a turn (where the model's own time is larger).
+
 Reported per episode: the wall time of each and their ratio (agent / environment), and where the agent's time went:
-- generate_ms: the model's own generation (its generate calls, and how many: more, smaller batches cost more);
+- generate_ms, generate_calls: the model's own generation and how many calls it took (env_*: the environment's; more
+  and smaller batches cost more);
 - window_ms: the runner waiting, after a first request, for other episodes' (`endpoint.batch_window_s`);
-- idle_ms: the runner waiting for any request at all (the agents' code, their HTTP and client work);
+- idle_ms: the runner waiting for any request at all (the agents' own work between turns);
 - serve_ms: rendering turns and building answers on the runner's thread, besides generation;
 - client_setup_ms: the client handed to each episode (`AgentEpisodes._client_for`);
-- request_ms: an agent's `create` call as the agent sees it, and in_app_ms: the same request inside the endpoint's
-  ASGI app (routing, body, checks, queue, answer); their difference is the transport's and the client's own cost
-  (HTTP, serialization, the openai client's models), http_client_ms.
+- request_ms: an agent's `create` call as the agent sees it; in_app_ms: the same request inside the endpoint's ASGI
+  app (body, checks, queue, the batch's generation, answer); client_and_transport_ms: the difference, the openai
+  client's work (building the request, serializing, parsing the reply into its models) and the transport's;
+- agent_cpu_ms: the CPU the agent's own thread spent in its episode (almost all of it the openai client's work), and
+  ratio_floor = (env_ms + agent_cpu_ms) / env_ms: the ratio if everything but the agent's own code were free.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ _timed = threading.local()
 
 
 def copy_agent(client, row: dict) -> float:
-    """The copy-agent example's agent, its `create` calls timed as the agent sees them."""
+    """The copy-agent example's agent, its `create` calls timed as the agent sees them, and its thread's CPU."""
+    cpu = time.thread_time()
     messages = [{"role": "user", "content": row["prompt"]}]
     said = []
     for say in ("next", None):
@@ -41,6 +48,7 @@ def copy_agent(client, row: dict) -> float:
         said.append(reply.choices[0].message.content)
         if say:
             messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": say}]
+    _timed.cpu.append(time.thread_time() - cpu)
     words = said[0].split()[:2] + said[1].split()[:2]
     target = row["target"].split()
     return sum(a == b for a, b in zip(words, target)) / len(target)
@@ -86,12 +94,11 @@ SHAPES = [("tiny", ()), ("hidden 256 x 4 layers, 16 tokens a turn", (
 
 
 def agents(short: bool = False, overrides: tuple[str, ...] = ()) -> list[dict]:
-    floor_ms = 2 * _client_call_s(50 if short else 300) * 1e3  # two turns
-    return [_compare(name, (*shape, *overrides), 3 if short else 20, floor_ms)
-            for name, shape in (SHAPES[:1] if short else SHAPES)]
+    shapes = SHAPES[:1] if short else SHAPES
+    return [_compare(name, (*shape, *overrides), 3 if short else 20) for name, shape in shapes]
 
 
-def _compare(shape: str, overrides: tuple[str, ...], calls: int, floor_ms: float) -> dict:
+def _compare(shape: str, overrides: tuple[str, ...], calls: int) -> dict:
     """One shape: `calls` make_groups calls of each kind, alternated, after one that warms both up."""
     import tempfile
 
@@ -108,26 +115,18 @@ def _compare(shape: str, overrides: tuple[str, ...], calls: int, floor_ms: float
     torch.set_num_threads(agent_cfg.actors.threads or torch.get_num_threads())  # as an actor runs
     agent_runner, agent_backend, timing = _agent_runner(agent_cfg, rewards.build(agent_cfg))
     env_runner, env_backend = _env_runner(env_cfg, rewards.build(env_cfg))
-    rng = random.Random(0)
     k = agent_cfg.actors.prompts_per_generate
-    walls = {"agent": [], "env": []}
     try:
-        for call in range(calls + 1):  # call 0 warms both paths up (the first generate, the client, the server)
-            prompts = [agent_runner.reward.task.sample(rng) for _ in range(k)]
-            if call == 1:
-                timing.reset(agent_backend, env_backend)
-            for name, runner in [("agent", agent_runner), ("env", env_runner)][::1 if call % 2 else -1]:
-                torch.manual_seed(call)
-                t0 = time.perf_counter()
-                runner.make_groups(prompts, 0)
-                walls[name].append(time.perf_counter() - t0)
+        walls, cpu = _alternate({"agent": agent_runner, "env": env_runner}, k, calls,
+                                lambda: timing.reset(agent_backend, env_backend))
     finally:
         agent_runner.close()
         env_runner.close()
     episodes = calls * k * agent_cfg.actors.group_size
     per = 1e3 / episodes
-    agent_ms, env_ms = sum(walls["agent"][1:]) * per, sum(walls["env"][1:]) * per
+    agent_ms, env_ms = sum(walls["agent"]) * per, sum(walls["env"]) * per
     request_ms, in_app_ms = statistics.mean(timing.requests) * 1e3, statistics.mean(timing.in_app) * 1e3
+    agent_cpu_ms = statistics.mean(timing.cpu) * 1e3
     return {"bench": "agents", "shape": shape, "episodes": episodes, "turns": 2,
             "group_size": agent_cfg.actors.group_size, "agent_workers": agent_cfg.task.agent_workers,
             "agent_ms": agent_ms, "env_ms": env_ms, "ratio_agent_vs_env": agent_ms / env_ms,
@@ -136,42 +135,32 @@ def _compare(shape: str, overrides: tuple[str, ...], calls: int, floor_ms: float
             "window_ms": timing.window_s * per, "idle_ms": timing.idle_s * per,
             "serve_ms": (timing.serve_s - agent_backend.seconds) * per, "client_setup_ms": timing.client_s * per,
             "request_ms": request_ms, "in_app_ms": in_app_ms, "client_and_transport_ms": request_ms - in_app_ms,
-            "client_floor_ms": floor_ms, "ratio_floor": (env_ms + floor_ms) / env_ms}
+            "agent_cpu_ms": agent_cpu_ms, "endpoint_cpu_ms": sum(cpu["endpoint"]) * per,
+            "runner_cpu_ms": sum(cpu["agent"]) * per, "env_runner_cpu_ms": sum(cpu["env"]) * per,
+            "ratio_floor": (env_ms + agent_cpu_ms) / env_ms}
 
 
-def _client_call_s(calls: int) -> float:
-    """Seconds of one `create` call of the openai client by itself, on one thread: against a transport that answers
-    at once with a reply of the endpoint's shape (no endpoint, no model). Two of them are what an episode of the
-    agent's own code costs whatever serves it: the floor under the agent's time."""
-    import json
+def _alternate(runners: dict, k: int, calls: int, reset) -> tuple[dict, dict]:
+    """Wall seconds of each runner's make_groups calls, alternated call by call after one that warms both up (the
+    first generate, the client, the server), and the CPU seconds of each runner's thread and of the endpoint's."""
+    import torch
 
-    import openai
-
-    from streamrl.actors.endpoint_transport import httpx_of
-
-    httpx = httpx_of(openai)
-    reply = json.dumps({"id": "e-0", "object": "chat.completion", "created": 0, "model": "policy",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "a b"},
-                                     "finish_reason": "stop", "token_ids": [5, 6]}],
-                        "prompt_token_ids": list(range(12)), "policy_version": 0,
-                        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}}).encode()
-
-    class Canned(httpx.BaseTransport):
-        def handle_request(self, request):
-            request.read()
-            return httpx.Response(200, headers={"content-type": "application/json"}, content=reply, request=request)
-
-    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0,
-                           http_client=openai.DefaultHttpxClient(transport=Canned()))
-    messages = [{"role": "user", "content": "copy : a b c d ="}]
-    for _ in range(10):
-        client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
-    took = (time.perf_counter() - t0) / calls
-    client.close()
-    return took
+    endpoint = time.pthread_getcpuclockid(runners["agent"].endpoint.thread.ident)
+    rng = random.Random(0)
+    walls, cpu = {"agent": [], "env": []}, {"agent": [], "env": [], "endpoint": []}
+    for call in range(calls + 1):
+        prompts = [runners["agent"].reward.task.sample(rng) for _ in range(k)]
+        if call == 1:
+            reset()
+        for name in ("agent", "env")[::1 if call % 2 else -1]:
+            torch.manual_seed(call)
+            t0, c0, e0 = time.perf_counter(), time.thread_time(), time.clock_gettime(endpoint)
+            runners[name].make_groups(prompts, 0)
+            if call:
+                walls[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
+                cpu["endpoint"].append(time.clock_gettime(endpoint) - e0 if name == "agent" else 0.0)
+    return walls, cpu
 
 
 class _Timing:
@@ -179,11 +168,13 @@ class _Timing:
 
     def __init__(self):
         self.requests: list[float] = []
+        self.cpu: list[float] = []
         self.in_app: list[float] = []
         self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
 
     def reset(self, *backends) -> None:
         self.requests.clear()
+        self.cpu.clear()
         self.in_app.clear()
         self.window_s = self.idle_s = self.serve_s = self.client_s = 0.0
         for backend in backends:
@@ -200,7 +191,6 @@ def _agent_runner(cfg, reward):
     backend = _Counting(backends.build("hf", cfg, model, tok))
     runner = AgentEpisodes(cfg, 0, backend, tok, reward, "bench", backend.backend.eos_ids)
     timing = _Timing()
-    _timed.requests = timing.requests  # the agents' threads: set below per thread
     take, gather, serve, client_for = runner.endpoint.take, runner._gather, runner._serve, runner._client_for
     state = {"first": None}
 
@@ -235,8 +225,8 @@ def _agent_runner(cfg, reward):
         timed_take, timed_gather, timed_serve, timed_client)
     fn = runner.fn
 
-    def agent(client, row):
-        _timed.requests = timing.requests
+    def agent(client, row):  # on the episode's own thread
+        _timed.requests, _timed.cpu = timing.requests, timing.cpu
         return fn(client, row)
 
     runner.fn = agent
