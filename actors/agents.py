@@ -4,11 +4,12 @@ the user's agent code, unchanged; both verifiers stacks through their tasks) dri
 
 Each generate call plays G episodes per prompt: the agent is called as fn(client, row) on a thread of its
 own (at most `task.agent_workers` at once), with `client` an `openai.OpenAI` pointed at the actor's endpoint
-(`streamrl.actors.endpoint`) whose api_key is the episode's credential (`streamrl.actors.credentials`: only the
-agent started for an episode may call for it; episode ids carry a random part). Meanwhile this thread, the actor's,
-serves the endpoint: the requests of concurrent episodes are batched into one generate call (waiting at most
-`endpoint.batch_window_s` for the episodes still thinking), so the engine is only ever used from the actor's
-thread and every turn of a call is sampled with the weights of one version.
+(`streamrl.actors.endpoint`; its transport calls the endpoint's app in process, `streamrl.actors.endpoint_transport`)
+whose api_key is the episode's credential (`streamrl.actors.credentials`: only the agent started for an episode may
+call for it; episode ids carry a random part). Meanwhile this thread, the actor's, serves the endpoint: the requests
+of concurrent episodes are batched into one generate call (waiting for the episodes still thinking while their
+requests keep coming, at most `endpoint.batch_window_s` after the last), so the engine is only ever used from the
+actor's thread and every turn of a call is sampled with the weights of one version.
 
 Token in, token out (`streamrl.models.conversation`): an episode holds the ids it was given and sampled. Its
 first request opens it (the chat template's rendering of the messages, or the completion prompt's ids); each
