@@ -38,6 +38,8 @@ reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 import secrets
@@ -82,7 +84,7 @@ class _Episode(Episode):
         super().__init__(group)
         self.id, self.row = episode_id, row
         self.sampled: list[Turn] = []  # every model call, choices apart
-        self.thread: threading.Thread | None = None
+        self.thread = None  # its agent's thread (a Future on the endpoint's loop: an async agent)
         self.value, self.error = None, None
         self.returned = False
         self.failure: str | None = None  # the reward-failure reason, if any
@@ -104,6 +106,7 @@ class AgentEpisodes(EpisodeRunner):
         self.name, self.kind = t.agent or getattr(self.fn, "__name__", "agent"), getattr(self.fn, "kind", "agent")
         self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
         self.workers, self.timeout_s = t.agent_workers, t.agent_timeout_s
+        self.is_async = inspect.iscoroutinefunction(self.fn)  # `async def` agents get an openai.AsyncOpenAI
         self.window_s = e.batch_window_s
         self.renderer = Renderer(tokenizer, *self.template)
         self.parser = parser_for(t.tool_parser, self.renderer.chat)
@@ -125,15 +128,21 @@ class AgentEpisodes(EpisodeRunner):
             import openai  # the agent's client: `pip install streamrl[agents]`
 
             # In process: the endpoint's own app and checks, without loopback HTTP (endpoint_transport).
-            http = endpoint_transport.http_client(openai, self.endpoint.app, self.endpoint.loop, self.timeout_s)
-            self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
-                                         timeout=self.timeout_s, http_client=http)
+            if self.is_async:
+                http, make = endpoint_transport.async_http_client(openai, self.endpoint.app), openai.AsyncOpenAI
+            else:
+                http = endpoint_transport.http_client(openai, self.endpoint.app, self.endpoint.loop, self.timeout_s)
+                make = openai.OpenAI
+            self._client = make(base_url=self.endpoint.url, api_key="streamrl", max_retries=0, timeout=self.timeout_s,
+                                http_client=http)
         return self._client.with_options(api_key=self.endpoint.keys.issue(episode_id),
                                          default_headers={"X-Episode-Id": episode_id})
 
     def close(self) -> None:
+        if self._client is not None and self.is_async:  # its close is a coroutine, on the loop it was used on
+            asyncio.run_coroutine_threadsafe(self._client.close(), self.endpoint.loop).result(5)
         self.endpoint.close()
-        if self._client is not None:
+        if self._client is not None and not self.is_async:
             self._client.close()
 
     def _open(self, prompts: list, stats: EpisodeStats, done: RolloutStats) -> list[_Episode]:
@@ -176,6 +185,8 @@ class AgentEpisodes(EpisodeRunner):
                     e.ended = now
                 elif now - e.started > self.timeout_s:
                     e.ended, e.failure = now, "timeout"
+                    if self.is_async:  # a coroutine can be stopped, unlike a thread
+                        e.thread.cancel()
                     stats.truncated["agent_timeout"] = stats.truncated.get("agent_timeout", 0) + 1
                     log.warning("%s: agent episode %s ran past task.agent_timeout_s=%gs: abandoned, counted",
                                 self.actor_id, e.id, self.timeout_s)
@@ -197,10 +208,22 @@ class AgentEpisodes(EpisodeRunner):
                 e.returned = True
                 self.endpoint.wake()
 
+        async def run_async() -> None:
+            try:
+                e.value = await self.fn(client, dict(e.row))
+            except BaseException as err:  # as run's (a timed-out episode's cancellation too)
+                e.error = err
+            finally:
+                e.returned = True
+                self.endpoint.wake()
+
         self.live[e.id] = e
         e.started = time.perf_counter()
-        e.thread = threading.Thread(target=run, name=f"{e.id}-agent", daemon=True)
-        e.thread.start()
+        if self.is_async:  # a coroutine on the endpoint's own loop: no thread an episode (it must not block)
+            e.thread = asyncio.run_coroutine_threadsafe(run_async(), self.endpoint.loop)
+        else:
+            e.thread = threading.Thread(target=run, name=f"{e.id}-agent", daemon=True)
+            e.thread.start()
         return e
 
     def _gather(self, running: list[_Episode]) -> list[Request]:

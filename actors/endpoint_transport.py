@@ -64,6 +64,12 @@ def http_client(openai, app, loop: asyncio.AbstractEventLoop, timeout_s: float):
     return openai.DefaultHttpxClient(transport=InProcess(), timeout=timeout_s)
 
 
+def async_http_client(openai, app):
+    """An `openai.DefaultAsyncHttpxClient` on httpx's own ASGITransport over `app`: for an agent that is a coroutine,
+    run on the endpoint's loop itself, so its calls go straight into the app (no thread, no hop between loops)."""
+    return openai.DefaultAsyncHttpxClient(transport=httpx_of(openai).ASGITransport(app=app, client=CLIENT))
+
+
 async def call(app, scope: dict, body: bytes) -> tuple[int, list, bytes]:
     """One request through the ASGI app: (status, headers, body). An exception in the app is a 500, logged, as the
     server answers one."""

@@ -7,8 +7,9 @@ an environment (`CopyEnv` below, the same turns) through `streamrl.actors.enviro
 the same G and the same `actors.prompts_per_generate`, one make_groups call each in turn so load on the machine falls
 on both alike.
 
-Two shapes: the tiny model of the example (the issue's case, whose model turn costs well under a millisecond an
-episode), and a larger model writing 16 tokens a turn (where the model's own time is larger).
+Shapes: the tiny model of the example (the issue's case, whose model turn costs well under a millisecond an
+episode), the same with the agent written as a coroutine (`openai.AsyncOpenAI`), and a larger model writing 16 tokens
+a turn (where the model's own time is larger).
 
 Reported per episode: the wall time of each and their ratio (agent / environment), and where the agent's time went:
 - generate_ms, generate_calls: the model's own generation and how many calls it took (env_*: the environment's; more
@@ -21,7 +22,9 @@ Reported per episode: the wall time of each and their ratio (agent / environment
   app (body, checks, queue, the batch's generation, answer); client_and_transport_ms: the difference, the openai
   client's work (building the request, serializing, parsing the reply into its models) and the transport's;
 - agent_cpu_ms: the CPU the agent's own thread spent in its episode (almost all of it the openai client's work), and
-  ratio_floor = (env_ms + agent_cpu_ms) / env_ms: the ratio if everything but the agent's own code were free.
+  ratio_floor = (env_ms + agent_cpu_ms) / env_ms: the ratio if everything but the agent's own code were free (an
+  async agent has no thread: its work is in endpoint_cpu_ms, the endpoint loop's CPU, and the floor uses that);
+- endpoint_cpu_ms, runner_cpu_ms (env_runner_cpu_ms): the CPU of the endpoint's loop thread and of each runner's.
 """
 
 from __future__ import annotations
@@ -49,6 +52,22 @@ def copy_agent(client, row: dict) -> float:
         if say:
             messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": say}]
     _timed.cpu.append(time.thread_time() - cpu)
+    words = said[0].split()[:2] + said[1].split()[:2]
+    target = row["target"].split()
+    return sum(a == b for a, b in zip(words, target)) / len(target)
+
+
+async def copy_agent_async(client, row: dict) -> float:
+    """The same agent on `openai.AsyncOpenAI`: a coroutine on the endpoint's loop (its CPU is the loop's)."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    said = []
+    for say in ("next", None):
+        t0 = time.perf_counter()
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+        _timed.requests.append(time.perf_counter() - t0)
+        said.append(reply.choices[0].message.content)
+        if say:
+            messages += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": say}]
     words = said[0].split()[:2] + said[1].split()[:2]
     target = row["target"].split()
     return sum(a == b for a, b in zip(words, target)) / len(target)
@@ -89,7 +108,8 @@ class _Counting:
 
 # (name, overrides): the issue's task on the tiny model, and the same task on a larger model writing longer turns,
 # where the model's own time per turn is larger and what an agent adds per request weighs less.
-SHAPES = [("tiny", ()), ("hidden 256 x 4 layers, 16 tokens a turn", (
+SHAPES = [("tiny", ()), ("tiny, async agent", (f"task.agent={__name__}:copy_agent_async",)),
+          ("hidden 256 x 4 layers, 16 tokens a turn", (
     "model.hidden_size=256", "model.num_layers=4", "model.intermediate_size=512", "actors.max_new_tokens=16"))]
 
 
@@ -109,7 +129,7 @@ def _compare(shape: str, overrides: tuple[str, ...], calls: int) -> dict:
 
     common = [f"task.data={EXAMPLE / 'train.jsonl'}", f"run_dir={tempfile.mkdtemp(prefix='bench-agents-')}",
               *overrides]
-    agent_cfg = config.load(str(EXAMPLE / "config.yaml"), [*common, f"task.agent={__name__}:copy_agent"])
+    agent_cfg = config.load(str(EXAMPLE / "config.yaml"), [f"task.agent={__name__}:copy_agent", *common])
     env_cfg = config.load(str(EXAMPLE / "config.yaml"), [
         *common, "task.name=dataset", "task.agent=", f"task.environment={__name__}:CopyEnv", "task.max_turns=2"])
     torch.set_num_threads(agent_cfg.actors.threads or torch.get_num_threads())  # as an actor runs
@@ -126,7 +146,8 @@ def _compare(shape: str, overrides: tuple[str, ...], calls: int) -> dict:
     per = 1e3 / episodes
     agent_ms, env_ms = sum(walls["agent"]) * per, sum(walls["env"]) * per
     request_ms, in_app_ms = statistics.mean(timing.requests) * 1e3, statistics.mean(timing.in_app) * 1e3
-    agent_cpu_ms = statistics.mean(timing.cpu) * 1e3
+    agent_cpu_ms = statistics.mean(timing.cpu) * 1e3 if timing.cpu else 0.0  # an async agent: none of its own
+    floor_ms = agent_cpu_ms or sum(cpu["endpoint"]) * per  # an async agent's work is the endpoint loop's
     return {"bench": "agents", "shape": shape, "episodes": episodes, "turns": 2,
             "group_size": agent_cfg.actors.group_size, "agent_workers": agent_cfg.task.agent_workers,
             "agent_ms": agent_ms, "env_ms": env_ms, "ratio_agent_vs_env": agent_ms / env_ms,
@@ -137,7 +158,7 @@ def _compare(shape: str, overrides: tuple[str, ...], calls: int) -> dict:
             "request_ms": request_ms, "in_app_ms": in_app_ms, "client_and_transport_ms": request_ms - in_app_ms,
             "agent_cpu_ms": agent_cpu_ms, "endpoint_cpu_ms": sum(cpu["endpoint"]) * per,
             "runner_cpu_ms": sum(cpu["agent"]) * per, "env_runner_cpu_ms": sum(cpu["env"]) * per,
-            "ratio_floor": (env_ms + agent_cpu_ms) / env_ms}
+            "ratio_floor": (env_ms + floor_ms) / env_ms}
 
 
 def _alternate(runners: dict, k: int, calls: int, reset) -> tuple[dict, dict]:
@@ -229,7 +250,11 @@ def _agent_runner(cfg, reward):
         _timed.requests, _timed.cpu = timing.requests, timing.cpu
         return fn(client, row)
 
-    runner.fn = agent
+    async def agent_async(client, row):  # on the endpoint's loop
+        _timed.requests, _timed.cpu = timing.requests, timing.cpu
+        return await fn(client, row)
+
+    runner.fn = agent_async if runner.is_async else agent
     _time_app(runner.endpoint, timing.in_app)
     return runner, backend, timing
 

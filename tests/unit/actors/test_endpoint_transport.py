@@ -154,3 +154,58 @@ def test_the_window_waits_for_nothing_once_every_running_episode_has_asked(tmp_p
     finally:
         runner.close()
     assert len(batch) == 3 and waited < 30  # a window of 60 s, not waited for
+
+
+def test_an_async_agent_runs_on_the_endpoints_loop_with_an_async_client_through_the_same_checks(tmp_path):
+    seen = tmp_path / "seen.txt"
+    runner = _runner(tmp_path, f"""
+import threading
+import openai
+async def agent(client, row):
+    episode = client.default_headers["X-Episode-Id"]
+    try:
+        await client.with_options(api_key=episode + ":forged").chat.completions.create(
+            model="policy", messages=[{{"role": "user", "content": "a"}}], max_tokens=2)
+        refused = None
+    except openai.APIStatusError as e:
+        refused = e.status_code
+    messages = [{{"role": "user", "content": row["prompt"]}}]
+    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    said = first.choices[0].message.content
+    messages += [{{"role": "assistant", "content": said}}, {{"role": "user", "content": "next"}}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    with open({str(seen)!r}, "a") as f:
+        f.write(f"{{type(client).__name__}} {{threading.current_thread().name}} {{refused}}\\n")
+    return 1.0
+""")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(2), version=0)
+    finally:
+        runner.close()
+    assert seen.read_text().splitlines() == ["AsyncOpenAI actor-0-endpoint 401"] * 4  # no thread of its own
+    assert len(groups) == 2 and stats.turns == [2] * 4 and done.reward_raised == 0
+    assert stats.endpoint_refused == {"unauthorized": 4} and _http_requests(runner) == 0
+
+
+def test_an_async_agent_past_its_timeout_is_cancelled_and_counted(tmp_path):
+    seen = tmp_path / "seen.txt"
+    runner = _runner(tmp_path, f"""
+import asyncio
+async def agent(client, row):
+    await client.chat.completions.create(model="policy", messages=[{{"role": "user", "content": row["prompt"]}}])
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        with open({str(seen)!r}, "a") as f:
+            f.write("cancelled\\n")
+        raise
+""", "task.agent_timeout_s=1")
+    try:
+        groups, stats, done = runner.make_groups(_prompts(1), version=0)
+        deadline = time.monotonic() + 10  # the cancellation runs on the endpoint's loop
+        while time.monotonic() < deadline and len(seen.read_text().split() if seen.exists() else []) < 2:
+            time.sleep(0.05)
+    finally:
+        runner.close()
+    assert done.reward_timeout == 2 and stats.truncated == {"agent_timeout": 2}
+    assert seen.read_text().split() == ["cancelled"] * 2  # stopped, not left running as a thread would be
