@@ -212,6 +212,24 @@ def _agent_runner(cfg, reward):
     backend = _Counting(backends.build("hf", cfg, model, tok))
     runner = AgentEpisodes(cfg, 0, backend, tok, reward, "bench", backend.backend.eos_ids)
     timing = _Timing()
+    _time_runner(runner, timing)
+    fn = runner.fn
+
+    def agent(client, row):  # on the episode's own thread
+        _timed.requests, _timed.cpu = timing.requests, timing.cpu
+        return fn(client, row)
+
+    async def agent_async(client, row):  # on the endpoint's loop
+        _timed.requests, _timed.cpu = timing.requests, timing.cpu
+        return await fn(client, row)
+
+    runner.fn = agent_async if runner.is_async else agent
+    _time_app(runner.endpoint, timing.in_app)
+    return runner, backend, timing
+
+
+def _time_runner(runner, timing: _Timing) -> None:
+    """The runner's waits for requests (idle, then the window), its serving and its clients' set-up, timed."""
     take, gather, serve, client_for = runner.endpoint.take, runner._gather, runner._serve, runner._client_for
     state = {"first": None}
 
@@ -244,23 +262,12 @@ def _agent_runner(cfg, reward):
 
     runner.endpoint.take, runner._gather, runner._serve, runner._client_for = (
         timed_take, timed_gather, timed_serve, timed_client)
-    fn = runner.fn
-
-    def agent(client, row):  # on the episode's own thread
-        _timed.requests, _timed.cpu = timing.requests, timing.cpu
-        return fn(client, row)
-
-    async def agent_async(client, row):  # on the endpoint's loop
-        _timed.requests, _timed.cpu = timing.requests, timing.cpu
-        return await fn(client, row)
-
-    runner.fn = agent_async if runner.is_async else agent
-    _time_app(runner.endpoint, timing.in_app)
-    return runner, backend, timing
 
 
 def _time_app(endpoint, into: list) -> None:
-    """Each POST's seconds inside the endpoint's app, from its first ASGI call to its last byte sent."""
+    """Each POST's seconds inside the endpoint's app: its route's handler, from the call to the response it returns."""
+    from starlette.routing import request_response
+
     post = endpoint._post
 
     async def timed(request):
@@ -273,7 +280,7 @@ def _time_app(endpoint, into: list) -> None:
     for route in endpoint.app.router.routes:
         if getattr(route, "endpoint", None) == post:
             route.endpoint = timed
-            route.app = __import__("starlette.routing", fromlist=["request_response"]).request_response(timed)
+            route.app = request_response(timed)
 
 
 def _env_runner(cfg, reward):
