@@ -139,10 +139,8 @@ class AgentEpisodes(EpisodeRunner):
                                          default_headers={"X-Episode-Id": episode_id})
 
     def close(self) -> None:
-        if self._client is not None and self.is_async:  # its close is a coroutine, on the loop it was used on
-            asyncio.run_coroutine_threadsafe(self._client.close(), self.endpoint.loop).result(5)
         self.endpoint.close()
-        if self._client is not None and not self.is_async:
+        if self._client is not None and not self.is_async:  # an async one on ASGITransport holds nothing to release
             self._client.close()
 
     def _open(self, prompts: list, stats: EpisodeStats, done: RolloutStats) -> list[_Episode]:
