@@ -135,13 +135,13 @@ def _trickle(runner, ids: list[str], gap_s: float) -> threading.Thread:
 
 
 def test_requests_that_trickle_in_within_the_window_of_each_other_make_one_batch(tmp_path):
-    runner = _runner(tmp_path, TWO_TURNS, "endpoint.batch_window_s=1.0")
-    try:  # five episodes asking 0.3 s apart: 1.2 s from the first to the last, each within 1 s of the one before
-        _trickle(runner, [f"e{i}" for i in range(5)], 0.3)
-        batch = runner._gather([_Thinking() for _ in range(5)])
+    runner = _runner(tmp_path, TWO_TURNS, "endpoint.batch_window_s=1.5")
+    try:  # nine episodes asking 0.2 s apart: 1.6 s from the first to the last, each well within 1.5 s of the last
+        _trickle(runner, [f"e{i}" for i in range(9)], 0.2)
+        batch = runner._gather([_Thinking() for _ in range(9)])
     finally:
         runner.close()
-    assert [r.episode_id for r in batch] == [f"e{i}" for i in range(5)]
+    assert [r.episode_id for r in batch] == [f"e{i}" for i in range(9)]
 
 
 def test_the_window_waits_for_nothing_once_every_running_episode_has_asked(tmp_path):
