@@ -54,7 +54,7 @@ class TaskConfig(PluginSection):
     agent: str | None = None
     """agent: fn(client, row) -> float | dict, 'package.module:fn' or 'path/file.py:fn'; client: openai.OpenAI on the actor."""
     agent_workers: PositiveInt = 64
-    """agent, verifiers: episodes at once per actor, each on a thread (prompts_per_generate x G: one batch a turn)."""
+    """agent, verifiers: episodes at once per actor, a thread each (async: a coroutine); >= prompts_per_generate x G."""
     agent_timeout_s: PositiveFloat = 60.0
     """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
     opts: dict[str, Any] = {}
