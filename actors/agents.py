@@ -4,11 +4,12 @@ the user's agent code, unchanged; both verifiers stacks through their tasks) dri
 
 Each generate call plays G episodes per prompt: the agent is called as fn(client, row) on a thread of its
 own (at most `task.agent_workers` at once), with `client` an `openai.OpenAI` pointed at the actor's endpoint
-(`streamrl.actors.endpoint`) whose api_key is the episode's credential (`streamrl.actors.credentials`: only the
-agent started for an episode may call for it; episode ids carry a random part). Meanwhile this thread, the actor's,
-serves the endpoint: the requests of concurrent episodes are batched into one generate call (waiting at most
-`endpoint.batch_window_s` for the episodes still thinking), so the engine is only ever used from the actor's
-thread and every turn of a call is sampled with the weights of one version.
+(`streamrl.actors.endpoint`; its transport calls the endpoint's app in process, `streamrl.actors.endpoint_transport`)
+whose api_key is the episode's credential (`streamrl.actors.credentials`: only the agent started for an episode may
+call for it; episode ids carry a random part). Meanwhile this thread, the actor's, serves the endpoint: the requests
+of concurrent episodes are batched into one generate call (waiting for the episodes still thinking while their
+requests keep coming, at most `endpoint.batch_window_s` after the last), so the engine is only ever used from the
+actor's thread and every turn of a call is sampled with the weights of one version.
 
 Token in, token out (`streamrl.models.conversation`): an episode holds the ids it was given and sampled. Its
 first request opens it (the chat template's rendering of the messages, or the completion prompt's ids); each
@@ -38,6 +39,8 @@ reply is read by the task's tool parser into OpenAI `tool_calls`) or `stream` (`
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 import secrets
@@ -48,7 +51,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl.config import Config
-from streamrl.actors import replies
+from streamrl.actors import endpoint_transport, replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
@@ -83,7 +86,7 @@ class _Episode(Episode):
         super().__init__(group)
         self.id, self.row = episode_id, row
         self.sampled: list[Turn] = []  # every model call, choices apart
-        self.thread: threading.Thread | None = None
+        self.thread = None  # its agent's thread (a Future on the endpoint's loop: an async agent)
         self.value, self.error = None, None
         self.returned = False
         self.failure: str | None = None  # the reward-failure reason, if any
@@ -105,6 +108,7 @@ class AgentEpisodes(EpisodeRunner):
         self.name, self.kind = t.agent or getattr(self.fn, "__name__", "agent"), getattr(self.fn, "kind", "agent")
         self.health = FailureWindow(t.reward_fail_window, t.reward_fail_threshold, self.kind)
         self.workers, self.timeout_s = t.agent_workers, t.agent_timeout_s
+        self.is_async = inspect.iscoroutinefunction(self.fn)  # `async def` agents get an openai.AsyncOpenAI
         self.window_s = e.batch_window_s
         self.renderer = Renderer(tokenizer, *self.template)
         self.parser = parser_for(t.tool_parser, self.renderer.chat)
@@ -125,14 +129,20 @@ class AgentEpisodes(EpisodeRunner):
         if self._client is None:
             import openai  # the agent's client: `pip install streamrl[agents]`
 
-            self._client = openai.OpenAI(base_url=self.endpoint.url, api_key="streamrl", max_retries=0,
-                                         timeout=self.timeout_s)
+            # In process: the endpoint's own app and checks, without loopback HTTP (endpoint_transport).
+            if self.is_async:
+                http, make = endpoint_transport.async_http_client(openai, self.endpoint.app), openai.AsyncOpenAI
+            else:
+                http = endpoint_transport.http_client(openai, self.endpoint.app, self.endpoint.loop, self.timeout_s)
+                make = openai.OpenAI
+            self._client = make(base_url=self.endpoint.url, api_key="streamrl", max_retries=0, timeout=self.timeout_s,
+                                http_client=http)
         return self._client.with_options(api_key=self.endpoint.keys.issue(episode_id),
                                          default_headers={"X-Episode-Id": episode_id})
 
     def close(self) -> None:
         self.endpoint.close()
-        if self._client is not None:
+        if self._client is not None and not self.is_async:  # an async one on ASGITransport holds nothing to release
             self._client.close()
 
     def _open(self, prompts: list, stats: EpisodeStats, done: RolloutStats) -> list[_Episode]:
@@ -187,6 +197,8 @@ class AgentEpisodes(EpisodeRunner):
                     e.ended = now
                 elif now - e.started > self.timeout_s:
                     e.ended, e.failure = now, "timeout"
+                    if self.is_async:  # a coroutine can be stopped, unlike a thread
+                        e.thread.cancel()
                     stats.truncated["agent_timeout"] = stats.truncated.get("agent_timeout", 0) + 1
                     log.warning("%s: agent episode %s ran past task.agent_timeout_s=%gs: abandoned, counted",
                                 self.actor_id, e.id, self.timeout_s)
@@ -208,21 +220,39 @@ class AgentEpisodes(EpisodeRunner):
                 e.returned = True
                 self.endpoint.wake()
 
+        async def run_async() -> None:
+            try:
+                e.value = await self.fn(client, dict(e.row))
+            except BaseException as err:  # as run's (a timed-out episode's cancellation too)
+                e.error = err
+            finally:
+                e.returned = True
+                self.endpoint.wake()
+
         self.live[e.id] = e
         e.started = time.perf_counter()
-        e.thread = threading.Thread(target=run, name=f"{e.id}-agent", daemon=True)
-        e.thread.start()
+        if self.is_async:  # a coroutine on the endpoint's own loop: no thread an episode (it must not block)
+            e.thread = asyncio.run_coroutine_threadsafe(run_async(), self.endpoint.loop)
+        else:
+            e.thread = threading.Thread(target=run, name=f"{e.id}-agent", daemon=True)
+            e.thread.start()
         return e
 
     def _gather(self, running: list[_Episode]) -> list[Request]:
-        """The requests queued now, after waiting (at most batch_window_s) for episodes still thinking to ask."""
+        """The requests queued now, and those of episodes still thinking while they keep coming: the window
+        (batch_window_s) runs from the last request, not the first, so requests that trickle in one by one (each
+        agent's client has its work to do between turns, its threads taking turns) make one generate call, and
+        an episode slower than that (a tool, a long think) costs the batch one window. Once every running episode
+        has asked, nothing is waited for."""
         first = self.endpoint.take(0.05)
         if first is None:
             return []
-        batch, deadline = [first], time.perf_counter() + self.window_s
-        while sum(not e.returned for e in running) > len(batch) and (left := deadline - time.perf_counter()) > 0:
+        batch, last = [first], time.perf_counter()
+        while sum(not e.returned for e in running) > len(batch) and (
+                left := last + self.window_s - time.perf_counter()) > 0:
             if (r := self.endpoint.take(left)) is not None:
                 batch.append(r)
+                last = time.perf_counter()
         while (r := self.endpoint.take(0)) is not None:
             batch.append(r)
         return batch

@@ -11,6 +11,10 @@ loop waits for that answer (at most `endpoint.request_timeout_s`, then 503). At 
 in the app at once, their bodies at most BODY_BUDGET bytes together (503 past either). `stream: true` gets the
 answer as server-sent events and `n` (at most MAX_N) that many choices (`streamrl.actors.replies`).
 
+The client streamrl hands each agent calls the same app in process, on the same loop
+(`streamrl.actors.endpoint_transport`: every check above, no socket); the server is for clients an agent makes
+itself.
+
 Errors use OpenAI's shape: {"error": {"message", "type", "code"}}. Every answer the endpoint refuses itself is
 counted by its code (`take_refused`: the actor's `endpoint_refused/<code>` counts) and logged once per code.
 """
@@ -161,7 +165,8 @@ class Endpoint:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family, backlog=2048)
         protocol = type("EndpointH11", (GuardedH11,), {"endpoint": self})
-        config = uvicorn.Config(self._app(), http=protocol, loop="asyncio", lifespan="off", interface="asgi3",
+        self.app = self._app()
+        config = uvicorn.Config(self.app, http=protocol, loop="asyncio", lifespan="off", interface="asgi3",
                                 log_config=None, access_log=False, proxy_headers=False, server_header=False,
                                 timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=int(read_timeout_s) + 1)
         logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
@@ -173,6 +178,7 @@ class Endpoint:
             if not self.thread.is_alive():
                 raise RuntimeError(f"{actor_id}: the endpoint's server stopped while starting (its log says why)")
             time.sleep(0.005)
+        self.loop = self.server.servers[0].get_loop()  # the in-process transport's (streamrl.actors.endpoint_transport)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{sock.getsockname()[1]}/v1"
         log.info("%s: OpenAI-compatible endpoint at %s", actor_id, self.url)

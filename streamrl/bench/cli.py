@@ -21,6 +21,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   and in groups/s of the same tiny dataset run (dealer.py).
 - endpoint: the actor's OpenAI-compatible endpoint (agent episodes) against calling its engine directly, per
   request, one at a time and sixteen at a time (endpoint.py).
+- agents: a two-turn agent episode on the openai client against the same task as an environment episode, per
+  episode, with where the agent's time goes (agents.py).
 - learner: the learner's step at release shape (151,936 vocabulary) against plain torch (learner.py).
 - proximal: decoupled_ppo's minibatch steps with A-3PO's interpolated proximal log-probs against the proximal
   forward pass (proximal.py).
@@ -49,7 +51,8 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
            "learner": ("learner", "learner"), "generate": ("generate", "generate"),
            "episodes": ("episodes", "episodes"), "startup": ("startup", "startup"), "delta": ("delta", "delta"),
            "proximal": ("proximal", "proximal"),
-           "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint")}
+           "dealer": ("dealer", "dealer"), "endpoint": ("endpoint", "endpoint"),
+           "agents": ("agents", "agents")}
 # never part of a plain `streamrl bench`: trl needs TRL installed; soak runs for hours at its full length;
 # staleness trains dozens of runs (minutes to hours)
 OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness"),

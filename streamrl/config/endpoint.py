@@ -15,6 +15,6 @@ class EndpointConfig(_Section):
     read_timeout_s: PositiveFloat = 10.0
     """Longest a request's headers, and then its body, may take to arrive (else 408, or the connection is closed)."""
     batch_window_s: PositiveFloat = 0.005
-    """After a first request, how long the actor waits for other episodes' requests to batch them in one generate call."""
+    """After each request, how long the actor waits for other episodes' to batch them in one generate call."""
     record_turns: bool = False
     """Write every model turn (episode id, prompt ids, completion ids, log-probs, version) to run_dir/name/agent_turns/."""

@@ -53,8 +53,8 @@ class TaskConfig(PluginSection):
     """environment: threads running tool calls in each actor, while other episodes generate."""
     agent: str | None = None
     """agent: fn(client, row) -> float | dict, 'package.module:fn' or 'path/file.py:fn'; client: openai.OpenAI on the actor."""
-    agent_workers: PositiveInt = 16
-    """agent, verifiers: episodes whose agent code (rollout) runs at once in each actor, each on a thread."""
+    agent_workers: PositiveInt = 64
+    """agent, verifiers: episodes at once per actor, a thread each (async: a coroutine); >= prompts_per_generate x G."""
     agent_timeout_s: PositiveFloat = 60.0
     """agent, verifiers: longest one episode may run; a longer one is abandoned, counted, scored lowest."""
     opts: dict[str, Any] = {}

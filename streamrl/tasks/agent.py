@@ -4,7 +4,8 @@
         reply = client.chat.completions.create(model="policy", messages=row["prompt"])
         return score(reply.choices[0].message.content, row)
 
-`task.agent` names the function ('package.module:fn' or 'path/file.py:fn'). Each episode calls it once with a
+`task.agent` names the function ('package.module:fn' or 'path/file.py:fn'; an `async def` one is given an
+`openai.AsyncOpenAI` and runs as a coroutine on the endpoint's loop). Each episode calls it once with a
 client pointed at the actor's own OpenAI-compatible endpoint (`streamrl.actors.endpoint`) and the row (its
 "prompt" and other columns from `task.data`, and "id"); every model call it makes is one turn of the episode,
 sampled by the actor's engine, and its return is the episode's reward (a dict: rewards by name, summed). Rows
