@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import secrets
 import threading
 import time
@@ -51,7 +50,7 @@ from pathlib import Path
 import msgspec
 
 from streamrl.config import Config
-from streamrl.actors import endpoint_transport, replies
+from streamrl.actors import agent_returns, endpoint_transport, replies
 from streamrl.actors.endpoint import Endpoint, Request
 from streamrl.actors.replies import Choice
 from streamrl.actors.episodes import Episode, EpisodeRunner, EpisodeStats
@@ -61,9 +60,8 @@ from streamrl.models.sampling import capped
 from streamrl.tasks.base import optional
 from streamrl.tasks.data_errors import data_error
 from streamrl.tasks.environments import row_of
-from streamrl.tasks.reward_health import NONE_RULE, FailureWindow, timed_out
+from streamrl.tasks.reward_health import FailureWindow, timed_out
 from streamrl.tasks.tool_calls import parser_for
-from streamrl.tasks.user_frames import user_traceback
 
 log = logging.getLogger("streamrl.actor")
 
@@ -359,7 +357,7 @@ class AgentEpisodes(EpisodeRunner):
             log.warning("%s: agent %s returned without calling the model in episode %s (counted; its group is "
                         "not sent)", self.actor_id, getattr(self.fn, "__name__", self.fn), e.id)
         elif why is None:
-            value, why = _reward(e.value)
+            value, why = agent_returns.reward_of(e.value)
             if why is None and (value := self.on_level(value)) is None:
                 why = "out_of_scale"
             if why is not None:
@@ -367,36 +365,9 @@ class AgentEpisodes(EpisodeRunner):
                             "the scale %s or a dict of numbers", self.actor_id, e.id, e.value, why, self.levels)
         if why is not None and why != "bad_data":  # bad data: counted by _bad_data, named by bad_rows
             setattr(done, f"reward_{why}", getattr(done, f"reward_{why}") + 1)
-            self.health.note(self.name, why, self._detail(e, why))
+            self.health.note(self.name, why, agent_returns.detail(e, why, self.levels, self.timeout_s))
         e.failure, e.scored = why, why is None
         e.reward = None if value is None else self.reward.shape(value)
-
-    def _detail(self, e: _Episode, why: str) -> str:
-        """What the user needs to see of a failure: the agent's own traceback, or what went wrong."""
-        if e.error is not None and e.failure is None:  # its own exception: from the agent's frame down
-            return user_traceback(e.error)
-        if why == "timeout":
-            return f"episode {e.id} ran past task.agent_timeout_s={self.timeout_s:g}s (abandoned)"
-        if why == "no_model_call":
-            return f"episode {e.id}: the agent returned {e.value!r} without calling the model"
-        if why == "none":
-            return f"episode {e.id}: the agent returned {e.value!r} ({NONE_RULE})"
-        return f"episode {e.id}: the agent returned {e.value!r} ({why}); allowed: a number on {self.levels} or a dict"
-
-
-def _reward(value) -> tuple[float | None, str | None]:
-    """An agent's return as one number (a dict's values summed, its Nones skipped), or the failure reason: `none`
-    for None, or a dict of nothing but Nones (reward_health.NONE_RULE)."""
-    if isinstance(value, dict):
-        given = [v for v in value.values() if v is not None]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in given):
-            return None, "bad_return"
-        value = sum(given) if given else None
-    if value is None:
-        return None, "none"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None, "bad_return"
-    return (float(value), None) if math.isfinite(value) else (None, "non_finite")
 
 
 def _starts(renderer: Renderer, held: list[int], ids: list[int], prompt) -> bool:
