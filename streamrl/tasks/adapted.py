@@ -5,8 +5,8 @@ map from that environment's return onto the task's ordinal levels.
 An adapted environment plays its episode through `streamrl.actors.environment_episodes` like any `task.environment`,
 so it keeps token-in-token-out turns, the environment-token mask and every backend (hf, vLLM); the adapter only
 translates the calls. Its return (the sum of the rewards of its steps, as SkyRL's outcome estimators and OpenEnv's
-episode return add them; a step's None adds nothing, and an episode with no step's number could not be scored) is mapped onto `task.reward_levels` by the episode runtime's one rule
-(`streamrl.actors.episodes`): the level within `task.reward_level_tolerance` of it; with `reward.bucket_edges`
+episode return add them; an earlier step's None adds nothing, and a None on the last step means the episode could
+not be scored) is mapped onto `task.reward_levels` by the episode runtime's one rule (`streamrl.actors.episodes`): the level within `task.reward_level_tolerance` of it; with `reward.bucket_edges`
 instead of levels, the return as it is (the buckets shape it). A return that is not a finite number, or is on no
 level, raises (`BadReward`): the episode counts as an environment failure (`episodes_step_raised`) and ends
 unscored, never silently rounded.
@@ -27,9 +27,9 @@ class BadReward(ValueError):
 
 
 def add_reward(total: float | None, value, where: str) -> float | None:
-    """The episode's return so far with a step's reward added. A step's None gives nothing (TRL's rule: skipped);
-    an episode none of whose steps gave a number keeps None, could not be scored (reward_health.NONE_RULE).
-    BadReward for anything else that is not a finite number."""
+    """The episode's return so far with a step's reward added. A step's None gives nothing (TRL's rule: skipped;
+    the adapters read a None on the last step as "could not score the episode": reward_health.NONE_RULE). BadReward
+    for anything else that is not a finite number."""
     if value is None:
         return total
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):

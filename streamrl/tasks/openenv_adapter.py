@@ -16,9 +16,9 @@ observation's text (its `task.env_observation_field`) as a user message when it 
 an Action with the reply in `task.env_action_field` (the client's Action class, read from its `EnvClient[Action,
 Observation, State]` parameters; a dict for GenericEnvClient) and goes to `step`; the observation's text is
 appended as the next user message, until the result says `done`. The episode's reward is the sum of its steps'
-rewards (a None adds nothing; none at all: the episode could not be scored), mapped onto `task.reward_levels` by
-`streamrl.tasks.adapted`. A server error, a timeout (`task.tool_timeout_s` per message), or a reward that is not a
-finite number or is on no level ends the episode as an environment failure.
+rewards (an earlier step's None adds nothing; None on the last step: the episode could not be scored), mapped onto
+`task.reward_levels` by `streamrl.tasks.adapted`. A server error, a timeout (`task.tool_timeout_s` per message), or
+a reward that is not a finite number or is on no level ends the episode as an environment failure.
 
 Not kept: rubrics' per-component scores (only the observation's reward is read), MCP tool mode ("production"
 clients), container/hub providers (`from_docker_image`, `from_env`: start the server yourself and give
@@ -188,7 +188,8 @@ class OpenEnvEnvironment(EnvironmentDefaults):
         result = self._run(self.client.step(action))
         self.total = add_reward(self.total, result.reward, where)
         if result.done:
-            level = to_level(self.total, self.levels, self.tolerance, where)  # a bad reward fails the episode
+            # a bad reward fails the episode; None on the last step: it could not be scored (reward_health.NONE_RULE)
+            level = None if result.reward is None else to_level(self.total, self.levels, self.tolerance, where)
             self.ok = True
             self.close()
             return [], level, True

@@ -8,8 +8,8 @@ extras are the row's columns but its prompt (and streamrl's "id", and `env_class
 `task.max_turns`. Then SkyRL's loop: `init(prompt)` gives the opening messages, each model reply (the text,
 tool-call markup and all: a SkyRL env parses its own tools) goes to `step(action)`, whose
 `BaseTextEnvStepOutput` observations are appended until `done`; `close()` ends it. The episode's reward is
-the sum of its steps' rewards (what SkyRL's outcome estimators sum its token-level rewards to; a None adds
-nothing, and an episode whose steps gave no number could not be scored), mapped onto
+the sum of its steps' rewards (what SkyRL's outcome estimators sum its token-level rewards to; an earlier step's
+None adds nothing, and a None on the last step means the env could not score the episode), mapped onto
 `task.reward_levels` by `streamrl.tasks.adapted`. A step that raises, returns no `BaseTextEnvStepOutput`, or a
 reward that is not a finite number or is on no level, ends the episode as an environment failure.
 
@@ -134,7 +134,9 @@ class SkyRLGymEnvironment(EnvironmentDefaults):
             log.warning("%s: postprocessed_action is ignored: streamrl trains on the tokens sampled", where)
         if out["done"]:
             self.close()
-            return [], to_level(self.total, self.levels, self.tolerance, where), True
+            # None on the last step: the env could not score the episode, whatever earlier steps gave (NONE_RULE)
+            return [], None if out.get("reward") is None else to_level(self.total, self.levels, self.tolerance,
+                                                                        where), True
         return _messages(out.get("observations") or [], where), None, False
 
     def close(self) -> None:

@@ -104,14 +104,14 @@ class _NoneOnWrong(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
-        if self.turns == 1:
-            return BaseTextEnvStepOutput(observations=[{"role": "user", "content": "again"}], reward=None,
+        if self.turns == 1:  # a number on an earlier step: the last step's None still could not score it
+            return BaseTextEnvStepOutput(observations=[{"role": "user", "content": "again"}], reward=0.0,
                                          done=False, metadata={})
         return BaseTextEnvStepOutput(observations=[], reward=1.0 if action == "right" else None, done=True,
                                      metadata={})
 
 
-def test_an_episode_whose_steps_gave_no_number_could_not_be_scored_and_a_none_step_adds_nothing():
+def test_an_episode_whose_last_step_gave_none_could_not_be_scored_whatever_earlier_steps_gave():
     # It scored 0.0 before, the middle of levels [-1, 0, 1], silently (issue 48).
     skyrl_gym.register(id="streamrl-test-none-on-wrong", entry_point=_NoneOnWrong)
     cls = environment_class(_task("streamrl-test-none-on-wrong", levels=(-1, 0, 1)))
