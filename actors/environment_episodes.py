@@ -110,8 +110,7 @@ class EnvironmentEpisodes(EpisodeRunner):
         return any(e.scored for e in mine)
 
     def _sample_info(self, mine: list[_Episode]) -> dict:
-        return {"scored": [e.scored for e in mine], "turns": [e.turns for e in mine],
-                "tool_calls": [e.tool_calls for e in mine]}
+        return {**super()._sample_info(mine), "scored": [e.scored for e in mine]}
 
     def _start(self, prompt, group: int, stats: EpisodeStats) -> _Episode | None:
         try:

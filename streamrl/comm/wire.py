@@ -19,6 +19,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
+from streamrl.comm.turn_spans import TurnSpan
+
 # 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
 # message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
 SCHEMA_VERSION = 2
@@ -49,15 +51,15 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
     scored: bool = True
     """False: no score came for it (a reward function or environment failed on it) and its reward stands in
-    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports.
-    Last, with a default: a message from before it decodes as scored."""
+    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports."""
     parts: list[float | None] | None = None
-    """Reward functions by reference (task.reward): each function's own value for the sample, in task.reward's
-    order (None: not applicable, or it failed); None: not such a task. For the samples log."""
+    """Each reward function's value, in task.reward's order (None: not applicable or failed); None: not such a task."""
     turns: int | None = None
     """A multi-turn episode's model turns (None: a single-turn sample). For the samples log."""
     tool_calls: dict[str, int] | None = None
     """A multi-turn episode's tool calls, 'tool/outcome' → calls (None: a single-turn sample)."""
+    spans: list[TurnSpan] | None = None
+    """A multi-turn episode's turns in order, their tokens adding up to num_tokens (None: a single-turn sample)."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):

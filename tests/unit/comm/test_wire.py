@@ -842,3 +842,15 @@ def test_a_sample_left_unscored_travels_as_such_and_one_from_before_the_flag_dec
     old = msgspec.msgpack.encode([2, 1.0, "stop"])  # a SampleInfo as actors sent it before the flag
     assert msgspec.msgpack.decode(old, type=SampleInfo).scored is True
     assert decode_group(to_bytes(encode_group(make_group()))).scored == [True] * 4
+
+
+def test_an_episodes_turns_travel_with_their_roles_and_turns_that_do_not_add_up_to_its_tokens_are_bad_turns():
+    spans = [[wire.TurnSpan("model", 2), wire.TurnSpan("tool", 1, ("lookup",))], [wire.TurnSpan("model", 1)], [],
+             [wire.TurnSpan("model", 1), wire.TurnSpan("environment", 1)]]
+    g = decode_group(to_bytes(encode_group(make_group(spans=spans))))
+    assert [s.spans for s in g.samples] == spans and g.samples[0].spans[1].tools == ("lookup",)
+    assert decode_group(to_bytes(encode_group(make_group()))).samples[0].spans is None  # a single-turn sample
+    short = [*spans[:3], [wire.TurnSpan("model", 1)]]  # sample 3 has 2 tokens
+    assert reason(codec.decode_groups, to_bytes(encode_group(make_group(spans=short)))) == "bad_turns"
+    assert reason(codec.decode_groups, to_bytes(encode_group(make_group(spans=[  # a role nobody has
+        [wire.TurnSpan("narrator", 3)], *spans[1:]])))) == "bad_header"
