@@ -5,7 +5,7 @@ train on to the run's samples.jsonl, one JSON object a line: whole groups, first
 advantages can be read side by side. Texts are decoded from the tokens on the wire, so they are exactly what was
 trained on (multi-turn episodes: the environment's turns included, marked by the chat template). An episode's record
 also holds its `conversation`: each turn's role (model, environment, tool) and text, in order, decoded from the
-completion's tokens by the turns the actor sent (wire.SampleInfo.spans: roles and token counts, never texts). Each
+completion's tokens by the turns the actor sent (streamrl.comm.turn_spans: roles and token counts, never texts). Each
 record is bounded: a prompt or completion (observations included) longer than `log.samples_max_chars` keeps its
 start and end around a marker "…[truncated, N chars]…", and the record its full length; an episode's turns share
 that bound, a turn clipped so naming its full length (`truncated`). The file is rotated past
@@ -56,7 +56,7 @@ def records(groups: Sequence[ScoredGroup], step: int, version: int, cfg: Config,
                         "advantage": adv[i], "policy_version": group.policy_version,
                         "lag": version - group.policy_version, "finish_reason": info.finish_reason,
                         "tokens": info.num_tokens, "actor": group.actor_id, "layer": group.layer,
-                        "scored": info.scored, **_details(info, refs), **_conversation(info, tokens, decode)})
+                        "scored": info.scored, **_details(info, refs), **_conversation(group, i, tokens, decode)})
     return out
 
 
@@ -84,13 +84,18 @@ def _details(info, refs: list[str]) -> dict:
     return out
 
 
-def _conversation(info, tokens: list[int], decode) -> dict:
-    """An episode's turns in order, each {"role", "text"} (a tool turn's "tools" too), its text decoded from its
-    tokens of the completion; {} for a single-turn sample."""
-    if info.spans is None:
+def _conversation(group: ScoredGroup, i: int, tokens: list[int], decode) -> dict:
+    """Sample i's turns in order, each {"role", "text"} (a tool turn's "tools" too), its text decoded from its
+    tokens of the completion; {} for a single-turn sample; `conversation_error` for turns that do not fit it."""
+    try:
+        spans = group.sample_turns(i)
+    except ValueError as e:  # the actor's bug or a peer's lie: the record says so, the step trains on
+        log.warning("samples log: %s sample %d of group %s: turns left out: %s", group.actor_id, i, group.prompt_id, e)
+        return {"conversation_error": str(e)}
+    if spans is None:
         return {}
     turns, at = [], 0
-    for span in info.spans:
+    for span in spans:
         turn = {"role": span.role, "text": decode(tokens[at:at + span.tokens])}
         turns.append({**turn, "tools": list(span.tools)} if span.role == "tool" else turn)
         at += span.tokens

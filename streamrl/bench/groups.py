@@ -24,19 +24,25 @@ def _per_call(fn, reps: int) -> float:
 
 
 def _group(completion_tokens: int, group_size: int = 8, masked: bool = False):
-    """masked: every 4th completion token is an environment token (a multi-turn episode's share)."""
+    """masked: a multi-turn episode's group: every 4th completion token is an environment token, and each sample
+    carries its turns (4: model, tool, model, environment) as episodes do."""
     import numpy as np
 
     from streamrl.comm.codec import ScoredGroup
+    from streamrl.comm.turn_spans import TurnSpan
 
-    per = max(1, completion_tokens // group_size)
+    per = max(4, completion_tokens // group_size)
     rng = np.random.default_rng(0)
+    q = per // 4
+    turns = [TurnSpan("model", q), TurnSpan("tool", q, ("lookup",)), TurnSpan("model", q),
+             TurnSpan("environment", per - 3 * q)]
     return ScoredGroup.from_samples(
         prompt_id="bench", policy_version=1, actor_id="bench", prompt_tokens=rng.integers(0, 1000, 64),
         completions=[rng.integers(0, 1000, per) for _ in range(group_size)],
         logprobs=[-rng.random(per) for _ in range(group_size)],
         rewards=rng.random(group_size), finish_reasons=["stop"] * group_size,
-        model_token_masks=[np.arange(per) % 4 != 3 for _ in range(group_size)] if masked else None)
+        model_token_masks=[np.arange(per) % 4 != 3 for _ in range(group_size)] if masked else None,
+        spans=[turns] * group_size if masked else None)
 
 
 def _receiver(port: int, n: int, kind: str, ready, result) -> None:
@@ -121,8 +127,9 @@ def transport(short: bool = False) -> list[dict]:
     """Small groups one per message and batched as actors send them (the default
     transport.batch_max_bytes), then 1 MB and 16 MB groups (always one per message). References:
     raw ZeroMQ moving the same messages' bytes (one frame each), raw ZeroMQ moving each group's
-    bytes as its own message, and copying a group's bytes in memory. Masked: the same groups with a
-    model-token mask (every 4th token the environment's), against them without, in the same pairs."""
+    bytes as its own message, and copying a group's bytes in memory. Masked: the same groups as episodes send them,
+    with a model-token mask (every 4th token the environment's) and 4 turns a sample, against them without, in the
+    same pairs."""
     import numpy as np
 
     from streamrl.comm import codec

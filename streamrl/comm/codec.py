@@ -22,8 +22,9 @@ import msgspec
 import numpy as np
 from msgspec import Struct
 
+from streamrl.comm import turn_spans
 from streamrl.comm.wire import (LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE, FilteredCensus, GroupBatchHeader, GroupEntry,
-                                SampleInfo, TurnSpan, WireError, buffer, decode_header, encode)
+                                SampleInfo, WireError, buffer, decode_header, encode)
 
 
 class ScoredGroup(Struct, kw_only=True):
@@ -93,6 +94,12 @@ class ScoredGroup(Struct, kw_only=True):
         o = self.offsets
         return self.completion_tokens[o[i] : o[i + 1]]
 
+    def sample_turns(self, i: int) -> list[turn_spans.TurnSpan] | None:
+        """Sample i's turns in order (None: a single-turn sample); ValueError when they do not fit it (checked where
+        used, not on every group received: training never reads them)."""
+        s = self.samples[i]
+        return None if s.turn_layout is None else turn_spans.unpack(s.turn_layout, s.turn_tools, s.num_tokens)
+
     def sample_logprobs(self, i: int) -> np.ndarray:
         o = self.offsets
         return self.behaviour_logprobs[o[i] : o[i + 1]]
@@ -124,7 +131,7 @@ class ScoredGroup(Struct, kw_only=True):
         parts: Sequence[list | None] | None = None,
         turns: Sequence[int] | None = None,
         tool_calls: Sequence[dict[str, int]] | None = None,
-        spans: Sequence[list[TurnSpan]] | None = None,
+        spans: Sequence[list[turn_spans.TurnSpan]] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges.
@@ -136,8 +143,7 @@ class ScoredGroup(Struct, kw_only=True):
 
         scored[i]: False where sample i's reward stands in for a score it did not get (a reward function or
         environment failed on it); None: every sample scored. parts[i], turns[i], tool_calls[i], spans[i]: sample
-        i's reward functions' own values, an episode's model turns, tool calls and turns in order, their tokens adding
-        up to completions[i]'s (wire.SampleInfo; the samples log shows them)."""
+        i's reward functions' values, an episode's model turns, tool calls, turns in order (the samples log's)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -158,7 +164,7 @@ class ScoredGroup(Struct, kw_only=True):
                            parts=None if parts is None or parts[i] is None else [_part(v) for v in parts[i]],
                            turns=None if turns is None else int(turns[i]),
                            tool_calls=None if tool_calls is None else dict(tool_calls[i]),
-                           spans=None if spans is None else list(spans[i]))
+                           **({} if spans is None else turn_spans.pack(spans[i])))
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
@@ -333,11 +339,6 @@ def _check_groups(groups: Sequence[GroupEntry]) -> list[int]:
             if bad:
                 raise WireError("bad_version_span", f"group {gi}: a sample's last_version {bad[0]} is older than the "
                                 f"group's policy_version {g.policy_version}")
-    if any(s.spans is not None for s in samples):  # episodes only pay for this check
-        if (i := next((i for i, s in enumerate(samples) if s.spans is not None
-                       and sum(t.tokens for t in s.spans) != s.num_tokens), None)) is not None:
-            raise WireError("bad_turns", f"sample {i}: its turns hold {sum(t.tokens for t in samples[i].spans)} "
-                            f"tokens, its completion {samples[i].num_tokens}")
     token_starts = list(accumulate(counts, initial=0))
     return [token_starts[i] for i in accumulate(sizes, initial=0)]
 

@@ -19,8 +19,6 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-from streamrl.comm.turn_spans import TurnSpan
-
 # 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
 # message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
 SCHEMA_VERSION = 2
@@ -58,8 +56,10 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """A multi-turn episode's model turns (None: a single-turn sample). For the samples log."""
     tool_calls: dict[str, int] | None = None
     """A multi-turn episode's tool calls, 'tool/outcome' → calls (None: a single-turn sample)."""
-    spans: list[TurnSpan] | None = None
-    """A multi-turn episode's turns in order, their tokens adding up to num_tokens (None: a single-turn sample)."""
+    turn_layout: list[Annotated[int, Meta(ge=0)]] | None = None
+    """An episode's turns in order, flat: [role code (turn_spans.ROLES), tokens] each; None: a single-turn sample."""
+    turn_tools: list[list[str]] | None = None
+    """The tools each tool turn of turn_layout answered, tool turns in order (None: no tool turn)."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):

@@ -314,9 +314,10 @@ def tool(client, row):  # a tool's result, named only by the call it answers (as
             runner.close()
         assert done.reward_raised == 0 and len(groups) == 1
         g = codec.decode_groups([bytes(memoryview(f)) for f in codec.encode_groups(groups)], vocab_size=len(tok))[0]
-        for i, s in enumerate(g.samples):
-            assert [(t.role, t.tools) for t in s.spans] == [("model", ()), middle, ("model", ())], s.spans
-            assert g.sample_model_mask(i).tolist() == [t.role == "model" for t in s.spans for _ in range(t.tokens)]
+        for i in range(g.group_size):
+            spans = g.sample_turns(i)
+            assert [(t.role, t.tools) for t in spans] == [("model", ()), middle, ("model", ())], spans
+            assert g.sample_model_mask(i).tolist() == [t.role == "model" for t in spans for _ in range(t.tokens)]
         decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731  (as the learner decodes)
         for record in records([g], 0, 0, cfg, decode, 8):
             assert [t["role"] for t in record["conversation"]] == ["model", middle[0], "model"]

@@ -104,7 +104,7 @@ def test_an_episodes_turns_reach_the_samples_log_in_order_with_their_roles_tools
         groups, _, _ = runner.make_groups(_prompts(reward.task, 1), 0)
         runner.close()
         g = codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])[0]  # as received
-        spans = g.samples[0].spans
+        spans = g.sample_turns(0)
         assert [(t.role, t.tools) for t in spans] == roles and sum(t.tokens for t in spans) == g.samples[0].num_tokens
         # the model's turns are exactly the tokens it sampled
         mask = g.sample_model_mask(0).tolist()

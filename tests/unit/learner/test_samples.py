@@ -177,7 +177,7 @@ WORDS.update({5: "d", 6: "c", 7: "same", 8: "a", 9: "lookup", 10: "7"})
 
 def episode_group() -> ScoredGroup:
     """Two episodes through the real wire: `d c | same | c a` (model, environment, model) and a tool call's."""
-    from streamrl.comm.wire import TurnSpan
+    from streamrl.comm.turn_spans import TurnSpan
 
     g = ScoredGroup.from_samples(
         prompt_id="e", policy_version=0, actor_id="actor-0", prompt_tokens=[4, 2], completions=[[5, 6, 7, 6, 8],
@@ -201,6 +201,11 @@ def test_an_episodes_record_holds_its_turns_in_order_with_their_roles_decoded_fr
                                       {"role": "model", "text": "a"}]
     assert "conversation" not in records([group("a", [1.0], 0)], 0, 0, cfg, decode, 8)[0]  # single-turn: none
     long = {**first, "conversation": [{"role": "model", "text": "x" * 300}, {"role": "environment", "text": "y"}]}
+    bad = episode_group()
+    bad.samples[0] = msgspec.structs.replace(bad.samples[0], turn_layout=[0, 2, 1, 1, 0, 9])  # 12 tokens of 5
+    broken, fine = records([bad], 3, 3, cfg, decode, 8)
+    assert broken["conversation_error"] == "its turns hold 12 tokens, its completion 5" and "conversation" not in \
+        broken and fine["conversation"] == second["conversation"] and broken["completion"] == "d c same c a"
     clipped = bounded(long, 100)["conversation"]  # the turns share the record's bound
     assert clipped[0]["truncated"] == 300 and len(clipped[0]["text"]) < 100 and clipped[1] == {"role": "environment",
                                                                                                  "text": "y"}
