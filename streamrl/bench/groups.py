@@ -119,6 +119,25 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     return counted / elapsed
 
 
+def _codec_turns_ratio(masked: list, rounds: int, reps: int) -> float:
+    """Speed of encode + decode in process of episode groups with their turns, against the same groups without:
+    the best CPU time of alternating rounds, so other processes' load moves neither side."""
+    import msgspec
+
+    from streamrl.comm import codec
+
+    bare = [msgspec.structs.replace(g, samples=[msgspec.structs.replace(s, turn_layout=None, turn_tools=None)
+                                                for s in g.samples]) for g in masked]
+    best = {"turns": float("inf"), "bare": float("inf")}
+    for _ in range(rounds):
+        for name, groups in (("bare", bare), ("turns", masked)):
+            t0 = time.process_time()
+            for _ in range(reps):
+                codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])
+            best[name] = min(best[name], time.process_time() - t0)
+    return best["bare"] / best["turns"]
+
+
 def _nbytes(frames) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
@@ -129,7 +148,7 @@ def transport(short: bool = False) -> list[dict]:
     raw ZeroMQ moving the same messages' bytes (one frame each), raw ZeroMQ moving each group's
     bytes as its own message, and copying a group's bytes in memory. Masked: the same groups as episodes send them,
     with a model-token mask (every 4th token the environment's) and 4 turns a sample, against them without, in the
-    same pairs."""
+    same pairs; and the codec alone, in process, on the masked groups with their turns against without them."""
     import numpy as np
 
     from streamrl.comm import codec
@@ -170,7 +189,9 @@ def transport(short: bool = False) -> list[dict]:
                      "memcpy_groups_per_s": memcpy, "ratio_vs_memcpy": ours / memcpy,
                      "masked_groups_per_s": masked_per_s, "ratio_masked_vs_plain": masked_ratio,
                      "ratio_masked_vs_plain_min": min(r for _, r in with_mask),
-                     "ratio_masked_vs_plain_max": max(r for _, r in with_mask)})
+                     "ratio_masked_vs_plain_max": max(r for _, r in with_mask),
+                     "codec_ratio_turns_vs_none": _codec_turns_ratio(masked, 3 if short else 15,
+                                                                     max(1, min(n, 20000 // per_call) // 20))})
     return rows
 
 
