@@ -261,9 +261,8 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
     mask = _check_mask(frames[4], entries, token_starts[-1]) if len(frames) == 5 else None
     actor, sent_at, session = header.actor_id, header.sent_at, header.session
     groups = [
-        ScoredGroup(prompt_id=e.prompt_id, policy_version=e.policy_version, actor_id=actor,
+        ScoredGroup(prompt_id=e.prompt_id, policy_version=e.policy_version, actor_id=actor, samples=e.samples,
                     prompt_tokens=prompt[p0:p1], completion_tokens=tokens[t0:t1], behaviour_logprobs=logprobs[t0:t1],
-                    samples=e.samples,
                     created_at=e.created_at, sent_at=sent_at, session=session, seq=e.seq, layer=e.layer,
                     filtered=e.filtered, reward_failures=e.reward_failures, episode_counts=e.episode_counts)
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])

@@ -108,7 +108,8 @@ def _counts(turns: list[dict]) -> str:
 def _turns(turns: list[dict], width: int) -> list[str]:
     """An episode turn by turn: each turn's role, then its text; the model's turns marked `▶`, the environment's and
     the tools' not (a tool turn names its tools)."""
-    labels = [safe(t["role"]) + (f" {', '.join(map(safe, t.get('tools', [])))}" if t.get("tools") else "") for t in turns]
+    labels = [" ".join([safe(t["role"]), *([", ".join(map(safe, t["tools"]))] if t.get("tools") else [])])
+              for t in turns]
     pad = max(map(len, labels))
     lines = []
     for t, label in zip(turns, labels):

@@ -113,8 +113,8 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     from streamrl.learner.samples import records
 
     received = codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])
-    logged = [r for g in received for r in records([g], 0, 0, cfg, lambda ids: tok.decode(ids, skip_special_tokens=True),
-                                                  64)]
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731  (as the learner decodes)
+    logged = [r for g in received for r in records([g], 0, 0, cfg, decode, 64)]
     roles = [[(t["role"], t.get("tools")) for t in r["conversation"]] for r in logged]
     assert sorted(sum(role == "model" for role, _ in rs) for rs in roles) == sorted(map(len, by_episode.values()))
     assert all(rs[::2] == [("model", None)] * len(rs[::2]) and rs[1::2] == [("tool", ["a"])] * len(rs[1::2])
