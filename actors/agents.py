@@ -167,9 +167,6 @@ class AgentEpisodes(EpisodeRunner):
             e.reward = r
         return all(e.sampled for e in mine) and any(e.scored for e in mine)
 
-    def _sample_info(self, mine: list[_Episode]) -> dict:
-        return {"scored": [e.scored for e in mine]}
-
     def _finish(self, episodes: list[_Episode], stats: EpisodeStats) -> None:
         if take := getattr(self.fn, "take_errors", None):  # verifiers: rollouts it ended errored (scored by it)
             stats.truncated.update(take())
@@ -326,7 +323,9 @@ class AgentEpisodes(EpisodeRunner):
                 if len(messages) <= held or any(m["role"] != h["role"] for m, h in zip(messages, e.conv.messages)):
                     raise ValueError(f"messages must extend the episode's conversation ({held} messages held, their "
                                      f"roles {[h['role'] for h in e.conv.messages]}); start a new episode instead")
-                e.conv.add_messages(messages[held:])
+                names = _tool_names(messages, held)
+                e.conv.add_messages(messages[held:], names)
+                e.tool_calls.update(f"{n}/answered" for n in names)  # the agent ran the call: its outcome is its own
         else:
             prompt = body["prompt"]
             ids = prompt if isinstance(prompt, list) else self.renderer.ids(prompt)
@@ -373,6 +372,15 @@ class AgentEpisodes(EpisodeRunner):
 def _starts(renderer: Renderer, held: list[int], ids: list[int], prompt) -> bool:
     """Whether a completion prompt (its ids, or its text) starts with `held`."""
     return ids[:len(held)] == held or (isinstance(prompt, str) and prompt.startswith(renderer.decode(held)))
+
+
+def _tool_names(messages: list[dict], held: int) -> list[str]:
+    """The tool of each tool result after the first `held` messages: its message's name, else that of the call it
+    answers (its tool_call_id among the assistant messages' tool_calls); "?" for neither. Cut to 64 characters."""
+    calls = {str(c.get("id")): c["function"].get("name") for m in messages if m.get("role") == "assistant"
+             for c in (m.get("tool_calls") or []) if isinstance(c, dict) and isinstance(c.get("function"), dict)}
+    return [str(m.get("name") or calls.get(str(m.get("tool_call_id"))) or "?")[:64]
+            for m in messages[held:] if m.get("role") == "tool"]
 
 
 def _text(content) -> str:

@@ -115,10 +115,6 @@ class EnvironmentEpisodes(EpisodeRunner):
             done.reward_none += e.failure == "none"
         return any(e.scored for e in mine)
 
-    def _sample_info(self, mine: list[_Episode]) -> dict:
-        return {"scored": [e.scored for e in mine], "turns": [e.turns for e in mine],
-                "tool_calls": [e.tool_calls for e in mine]}
-
     def _start(self, prompt, group: int, stats: EpisodeStats, done: RolloutStats) -> _Episode | None:
         row = row_of(prompt)
         try:

@@ -23,6 +23,7 @@ from streamrl.config import Config
 from streamrl.actors.rollout import RolloutStats
 from streamrl.algo import group_filters
 from streamrl.comm.codec import ScoredGroup
+from streamrl.comm.turn_spans import TurnSpan
 from streamrl.tasks.data_errors import BadRows
 from streamrl.tasks.rewards import nearest_level
 
@@ -186,8 +187,10 @@ class EpisodeRunner:
         """What a kind adds to the call's stats once its groups are made."""
 
     def _sample_info(self, mine: list) -> dict:
-        """What the samples log shows of each episode (ScoredGroup.from_samples' scored, turns, tool_calls)."""
-        return {}
+        """What a group says of each episode beyond its turns in order (ScoredGroup.from_samples' scored, turns,
+        tool_calls)."""
+        return {"scored": [e.scored for e in mine], "turns": [e.turns for e in mine],
+                "tool_calls": [e.tool_calls for e in mine]}
 
     def _group(self, prompt_id: str, mine: list, version: int) -> ScoredGroup:
         """The group's prompt is the episodes' common opening; what differs after it rides masked."""
@@ -195,16 +198,18 @@ class EpisodeRunner:
         for e in mine[1:]:
             n = next((i for i, (a, b) in enumerate(zip(common, e.conv.ids)) if a != b), len(common))
             common = common[:n]
-        completions, masks, logprobs = [], [], []
+        completions, masks, logprobs, spans = [], [], [], []
         for e in mine:
             c, extra = e.conv, e.conv.prompt_len - len(common)
             completions.append(c.ids[len(common):])
             masks.append([False] * extra + c.model_mask)
             logprobs.append([0.0] * extra + c.logprobs)
+            # The opening's part that differs from the group's prompt is the environment's first turn.
+            spans.append([TurnSpan("environment", extra)] * bool(extra) + [TurnSpan(*t) for t in c.spans])
         return ScoredGroup.from_samples(
             prompt_id=prompt_id, policy_version=version, actor_id=self.actor_id, prompt_tokens=common,
             completions=completions, logprobs=logprobs, rewards=[e.reward for e in mine],
-            finish_reasons=[e.finish for e in mine], model_token_masks=masks, **self._sample_info(mine))
+            finish_reasons=[e.finish for e in mine], model_token_masks=masks, spans=spans, **self._sample_info(mine))
 
     def close(self) -> None:
         pass

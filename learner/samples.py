@@ -3,9 +3,12 @@
 Every `log.samples_every` steps the learner appends up to `log.samples_per_log` samples of the batch it is about to
 train on to the run's samples.jsonl, one JSON object a line: whole groups, first in the batch first, so a group's
 advantages can be read side by side. Texts are decoded from the tokens on the wire, so they are exactly what was
-trained on (multi-turn episodes: the environment's turns included, marked by the chat template). Each record is
-bounded: a prompt or completion (observations included) longer than `log.samples_max_chars` keeps its start and end
-around a marker "…[truncated, N chars]…", and the record its full length. The file is rotated past
+trained on (multi-turn episodes: the environment's turns included, marked by the chat template). An episode's record
+also holds its `conversation`: each turn's role (model, environment, tool) and text, in order, decoded from the
+completion's tokens by the turns the actor sent (streamrl.comm.turn_spans: roles and token counts, never texts). Each
+record is bounded: a prompt or completion (observations included) longer than `log.samples_max_chars` keeps its
+start and end around a marker "…[truncated, N chars]…", and the record its full length; an episode's turns share
+that bound, a turn clipped so naming its full length (`truncated`). The file is rotated past
 `log.samples_max_mb` into numbered parts, at most `log.samples_max_files` of them (streamrl.run.samples_files). A
 resumed learner first cuts the log back to the steps before the checkpoint it resumed (the later ones are redone),
 each part it cuts moved aside whole first (`samples.jsonl.before-resume-<step>-<time>`) as metrics.jsonl is. The
@@ -36,7 +39,8 @@ def records(groups: Sequence[ScoredGroup], step: int, version: int, cfg: Config,
     """Up to `limit` samples' records (whole groups, in batch order): prompt, completion, reward, advantage (the
     run's estimator over the group, as the step computes it), policy version, lag, finish reason, actor; and where
     they apply: whether it was scored, each reward function's value (`rewards_by_function`, by task.reward's
-    references), an episode's turns and tool calls ('tool/outcome' → calls)."""
+    references), an episode's model turns, tool calls ('tool/outcome' → calls) and conversation (its turns in order,
+    each {role, text} and a tool turn's `tools`)."""
     a, out = cfg.advantage, []
     refs = [cfg.task.reward] if isinstance(cfg.task.reward, str) else list(cfg.task.reward or [])
     for g_index, group in enumerate(groups):
@@ -46,12 +50,13 @@ def records(groups: Sequence[ScoredGroup], step: int, version: int, cfg: Config,
                                  a.std_normalize, **a.options_dict(ESTIMATORS))[0].tolist()
         prompt = decode(group.prompt_tokens.tolist())
         for i, info in enumerate(group.samples[:limit - len(out)]):
+            tokens = group.sample_tokens(i).tolist()
             out.append({"step": step, "group": g_index, "prompt_id": group.prompt_id, "prompt": prompt,
-                        "completion": decode(group.sample_tokens(i).tolist()), "reward": info.reward,
+                        "completion": decode(tokens), "reward": info.reward,
                         "advantage": adv[i], "policy_version": group.policy_version,
                         "lag": version - group.policy_version, "finish_reason": info.finish_reason,
                         "tokens": info.num_tokens, "actor": group.actor_id, "layer": group.layer,
-                        "scored": info.scored, **_details(info, refs)})
+                        "scored": info.scored, **_details(info, refs), **_conversation(group, i, tokens, decode)})
     return out
 
 
@@ -79,6 +84,24 @@ def _details(info, refs: list[str]) -> dict:
     return out
 
 
+def _conversation(group: ScoredGroup, i: int, tokens: list[int], decode) -> dict:
+    """Sample i's turns in order, each {"role", "text"} (a tool turn's "tools" too), its text decoded from its
+    tokens of the completion; {} for a single-turn sample; `conversation_error` for turns that do not fit it."""
+    try:
+        spans = group.sample_turns(i)
+    except ValueError as e:  # the actor's bug or a peer's lie: the record says so, the step trains on
+        log.warning("samples log: %s sample %d of group %s: turns left out: %s", group.actor_id, i, group.prompt_id, e)
+        return {"conversation_error": str(e)}
+    if spans is None:
+        return {}
+    turns, at = [], 0
+    for span in spans:
+        turn = {"role": span.role, "text": decode(tokens[at:at + span.tokens])}
+        turns.append({**turn, "tools": list(span.tools)} if span.role == "tool" else turn)
+        at += span.tokens
+    return {"conversation": turns}
+
+
 def clip(text: str, limit: int) -> tuple[str, int | None]:
     """(text, None) when it has at most `limit` characters, else (its first ~3/4 and last ~1/4 of `limit` around a
     marker naming the full length, that length)."""
@@ -96,7 +119,15 @@ def bounded(record: dict, limit: int) -> dict:
         out[field], full = clip(record[field], limit)
         if full is not None:
             cut[field] = full
+    if turns := record.get("conversation"):  # the turns share the bound: each clipped to its share of it
+        share = max(1, limit // len(turns)) if sum(len(t["text"]) for t in turns) > limit else limit
+        out["conversation"] = [_clipped(t, share) for t in turns]
     return {**out, "truncated": cut} if cut else out
+
+
+def _clipped(turn: dict, limit: int) -> dict:
+    text, full = clip(turn["text"], limit)
+    return turn if full is None else {**turn, "text": text, "truncated": full}
 
 
 def trim(run_dir: Path, resumed_step: int) -> None:

@@ -5,8 +5,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
 
 - transport: ScoredGroup encode → PUSH → PULL → decode + validate, process to process over
   loopback TCP, against raw ZeroMQ moving the same bytes (one frame per message, no codec); and
-  groups whose every 4th token is an environment token (a model-token mask) against the same groups
-  without one.
+  groups whose every 4th token is an environment token (a model-token mask) and with 4 turns a sample against the
+  same groups without either; and the codec in process on those groups against them without their turns.
 - weights: WeightPublisher → 2 WeightSubscriber processes, a version in chunks (2 GB in the full run), against
   raw PUB/SUB of the same bytes in the same chunks; and the learner's blocked share of the transfer.
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.

@@ -24,19 +24,25 @@ def _per_call(fn, reps: int) -> float:
 
 
 def _group(completion_tokens: int, group_size: int = 8, masked: bool = False):
-    """masked: every 4th completion token is an environment token (a multi-turn episode's share)."""
+    """masked: a multi-turn episode's group: every 4th completion token is an environment token, and each sample
+    carries its turns (4: model, tool, model, environment) as episodes do."""
     import numpy as np
 
     from streamrl.comm.codec import ScoredGroup
+    from streamrl.comm.turn_spans import TurnSpan
 
-    per = max(1, completion_tokens // group_size)
+    per = max(4, completion_tokens // group_size)
     rng = np.random.default_rng(0)
+    q = per // 4
+    turns = [TurnSpan("model", q), TurnSpan("tool", q, ("lookup",)), TurnSpan("model", q),
+             TurnSpan("environment", per - 3 * q)]
     return ScoredGroup.from_samples(
         prompt_id="bench", policy_version=1, actor_id="bench", prompt_tokens=rng.integers(0, 1000, 64),
         completions=[rng.integers(0, 1000, per) for _ in range(group_size)],
         logprobs=[-rng.random(per) for _ in range(group_size)],
         rewards=rng.random(group_size), finish_reasons=["stop"] * group_size,
-        model_token_masks=[np.arange(per) % 4 != 3 for _ in range(group_size)] if masked else None)
+        model_token_masks=[np.arange(per) % 4 != 3 for _ in range(group_size)] if masked else None,
+        spans=[turns] * group_size if masked else None)
 
 
 def _receiver(port: int, n: int, kind: str, ready, result) -> None:
@@ -113,6 +119,25 @@ def _one_way(kind: str, payload, n: int, batch_max_bytes: int = 0) -> float:
     return counted / elapsed
 
 
+def _codec_turns_ratio(masked: list, rounds: int, reps: int) -> float:
+    """Speed of encode + decode in process of episode groups with their turns, against the same groups without:
+    the best CPU time of alternating rounds, so other processes' load moves neither side."""
+    import msgspec
+
+    from streamrl.comm import codec
+
+    bare = [msgspec.structs.replace(g, samples=[msgspec.structs.replace(s, turn_layout=None, turn_tools=None)
+                                                for s in g.samples]) for g in masked]
+    best = {"turns": float("inf"), "bare": float("inf")}
+    for _ in range(rounds):
+        for name, groups in (("bare", bare), ("turns", masked)):
+            t0 = time.process_time()
+            for _ in range(reps):
+                codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])
+            best[name] = min(best[name], time.process_time() - t0)
+    return best["bare"] / best["turns"]
+
+
 def _nbytes(frames) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
@@ -121,8 +146,9 @@ def transport(short: bool = False) -> list[dict]:
     """Small groups one per message and batched as actors send them (the default
     transport.batch_max_bytes), then 1 MB and 16 MB groups (always one per message). References:
     raw ZeroMQ moving the same messages' bytes (one frame each), raw ZeroMQ moving each group's
-    bytes as its own message, and copying a group's bytes in memory. Masked: the same groups with a
-    model-token mask (every 4th token the environment's), against them without, in the same pairs."""
+    bytes as its own message, and copying a group's bytes in memory. Masked: the same groups as episodes send them,
+    with a model-token mask (every 4th token the environment's) and 4 turns a sample, against them without, in the
+    same pairs; and the codec alone, in process, on the masked groups with their turns against without them."""
     import numpy as np
 
     from streamrl.comm import codec
@@ -163,7 +189,9 @@ def transport(short: bool = False) -> list[dict]:
                      "memcpy_groups_per_s": memcpy, "ratio_vs_memcpy": ours / memcpy,
                      "masked_groups_per_s": masked_per_s, "ratio_masked_vs_plain": masked_ratio,
                      "ratio_masked_vs_plain_min": min(r for _, r in with_mask),
-                     "ratio_masked_vs_plain_max": max(r for _, r in with_mask)})
+                     "ratio_masked_vs_plain_max": max(r for _, r in with_mask),
+                     "codec_ratio_turns_vs_none": _codec_turns_ratio(masked, 3 if short else 15,
+                                                                     max(1, min(n, 20000 // per_call) // 20))})
     return rows
 
 

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 from msgspec import Struct
 
+from streamrl.comm import turn_spans
 from streamrl.comm.wire import (LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE, FilteredCensus, GroupBatchHeader, GroupEntry,
                                 SampleInfo, WireError, buffer, decode_header, encode)
 
@@ -93,6 +94,12 @@ class ScoredGroup(Struct, kw_only=True):
         o = self.offsets
         return self.completion_tokens[o[i] : o[i + 1]]
 
+    def sample_turns(self, i: int) -> list[turn_spans.TurnSpan] | None:
+        """Sample i's turns in order (None: a single-turn sample); ValueError when they do not fit it (checked where
+        used, not on every group received: training never reads them)."""
+        s = self.samples[i]
+        return None if s.turn_layout is None else turn_spans.unpack(s.turn_layout, s.turn_tools, s.num_tokens)
+
     def sample_logprobs(self, i: int) -> np.ndarray:
         o = self.offsets
         return self.behaviour_logprobs[o[i] : o[i + 1]]
@@ -124,6 +131,7 @@ class ScoredGroup(Struct, kw_only=True):
         parts: Sequence[list | None] | None = None,
         turns: Sequence[int] | None = None,
         tool_calls: Sequence[dict[str, int]] | None = None,
+        spans: Sequence[list[turn_spans.TurnSpan]] | None = None,
     ) -> "ScoredGroup":
         """last_versions[i]: the newest version that sampled sample i (in-flight updates); kept only when
         newer than policy_version, which stays the oldest and is what the staleness gate judges.
@@ -134,8 +142,8 @@ class ScoredGroup(Struct, kw_only=True):
         all True travels as one without masks (and arrives with model_token_mask None).
 
         scored[i]: False where sample i's reward stands in for a score it did not get (a reward function or
-        environment failed on it); None: every sample scored. parts[i], turns[i], tool_calls[i]: sample i's reward
-        functions' own values, an episode's turns and tool calls (wire.SampleInfo; the samples log shows them)."""
+        environment failed on it); None: every sample scored. parts[i], turns[i], tool_calls[i], spans[i]: sample
+        i's reward functions' values, an episode's model turns, tool calls, turns in order (the samples log's)."""
         last = [v if v is not None and v > policy_version else None
                 for v in (last_versions or [None] * len(completions))]
         logprob_array = np.concatenate([np.asarray(lp, dtype=LOGPROB_DTYPE) for lp in logprobs])
@@ -155,7 +163,8 @@ class ScoredGroup(Struct, kw_only=True):
                            scored=True if scored is None else bool(scored[i]),
                            parts=None if parts is None or parts[i] is None else [_part(v) for v in parts[i]],
                            turns=None if turns is None else int(turns[i]),
-                           tool_calls=None if tool_calls is None else dict(tool_calls[i]))
+                           tool_calls=None if tool_calls is None else dict(tool_calls[i]),
+                           **({} if spans is None else turn_spans.pack(spans[i])))
                 for i, (c, r, f) in enumerate(zip(completions, rewards, finish_reasons))
             ],
             layer=layer,
@@ -252,23 +261,10 @@ def decode_groups(frames: Sequence, header: GroupBatchHeader | None = None,
     mask = _check_mask(frames[4], entries, token_starts[-1]) if len(frames) == 5 else None
     actor, sent_at, session = header.actor_id, header.sent_at, header.session
     groups = [
-        ScoredGroup(
-            prompt_id=e.prompt_id,
-            policy_version=e.policy_version,
-            actor_id=actor,
-            prompt_tokens=prompt[p0:p1],
-            completion_tokens=tokens[t0:t1],
-            behaviour_logprobs=logprobs[t0:t1],
-            samples=e.samples,
-            created_at=e.created_at,
-            sent_at=sent_at,
-            session=session,
-            seq=e.seq,
-            layer=e.layer,
-            filtered=e.filtered,
-            reward_failures=e.reward_failures,
-            episode_counts=e.episode_counts,
-        )
+        ScoredGroup(prompt_id=e.prompt_id, policy_version=e.policy_version, actor_id=actor, samples=e.samples,
+                    prompt_tokens=prompt[p0:p1], completion_tokens=tokens[t0:t1], behaviour_logprobs=logprobs[t0:t1],
+                    created_at=e.created_at, sent_at=sent_at, session=session, seq=e.seq, layer=e.layer,
+                    filtered=e.filtered, reward_failures=e.reward_failures, episode_counts=e.episode_counts)
         for e, p0, p1, t0, t1 in zip(entries, prompt_starts, prompt_starts[1:], token_starts, token_starts[1:])
     ]
     if mask is not None:  # set afterwards: the usual groups without one pay nothing per group

@@ -49,15 +49,17 @@ class SampleInfo(Struct, array_like=True, frozen=True, omit_defaults=True):
     """In-flight updates: the newest policy version that sampled one of its tokens, when newer than the group's."""
     scored: bool = True
     """False: no score came for it (a reward function or environment failed on it) and its reward stands in
-    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports.
-    Last, with a default: a message from before it decodes as scored."""
+    (the group's mean, or the lowest level in an episode), so it is left out of the reward the run reports."""
     parts: list[float | None] | None = None
-    """Reward functions by reference (task.reward): each function's own value for the sample, in task.reward's
-    order (None: not applicable, or it failed); None: not such a task. For the samples log."""
+    """Each reward function's value, in task.reward's order (None: not applicable or failed); None: not such a task."""
     turns: int | None = None
     """A multi-turn episode's model turns (None: a single-turn sample). For the samples log."""
     tool_calls: dict[str, int] | None = None
     """A multi-turn episode's tool calls, 'tool/outcome' → calls (None: a single-turn sample)."""
+    turn_layout: list[Annotated[int, Meta(ge=0)]] | None = None
+    """An episode's turns in order, flat: [role code (turn_spans.ROLES), tokens] each; None: a single-turn sample."""
+    turn_tools: list[list[str]] | None = None
+    """The tools each tool turn of turn_layout answered, tool turns in order (None: no tool turn)."""
 
 
 class FilteredCensus(Struct, array_like=True, frozen=True):

@@ -3,9 +3,10 @@
 The learner keeps samples of its batches every `log.samples_every` steps (streamrl.learner.samples), in
 samples.jsonl and the parts rotated out of it (streamrl.run.samples_files), read here in order. Without
 --step this prints the newest logged step's; --best/--worst rank the samples (of that step, or of every logged
-step without --step) by reward, then advantage. Texts the model or a peer wrote are printed with every control
-character escaped (written as `\\x1b`, `\\r`, `\\u202e`): a completion cannot move the cursor, colour or retitle
-the terminal.
+step without --step) by reward, then advantage. An episode prints turn by turn, each turn's role before its text
+(the model's turns marked `▶`), with its counts of turns by role and of tool calls. Texts the model or a peer wrote
+are printed with every control character escaped (written as `\\x1b`, `\\r`, `\\u202e`): a completion cannot
+move the cursor, colour or retitle the terminal.
 """
 
 from __future__ import annotations
@@ -87,11 +88,35 @@ def render(records: list[dict], width: int = 100) -> str:
                                                        "stands in)"))
         if parts := r.get("rewards_by_function"):
             out.append("    by function: " + ", ".join(f"{safe(k)} {_value(v)}" for k, v in parts.items()))
-        if "turns" in r:
-            calls = ", ".join(f"{safe(k)} ×{n}" for k, n in sorted(r.get("tool_calls", {}).items())) or "none"
+        calls = ", ".join(f"{safe(k)} ×{n}" for k, n in sorted(r.get("tool_calls", {}).items())) or "none"
+        if turns := r.get("conversation"):
+            out.append(f"    {_counts(turns)}; tool calls: {calls}")
+            out.extend(_turns(turns, width))
+            continue
+        if "turns" in r:  # an episode logged before its turns were
             out.append(f"    {r['turns']} turns, tool calls: {calls}")
         out.append(textwrap.indent(textwrap.fill(safe(r["completion"]) or "(empty)", width), "    | "))
     return "\n".join(out) + "\n"
+
+
+def _counts(turns: list[dict]) -> str:
+    """'2 model turns, 1 environment turn, 0 tool turns'."""
+    n = {role: sum(t["role"] == role for t in turns) for role in ("model", "environment", "tool")}
+    return ", ".join(f"{k} {role} turn{'s' * (k != 1)}" for role, k in n.items())
+
+
+def _turns(turns: list[dict], width: int) -> list[str]:
+    """An episode turn by turn: each turn's role, then its text; the model's turns marked `▶`, the environment's and
+    the tools' not (a tool turn names its tools)."""
+    labels = [" ".join([safe(t["role"]), *([", ".join(map(safe, t["tools"]))] if t.get("tools") else [])])
+              for t in turns]
+    pad = max(map(len, labels))
+    lines = []
+    for t, label in zip(turns, labels):
+        head = f"    {'▶' if t['role'] == 'model' else ' '} {label:<{pad}}  "
+        text = textwrap.fill(safe(t["text"]) or "(empty)", max(20, width - len(head)))
+        lines.append(head + textwrap.indent(text, " " * len(head))[len(head):])
+    return lines
 
 
 def _value(v) -> str:

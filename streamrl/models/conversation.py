@@ -66,13 +66,16 @@ class Conversation:
         self.logprobs: list[float] = []
         self.drift = 0
         """Turns whose rendering disagreed with the held ids (see the module docstring)."""
+        self.spans: list[list] = []
+        """The completion's turns in order, each [role, ids, tools] (streamrl.comm.turn_spans: model,
+        environment or tool; tools: a tool turn's tools), their ids adding up to the completion's."""
 
     @classmethod
     def of_ids(cls, renderer: Renderer, ids: list[int]) -> "Conversation":
         """An episode opened by token ids (a plain completion request) rather than by messages."""
         conv = cls.__new__(cls)
         conv.r, conv.messages, conv.ids, conv.prompt_len = renderer, [], list(ids), len(ids)
-        conv.model_mask, conv.logprobs, conv.drift = [], [], 0
+        conv.model_mask, conv.logprobs, conv.drift, conv.spans = [], [], 0, []
         return conv
 
     def extend_to(self, ids: list[int] | None, text: str | None = None) -> bool:
@@ -99,14 +102,17 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": self.r.decode(body)})
         return self.r.decode(body, skip_special_tokens=True)
 
-    def add_messages(self, new: list[dict]) -> int:
-        """The environment's messages (tool results, its reply), rendered with the next generation prompt.
-        Returns how many ids were appended."""
+    def add_messages(self, new: list[dict], tools: list[str] | None = None) -> int:
+        """The environment's messages (tool results, its reply), rendered with the next generation prompt: a tool
+        turn when all are tool results (`tools`: their tools, where the messages do not name them), else the
+        environment's. Returns how many ids were appended."""
         before = self.messages
         self.messages = [*before, *new]
         full = self.r.text(self.messages, generation_prompt=True)
         suffix = self._suffix(full, before)
-        self._append(suffix, False)
+        tool_turn = bool(new) and all(m.get("role") == "tool" for m in new)
+        names = tools or [str(m.get("name") or "?") for m in new]
+        self._append(suffix, False, role="tool" if tool_turn else "environment", tools=names if tool_turn else ())
         return len(suffix)
 
     def _suffix(self, full: str, before: list[dict]) -> list[int]:
@@ -133,9 +139,19 @@ class Conversation:
         length = max(length, self.prompt_len)
         dropped = max(0, len(self.ids) - length)
         del self.ids[length:], self.model_mask[length - self.prompt_len:], self.logprobs[length - self.prompt_len:]
+        left = dropped
+        while left and self.spans:  # the turns lose their last ids too
+            take = min(left, self.spans[-1][1])
+            self.spans[-1][1] -= take
+            left -= take
+            if not self.spans[-1][1]:
+                self.spans.pop()
         return dropped
 
-    def _append(self, ids: list[int], model: bool, logprobs: list[float] | None = None) -> None:
+    def _append(self, ids: list[int], model: bool, logprobs: list[float] | None = None, role: str = "environment",
+                tools=()) -> None:
+        if ids:
+            self.spans.append(["model" if model else role, len(ids), tuple(tools)])
         self.ids.extend(ids)
         self.model_mask.extend([model] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))

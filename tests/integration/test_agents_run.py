@@ -42,6 +42,14 @@ def test_agent_episodes_train_through_the_loop_on_the_tokens_the_endpoints_sampl
                 first["prompt_ids"] + first["completion_ids"]
             assert len(first["completion_ids"]) == len(first["logprobs"]) and all(p <= 0 for p in first["logprobs"])
             assert first["version"] == second["version"] <= 6
+    # the samples log (step 0's, log.samples_every) holds each episode turn by turn: the model's, "next", the model's
+    logged = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert logged and all([(t["role"], t["text"]) for t in r["conversation"]][1] == ("environment", "next")
+                          and [t["role"] for t in r["conversation"]] == ["model", "environment", "model"]
+                          and r["turns"] == 2 and r["tool_calls"] == {} for r in logged), logged[:2]
+    shown = streamrl("samples", str(run), "--limit", "1", cwd=tmp_path).stdout
+    assert "2 model turns, 1 environment turn, 0 tool turns; tool calls: none" in shown and "      environment  next" \
+        in shown and shown.count("    ▶ model ") == 2, shown
 
 
 @pytest.mark.long

@@ -13,7 +13,8 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     transport = [line for line in out if line.startswith("bench=transport")]
     adv = [line for line in out if line.startswith("bench=advantages")]
     assert len(transport) == 4 and all("ratio_vs_raw_zmq=" in line and "ratio_vs_memcpy=" in line
-                                       and "ratio_masked_vs_plain=" in line for line in transport)
+                                       and "ratio_masked_vs_plain=" in line and "codec_ratio_turns_vs_none=" in line
+                                       for line in transport)
     assert len(adv) == 2 and all("ratio_vs_bare_expression=" in line for line in adv)
     batching = [line for line in out if line.startswith("bench=batching")]
     assert len(batching) == 2 and all("ratio_vs_copying_the_bytes=" in line for line in batching)

@@ -8,6 +8,7 @@ OpenEnv episodes against a real server in the default suite."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import pytest
@@ -64,7 +65,13 @@ def _played_every_turn(run) -> None:
 
 def test_the_skyrl_gym_env_plays_two_turn_episodes_through_the_loop(tmp_path):
     streamrl("run", *_skyrl(tmp_path, "steps=8"), cwd=tmp_path, timeout=400)
-    _played_every_turn(tmp_path / "runs" / "skyrl-gym-copy")
+    run = tmp_path / "runs" / "skyrl-gym-copy"
+    _played_every_turn(run)
+    # the samples log (step 0's, log.samples_every) keeps each episode as its turns, the env's words apart
+    logged = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert logged and all([t["role"] for t in r["conversation"]] == ["model", "environment", "model"]
+                          and " ".join(t["text"] for t in r["conversation"]).split() == r["completion"].split()
+                          for r in logged), logged[:2]
 
 
 def test_an_env_that_raises_is_counted_as_an_environment_failure(tmp_path):

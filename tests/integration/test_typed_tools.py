@@ -68,3 +68,8 @@ def test_a_typed_tool_receives_ints_from_the_words_parser(tmp_path, monkeypatch)
     logged = [json.loads(line) for line in (tmp_path / "runs" / "typed" / "samples.jsonl").read_text().splitlines()]
     assert logged and all(1 <= r["turns"] <= 2 and isinstance(r["tool_calls"], dict) for r in logged), logged[:2]
     assert any(r["tool_calls"].get("add/ok") for r in logged), logged[:4]
+    for r in logged:  # ... and its turns in order, each with its role and text: the model's first, then the tool's
+        roles = [t["role"] for t in r["conversation"]]
+        assert roles[0] == "model" and roles.count("model") == r["turns"] and set(roles) <= {"model", "tool"}, r
+        assert " ".join(t["text"] for t in r["conversation"]).split() == r["completion"].split(), r
+    assert any(t.get("tools") == ["add"] for r in logged for t in r["conversation"]), logged[:4]

@@ -35,6 +35,10 @@ def test_a_verifiers_environment_trains_through_the_loop_on_its_rubrics_levels(t
     episodes = {t["episode"] for t in turns}
     assert episodes and len(turns) == len(episodes)  # a SingleTurnEnv: max_turns=1, kept
     assert all(1 <= len(t["completion_ids"]) <= 4 for t in turns)  # actors.max_new_tokens
+    # the samples log (step 0's) shows each rollout as its turns: a SingleTurnEnv's one, the model's
+    logged = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert logged and all(r["turns"] == 1 and r["tool_calls"] == {} and [t["role"] for t in r["conversation"]]
+                          == ["model"] and r["conversation"][0]["text"] == r["completion"] for r in logged), logged[:2]
 
 
 @pytest.mark.long

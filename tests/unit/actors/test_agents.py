@@ -347,3 +347,40 @@ def codec_failure():
     from streamrl.tasks.reward_health import UserCodeFailure
 
     return UserCodeFailure
+
+
+def test_an_agents_turns_reach_the_samples_log_in_order_with_their_roles_and_tools(tmp_path):
+    from streamrl.learner.samples import records
+
+    ref = _agents(tmp_path, """
+TOOLS = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}]
+def _two_turns(client, row, then, call=None):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2, tools=TOOLS)
+    messages += [{"role": "assistant", "content": r.choices[0].message.content,
+                  **({"tool_calls": [call]} if call else {})}, *then]
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=2, tools=TOOLS)
+    return 0.5
+def user(client, row):  # the user says "next", as examples/copy-agent's does
+    return _two_turns(client, row, [{"role": "user", "content": "next"}])
+def tool(client, row):  # a tool's result, named only by the call it answers (as openai agents send it)
+    call = {"id": "call-1", "type": "function", "function": {"name": "a", "arguments": "{}"}}
+    return _two_turns(client, row, [{"role": "tool", "tool_call_id": "call-1", "content": "b"}], call)
+""")
+    for fn, middle, calls in (("user", ("environment", ()), {}), ("tool", ("tool", ("a",)), {"a/answered": 1})):
+        cfg, reward, tok, runner = _setup(tmp_path, f"{ref}:{fn}")
+        try:
+            groups, _, done = runner.make_groups(_prompts(reward, 1), version=0)
+        finally:
+            runner.close()
+        assert done.reward_raised == 0 and len(groups) == 1
+        g = codec.decode_groups([bytes(memoryview(f)) for f in codec.encode_groups(groups)], vocab_size=len(tok))[0]
+        for i in range(g.group_size):
+            spans = g.sample_turns(i)
+            assert [(t.role, t.tools) for t in spans] == [("model", ()), middle, ("model", ())], spans
+            assert g.sample_model_mask(i).tolist() == [t.role == "model" for t in spans for _ in range(t.tokens)]
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731  (as the learner decodes)
+        for record in records([g], 0, 0, cfg, decode, 8):
+            assert [t["role"] for t in record["conversation"]] == ["model", middle[0], "model"]
+            assert record["turns"] == 2 and record["tool_calls"] == calls
+            assert record["conversation"][1]["text"] == ("next" if fn == "user" else "b")

@@ -90,6 +90,42 @@ def test_an_episode_calls_the_tool_reads_its_result_and_is_rewarded():
     assert g.policy_version == 3 and stats.template_drift == 0
 
 
+def test_an_episodes_turns_reach_the_samples_log_in_order_with_their_roles_tools_and_texts(tmp_path):
+    from streamrl.comm import codec
+    from streamrl.learner.samples import records
+
+    env = tmp_path / "twice_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class Twice(LookupEnv):  # no tools: the environment answers the first reply, the second ends it
+            with_tool = False
+
+            def step(self, reply):
+                self.said = getattr(self, "said", 0) + 1
+                return ([{"role": "user", "content": "answer"}], None, False) if self.said == 1 else ([], 1.0, True)
+    """))
+    for overrides, reply, roles in (
+            ((), lookup_then_answer, [("model", ()), ("tool", ("lookup",)), ("model", ())]),
+            ((f"task.environment={env}:Twice",), lambda t: "a", [("model", ()), ("environment", ()), ("model", ())])):
+        cfg, reward, tok, backend = _setup(overrides, reply=reply)
+        runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+        groups, _, _ = runner.make_groups(_prompts(reward.task, 1), 0)
+        runner.close()
+        g = codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])[0]  # as received
+        spans = g.sample_turns(0)
+        assert [(t.role, t.tools) for t in spans] == roles and sum(t.tokens for t in spans) == g.samples[0].num_tokens
+        # the model's turns are exactly the tokens it sampled
+        mask = g.sample_model_mask(0).tolist()
+        assert mask == [t.role == "model" for t in spans for _ in range(t.tokens)]
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731  (as the learner decodes)
+        record = records([g], 0, 0, cfg, decode, 8)[0]
+        turns = record["conversation"]
+        assert [t["role"] for t in turns] == [r for r, _ in roles] and record["turns"] == 2
+        assert " ".join(t["text"] for t in turns).split() == record["completion"].split()
+    assert turns[1]["text"] == "answer" and turns[0]["text"] == turns[2]["text"] == "a", turns
+
+
 def test_a_raising_tool_becomes_an_error_message_and_is_counted():
     cfg, reward, tok, backend = _setup(reply=lambda t: "lookup a" if len(t.split()) == 2 else "a")  # a: no key
     runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])

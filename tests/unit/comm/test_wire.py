@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.comm import codec, wire
+from streamrl.comm import codec, turn_spans, wire
 from streamrl.comm.weights import assembly, chunks
 from streamrl.comm.wire import GroupBatchHeader, GroupEntry, SampleInfo, WireError
 
@@ -723,7 +723,7 @@ def test_no_module_under_streamrl_actors_or_learner_uses_pickle():
 
 
 def test_layer_and_corrections_survive_single_and_batch_messages():
-    from streamrl.comm import codec, wire
+    from streamrl.comm import codec, turn_spans, wire
 
     def group(layer, corr):
         return codec.ScoredGroup.from_samples(prompt_id="p", policy_version=1, actor_id="a", prompt_tokens=[1, 2],
@@ -842,3 +842,24 @@ def test_a_sample_left_unscored_travels_as_such_and_one_from_before_the_flag_dec
     old = msgspec.msgpack.encode([2, 1.0, "stop"])  # a SampleInfo as actors sent it before the flag
     assert msgspec.msgpack.decode(old, type=SampleInfo).scored is True
     assert decode_group(to_bytes(encode_group(make_group()))).scored == [True] * 4
+
+
+def test_an_episodes_turns_travel_as_roles_and_token_counts_and_turns_that_do_not_fit_its_tokens_are_refused():
+    T = turn_spans.TurnSpan
+    spans = [[T("model", 2), T("tool", 1, ("lookup",))], [T("model", 1)], [], [T("model", 1), T("environment", 1)]]
+    g = decode_group(to_bytes(encode_group(make_group(spans=spans))))
+    assert [g.sample_turns(i) for i in range(4)] == spans and g.samples[0].turn_layout == [0, 2, 2, 1]
+    assert decode_group(to_bytes(encode_group(make_group()))).sample_turns(0) is None  # a single-turn sample
+    frames = to_bytes(encode_group(make_group(spans=spans)))
+    header = msgspec.msgpack.decode(frames[0])
+    for layout, tools, why in (([0, 2, 2, 2], None, "hold 4 tokens, its completion 3"),
+                               ([7, 2, 2, 1], None, "need \\[role code 0-2, tokens\\] pairs"),
+                               ([0, 2, 2], None, "pairs"), ([0, 2, 0, 1], [["lookup"]], "1 tool turns' tools for 0")):
+        header["groups"][0][3][0][9:11] = [layout, tools]
+        frames[0] = msgspec.msgpack.encode(header)
+        g = decode_group(frames)  # training never reads them: the group is received ...
+        with pytest.raises(ValueError, match=why):  # ... and its turns refused where they are used
+            g.sample_turns(0)
+    header["groups"][0][3][0][9] = [0, -3, 2, 1]
+    frames[0] = msgspec.msgpack.encode(header)
+    assert reason(codec.decode_groups, frames) == "bad_header"  # a negative count is not even a layout

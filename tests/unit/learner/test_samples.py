@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import msgspec
+import numpy as np
 import pytest
 
 from streamrl import config
+from streamrl.comm import codec
 from streamrl.comm.codec import ScoredGroup
 from streamrl.commands import cli, samples as samples_cli
-from streamrl.learner.samples import SamplesLog, records, table
+from streamrl.learner.samples import SamplesLog, bounded, records, table
 
 WORDS = {1: "red", 2: "blue", 3: "pink", 4: "say"}
 
@@ -168,3 +170,55 @@ def test_streamrl_samples_escapes_control_characters_and_keeps_the_text_readable
     assert not any(c in out for c in "\x1b\r\x07\x9b\u202e"), repr(out)
     assert r"ok \x1b[31mRED\x1b[0m\rgone\x07 \x9b2J \u202eevil next line" in out, out
     assert r"from actor-\x1b]0;title\x07" in out and r"tool calls: \x1b[2Jwipe ×1" in out, out
+
+
+WORDS.update({5: "d", 6: "c", 7: "same", 8: "a", 9: "lookup", 10: "7"})
+
+
+def episode_group() -> ScoredGroup:
+    """Two episodes through the real wire: `d c | same | c a` (model, environment, model) and a tool call's."""
+    from streamrl.comm.turn_spans import TurnSpan
+
+    g = ScoredGroup.from_samples(
+        prompt_id="e", policy_version=0, actor_id="actor-0", prompt_tokens=[4, 2], completions=[[5, 6, 7, 6, 8],
+                                                                                                  [9, 8, 10, 8]],
+        logprobs=[[-1.0] * 5, [-1.0] * 4], rewards=[1.0, 0.0], finish_reasons=["stop"] * 2, turns=[2, 2],
+        tool_calls=[{}, {"lookup/ok": 1}], model_token_masks=[np.array([1, 1, 0, 1, 1], bool),
+                                                              np.array([1, 1, 0, 1], bool)],
+        spans=[[TurnSpan("model", 2), TurnSpan("environment", 1), TurnSpan("model", 2)],
+               [TurnSpan("model", 2), TurnSpan("tool", 1, ("lookup",)), TurnSpan("model", 1)]])
+    return codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups([g])])[0]
+
+
+def test_an_episodes_record_holds_its_turns_in_order_with_their_roles_decoded_from_its_tokens():
+    cfg = config.load(None, ["advantage.r_min_correct=1.0"])
+    first, second = records([episode_group()], 3, 3, cfg, decode, 8)
+    assert first["completion"] == "d c same c a" and first["turns"] == 2 and first["tool_calls"] == {}
+    assert first["conversation"] == [{"role": "model", "text": "d c"}, {"role": "environment", "text": "same"},
+                                     {"role": "model", "text": "c a"}]
+    assert second["conversation"] == [{"role": "model", "text": "lookup a"},
+                                      {"role": "tool", "text": "7", "tools": ["lookup"]},
+                                      {"role": "model", "text": "a"}]
+    assert "conversation" not in records([group("a", [1.0], 0)], 0, 0, cfg, decode, 8)[0]  # single-turn: none
+    long = {**first, "conversation": [{"role": "model", "text": "x" * 300}, {"role": "environment", "text": "y"}]}
+    bad = episode_group()
+    bad.samples[0] = msgspec.structs.replace(bad.samples[0], turn_layout=[0, 2, 1, 1, 0, 9])  # 12 tokens of 5
+    broken, fine = records([bad], 3, 3, cfg, decode, 8)
+    assert broken["conversation_error"] == "its turns hold 12 tokens, its completion 5" and "conversation" not in \
+        broken and fine["conversation"] == second["conversation"] and broken["completion"] == "d c same c a"
+    clipped = bounded(long, 100)["conversation"]  # the turns share the record's bound
+    assert clipped[0]["truncated"] == 300 and len(clipped[0]["text"]) < 100 and clipped[1] == {"role": "environment",
+                                                                                                 "text": "y"}
+
+
+def test_streamrl_samples_prints_a_two_turn_episode_turn_by_turn_with_its_roles_and_counts(tmp_path, capsys):
+    cfg = config.load(None, ["advantage.r_min_correct=1.0"])
+    got = records([episode_group()], 3, 3, cfg, decode, 8)
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in got))
+    assert cli.main(["samples", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("    2 model turns, 1 environment turn, 0 tool turns; tool calls: none")
+    assert out[at + 1:at + 4] == ["    ▶ model        d c", "      environment  same", "    ▶ model        c a"], out
+    at = out.index("    2 model turns, 0 environment turns, 1 tool turn; tool calls: lookup/ok ×1")
+    assert out[at + 1:at + 4] == ["    ▶ model        lookup a", "      tool lookup  7", "    ▶ model        a"], out
+    assert not any(line.startswith("    | ") for line in out)  # the flat completion gives way to the turns

@@ -108,6 +108,18 @@ def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path)
     assert called > 0 and rewards_of.count(1.0) == answered  # ~1 in 10 replies calls a: 64 episodes
     empty = sum(not tok.decode(ts[-1].completion_ids, skip_special_tokens=True).strip() for ts in by_episode.values())
     assert stats.truncated.get("verifiers_EmptyModelResponseError", 0) == empty  # counted, as verifiers ended them
+    # the samples log holds each episode's turns in order: the model's, verifiers' tool result, the model's again
+    from streamrl.comm import codec
+    from streamrl.learner.samples import records
+
+    received = codec.decode_groups([bytes(memoryview(f).cast("B")) for f in codec.encode_groups(groups)])
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731  (as the learner decodes)
+    logged = [r for g in received for r in records([g], 0, 0, cfg, decode, 64)]
+    roles = [[(t["role"], t.get("tools")) for t in r["conversation"]] for r in logged]
+    assert sorted(sum(role == "model" for role, _ in rs) for rs in roles) == sorted(map(len, by_episode.values()))
+    assert all(rs[::2] == [("model", None)] * len(rs[::2]) and rs[1::2] == [("tool", ["a"])] * len(rs[1::2])
+               for rs in roles), roles
+    assert sum(r["tool_calls"].get("a/answered", 0) for r in logged) == sum(len(ts) - 1 for ts in by_episode.values())
 
 
 MULTI_TURN = EXAMPLE.parents[1] / "verifiers-multiturn"
