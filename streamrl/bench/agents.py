@@ -180,7 +180,8 @@ def _alternate(runners: dict, k: int, calls: int, reset) -> tuple[dict, dict]:
             if call:
                 walls[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.thread_time() - c0)
-                cpu["endpoint"].append(time.clock_gettime(endpoint) - e0 if name == "agent" else 0.0)
+                served = getattr(runners[name], "endpoint", None) is not None  # the agent's: it has an endpoint
+                cpu["endpoint"].append(time.clock_gettime(endpoint) - e0 if served else 0.0)
     return walls, cpu
 
 

@@ -53,6 +53,7 @@ def _runner(cfg: config_lib.Config, tmp: Path):
     from streamrl.actors.rollout import RolloutOptions
     from streamrl.models import model as model_lib
     from streamrl.tasks import rewards
+    from streamrl.tasks.base import RowsTask
 
     (tmp / "config.yaml").write_text(config_lib.dump(cfg))
     cfg = config_lib.load(tmp / "config.yaml", ["actors.group_size=2", "task.reward_fail_window=1000000",
@@ -63,8 +64,7 @@ def _runner(cfg: config_lib.Config, tmp: Path):
     runner = rollouts.runner(cfg, 0, backend, tok, reward, "check", backend.end_ids or [tok.eos_token_id],
                              RolloutOptions.from_config(cfg), random.Random(0))
     task = reward.task
-    rows = getattr(task, "train", None)
-    prompts = ([task.prompt(r) for r in rows[:ROWS_PLAYED]] if rows else
+    prompts = ([task.prompt(r) for r in task.train[:ROWS_PLAYED]] if isinstance(task, RowsTask) else
                [task.sample(random.Random(i)) for i in range(ROWS_PLAYED)])
     return runner, reward, prompts
 
