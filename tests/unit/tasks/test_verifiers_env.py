@@ -4,7 +4,9 @@ puts it on the levels: tests/unit/actors/test_episode_runtime.py)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +15,38 @@ from streamrl.tasks.verifiers_env import VerifiersTask, load
 
 vf = pytest.importorskip("verifiers.legacy")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "verifiers-copy" / "copy_env.py"
+
+
+def _sampled(k: int):
+    """A pick of k prompts the task samples with one seeded generator."""
+    def pick(task):
+        rng = random.Random(0)
+        return [task.sample(rng) for _ in range(k)]
+    return pick
+
+
+def _played(tmp_path, config_yaml, overrides, pick=_sampled(8)):
+    """An actor's agent runner for the config, playing the prompts `pick(task)` chooses, closed after: a namespace
+    of cfg, tok, prompts, groups, stats, done, turns (runner.turns_log) and runner."""
+    from streamrl import config
+    from streamrl.actors import backends
+    from streamrl.actors.agents import AgentEpisodes
+    from streamrl.models import model as model_lib
+    from streamrl.tasks import rewards
+
+    cfg = config.load(str(config_yaml), [*overrides, f"run_dir={tmp_path}"])
+    reward = rewards.build(cfg)
+    model, tok = model_lib.build(cfg, reward.task.vocabulary)
+    backend = backends.build("hf", cfg, model, tok)
+    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
+    prompts = pick(reward.task)
+    try:
+        groups, stats, done = runner.make_groups(prompts, version=0)
+    finally:
+        runner.close()
+        reward.close()
+    return SimpleNamespace(cfg=cfg, tok=tok, prompts=prompts, groups=groups, stats=stats, done=done,
+                           turns=runner.turns_log, runner=runner, vocabulary=reward.task.vocabulary)
 
 
 def test_the_environments_own_dataset_is_the_rows_with_its_answers():
@@ -67,29 +101,11 @@ def load_environment(**kwargs):
 def test_a_tool_env_keeps_its_tools_and_max_turns_through_the_endpoint(tmp_path):
     """verifiers' own ToolEnv: the endpoint hands the model's `a <x>` back as an OpenAI tool call, verifiers runs
     the tool, and its rubric sees the tool message; an episode ends when a reply calls no tool, or at max_turns."""
-    import random
-
-    from streamrl import config
-    from streamrl.actors import backends
-    from streamrl.actors.agents import AgentEpisodes
-    from streamrl.models import model as model_lib
-    from streamrl.tasks import rewards
-
     (tmp_path / "tool_env.py").write_text(TOOL_ENV)
-    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+    run = _played(tmp_path, EXAMPLE.parent / "config.yaml", [
         f"task.verifiers_env={tmp_path / 'tool_env.py'}", "task.verifiers_args={}", "task.reward_levels=[0,1]",
-        "advantage.r_min_correct=1", "actors.max_new_tokens=2", f"run_dir={tmp_path}"])
-    reward = rewards.build(cfg)
-    model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build("hf", cfg, model, tok)
-    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
-    rng = random.Random(0)
-    try:
-        groups, stats, done = runner.make_groups([reward.task.sample(rng) for _ in range(8)], version=0)
-        turns = runner.turns_log
-    finally:
-        runner.close()
-        reward.close()
+        "advantage.r_min_correct=1", "actors.max_new_tokens=2"])
+    cfg, tok, groups, stats, done, turns = run.cfg, run.tok, run.groups, run.stats, run.done, run.turns
     assert len(groups) == 8 and done.reward_raised == done.reward_timeout == 0
     by_episode: dict[str, list] = {}
     for t in turns:
@@ -129,29 +145,11 @@ def test_the_docs_multi_turn_env_plays_two_turns_with_the_environments_reply_bet
     """examples/verifiers-multiturn (the verifiers page's MultiTurnEnv, shown verbatim: tests/unit/core/
     test_docs_agree.py): each rollout is two model turns, the second prompted with the env_response's
     `reverse : <answer> =`, its @vf.stop ending it, and the rubric's half-per-turn levels are the rewards."""
-    import random
-
-    from streamrl import config
-    from streamrl.actors import backends
-    from streamrl.actors.agents import AgentEpisodes
-    from streamrl.models import model as model_lib
-    from streamrl.tasks import rewards
-
-    cfg = config.load(str(MULTI_TURN / "config.yaml"), [
+    run = _played(tmp_path, MULTI_TURN / "config.yaml", [
         f"task.verifiers_env={MULTI_TURN / 'copy_reverse_env.py'}", "task.verifiers_args={symbols: ab, length: 2}",
-        "actors.max_new_tokens=3", f"run_dir={tmp_path}"])
-    reward = rewards.build(cfg)
-    assert "reverse" in reward.task.vocabulary  # task.vocabulary: the environment's word, in no row
-    model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build("hf", cfg, model, tok)
-    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
-    rng = random.Random(0)
-    try:
-        groups, stats, done = runner.make_groups([reward.task.sample(rng) for _ in range(4)], version=0)
-        turns = runner.turns_log
-    finally:
-        runner.close()
-        reward.close()
+        "actors.max_new_tokens=3"], _sampled(4))
+    assert "reverse" in run.vocabulary  # task.vocabulary: the environment's word, in no row
+    cfg, tok, groups, stats, done, turns = run.cfg, run.tok, run.groups, run.stats, run.done, run.turns
     assert len(groups) == 4 and done.reward_raised == done.reward_timeout == 0
     by_episode: dict[str, list] = {}
     for t in turns:
@@ -196,30 +194,13 @@ def test_a_verifiers_envs_failure_shows_no_streamrl_frame_above_the_environments
     """An exception out of the environment's own code reaches the failure window through verifiers' rollout, the
     event loop and streamrl's agent runner: the traceback shown starts past streamrl's frames and the loop's
     (verifiers' own first, then the environment's file: docs/guides/faults-and-security.md "Your own frames")."""
-    import random
     import re
-
-    from streamrl import config
-    from streamrl.actors import backends
-    from streamrl.actors.agents import AgentEpisodes
-    from streamrl.models import model as model_lib
-    from streamrl.tasks import rewards
 
     path = tmp_path / "broken_env.py"
     path.write_text(BROKEN_ENV)
-    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+    runner = _played(tmp_path, EXAMPLE.parent / "config.yaml", [
         f"task.verifiers_env={path}", "task.verifiers_args={}", "task.reward_levels=[0,1]", "advantage.r_min_correct=1",
-        "actors.max_new_tokens=2", f"run_dir={tmp_path}"])
-    reward = rewards.build(cfg)
-    model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build("hf", cfg, model, tok)
-    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
-    rng = random.Random(0)
-    try:
-        runner.make_groups([reward.task.sample(rng) for _ in range(4)], version=0)
-    finally:
-        runner.close()
-        reward.close()
+        "actors.max_new_tokens=2"], _sampled(4)).runner
     (reason, tb), = runner.health.first.values()
     frames = re.findall(r'File "([^"]+)"', tb)
     assert reason == "raised" and str(path) in frames and tb.rstrip().endswith("KeyError: 'missing'"), tb
@@ -251,26 +232,12 @@ def load_environment():
 def test_a_rubric_function_that_raised_or_nobody_could_score_leaves_the_rollout_unscored_and_counted(tmp_path):
     """verifiers scores a raising or None-returning rubric function 0.0; streamrl's one rule: a raise is `raised`
     (unscored, the function's traceback kept), every function's None is `none`, one None beside a number skipped."""
-    from streamrl import config
-    from streamrl.actors import backends
-    from streamrl.actors.agents import AgentEpisodes
-    from streamrl.models import model as model_lib
-    from streamrl.tasks import rewards
-
     (tmp_path / "rubric_env.py").write_text(RUBRIC_ENV)
-    cfg = config.load(str(EXAMPLE.parent / "config.yaml"), [
+    run = _played(tmp_path, EXAMPLE.parent / "config.yaml", [
         f"task.verifiers_env={tmp_path / 'rubric_env.py'}", "task.verifiers_args={}", "task.reward_levels=[0,1]",
-        "advantage.r_min_correct=1", "actors.max_new_tokens=2", "actors.group_size=2", f"run_dir={tmp_path}"])
-    reward = rewards.build(cfg)
-    model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build("hf", cfg, model, tok)
-    runner = AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
-    prompts = [reward.task.prompt(r) for r in reversed(reward.task.train)]  # "b b" first: its failure's detail kept
-    try:
-        groups, stats, done = runner.make_groups(prompts, version=0)
-    finally:
-        runner.close()
-        reward.close()
+        "advantage.r_min_correct=1", "actors.max_new_tokens=2", "actors.group_size=2"],
+        lambda task: [task.prompt(r) for r in reversed(task.train)])  # "b b" first: its failure's detail kept
+    prompts, groups, done, runner = run.prompts, run.groups, run.done, run.runner
     answers = {p.id: p.columns["answer"] for p in prompts}
     assert [(answers[g.prompt_id], g.rewards) for g in groups] == [("a b", [1.0, 1.0])]  # 1.0 + 0.0
     assert (done.reward_none, done.reward_raised, done.groups_unscored) == (2, 2, 2)
