@@ -24,6 +24,7 @@ class ChatServer:
         self.reply = reply
         self.delay_s = delay_s
         self.status: int | None = None  # set: every request answers this HTTP status
+        self.status_times: int | None = None  # set: `status` answers this many requests more, then clears
         self.accept_structured_outputs = accept_structured_outputs
         self.requests: list[dict] = []
         self.in_flight = 0
@@ -80,7 +81,12 @@ class ChatServer:
                     if server.delay_s:
                         time.sleep(server.delay_s)
                     if server.status is not None:
-                        return self._send(server.status, {"error": {"message": "scripted status"}})
+                        status = server.status
+                        if server.status_times is not None:
+                            server.status_times -= 1
+                            if server.status_times <= 0:
+                                server.status, server.status_times = None, None
+                        return self._send(status, {"error": {"message": "scripted status"}})
                     so = body.get("structured_outputs")
                     if so is not None and not server.accept_structured_outputs:
                         return self._send(400, {"error": {"message": "Unrecognized request argument: "

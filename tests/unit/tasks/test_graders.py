@@ -125,10 +125,9 @@ def test_a_slow_server_times_out_is_retried_with_backoff_and_counted():
 def test_a_5xx_is_retried_and_a_server_that_recovers_scores(server):
     g = graders.Grader(_cfg(server, retries=3, backoff_s=0.2))
     try:
-        server.status = 503
-        threading.Timer(0.3, lambda: setattr(server, "status", None)).start()
+        server.status, server.status_times = 503, 2  # two 503s, then it recovers (a timer raced a loaded machine)
         assert g(["p"], ["SCORE=10"]) == [1.0]
-        assert not g.failures and g.requests >= 2
+        assert not g.failures and g.requests == 3
         server.status = 404
         assert g(["p"], ["SCORE=10"]) == [None]  # not retried: a 4xx other than 429 will not change
         assert g.failures == {"http_404": 1}
