@@ -187,6 +187,35 @@ class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
     learner: str = ""
 
 
+class WeightsIpc(Struct, tag="weights_ipc", kw_only=True):
+    """Announces `version` as one flat byte buffer in the learner's GPU memory (transport.weight_sync=ipc; see
+    streamrl.comm.weights.ipc): tensor i at byte offsets[i] of its `total` bytes. handles[k] opens it in actor k's
+    process (one per actor: CUDA IPC counts each holder), empty for an actor that left IPC; `checksum` is the
+    manifest's own (ipc.manifest_checksum), so a receiver refuses a damaged one before it opens anything."""
+
+    schema: int = SCHEMA_VERSION
+    version: int
+    tensors: list[TensorInfo]
+    offsets: list[int]
+    total: int
+    provider: str
+    handles: list[list[int | bytes | bool]]
+    sent_at: float = 0.0
+    learner: str = ""
+    checksum: int = 0
+
+
+class WeightsIpcAck(Struct, tag="weights_ipc_ack", kw_only=True):
+    """An actor copied IPC `version` out (ok), or could not open it (not ok, `reason`: it takes ZeroMQ from now on);
+    the learner frees a version's buffer once every actor on IPC acknowledged it or a newer one."""
+
+    schema: int = SCHEMA_VERSION
+    actor_id: str
+    version: int
+    ok: bool = True
+    reason: str = ""
+
+
 class WeightsRequest(Struct, tag="weights_request", kw_only=True):
     """An actor asks the learner for its newest weights (on start, or when it missed a broadcast)."""
 
@@ -366,8 +395,8 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """What its window counts: samples, episodes (an environment), calls (a tool)."""
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
-               Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsIpc, WeightsIpcAck, WeightsRequest,
+               Shutdown, Demand, Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)
