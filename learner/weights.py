@@ -3,9 +3,9 @@
 One object owns everything weights on the learner side: the ZeroMQ publisher (broadcasts, and
 re-broadcasts for actors that ask on the control channel), the collective group's end when
 `transport.weight_sync: collective` (a version that fails there goes over ZeroMQ, and the
-collective is left for good) or the CUDA IPC exporter when `ipc` (the same face), settling a background copy
-before the optimizer changes the parameters it reads, and the publish metrics. The learner's loop sees `publish`, `settle`,
-`flush`, `close` and `report`.
+collective is left for good) or the CUDA IPC exporter when `ipc` (the same face), settling a background
+copy before the optimizer changes the parameters it reads, and the publish metrics. The learner's loop sees
+`publish`, `settle`, `flush`, `close` and `report`.
 """
 
 from __future__ import annotations

@@ -395,8 +395,9 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """What its window counts: samples, episodes (an environment), calls (a tool)."""
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsIpc, WeightsIpcAck, WeightsRequest,
-               Shutdown, Demand, Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsIpc, WeightsIpcAck,
+               WeightsRequest, Shutdown, Demand, Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal,
+               ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

@@ -27,8 +27,7 @@ class TransportConfig(_Section):
     max_message_bytes: PositiveInt = 256 * 1024 * 1024
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
     weight_sync: Literal["zmq", "collective", "ipc"] = "zmq"
-    """Weights to actors: zmq (PUB/SUB), collective (bucketed NCCL broadcast, gloo on CPU) or ipc (CUDA IPC handles to
-    the learner's GPU memory, one node); the last two fall back to zmq."""
+    """Weights to actors: zmq, collective (NCCL broadcast, gloo on CPU) or ipc (CUDA IPC, one node); else zmq."""
     weights_delta: Literal["auto", "on", "off"] | bool = "off"
     """Weights as differences from the previous version (XOR, zstd, CRC-32 checked; full when needed): on, auto (when smaller), off."""
     weights_delta_full_every: PositiveInt = 20

@@ -31,8 +31,8 @@ Announced = wire.WeightsCollective | wire.WeightsIpc
 
 
 def _on_host(got: tuple[int, dict]) -> tuple[int, dict]:
-    """A version to keep aside: frames as received (host memory already), or a collective's (or IPC's) device tensors copied
-    to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
+    """A version to keep aside: frames as received (host memory already), or a collective's (or IPC's) device tensors
+    copied to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
     if isinstance(got[1], assembly.Received) or all(t.device.type == "cpu" for t in got[1].values()):
         return got
     return got[0], {name: t.to("cpu") for name, t in got[1].items()}
