@@ -47,7 +47,7 @@ def setup():
 
 @pytest.fixture
 def setup_ipc():
-    yield from _setup(["transport.weight_sync=ipc"])
+    yield from _setup(["transport.weight_sync=ipc", "actors.num=1"])
 
 
 def _setup(overrides: list[str]):
@@ -234,3 +234,33 @@ def test_weight_sync_ipc_without_cuda_falls_back_to_zeromq_end_to_end_with_one_l
     assert lines == ["weight sync ipc: actor-0: the model is on cpu, not a CUDA device; weights go over ZeroMQ",
                      "weight sync ipc: no CUDA on the learner; weights go over ZeroMQ from now on"]
     assert learner.report()["weight_sync"]["ipc_versions"] == 0 and "weight_sync" not in actor.report()
+
+
+def test_weight_sync_ipc_carries_versions_from_learner_to_actor_and_frees_them_on_acknowledgement(setup_ipc,
+                                                                                                  monkeypatch):
+    import sys
+
+    from fakes.ipc import SameProcess
+
+    from streamrl.comm.weights import ipc
+
+    provider = SameProcess()  # CUDA IPC's stand-in on CPU: learner and actor share this process
+    monkeypatch.setattr(sys.modules[LearnerWeights.__module__], "CudaIpc", lambda: provider)
+    monkeypatch.setattr(sys.modules[ActorWeights.__module__], "_ipc", lambda actor_id, model, inbox: ipc.IpcReceiver(
+        provider, actor_id, engine_at(0.0).state, torch.device("cpu"), inbox.ack))
+    new_learner, new_actor = setup_ipc
+    learner, backend = new_learner(1.0), Recorder()
+    actor = new_actor(backend)
+    learner.publish(0)
+    assert actor.first(serving(learner))  # the first version comes on request, over ZeroMQ
+    for v in (1, 2):
+        learner.settle()
+        learner.engine.state["w"].fill_(10.0 + v)
+        learner.publish(v)
+        while actor.version < v:
+            assert actor.wait_newer(serving(learner))
+    assert [float(s["w"][0, 0]) for s in backend.loads][-1] == 12.0
+    assert actor.report()["weight_sync"]["syncs"] >= 1 and actor.report()["weight_sync"]["failed"] is None
+    until(lambda: serving(learner)() or learner.sync.acked.get("actor-0") == 2)
+    assert provider.held == 0
+    assert learner.report()["weight_sync"]["ipc_versions"] == 3
