@@ -14,15 +14,16 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _state(device: str) -> dict:
+def _state(device: str, rows: int = 1000) -> dict:
+    """(rows, 1024) bf16, (1024, 8) fp32 and (7,) int64 tensors, the same in every process."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    return {"embed": torch.randn(1000, 64, generator=g).to(torch.bfloat16).to(device),
-            "head": torch.randn(64, 8, generator=g).to(device), "steps": torch.arange(7).to(device)}
+    return {"embed": torch.randn(rows, 1024, generator=g).to(torch.bfloat16).to(device),
+            "head": torch.randn(1024, 8, generator=g).to(device), "steps": torch.arange(7).to(device)}
 
 
-def _actor(frames: bytes, hide_cuda: bool, out) -> None:
+def _actor(frames: bytes, hide_cuda: bool, out, rows: int = 1000) -> None:
     if hide_cuda:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
@@ -33,13 +34,16 @@ def _actor(frames: bytes, hide_cuda: bool, out) -> None:
     msg = wire.decode_header([frames])
     acks = []
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    receiver = ipc.IpcReceiver(ipc.CudaIpc(), "actor-0", _state("cpu"), device, acks.append)
+    expected = _state("cpu", rows)
+    receiver = ipc.IpcReceiver(ipc.CudaIpc(), "actor-0", expected, device, acks.append)
     got = receiver.receive(msg)
-    same = got is not None and all(torch.equal(got[k].cpu(), v) for k, v in _state("cpu").items())
-    out.put((same, acks[0].ok, acks[0].reason))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    same = got is not None and all(torch.equal(got[k].cpu(), v) for k, v in expected.items())
+    out.put((same, acks[0].ok, acks[0].reason, receiver.sync_s))
 
 
-def _run(hide_cuda: bool):
+def _run(hide_cuda: bool, rows: int = 1000):
     import torch
 
     from streamrl.comm import wire
@@ -47,25 +51,48 @@ def _run(hide_cuda: bool):
 
     exporter = ipc.IpcExporter(ipc.CudaIpc(), actors=1)
     assert exporter.formed()
-    msg = exporter.announcement(1, _state("cuda"), "learner-a")
+    msg = exporter.announcement(1, _state("cuda", rows), "learner-a")
+    torch.cuda.synchronize()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_actor, args=(wire.encode(msg)[0], hide_cuda, out))
+    proc = ctx.Process(target=_actor, args=(wire.encode(msg)[0], hide_cuda, out, rows))
     proc.start()
-    same, ok, reason = out.get(timeout=180)
+    same, ok, reason, open_s = out.get(timeout=180)
     proc.join(60)
     exporter.ack(wire.WeightsIpcAck(actor_id="actor-0", version=1, ok=ok, reason=reason))
     torch.cuda.synchronize()
-    return exporter, proc, same, ok, reason
+    return exporter, proc, same, ok, reason, open_s
 
 
 def test_an_actor_process_opens_the_learners_cuda_ipc_handle_and_gets_every_tensor_bit_exact():
-    exporter, proc, same, ok, reason = _run(hide_cuda=False)
+    exporter, proc, same, ok, reason, _ = _run(hide_cuda=False)
     assert proc.exitcode == 0 and ok and same, reason
     assert exporter.live == {} and exporter.released == 1  # freed on the acknowledgement
 
 
 def test_an_actor_process_without_cuda_reports_why_and_leaves_ipc():
-    exporter, proc, same, ok, reason = _run(hide_cuda=True)
+    exporter, proc, same, ok, reason, _ = _run(hide_cuda=True)
     assert proc.exitcode == 0 and not ok and not same
     assert "no CUDA device in this process" in reason and "actor-0" in exporter.left and not exporter.formed()
+
+
+def test_ipc_time_for_a_256_mib_version_against_a_host_round_trip_is_printed():
+    """Not a speed bound: prints the learner's export plus the actor's open-and-copy against the host-memory copies
+    the ZeroMQ path makes at least (device to host, host to device; the sockets come on top), in the same run."""
+    import time
+
+    import torch
+
+    rows = 128 * 1024  # (131072, 1024) bf16: 256 MiB
+    exporter, proc, same, ok, reason, open_s = _run(hide_cuda=False, rows=rows)
+    assert proc.exitcode == 0 and ok and same, reason
+    state = _state("cuda", rows)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    back = {k: v.cpu().to("cuda") for k, v in state.items()}
+    torch.cuda.synchronize()
+    host_s = time.perf_counter() - t0
+    ipc_s = exporter.export_s + open_s
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    print(f"\nipc: export {exporter.export_s:.4f}s + open and copy {open_s:.4f}s = {ipc_s:.4f}s; host round "
+          f"trip {host_s:.4f}s; ratio host/ipc {host_s / ipc_s:.1f}x ({torch.cuda.get_device_name()})")
