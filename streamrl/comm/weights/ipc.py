@@ -23,6 +23,7 @@ for over ZeroMQ; the actor stays on IPC.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from typing import Callable, Protocol
@@ -118,10 +119,7 @@ def verify(msg: wire.WeightsIpc, expected: dict[str, wire.TensorInfo], provider:
 
 
 def _numel(t: wire.TensorInfo) -> int:
-    n = 1
-    for d in t.shape:
-        n *= d
-    return n
+    return math.prod(t.shape)
 
 
 class IpcExporter:
@@ -138,7 +136,9 @@ class IpcExporter:
         self.left: dict[str, str] = {}
         """Actors that could not open a handle (they take ZeroMQ), and why."""
         self.failed: str | None = None
-        self.exports = self.released = self.released_unacked = 0
+        self.exports = self.released = self.released_unacked = self.refused_acks = 0
+        self.newest = -1
+        """The newest version exported: an acknowledgement claims no more than it."""
         self.export_s = 0.0
 
     def fail(self, why: str) -> None:
@@ -169,6 +169,7 @@ class IpcExporter:
             return None
         self.live[version] = flat
         self.exports += 1
+        self.newest = version
         self._release()
         msg = wire.WeightsIpc(version=version, tensors=layout.infos, offsets=layout.offsets, total=layout.total,
                               provider=self.provider.name, handles=handles, sent_at=time.time(), learner=learner)
@@ -182,7 +183,10 @@ class IpcExporter:
 
     def ack(self, msg: wire.WeightsIpcAck) -> None:
         """An actor's acknowledgement (from the control channel): frees what no actor on IPC still needs."""
-        if msg.actor_id not in self.actors:
+        if msg.actor_id not in self.actors or msg.version > self.newest:
+            self.refused_acks += 1  # an actor this run does not have, or a version never exported: freed nothing
+            log.warning("weight sync ipc: refused an acknowledgement of version %d from %r (actors %s, newest "
+                        "version %d)", msg.version, msg.actor_id[:64], ", ".join(self.actors[:4]), self.newest)
             return
         if not msg.ok:
             if msg.actor_id not in self.left:
@@ -205,6 +209,7 @@ class IpcExporter:
     def report(self) -> dict:
         return {"ipc_versions": self.exports, "export_s": round(self.export_s, 3), "released": self.released,
                 "released_unacknowledged": self.released_unacked, "held": len(self.live), "failed": self.failed,
+                "refused_acknowledgements": self.refused_acks,
                 "actors_left": dict(self.left)}
 
     def close(self) -> None:

@@ -134,8 +134,9 @@ def test_an_exported_buffer_is_freed_only_once_every_actor_on_ipc_acknowledged_i
     assert sorted(exporter.live) == [1, 2]  # actor-1 has acknowledged nothing yet
     exporter.ack(wire.WeightsIpcAck(actor_id="actor-1", version=1))
     assert sorted(exporter.live) == [2]
-    exporter.ack(wire.WeightsIpcAck(actor_id="actor-9", version=2))  # no such actor: ignored
-    assert sorted(exporter.live) == [2]
+    exporter.ack(wire.WeightsIpcAck(actor_id="actor-9", version=2))  # no such actor
+    exporter.ack(wire.WeightsIpcAck(actor_id="actor-0", version=9))  # a version never exported
+    assert sorted(exporter.live) == [2] and exporter.report()["refused_acknowledgements"] == 2
     exporter.ack(wire.WeightsIpcAck(actor_id="actor-1", version=2, ok=False, reason="no CUDA"))
     assert exporter.live == {} and provider.held == 0  # actor-1 left: actor-0's acknowledgement is all it takes
     assert exporter.announcement(3, _state(3), "learner-a").handles[1] == []  # and it gets no handle any more
