@@ -4,7 +4,8 @@ A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and
 follow as separate frames so they travel without copies. Scored groups have one format, a batch
 (GroupBatchHeader; its arrays and their checks are streamrl.comm.codec's). Weights have one layout:
 a version is one flat byte buffer (every tensor at an aligned offset) that travels as chunks under
-the message cap (WeightsChunk; streamrl.comm.weights.chunks checks the layout).
+the message cap (WeightsChunk; streamrl.comm.weights.chunks checks the layout). The collective sync's and CUDA
+IPC's messages are streamrl.comm.sync_messages', decoded here with the rest.
 
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
@@ -19,9 +20,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-# 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
-# message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
-SCHEMA_VERSION = 2
+from streamrl.comm.schema import SCHEMA_VERSION
+from streamrl.comm.sync_messages import TensorInfo, WeightsCollective, WeightsIpc, WeightsIpcAck  # noqa: F401
 
 TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float32
@@ -115,19 +115,6 @@ class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
     groups: list[GroupEntry]
 
 
-class TensorInfo(Struct, array_like=True, frozen=True):
-    """One tensor of a state dict: its name, torch dtype name (e.g. "float32") and shape."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-
-    @classmethod
-    def of(cls, name: str, dtype, shape) -> "TensorInfo":
-        """From a torch dtype and shape (torch.float32, (2, 3) -> "float32", [2, 3])."""
-        return cls(name=name, dtype=str(dtype).removeprefix("torch."), shape=list(shape))
-
-
 class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
     """Frame 0 of one chunk of a weight version; frames 1.. hold its bytes, in order (split where the
     sender sends pieces of tensors in place).
@@ -173,47 +160,6 @@ class WeightsDelta(Struct, tag="weights_delta", kw_only=True):
     base: int
     """The version this chunk is the difference from (the learner's previous publish)."""
     crc32: int
-
-
-class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
-    """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
-    collective), cut into `buckets` of one dtype each (see streamrl.comm.weights.collective): receivers join the
-    broadcast when they see this, and allocate from it."""
-
-    schema: int = SCHEMA_VERSION
-    version: int
-    buckets: list[list[TensorInfo]]
-    sent_at: float = 0.0
-    learner: str = ""
-
-
-class WeightsIpc(Struct, tag="weights_ipc", kw_only=True):
-    """Announces `version` as one flat byte buffer in the learner's GPU memory (transport.weight_sync=ipc; see
-    streamrl.comm.weights.ipc): tensor i at byte offsets[i] of its `total` bytes. handles[k] opens it in actor k's
-    process (one per actor: CUDA IPC counts each holder), empty for an actor that left IPC; `checksum` is the
-    manifest's own (ipc.manifest_checksum), so a receiver refuses a damaged one before it opens anything."""
-
-    schema: int = SCHEMA_VERSION
-    version: int
-    tensors: list[TensorInfo]
-    offsets: list[int]
-    total: int
-    provider: str
-    handles: list[list[int | bytes | bool]]
-    sent_at: float = 0.0
-    learner: str = ""
-    checksum: int = 0
-
-
-class WeightsIpcAck(Struct, tag="weights_ipc_ack", kw_only=True):
-    """An actor copied IPC `version` out (ok), or could not open it (not ok, `reason`: it takes ZeroMQ from now on);
-    the learner frees a version's buffer once every actor on IPC acknowledged it or a newer one."""
-
-    schema: int = SCHEMA_VERSION
-    actor_id: str
-    version: int
-    ok: bool = True
-    reason: str = ""
 
 
 class WeightsRequest(Struct, tag="weights_request", kw_only=True):
