@@ -205,10 +205,11 @@ class AgentEpisodes(EpisodeRunner):
 
     def _start(self, e: _Episode) -> _Episode:
         client = self._client_for(e.id)
+        row = e.row.derived(e.row)  # the agent's own copy; a key it lacks is noted on e.row (data_errors)
 
         def run() -> None:
             try:
-                e.value = self.fn(client, e.row.derived(e.row))  # its own copy; a key it lacks is noted on e.row
+                e.value = self.fn(client, row)
             except BaseException as err:  # the user's bug: counted and logged with where it came from
                 e.error = err
             finally:
@@ -217,7 +218,7 @@ class AgentEpisodes(EpisodeRunner):
 
         async def run_async() -> None:
             try:
-                e.value = await self.fn(client, dict(e.row))
+                e.value = await self.fn(client, row)
             except BaseException as err:  # as run's (a timed-out episode's cancellation too)
                 e.error = err
             finally:

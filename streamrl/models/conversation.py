@@ -67,8 +67,8 @@ class Conversation:
         self.drift = 0
         """Turns whose rendering disagreed with the held ids (see the module docstring)."""
         self.spans: list[list] = []
-        """The completion's turns in order, each [role, ids, tools] (streamrl.comm.turn_spans: model,
-        environment or tool; tools: a tool turn's tools), their ids adding up to the completion's."""
+        """The completion's turns in order, each [role, tokens, tools] (streamrl.comm.turn_spans: model,
+        environment or tool; tools: a tool turn's tools), their tokens adding up to the completion's."""
 
     @classmethod
     def of_ids(cls, renderer: Renderer, ids: list[int]) -> "Conversation":

@@ -35,7 +35,7 @@ def test_bench_short_reports_ratios_against_same_run_references(tmp_path):
     endpoint = [line for line in out if line.startswith("bench=endpoint")]  # 1 and 16 requests at a time
     assert len(endpoint) == 2 and all("ratio_vs_direct=" in line and "overhead_ms=" in line for line in endpoint)
     agents = [line for line in out if line.startswith("bench=agents")]  # the two-turn task as agent and as env
-    assert len(agents) == 1 and "ratio_agent_vs_env=" in agents[0] and "client_floor_ms=" in agents[0]
+    assert len(agents) == 1 and "ratio_agent_vs_env=" in agents[0] and "ratio_floor=" in agents[0]
     learner = [line for line in out if line.startswith("bench=learner ")]
     assert len([line for line in out if line.startswith("bench=learner_logprob_chunk")]) == 1
     assert len(learner) == 1 and "vocab=151936" in learner[0] and "ratio_vs_plain=" in learner[0]

@@ -9,37 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from streamrl import config
-from streamrl.actors import backends
 from streamrl.actors import endpoint as endpoint_lib
-from streamrl.actors.agents import AgentEpisodes
 from streamrl.actors.endpoint import Request
-from streamrl.models import model as model_lib
-from streamrl.tasks import rewards
-from streamrl.tasks.base import Prompt
 
 pytest.importorskip("openai")
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "copy-agent"
-
-
-def _runner(tmp_path, agent_body: str, *overrides) -> AgentEpisodes:
-    path = tmp_path / "agents.py"
-    path.write_text(agent_body)
-    cfg = config.load(str(EXAMPLE / "config.yaml"), [
-        f"task.data={EXAMPLE / 'train.jsonl'}", f"task.agent={path}:agent", "actors.group_size=2",
-        f"run_dir={tmp_path}", *overrides])
-    reward = rewards.build(cfg)
-    model, tok = model_lib.build(cfg, reward.task.vocabulary)
-    backend = backends.build("hf", cfg, model, tok)
-    return AgentEpisodes(cfg, 0, backend, tok, reward, "actor-0", backend.eos_ids)
-
-
-def _prompts(k: int) -> list[Prompt]:
-    return [Prompt(id=f"p{i}", text="copy : a b c d =", columns={"target": "a b c d"}) for i in range(k)]
+from test_endpoint_attacks import _prompts, _runner  # noqa: E402  (the runner those tests build, on the same example)
 
 
 def _http_requests(runner) -> int:

@@ -205,11 +205,11 @@ __all__ = ["BrokenTaskset", "CopyHarness"]
 """
 
 
-def test_an_episode_whose_reward_raises_is_the_agents_failure_counted_and_scored_lowest(tmp_path, monkeypatch):
+def test_an_episode_whose_reward_raises_is_the_agents_failure_counted_and_left_unscored(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLE))
     (tmp_path / "broken_v1").mkdir()
     (tmp_path / "broken_v1" / "__init__.py").write_text(BROKEN)
     _, groups, _, done, turns, _ = _run([f"task.verifiers_env={tmp_path / 'broken_v1'}", "task.verifiers_args={}",
                                          "task.reward_fail_threshold=1.0"], tmp_path, prompts=2)
     assert done.reward_raised == 16 and len(turns) == 16  # every episode ran its turn, then its scoring failed
-    assert all(r == 0.0 for g in groups for r in g.rewards)
+    assert groups == [] and done.groups_unscored == 2  # unscored, never the lowest level: nothing of them is sent
