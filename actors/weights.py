@@ -2,9 +2,9 @@
 
 One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts; it asks
 for the newest weights through the actor's control `Inbox`), the collective group's end when
-`transport.weight_sync: collective` (an announced version that fails there is asked for over ZeroMQ
-instead, inside the subscriber), loading a version into the backend, noticing a restarted learner,
-and in-flight updates between decoding steps. The actor's loop calls `first`, `update` and
+`transport.weight_sync: collective` or the CUDA IPC receiver when `ipc` (an announced version that fails
+there is asked for over ZeroMQ instead, inside the subscriber), loading a version into the backend, noticing a
+restarted learner, and in-flight updates between decoding steps. The actor's loop calls `first`, `update` and
 `wait_newer`, hands `in_flight` to the backend, and reads `version` and `life`; the learner's notices
 (shutdown, demand, eval requests) are the inbox's.
 """
@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import zmq
 
+from streamrl.comm import wire
 from streamrl.comm.control import Inbox
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import endpoint
@@ -49,7 +50,10 @@ class ActorWeights:
             # Subscribed first: the learner announces its first collective version as soon as the group forms.
             self.sync = ActorSync(host, t.weight_sync_port, index, cfg.actors.num, t.weight_sync_timeout_s,
                                   t.weight_sync_rendezvous_s, lora.published(model.state_dict()))
-            self.subscriber.collective = self.sync.receive
+            self.subscriber.sync = self.sync.receive
+        elif t.weight_sync == "ipc":
+            self.sync = _ipc(self.actor_id, model, inbox)
+            self.subscriber.sync = self.sync.receive if self.sync else None
         self.version = 0
         """The policy version the backend holds (0 before any weights)."""
         self.life = 0
@@ -146,3 +150,16 @@ class ActorWeights:
         if self.sync:
             self.sync.close()
         self.subscriber.close()
+
+
+def _ipc(actor_id: str, model: torch.nn.Module, inbox: Inbox):
+    """The CUDA IPC receiver on the model's device, or None (one log line) where this process has no CUDA."""
+    from streamrl.comm.weights.ipc import CudaIpc, IpcReceiver
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        why = f"the model is on {device}, not a CUDA device"
+        log.error("weight sync ipc: %s: %s; weights go over ZeroMQ", actor_id, why)
+        inbox.ack(wire.WeightsIpcAck(actor_id=actor_id, version=-1, ok=False, reason=why))  # no handles for it
+        return None
+    return IpcReceiver(CudaIpc(), actor_id, lora.published(model.state_dict()), device, inbox.ack)

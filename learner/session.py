@@ -78,9 +78,10 @@ class Session:
         self.receiver = GroupReceiver(self.ctx, endpoint(t.host, t.group_port), t.recv_hwm, t.max_message_bytes,
                                       vocab_size, self.curve, self.reward_range)
         self.telemetry, self.health, self.server = _monitoring(cfg, reward_levels)
-        self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ or collective
+        self.weights = LearnerWeights(cfg, self.ctx, self.curve, engine, self.telemetry)  # ZeroMQ, collective or IPC
         self.control = ControlServer(self.ctx, endpoint(t.host, t.weights_request_port), self.weights.publisher,
                                      self.curve)
+        self.control.acks = self.weights.acks  # weight_sync=ipc: a version's buffer is freed once acknowledged
         mine = fingerprint.of(cfg)
         self.control.admit = lambda actor, theirs: (
             None if theirs is None or not (diff := fingerprint.differences(mine, theirs)) else

@@ -3,9 +3,9 @@
 One object owns everything weights on the learner side: the ZeroMQ publisher (broadcasts, and
 re-broadcasts for actors that ask on the control channel), the collective group's end when
 `transport.weight_sync: collective` (a version that fails there goes over ZeroMQ, and the
-collective is left for good), settling a background copy before the optimizer changes the
-parameters it reads, and the publish metrics. The learner's loop sees `publish`, `settle`,
-`flush`, `close` and `report`.
+collective is left for good) or the CUDA IPC exporter when `ipc` (the same face), settling a background
+copy before the optimizer changes the parameters it reads, and the publish metrics. The learner's loop sees
+`publish`, `settle`, `flush`, `close` and `report`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import zmq
 
 from streamrl.comm.security import Curve
 from streamrl.comm.sockets import endpoint
+from streamrl.comm.weights.ipc import CudaIpc, IpcExporter
 from streamrl.comm.weights.publisher import WeightPublisher
+from streamrl.comm.wire import WeightsCollective
 from streamrl.config import Config
 from streamrl.learner.engine import Engine
 from streamrl.telemetry import prometheus_metrics
@@ -30,7 +32,9 @@ class LearnerWeights:
         self.publisher = WeightPublisher(ctx, endpoint(t.host, t.weights_port), t.max_message_bytes, curve,
                                          delta_mode=t.weights_delta, full_every=t.weights_delta_full_every)
         """The ZeroMQ end; the control channel's requests are answered through it."""
-        self.sync = _collective(cfg)
+        self.sync = _sync(cfg)
+        self.acks = self.sync.ack if isinstance(self.sync, IpcExporter) else None
+        """For the control channel: actors' acknowledgements of IPC versions (None unless weight_sync=ipc)."""
         # A publish copies and sends in the background during the next forward/backward: the
         # optimizer step waits for that copy before it changes the parameters the copy reads.
         engine.before_step = self.publisher.settle
@@ -49,9 +53,11 @@ class LearnerWeights:
         nbytes = self.publisher.publish(version, state, broadcast=not collective, wait=False)
         sent = {"full": 0, "delta": 0}
         if collective:
-            self.publisher.announce(self.sync.announcement(version, state, self.publisher.session))
-            if self.sync.send(version, state):
-                sent["full"] = nbytes
+            msg = self.sync.announcement(version, state, self.publisher.session)  # None: IPC could not export it
+            if msg is not None:
+                self.publisher.announce(msg)
+            if msg is not None and self.sync.send(version, state):
+                sent["full"] = nbytes if isinstance(msg, WeightsCollective) else 0  # IPC puts no bytes on a wire
             else:
                 self.publisher.publish(version, state, wait=False)
         self.telemetry.observe_publish(time.perf_counter() - t0, self._sent_since(sent))
@@ -95,9 +101,12 @@ class LearnerWeights:
                 **({"weight_sync": self.sync.report()} if self.sync else {})}
 
 
-def _collective(cfg: Config):
-    """The collective weight-sync group's learner end (forming in the background), or None for zmq."""
+def _sync(cfg: Config):
+    """The learner end of the other way weights go: the collective group (forming in the background), the CUDA IPC
+    exporter, or None for zmq."""
     t = cfg.transport
+    if t.weight_sync == "ipc":
+        return IpcExporter(CudaIpc(), cfg.actors.num)
     if t.weight_sync != "collective":
         return None
     from streamrl.comm.weights.collective import LearnerSync

@@ -42,9 +42,10 @@ def options(actors: ActorConfig, cls: type[OptionsT]) -> OptionsT:
 
 
 HF = Plugin(load="streamrl.actors.backends.hf:HFBackend", options=HFOptions,
-            capabilities={"inflight_updates", "inflight_lora", "collective_sync", "full_logprobs", "cpu_fork",
-                          "device_choice"})
-"""transformers (CPU or one GPU): pauses between decoding steps, takes NCCL broadcasts, reports full log-probs."""
+            capabilities={"inflight_updates", "inflight_lora", "collective_sync", "ipc_sync", "full_logprobs",
+                          "cpu_fork", "device_choice"})
+"""transformers (CPU or one GPU): pauses between decoding steps, takes NCCL broadcasts and CUDA IPC handles, reports
+full log-probs."""
 VLLM = Plugin(load="streamrl.actors.backends.vllm:VLLMBackend", options=EngineOptions,
               capabilities={"inflight_updates", "tensor_parallel", "engine_memory"})
 """vLLM: in-flight updates between engine steps; log-probs of the top-p truncated distribution."""

@@ -1,10 +1,10 @@
 """The control channel: actors' DEALERs ask, the learner's ROUTER answers and notifies.
 
 Up: an actor asks for the newest weights (WeightsRequest, carrying its fingerprint: the learner's
-admission). Down, to each actor that asked: Demand, Pace, Shutdown and EvalRequest. These notices go
-through the ROUTER rather than the weight broadcast because PUB drops messages when a subscriber's
-small queue is full of weights, and a notice must not be lost. A weight request is answered on the
-weight channel itself (a re-broadcast, `WeightPublisher.answer`), never here.
+admission), and acknowledges a version it took over CUDA IPC (WeightsIpcAck). Down, to each actor that asked:
+Demand, Pace, Shutdown and EvalRequest. These notices go through the ROUTER rather than the weight broadcast
+because PUB drops messages when a subscriber's small queue is full of weights, and a notice must not be lost. A
+weight request is answered on the weight channel itself (a re-broadcast, `WeightPublisher.answer`), never here.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class ControlServer:
         self.pacing: wire.Pace | None = None  # the newest Pace sent (`pace`)
         self.dealer: Callable[[wire.PromptsRequest, zmq.Frame], wire.Deal] | None = None
         """task.epochs: the learner's dealer, answering an actor's PromptsRequest (and the frame it came in)."""
+        self.acks: Callable[[wire.WeightsIpcAck], None] | None = None
+        """transport.weight_sync=ipc: the learner's exporter, taking an actor's acknowledgement of a version."""
 
     def serve(self) -> int:
         """Take every waiting WeightsRequest; returns how many were answered now (a re-broadcast of the
@@ -57,6 +59,9 @@ class ControlServer:
                 msg = wire.decode_header(body)
                 if isinstance(msg, wire.PromptsRequest) and self.dealer is not None:
                     self._deal(identity, msg)
+                    continue
+                if isinstance(msg, wire.WeightsIpcAck) and self.acks is not None:
+                    self.acks(msg)
                     continue
                 if not isinstance(msg, wire.WeightsRequest):
                     raise wire.WireError("unexpected_type", f"expected weights_request, got {type(msg).__name__}")
@@ -219,6 +224,14 @@ class Inbox:
         """The learner's newest pacing not yet taken, once."""
         p, self.pace = self.pace, None
         return p
+
+    def ack(self, msg: wire.WeightsIpcAck) -> None:
+        """Acknowledge an IPC version (the learner frees its buffer); dropped if no connection can take it now (the
+        next acknowledgement covers it: each one covers every older version)."""
+        try:
+            self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def ask_prompts(self, msg: wire.PromptsRequest) -> bool:
         """Send a PromptsRequest; False if no learner connection can take it now (ask again later)."""

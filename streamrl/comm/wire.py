@@ -4,7 +4,8 @@ A message is a list of ZeroMQ frames: frame 0 is the msgspec-encoded header, and
 follow as separate frames so they travel without copies. Scored groups have one format, a batch
 (GroupBatchHeader; its arrays and their checks are streamrl.comm.codec's). Weights have one layout:
 a version is one flat byte buffer (every tensor at an aligned offset) that travels as chunks under
-the message cap (WeightsChunk; streamrl.comm.weights.chunks checks the layout).
+the message cap (WeightsChunk; streamrl.comm.weights.chunks checks the layout). The collective sync's and CUDA
+IPC's messages are streamrl.comm.sync_messages', decoded here with the rest.
 
 Nothing here ever unpickles: decoding is msgspec plus explicit checks, and every failure is a
 `WireError` with a short `reason` label that receivers count by.
@@ -19,9 +20,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-# 2: scored groups may carry a model-token mask (a fifth frame). A peer of another version is refused,
-# message by message (`schema_version`, naming both versions): the two ends must agree on every frame.
-SCHEMA_VERSION = 2
+from streamrl.comm.schema import SCHEMA_VERSION
+from streamrl.comm.sync_messages import TensorInfo, WeightsCollective, WeightsIpc, WeightsIpcAck  # noqa: F401
 
 TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float32
@@ -115,19 +115,6 @@ class GroupBatchHeader(Struct, tag="scored_group_batch", kw_only=True):
     groups: list[GroupEntry]
 
 
-class TensorInfo(Struct, array_like=True, frozen=True):
-    """One tensor of a state dict: its name, torch dtype name (e.g. "float32") and shape."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-
-    @classmethod
-    def of(cls, name: str, dtype, shape) -> "TensorInfo":
-        """From a torch dtype and shape (torch.float32, (2, 3) -> "float32", [2, 3])."""
-        return cls(name=name, dtype=str(dtype).removeprefix("torch."), shape=list(shape))
-
-
 class WeightsChunk(Struct, tag="weights_chunk", kw_only=True):
     """Frame 0 of one chunk of a weight version; frames 1.. hold its bytes, in order (split where the
     sender sends pieces of tensors in place).
@@ -173,18 +160,6 @@ class WeightsDelta(Struct, tag="weights_delta", kw_only=True):
     base: int
     """The version this chunk is the difference from (the learner's previous publish)."""
     crc32: int
-
-
-class WeightsCollective(Struct, tag="weights_collective", kw_only=True):
-    """Announces that `version` follows over the collective weight-sync group (transport.weight_sync=
-    collective), cut into `buckets` of one dtype each (see streamrl.comm.weights.collective): receivers join the
-    broadcast when they see this, and allocate from it."""
-
-    schema: int = SCHEMA_VERSION
-    version: int
-    buckets: list[list[TensorInfo]]
-    sent_at: float = 0.0
-    learner: str = ""
 
 
 class WeightsRequest(Struct, tag="weights_request", kw_only=True):
@@ -366,8 +341,9 @@ class ActorFailure(Struct, tag="actor_failure", kw_only=True):
     """What its window counts: samples, episodes (an environment), calls (a tool)."""
 
 
-Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsRequest, Shutdown, Demand,
-               Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal, ActorFailure]
+Header = Union[GroupBatchHeader, WeightsChunk, WeightsDelta, WeightsCollective, WeightsIpc, WeightsIpcAck,
+               WeightsRequest, Shutdown, Demand, Pace, ActorReport, EvalRequest, EvalResult, PromptsRequest, Deal,
+               ActorFailure]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Header)

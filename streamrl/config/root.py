@@ -111,9 +111,10 @@ class Config(_Section):
         """What the run asks of its generation backend, against what the backend declares it can do."""
         backend = self.actors.backend
         can = functools.partial(BACKENDS.can, backend)
-        if self.transport.weight_sync == "collective" and not can("collective_sync"):
-            raise ValueError(f"transport.weight_sync=collective: wired for actors.backend="
-                             f"{' or '.join(BACKENDS.with_capability('collective_sync'))} only (the {backend} engine "
+        sync = self.transport.weight_sync
+        if sync != "zmq" and not can(f"{sync}_sync"):
+            raise ValueError(f"transport.weight_sync={sync}: wired for actors.backend="
+                             f"{' or '.join(BACKENDS.with_capability(f'{sync}_sync'))} only (the {backend} engine "
                              "takes weights over ZeroMQ, from shared memory or in buckets); use zmq")
         if self.strict and self.actors.top_p < 1 and not can("full_logprobs"):
             raise ValueError(f"actors.top_p={self.actors.top_p} with actors.backend={backend}: on_policy strict refuses "

@@ -26,8 +26,8 @@ class TransportConfig(_Section):
     """Folder made by `streamrl keys`: CurveZMQ encryption, and the learner admits only keys in its authorized/."""
     max_message_bytes: PositiveInt = 256 * 1024 * 1024
     """Largest message a socket accepts; bigger ones are dropped by ZeroMQ."""
-    weight_sync: Literal["zmq", "collective"] = "zmq"
-    """Weights to actors: zmq (PUB/SUB) or collective (bucketed NCCL broadcast, gloo on CPU; falls back to zmq)."""
+    weight_sync: Literal["zmq", "collective", "ipc"] = "zmq"
+    """Weights to actors: zmq, collective (NCCL broadcast, gloo on CPU) or ipc (CUDA IPC, one node); else zmq."""
     weights_delta: Literal["auto", "on", "off"] | bool = "off"
     """Weights as differences from the previous version (XOR, zstd, CRC-32 checked; full when needed): on, auto (when smaller), off."""
     weights_delta_full_every: PositiveInt = 20

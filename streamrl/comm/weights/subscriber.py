@@ -22,14 +22,17 @@ from streamrl.comm.weights import assembly, chunks, encoders
 
 log = logging.getLogger(__name__)
 
-ASK_AGAIN = frozenset({"weights_checksum", "delta_base", "delta_corrupt", "delta_checksum"})
+ASK_AGAIN = frozenset({"weights_checksum", "delta_base", "delta_corrupt", "delta_checksum", "ipc_manifest"})
 """Why a version that arrived is refused and asked for again (in full): its bytes were damaged on the way, or a
-delta does not apply to the base held. One rule for full versions and deltas."""
+delta does not apply to the base held, or an IPC manifest was damaged. One rule for every way a version comes."""
+
+Announced = wire.WeightsCollective | wire.WeightsIpc
+"""A version announced on this channel that comes another way (`WeightSubscriber.sync` takes it)."""
 
 
 def _on_host(got: tuple[int, dict]) -> tuple[int, dict]:
-    """A version to keep aside: frames as received (host memory already), or a collective's device tensors copied
-    to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
+    """A version to keep aside: frames as received (host memory already), or a collective's (or IPC's) device tensors
+    copied to the host (a second copy of the weights must not sit in the engine's device memory until the next one)."""
     if isinstance(got[1], assembly.Received) or all(t.device.type == "cpu" for t in got[1].values()):
         return got
     return got[0], {name: t.to("cpu") for name, t in got[1].items()}
@@ -47,12 +50,13 @@ class WeightSubscriber:
     """
 
     def __init__(self, ctx: zmq.Context, pub_addr: str, inbox: Inbox, max_bytes: int, curve: Curve | None = None,
-                 collective: Callable[[wire.WeightsCollective], dict | None] | None = None,
+                 sync: Callable[[Announced], dict | None] | None = None,
                  max_version_bytes: int = 1 << 40, keep_base: bool = False):
         """keep_base: keep the bytes of the version last taken in, the base a delta version is applied to
         (transport.weights_delta on or auto; without it a delta is refused and a full version asked for)."""
-        self.collective = collective
-        """Takes an announced collective sync and returns its tensors, or None (then ask the ROUTER)."""
+        self.sync = sync
+        """Takes a version announced for another way (the collective group, CUDA IPC) and returns its tensors, or
+        None (then it is asked for on the ROUTER, and that way is left for good)."""
         self.sub = make(ctx, zmq.SUB, max_bytes, curve)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(pub_addr)
@@ -175,16 +179,10 @@ class WeightSubscriber:
             header = header or wire.decode_header(frames)
             if self.inbox.note(header):  # a shutdown broadcast
                 return None
-            if isinstance(header, wire.WeightsCollective):
-                # The group is the learner life this actor joined it with (or its first weights come
-                # this way); a restarted learner's announcement means the old group is gone.
-                same_life = self.learner in (None, header.learner)
-                tensors = self.collective(header) if self.collective and same_life else None
-                if tensors is None:  # not (or no longer) in the group: the ROUTER has the same version
-                    self.collective = None
-                    self.request(header.version - 1)
+            if isinstance(header, (wire.WeightsCollective, wire.WeightsIpc)):
+                got = self._announced(header)
+                if got is None:
                     return None
-                got = (header.version, tensors)
             elif isinstance(header, wire.WeightsChunk):
                 got = self._chunk(frames, header, chunks.chunk_payload(frames, header))
                 if got is None:
@@ -214,6 +212,20 @@ class WeightSubscriber:
             self._held = -1
         self._held = max(self._held, got[0])
         return got
+
+    def _announced(self, header: Announced) -> tuple[int, dict] | None:
+        """A version that comes another way, taken through `sync`; asked for on the ROUTER when that fails."""
+        if isinstance(header, wire.WeightsIpc) and header.learner == self.learner and header.version <= self._held:
+            return None  # stale: a newer version is held (a collective one cannot be skipped: the group waits)
+        # The group is the learner life this actor joined it with (or its first weights come this way); a
+        # restarted learner's announcement means the old group is gone (an IPC handle opens the same either way).
+        same_life = self.learner in (None, header.learner) or isinstance(header, wire.WeightsIpc)
+        tensors = self.sync(header) if self.sync and same_life else None
+        if tensors is None:  # not (or no longer) that way: the ROUTER has the same version
+            self.sync = None
+            self.request(header.version - 1)
+            return None
+        return header.version, tensors
 
     def _delta(self, frames, d: wire.WeightsDelta) -> tuple[int, dict] | None:
         """Take one delta chunk: the new chunk made from the base and checked, then taken in as `_chunk` takes a

@@ -4,6 +4,7 @@ restart seen mid-generation, and the learner's optimizer hook."""
 
 from __future__ import annotations
 
+import logging
 import time
 import types
 
@@ -41,9 +42,18 @@ def engine_at(value: float):
 
 @pytest.fixture
 def setup():
+    yield from _setup([])
+
+
+@pytest.fixture
+def setup_ipc():
+    yield from _setup(["transport.weight_sync=ipc", "actors.num=1"])
+
+
+def _setup(overrides: list[str]):
     weights_port, request_port = free_ports(2)
     cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}",
-                      "actors.inflight_updates=true", "actors.weights_timeout_s=20"])
+                      "actors.inflight_updates=true", "actors.weights_timeout_s=20", *overrides])
     ctx = zmq.Context()
     opened = []
 
@@ -72,6 +82,7 @@ class _Learner(LearnerWeights):
         super().__init__(cfg, ctx, None, engine, telemetry)
         self.control = ControlServer(ctx, endpoint(cfg.transport.host, cfg.transport.weights_request_port),
                                      self.publisher)
+        self.control.acks = self.acks
 
     def shutdown(self) -> None:
         self.control.shutdown()
@@ -201,3 +212,55 @@ def test_prometheus_counts_the_bytes_actually_sent_full_and_as_deltas_apart():
     assert (full_versions, delta_versions) == (1, 3)
     assert sent("full") == full_bytes == learner.last_bytes  # one whole version
     assert sent("delta") == delta_bytes and 0 < delta_bytes < learner.last_bytes / 20  # what went, not 3 x the model
+
+
+def test_weight_sync_ipc_without_cuda_falls_back_to_zeromq_end_to_end_with_one_line_each_side(setup_ipc, caplog,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (and CUDA stays untouched where there is one)
+    new_learner, new_actor = setup_ipc
+    with caplog.at_level(logging.ERROR):
+        learner, backend = new_learner(1.0), Recorder()
+        actor = new_actor(backend)
+        learner.publish(0)
+        assert actor.first(serving(learner))
+        for v in (1, 2):
+            learner.settle()
+            learner.engine.state["w"].fill_(10.0 + v)
+            learner.publish(v)
+        while actor.version < 2:
+            assert actor.wait_newer(serving(learner))
+    assert float(backend.loads[-1]["w"][0, 0]) == 12.0
+    lines = [r.message for r in caplog.records if "weight sync ipc" in r.message]
+    assert lines == ["weight sync ipc: actor-0: the model is on cpu, not a CUDA device; weights go over ZeroMQ",
+                     "weight sync ipc: no CUDA on the learner; weights go over ZeroMQ from now on"]
+    assert learner.report()["weight_sync"]["ipc_versions"] == 0 and "weight_sync" not in actor.report()
+
+
+def test_weight_sync_ipc_carries_versions_from_learner_to_actor_and_frees_them_on_acknowledgement(setup_ipc,
+                                                                                                  monkeypatch):
+    import sys
+
+    from fakes.ipc import SameProcess
+
+    from streamrl.comm.weights import ipc
+
+    provider = SameProcess()  # CUDA IPC's stand-in on CPU: learner and actor share this process
+    monkeypatch.setattr(sys.modules[LearnerWeights.__module__], "CudaIpc", lambda: provider)
+    monkeypatch.setattr(sys.modules[ActorWeights.__module__], "_ipc", lambda actor_id, model, inbox: ipc.IpcReceiver(
+        provider, actor_id, engine_at(0.0).state, torch.device("cpu"), inbox.ack))
+    new_learner, new_actor = setup_ipc
+    learner, backend = new_learner(1.0), Recorder()
+    actor = new_actor(backend)
+    learner.publish(0)
+    assert actor.first(serving(learner))  # the first version comes on request, over ZeroMQ
+    for v in (1, 2):
+        learner.settle()
+        learner.engine.state["w"].fill_(10.0 + v)
+        learner.publish(v)
+        while actor.version < v:
+            assert actor.wait_newer(serving(learner))
+    assert [float(s["w"][0, 0]) for s in backend.loads][-1] == 12.0
+    assert actor.report()["weight_sync"]["syncs"] >= 1 and actor.report()["weight_sync"]["failed"] is None
+    until(lambda: serving(learner)() or learner.sync.acked.get("actor-0") == 2)
+    assert provider.held == 0
+    assert learner.report()["weight_sync"]["ipc_versions"] == 3

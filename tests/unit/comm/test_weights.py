@@ -348,16 +348,16 @@ def test_a_collective_announcement_is_answered_by_the_group_and_a_failed_group_f
     from_group = {"w": torch.zeros(4, 3), "b": torch.zeros(3, dtype=torch.bfloat16)}
     joined = []
     sub = track(_subscriber(ctx, track, bound(pub.pub), bound(pub_ctl.sock), "actor-0", MAX_BYTES,
-                                 collective=lambda msg: joined.append(msg.version) or from_group))
+                                 sync=lambda msg: joined.append(msg.version) or from_group))
     assert sub.wait_for(0, timeout_s=5.0, ask_every_s=0.2, stop=_serving(pub_ctl))[0] == 0  # learns the session
     pub.publish(1, _state(1), broadcast=False)  # kept for requests only: the group carries it
     got = _announce_until_seen(pub, pub_ctl, sub, 1)
     assert got is not None and got[1] is from_group and joined[-1] == 1
-    sub.collective = lambda msg: None  # the group failed on this actor's side
+    sub.sync = lambda msg: None  # the group failed on this actor's side
     pub.publish(2, _state(2), broadcast=False)
     got = _announce_until_seen(pub, pub_ctl, sub, 2)
     assert got is not None and torch.equal(got[1]["w"], _state(2)["w"])  # the same version, from the ROUTER
-    assert sub.collective is None  # and the collective is left for good
+    assert sub.sync is None  # and the collective is left for good
 
 
 def test_a_request_during_a_background_publish_gets_that_version_once_its_copy_is_complete(zmq_ctx):

@@ -350,6 +350,13 @@ def test_difficulty_band_needs_low_below_high():
     assert "difficulty.low=0.5" in msg and "high (0.4)" in msg
 
 
+def test_ipc_weight_sync_is_taken_for_hf_and_refused_on_the_engines():
+    assert "transport.weight_sync=ipc: wired for actors.backend=hf only" in _error("actors.backend=vllm",
+                                                                                  "transport.weight_sync=ipc")
+    assert load(None, ["transport.weight_sync=ipc"]).transport.weight_sync == "ipc"
+    assert load(None, []).transport.weight_sync == "zmq"  # the default stays
+
+
 def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
     assert "wired for actors.backend=hf only" in _error("actors.backend=sglang", "transport.weight_sync=collective")
     assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"
