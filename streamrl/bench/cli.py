@@ -58,6 +58,7 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
 OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness"),
             "stability": ("stability", "stability"), "time-to-target": ("time_to_target", "time_to_target")}
 SWEEPS = ("staleness", "stability", "time-to-target")  # the benches that take the `sweeps` options
+OPTIONED = (*SWEEPS, "learner")  # the benches given the command's options their function takes (learner: --shape)
 
 
 def names() -> list[str]:
@@ -70,14 +71,15 @@ def bench(name: str):
 
 
 def run(names: list[str], short: bool, sweeps: dict | None = None) -> list[dict]:
-    """sweeps: the sweep benches' options (objectives, lags, seeds, steps, ...), each given the ones it takes."""
+    """sweeps: the options of the benches in OPTIONED (objectives, lags, seeds, steps, shape, ...), each given the
+    ones it takes."""
     import inspect
     import os
 
     rows = []
     env = dict(os.environ)
     for name in names or list(BENCHES):
-        takes = inspect.signature(bench(name)).parameters if name in SWEEPS else {}
+        takes = inspect.signature(bench(name)).parameters if name in OPTIONED else {}
         options = {k: v for k, v in (sweeps or {}).items() if v is not None and k in takes}
         try:
             for row in bench(name)(short=short, **options):
@@ -98,6 +100,11 @@ def add_parser(subparsers) -> None:
                         "forced lag: many training runs), stability (5,000-step runs) and time-to-target "
                         "(max_staleness against wall time to a reward)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
+    from streamrl.models.release_model import SHAPES  # plain data: the module imports torch only when it builds
+
+    p.add_argument("--shape", choices=list(SHAPES),
+                   help="learner: the decoder's size (default: the release folder's; qwen3-0.6b: 752M parameters, "
+                        "for a GPU)")
     s = p.add_argument_group("sweeps", "options of staleness, stability and time-to-target, each taking those "
                                        "that apply to it (docs/reference/benchmarks.md)")
     s.add_argument("--objectives", nargs="+", metavar="LOSS",
@@ -125,5 +132,5 @@ def add_parser(subparsers) -> None:
 def main(args: argparse.Namespace) -> int:
     run(args.names, short=args.short, sweeps={k: getattr(args, k) for k in (
         "objectives", "lags", "seeds", "steps", "tasks", "jobs", "out", "overrides", "cores_per_run", "values",
-        "target", "timeout_s")})
+        "target", "timeout_s", "shape")})
     return 0

@@ -19,6 +19,11 @@ against the formulation it replaced (gather minus logsumexp, after dividing by t
 Reported: the learner's completion tokens/s and its ratio to each reference (time of the
 reference / time of the learner), the median of the rounds, and the loss each path computed on
 the first batch (the same weights and batch: they must agree).
+
+It runs where the learner trains: on a CUDA GPU when there is one (DeepSpeed's accelerator), in bf16 there (the
+references in fp32 weights under bf16 autocast, as a plain torch loop is written), and there it also reports the
+model FLOPs utilisation and the learner's peak memory against `streamrl plan`'s estimate. `--shape qwen3-0.6b`
+takes Qwen3-0.6B's decoder (752M parameters) instead of the release folder's small one (issue 49).
 """
 
 from __future__ import annotations
@@ -32,17 +37,30 @@ import torch
 from streamrl.config import Config
 
 
-def _model(seed: int = 0):
-    """A random-init Qwen3ForCausalLM of the release folder's config (fp32), without writing the folder."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+"""Dense bf16 peak per second by GPU name (NVIDIA's data sheets, SXM parts, no sparsity): the MFU's denominator."""
 
-    from streamrl.models.release_model import SHAPE, VOCAB_SIZE
 
-    config = Qwen3Config(vocab_size=VOCAB_SIZE, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                         rope_theta=1_000_000.0, tie_word_embeddings=False, torch_dtype="float32", **SHAPE)
+def _model(shape: str = "release", seed: int = 0):
+    """A random-init Qwen3ForCausalLM of the release folder's config at `shape` (fp32), without writing the folder."""
+    from transformers import Qwen3ForCausalLM
+
+    from streamrl.models.release_model import model_config
+
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen3ForCausalLM(config).float()
+        return Qwen3ForCausalLM(model_config(shape)).float()
+
+
+def train_flops(model, batch) -> float:
+    """FLOPs of one training step's useful work (forward + backward = 6 per parameter and token): the decoder's
+    parameters (all but the embedding and the output layer) over every real token, and the output layer over the
+    completion positions only, where log-probs are needed. Attention's seq² term is left out (it is under 1% at
+    these lengths: 2·L·d per token and layer against 12·d² of the weights)."""
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    decoder = sum(p.numel() for p in model.parameters()) - embed.numel() - head.numel()
+    real, completion = int(batch.attention_mask.sum()), int(batch.completion_mask.sum())
+    return 6.0 * (decoder * real + head.numel() * completion)
 
 
 def _batch(groups: int, group_size: int, prompt: tuple[int, int], completion: tuple[int, int], vocab: int,
@@ -70,44 +88,70 @@ def _batch(groups: int, group_size: int, prompt: tuple[int, int], completion: tu
 def _reference_step(model, optimizer, cfg: Config, batch, adv: torch.Tensor, lean: bool) -> float:
     """One plain-torch optimizer step over the learner's micro-batches of `batch`; returns the loss.
 
-    lean: project only the completion positions onto the vocabulary (else: the model's full logits)."""
-    from streamrl.algo import losses
+    lean: project only the completion positions onto the vocabulary (else: the model's full logits). On CUDA the
+    forward and backward run under bf16 autocast."""
     from streamrl.learner.batch import micro_batches
 
     lc, T = cfg.loss, cfg.actors.temperature
     lengths = batch.attention_mask.sum(-1)
     n_tokens = float(batch.num_tokens)
-    flat_adv = adv.flatten()
+    dev = next(model.parameters()).device
+    flat_adv = adv.flatten().to(dev)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
     total = 0.0
     for rows in micro_batches(lengths.tolist(), cfg.learner.micro_batch_tokens):
         length = int(lengths[rows].max())
-        ids, attn = batch.input_ids[rows, :length], batch.attention_mask[rows, :length]
-        mask = batch.completion_mask[rows, :length - 1]
-        if lean:
-            h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (b, l-1, H)
-            where = mask.bool()
-            logits = model.lm_head(h[where]).float()  # (n, V)
-            logits = logits / T if T != 1.0 else logits
-            picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
-            logp = torch.zeros(mask.shape, dtype=torch.float32).index_put((where.nonzero(as_tuple=True)), picked)
-        else:
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / T  # (b, l-1, V)
-            logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        out = losses.compute(lc.name, logp, batch.behaviour_logprobs[rows, :length - 1], flat_adv[rows], mask,
-                             clip_low=lc.clip_low, clip_high=lc.clip_high, is_cap=lc.is_cap, token_count=n_tokens,
-                             aggregation=lc.aggregation, sequence_count=float(batch.input_ids.shape[0]))
-        out.loss.backward()
-        total += float(out.loss.detach())
+        ids, attn = batch.input_ids[rows, :length].to(dev), batch.attention_mask[rows, :length].to(dev)
+        mask = batch.completion_mask[rows, :length - 1].to(dev)
+        with autocast:
+            total += _reference_loss(model, lc, T, ids, attn, mask, batch.behaviour_logprobs[rows, :length - 1].to(dev),
+                                     flat_adv[rows], n_tokens, float(batch.input_ids.shape[0]), lean)
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total
 
 
+def _reference_loss(model, lc, T: float, ids, attn, mask, behaviour, adv, n_tokens: float, n_seqs: float,
+                    lean: bool) -> float:
+    """One micro-batch's loss, backward done; ids, attn (b, l), mask, behaviour (b, l-1), adv (b,)."""
+    from streamrl.algo import losses
+
+    if lean:
+        h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # (b, l-1, H)
+        where = mask.bool()
+        logits = model.lm_head(h[where]).float()  # (n, V)
+        logits = logits / T if T != 1.0 else logits
+        picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).index_put(
+            where.nonzero(as_tuple=True), picked.float())
+    else:
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / T  # (b, l-1, V)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    out = losses.compute(lc.name, logp, behaviour, adv, mask, clip_low=lc.clip_low, clip_high=lc.clip_high,
+                         is_cap=lc.is_cap, token_count=n_tokens, aggregation=lc.aggregation,
+                         sequence_count=n_seqs)
+    out.loss.backward()
+    return float(out.loss.detach())
+
+
 def _logsumexp_chunk(lm_head, h, targets, temperature: float, softcap, with_entropy: bool):
     """The log-prob kernel learner.logprobs used before (the reference of the chunk row)."""
     logits = lm_head(h).float() / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1), None
+
+
+def _plan_bytes(cfg: Config, shape: str, seq: int) -> int:
+    """`streamrl plan`'s learner estimate per GPU for this model and batch (padded to `seq` tokens)."""
+    import tempfile
+
+    from streamrl.commands import plan
+    from streamrl.models.release_model import model_config
+
+    with tempfile.TemporaryDirectory() as d:
+        model_config(shape).save_pretrained(d)
+        s = plan.shape(cfg, f"{d}/config.json")
+    return plan.learner_part(cfg, s, seq, None).per_gpu
 
 
 def chunk_row(short: bool) -> dict:
@@ -134,37 +178,47 @@ def chunk_row(short: bool) -> dict:
             "ms": 1e3 * new, "replaced_ms": 1e3 * old, "speedup": old / new}
 
 
-def learner(short: bool = False) -> list[dict]:
-    """The learner's step against plain and lean torch steps, interleaved (see the module docstring)."""
+def learner(short: bool = False, shape: str = "release") -> list[dict]:
+    """The learner's step against plain and lean torch steps, interleaved (see the module docstring); shape: the
+    decoder's (streamrl.models.release_model.SHAPES)."""
     from streamrl import config
     from streamrl.learner.engine import Engine
 
+    cuda = torch.cuda.is_available()  # DeepSpeed's accelerator puts the learner there: the references follow
     groups, group_size, micro, rounds = (2, 4, 128, 2) if short else (2, 8, 256, 5)
     prompt, completion = ((8, 16), (4, 12)) if short else ((16, 32), (8, 48))
     cfg = config.load(None, [f"learner.batch_groups={groups}", f"actors.group_size={group_size}",
-                             f"learner.micro_batch_tokens={micro}"])
+                             f"learner.micro_batch_tokens={micro}", *(["model.dtype=bfloat16"] if cuda else [])])
     torch.set_num_threads(cfg.learner.threads or torch.get_num_threads())  # as the learner runs
-    model = _model()
+    model = _model(shape)
     batch = _batch(groups, group_size, prompt, completion, model.config.vocab_size)
     adv = torch.randn(groups, group_size, generator=torch.Generator().manual_seed(1))
     o = cfg.optim
     refs = {}
     for name in ("plain", "lean"):
-        m = copy.deepcopy(model).train()
+        m = copy.deepcopy(model).train().to("cuda" if cuda else "cpu")
         refs[name] = (m, torch.optim.AdamW(m.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay))
+    flops = train_flops(model, batch)
     engine = Engine(cfg, model)
     try:
         times: dict[str, list[float]] = {"learner": [], "plain": [], "lean": []}
         first_loss: dict[str, float] = {}
+        peak = 0  # bytes: the learner's step's peak CUDA allocation (the references' models live beside it)
         for r in range(rounds + 1):  # round 0 warms up every path (allocator, DeepSpeed's first step)
             for name in ("learner", "plain", "lean"):
+                if cuda and name == "learner":
+                    torch.cuda.reset_peak_memory_stats()
                 t0 = time.perf_counter()
                 if name == "learner":
                     out, train = engine.train_step(batch, adv)
                     loss, micro_batches = float(out.loss), train["micro_batches"]
                 else:
                     loss = _reference_step(*refs[name], cfg, batch, adv, lean=name == "lean")
+                if cuda:
+                    torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
+                if cuda and name == "learner":
+                    peak = max(peak, torch.cuda.max_memory_allocated())
                 if r == 0:
                     first_loss[name] = loss
                 else:
@@ -173,7 +227,15 @@ def learner(short: bool = False) -> list[dict]:
         engine.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = batch.num_tokens
-    return [{"bench": "learner", "vocab": model.config.vocab_size, "rows": batch.input_ids.shape[0],
+    device = torch.cuda.get_device_name() if cuda else "cpu"
+    peak_flops = next((f for name, f in PEAK_BF16_FLOPS.items() if name in device), None)
+    gpu = {} if not cuda else {
+        "mfu": None if peak_flops is None else flops / med["learner"] / peak_flops, "peak_flops": peak_flops,
+        "peak_gb": peak / 1e9, "plan_gb": _plan_bytes(cfg, shape, batch.input_ids.shape[1]) / 1e9}
+    return [{"bench": "learner", "device": device.replace(" ", "_"), "shape": shape,
+             "params": sum(p.numel() for p in model.parameters()), "flops_per_step": flops,
+             "achieved_tflops": flops / med["learner"] / 1e12, **gpu,
+             "vocab": model.config.vocab_size, "rows": batch.input_ids.shape[0],
              "completion_tokens": tokens, "padded_len": batch.input_ids.shape[1], "micro_batches": micro_batches,
              "rounds": rounds, "learner_tokens_per_s": tokens / med["learner"],
              "plain_tokens_per_s": tokens / med["plain"], "lean_tokens_per_s": tokens / med["lean"],

@@ -234,15 +234,18 @@ def run(cfg: Config, out=sys.stdout, overwrite: bool = False) -> int:
     try:
         learner_env, actor_envs = gpu_plan(cfg, visible_gpus())
     except config_lib.ConfigError as e:
+        lock.give_back(cfg.run_path)  # a refused run leaves no empty directory behind
         print(f"streamrl: config error: {e}", file=sys.stderr)
         return 2
     if cfg.actors.num == 0:
+        lock.give_back(cfg.run_path)
         print("streamrl: config error: actors.num=0: `streamrl run` needs at least one actor (the learner would wait "
               "for groups nobody sends); start actors elsewhere with `streamrl learner` + `streamrl actor`",
               file=sys.stderr, flush=True)
         return 2
     cfg = with_free_ports(cfg)
-    if signum := lifecycle.stop_asked():  # Ctrl-C before the run directory was claimed: nothing started or written
+    if signum := lifecycle.stop_asked():  # Ctrl-C before anything started: only the run's lock was taken
+        lock.give_back(cfg.run_path)
         print("streamrl: stopped before the run started (nothing was written)", file=out, flush=True)
         return 128 + signum
     if cfg.task.epochs and (rows := epochs.rows_of(cfg)):  # the steps follow from the data, shown and saved

@@ -13,7 +13,7 @@ What differs: about ten million random-init parameters (hidden 32, 2 layers; nea
 151,936-row embedding and output layer), and a BPE trained in milliseconds on a small built-in
 text, its vocabulary padded with unreachable `<|reserved_i|>` entries up to Qwen3's first special id.
 
-    python -m streamrl.models.release_model OUT_DIR [--seed 0]      # then: streamrl run model.path=OUT_DIR
+    python -m streamrl.models.release_model OUT_DIR [--seed 0] [--shape qwen3-0.6b]   # then: streamrl run model.path=OUT_DIR
 """
 
 from __future__ import annotations
@@ -95,6 +95,13 @@ SHAPE = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_atte
              num_key_value_heads=1, head_dim=64)
 """The decoder's size: ~10M parameters in all, 9.7M of them embedding and output layer; head_dim 64
 because vLLM refuses smaller heads."""
+SHAPES = {
+    "release": SHAPE,
+    # Qwen3-0.6B's decoder (its config.json), untied: 752M parameters, the GPU check's real-size model (issue 49).
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
+}
+"""`build`'s shapes by name: the CPU stand-in, and a release's size for measurements on a GPU."""
 
 
 def _corpus() -> list[str]:
@@ -147,21 +154,32 @@ def build_tokenizer(bpe_vocab: int = 2000):
     return fast
 
 
-def build(out: str | Path, seed: int = 0) -> Path:
-    """Write the folder (config.json, generation_config.json, model.safetensors, tokenizer files) to `out`."""
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+def model_config(shape: str = "release"):
+    """The folder's `Qwen3Config` at one of SHAPES (untied, Qwen3's vocabulary, rope and end tokens)."""
+    from transformers import Qwen3Config
 
+    if shape not in SHAPES:
+        raise ValueError(f"shape {shape!r}: not one of {', '.join(SHAPES)}")
+    return Qwen3Config(
+        vocab_size=VOCAB_SIZE, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+        tie_word_embeddings=False, bos_token_id=FIRST_SPECIAL_ID, eos_token_id=FIRST_SPECIAL_ID + 2,  # <|im_end|>
+        torch_dtype="float32", **SHAPES[shape])
+
+
+def build(out: str | Path, seed: int = 0, shape: str = "release") -> Path:
+    """Write the folder (config.json, generation_config.json, model.safetensors, tokenizer files) to `out`; `shape`
+    names one of SHAPES."""
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    config = model_config(shape)  # a bad shape is refused before anything is written
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "</think>")}
     assert ids["<|endoftext|>"] == FIRST_SPECIAL_ID and ids["</think>"] == TOKENIZER_SIZE - 1, ids
     assert len(tokenizer) == TOKENIZER_SIZE, len(tokenizer)
-    config = Qwen3Config(
-        vocab_size=VOCAB_SIZE, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-        tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        torch_dtype="float32", **SHAPE)
+    assert (config.bos_token_id, config.eos_token_id) == (ids["<|endoftext|>"], ids["<|im_end|>"]), ids
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
@@ -178,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamrl.models.release_model", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="folder to write")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
+    p.add_argument("--shape", choices=list(SHAPES), default="release",
+                   help="the decoder's size: release (~10M parameters, CPU) or qwen3-0.6b (752M, for a GPU)")
     args = p.parse_args(argv)
-    out = build(args.out, args.seed)
+    out = build(args.out, args.seed, args.shape)
     n = sum(1 for _ in out.iterdir())
     print(f"wrote a Qwen3-shaped model folder ({n} files, vocab {VOCAB_SIZE}, tokenizer {TOKENIZER_SIZE}) to {out}; "
           f"train it with: streamrl run model.path={out}")

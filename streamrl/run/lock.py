@@ -45,10 +45,13 @@ class RunLock:
         self.run_path = Path(run_path)
         self.path = self.run_path / LOCK_FILE
         self.fd: int | None = None
+        self.made = False
+        """Whether acquiring it created the run directory (`give_back` may then remove it)."""
 
     def acquire(self, purpose: str) -> RunLock:
         """Take the lock or raise RunLocked naming the live holder; `purpose` ("resume", "--overwrite") says
         what was refused."""
+        self.made = not self.run_path.exists()
         self.run_path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -81,6 +84,20 @@ def take(run_path: Path, purpose: str) -> RunLock:
         old.release()
     _HELD[key] = RunLock(run_path).acquire(purpose)
     return _HELD[key]
+
+
+def give_back(run_path: Path) -> None:
+    """Undo `take` for a run stopped before it wrote anything: the lock goes, and so does the directory when taking
+    the lock made it and it holds nothing else (a stop during start-up leaves no empty run behind)."""
+    held = _HELD.pop(str(Path(run_path).absolute()), None)
+    if held is None:
+        return
+    if held.made and [p.name for p in held.run_path.iterdir()] == [LOCK_FILE]:
+        held.path.unlink(missing_ok=True)  # while still locked: nobody takes a lock on a file about to go
+        held.release()
+        held.run_path.rmdir()
+    else:
+        held.release()
 
 
 def held_for_me(run_path: Path) -> bool:

@@ -27,6 +27,19 @@ def test_the_folder_has_a_qwen3_release_shape(release_model):
     assert 9e6 < sum(p.numel() for p in model.parameters()) < 11e6  # "about ten million parameters"
 
 
+def test_the_qwen3_0_6b_shape_has_the_releases_752m_parameters_untied_and_a_bad_shape_is_named():
+    import pytest
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):  # shapes only: 752M parameters would take 3 GB here
+        model = Qwen3ForCausalLM(release_model.model_config("qwen3-0.6b"))
+    assert 751e6 < sum(p.numel() for p in model.parameters()) < 753e6  # issue 49's "752M parameters"
+    assert model.lm_head.weight is not model.get_input_embeddings().weight
+    with pytest.raises(ValueError, match="not one of release, qwen3-0.6b"):
+        release_model.build("unused", shape="qwen3-8b")
+
+
 def test_the_byte_level_bpe_round_trips_text_and_the_chat_template_has_the_thinking_switch(release_model):
     from transformers import AutoTokenizer
 

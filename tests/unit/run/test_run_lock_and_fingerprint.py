@@ -34,6 +34,22 @@ def test_a_locked_run_is_refused_naming_the_holder_and_a_dead_holder_frees_it(tm
     lock.RunLock(tmp_path / "r").acquire("resume").release()
 
 
+def test_a_lock_given_back_before_the_run_started_removes_only_a_directory_it_made_and_left_empty(tmp_path):
+    fresh = tmp_path / "runs" / "fresh"
+    lock.take(fresh, "a second run")
+    lock.give_back(fresh)  # a Ctrl-C during start-up: "nothing was written" must be true
+    assert not fresh.exists() and lock.live_holder(fresh) is None
+    kept = tmp_path / "runs" / "kept"
+    kept.mkdir()
+    (kept / "metrics.jsonl").write_text("{}\n")  # a finished run's: never removed
+    lock.take(kept, "learner.resume=true")
+    lock.give_back(kept)
+    assert (kept / "metrics.jsonl").exists() and lock.live_holder(kept) is None
+    lock.take(kept, "a second run")  # free again
+    lock.give_back(kept)
+    lock.give_back(tmp_path / "never-taken")  # nothing held: nothing to do
+
+
 def test_a_child_of_the_holding_supervisor_works_under_its_lock(tmp_path, monkeypatch):
     held = lock.take(tmp_path / "r", "a second run")
     try:
