@@ -6,6 +6,10 @@ milliseconds. Each request names its session and arrives on a connection (the fr
 is known gone long before a silence would say so (learner.dealing: half of learner.data_timeout_s, which must allow
 for the slowest generate call). A silence remains the only word for a host that vanishes without closing anything.
 
+A request its actor sent just before it died can still be waiting in the socket after the disconnect was read:
+it came on a connection now closed (`came_closed`: its fd was disconnected and not accepted again since), so
+nothing is dealt to it; dealt, those prompts would wait for the silence to be dealt again (seen: 151 s).
+
 A closed connection's fd may be taken by the next one: events are read before the requests that follow them, and
 a session wrongly taken for gone (a new connection reusing the fd between two reads) only has its prompts dealt
 again: its late groups are then refused as `not_dealt`, never trained twice.
@@ -27,9 +31,19 @@ class Connections:
     def __init__(self, sock: zmq.Socket):
         """sock: the control ROUTER (bound); watched until `close`."""
         self.sock = sock
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
         self.sessions: dict[int, set[str]] = {}  # connection fd -> the sessions that asked through it
         self.count = 0
+        self.closed_fds: set[int] = set()  # disconnected, and not accepted again since (bounded by the fd limit)
+
+    def came_closed(self, frame: zmq.Frame | None) -> bool:
+        """Whether `frame` came on a connection that has closed since (read `closed` first)."""
+        if frame is None:
+            return False
+        try:
+            return frame.get(zmq.SRCFD) in self.closed_fds
+        except zmq.ZMQError:
+            return False
 
     def saw(self, frame: zmq.Frame | None, session: str) -> None:
         """A request of `session` arrived in `frame` (any frame of the message: they share its connection)."""
@@ -51,7 +65,12 @@ class Connections:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return gone
-            if event["event"] == zmq.EVENT_DISCONNECTED and (held := self.sessions.pop(event["value"], None)):
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.closed_fds.discard(fd)
+                continue
+            self.closed_fds.add(fd)
+            if held := self.sessions.pop(fd, None):
                 self.count -= len(held)
                 gone.extend(held)
 

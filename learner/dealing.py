@@ -80,9 +80,10 @@ class Dealing:
         if (old := self.session_of.get(msg.actor_id)) is not None and old != msg.session:
             self._lose(old, "its actor restarted")
         if self.connections is not None:
-            # A request from a session whose connection has closed was queued before its actor died (or it is
-            # reconnecting): nothing is dealt to it on this one, so no prompt goes to the dead; a live actor asks again.
-            if msg.session in self.reap():
+            # A request that came on a connection closed since was queued before its actor died (or it is
+            # reconnecting): nothing is dealt to it, so no prompt goes to the dead; a live actor asks again.
+            self.reap()
+            if self.connections.came_closed(frame):
                 return wire.Deal(rows=[], done=False, learner=self.learner)
             self.connections.saw(frame, msg.session)
         self.session_of[msg.actor_id], self.seen[msg.session] = msg.session, now

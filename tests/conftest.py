@@ -46,10 +46,20 @@ def cuda_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def _declared_timeout(item) -> float:
+    """The test's own `@pytest.mark.timeout(S)`, or 0."""
+    mark = item.get_closest_marker("timeout")
+    return float(mark.args[0]) if mark and mark.args and isinstance(mark.args[0], (int, float)) else 0.0
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests skip cleanly on a machine without CUDA (and run wherever it is present); `long`-marked
     ones (end-to-end runs of 12 s or more on an idle 2-core machine) skip unless STREAMRL_LONG=1, so the README's `pytest -q` stays within
     its time budget; .ci/run runs them right after it."""
+    # .ci/run runs the long tier three at a time: the learning runs (they declare a limit of 900 s, minutes each)
+    # start first, so that none of them starts last and ends the tier alone.
+    minutes = [item for item in items if _declared_timeout(item) >= 900]
+    items[:] = minutes + [item for item in items if _declared_timeout(item) < 900]
     if os.environ.get("STREAMRL_LONG") != "1":
         skip_long = pytest.mark.skip(reason="long end-to-end run: opt-in with STREAMRL_LONG=1 (.ci/run runs it)")
         for item in items:

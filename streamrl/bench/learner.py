@@ -41,7 +41,7 @@ PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 3
 """Dense bf16 peak per second by GPU name (NVIDIA's data sheets, SXM parts, no sparsity): the MFU's denominator."""
 
 
-def _model(shape: str = "release", seed: int = 0):
+def _model(seed: int = 0, shape: str = "release"):
     """A random-init Qwen3ForCausalLM of the release folder's config at `shape` (fp32), without writing the folder."""
     from transformers import Qwen3ForCausalLM
 
@@ -190,7 +190,7 @@ def learner(short: bool = False, shape: str = "release") -> list[dict]:
     cfg = config.load(None, [f"learner.batch_groups={groups}", f"actors.group_size={group_size}",
                              f"learner.micro_batch_tokens={micro}", *(["model.dtype=bfloat16"] if cuda else [])])
     torch.set_num_threads(cfg.learner.threads or torch.get_num_threads())  # as the learner runs
-    model = _model(shape)
+    model = _model(shape=shape)
     batch = _batch(groups, group_size, prompt, completion, model.config.vocab_size)
     adv = torch.randn(groups, group_size, generator=torch.Generator().manual_seed(1))
     o = cfg.optim

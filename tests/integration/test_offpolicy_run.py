@@ -3,8 +3,6 @@ the correction's telemetry (truncated, masked and clipped shares, the importance
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 from procs import metrics
 
@@ -29,10 +27,9 @@ def test_a_lag_8_run_under_tis_trains_and_records_its_truncation_and_ess_in_rang
         assert r["masked_fraction"] == 0.0 and r["clipped_fraction"] == 0.0  # tis neither masks nor clips
     assert any(r["truncated_fraction"] > 0 for r in lagged)
     assert any(r["is_ess_fraction"] < 1.0 for r in lagged)
-    # it learns: the last 30 steps' mean reward well above the first 30's (0.078 -> 0.165 on two runs here)
-    first = statistics.mean(r["reward_mean"] for r in recs[:30])
-    last = statistics.mean(r["reward_mean"] for r in recs[-30:])
-    assert last > first + 0.03, (first, last)
+    # No learning claim from this one run: at lag 8 the outcome of one seed turns with the machine's load (0.078 ->
+    # 0.165 twice on an idle machine; 0.081 -> 0.049 at load 6). `streamrl bench staleness` makes that claim, per
+    # objective and lag over 3 seeds with a final-policy evaluation (docs/reference/benchmarks.md).
 
 
 def test_strict_mode_hands_the_objective_weights_of_exactly_one(run_job):
@@ -70,7 +67,7 @@ def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_ba
 @pytest.mark.long
 def test_a_lag_8_run_under_variance_control_trains_and_records_its_ess_and_step_scale(run_job):
     # VCPO's two controls around tis at lag >= 8: every record carries the ESS and the scale taken from it (sqrt,
-    # no floor), the scale falls below 1 where the weights are unequal, and the run still learns.
+    # no floor), and the scale falls below 1 where the weights are unequal.
     run = run_job("loss.name=tis", "loss.variance_control=both", "max_staleness=8", "learner.slow_step_s=0.05",
                   f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0", name="vcpo-lag8")
     recs = metrics(run)
@@ -80,7 +77,4 @@ def test_a_lag_8_run_under_variance_control_trains_and_records_its_ess_and_step_
     for r in recs:
         assert 0.0 < r["is_ess_fraction"] <= 1.0
         assert r["step_scale"] == pytest.approx(r["is_ess_fraction"] ** 0.5, abs=1e-12), r["step"]
-    assert any(r["step_scale"] < 1.0 for r in lagged)
-    first = statistics.mean(r["reward_mean"] for r in recs[:30])
-    last = statistics.mean(r["reward_mean"] for r in recs[-30:])
-    assert last > first + 0.03, (first, last)
+    assert any(r["step_scale"] < 1.0 for r in lagged)  # (its learning: the staleness bench's 3 seeds, as for tis)

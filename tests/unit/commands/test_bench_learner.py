@@ -31,4 +31,4 @@ def test_a_gpu_is_matched_to_its_bf16_peak_by_name_and_the_shape_reaches_only_th
     assert next(f for n, f in learner.PEAK_BF16_FLOPS.items() if n in name) == pytest.approx(989.4e12)
     assert "learner" in cli.OPTIONED and "shape" in inspect.signature(learner.learner).parameters
     with pytest.raises(ValueError, match="not one of"):
-        learner._model("qwen3-9b")
+        learner._model(shape="qwen3-9b")
