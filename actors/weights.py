@@ -2,7 +2,7 @@
 
 One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts; it asks
 for the newest weights through the actor's control `Inbox`), the collective group's end when
-`transport.weight_sync: collective` or the CUDA IPC receiver when `ipc` (an announced version that fails
+`transport.weight_sync: collective` (the actor's, or its engine workers' where they receive themselves: vLLM) or the CUDA IPC receiver when `ipc` (an announced version that fails
 there is asked for over ZeroMQ instead, inside the subscriber), loading a version into the backend, noticing a
 restarted learner, and in-flight updates between decoding steps. The actor's loop calls `first`, `update` and
 `wait_newer`, hands `in_flight` to the backend, and reads `version` and `life`; the learner's notices
@@ -25,6 +25,7 @@ from streamrl.comm.sockets import endpoint
 from streamrl.comm.weights.subscriber import WeightSubscriber
 from streamrl.config import Config
 from streamrl.models import lora
+from streamrl.registry import BACKENDS
 from streamrl.telemetry import actor_metrics, exporter
 
 log = logging.getLogger("streamrl.actor")
@@ -44,7 +45,17 @@ class ActorWeights:
         if every := cfg.eval.every:  # versions due for evaluation stay at hand until the next one (see `hold`)
             self.subscriber.keep = lambda version: version % every == 0
         self.sync = None
-        if t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
+        if t.weight_sync == "collective" and BACKENDS.can(cfg.actors.backend, "collective_in_engine"):
+            from streamrl.comm.weights.engine_sync import EngineSync
+
+            # The engine's workers join (blocking until the group forms) and load each version themselves.
+            self.sync = EngineSync(
+                lambda first, world: backend.join_weight_sync(host, t.weight_sync_port, first, world,
+                                                              t.weight_sync_timeout_s, t.weight_sync_rendezvous_s),
+                backend.receive_weight_sync, index, cfg.actors.num, cfg.actors.engine_gpus(),
+                lora.published(model.state_dict()))
+            self.subscriber.sync = self.sync.receive
+        elif t.weight_sync == "collective":  # joins the learner's group in the background; zmq until it has formed
             from streamrl.comm.weights.collective import ActorSync
 
             # Subscribed first: the learner announces its first collective version as soon as the group forms.

@@ -113,5 +113,7 @@ def _sync(cfg: Config):
 
     # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
     first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)
-    return LearnerSync(t.host, t.weight_sync_port, cfg.actors.num, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
+    # one rank per actor, or per engine worker where the engine's workers receive (vLLM: each tensor-parallel rank)
+    receivers = cfg.actors.num * cfg.actors.engine_gpus()
+    return LearnerSync(t.host, t.weight_sync_port, receivers, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
                        t.weight_sync_bucket_bytes, first_wait_s)

@@ -47,8 +47,10 @@ HF = Plugin(load="streamrl.actors.backends.hf:HFBackend", options=HFOptions,
 """transformers (CPU or one GPU): pauses between decoding steps, takes NCCL broadcasts and CUDA IPC handles, reports
 full log-probs."""
 VLLM = Plugin(load="streamrl.actors.backends.vllm:VLLMBackend", options=EngineOptions,
-              capabilities={"inflight_updates", "tensor_parallel", "engine_memory"})
-"""vLLM: in-flight updates between engine steps; log-probs of the top-p truncated distribution."""
+              capabilities={"inflight_updates", "tensor_parallel", "engine_memory", "collective_sync",
+                            "collective_in_engine"})
+"""vLLM: in-flight updates between engine steps; log-probs of the top-p truncated distribution; its workers take
+collective versions themselves."""
 SGLANG = Plugin(load="streamrl.actors.backends.sglang:SGLangBackend", options=EngineOptions,
                 capabilities={"tensor_parallel", "engine_memory", "full_logprobs"})
 """SGLang: weights between generate calls only."""

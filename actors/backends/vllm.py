@@ -7,6 +7,10 @@ sampled from (temperature applied), which the learner's importance ratios need; 
 ("raw_logprobs") reports the untempered model and is never used. With top_p < 1 they are of the truncated, renormalised distribution (vLLM applies top-p before it takes
 them), which the learner does not recompute: strict mode refuses that combination (streamrl/config/root.py).
 
+With `transport.weight_sync=collective` each of the engine's workers joins the learner's group and takes each
+version from the broadcast into the same in-place reload (`join_weight_sync`, `receive_weight_sync`; the learner
+counts one rank per worker); a version that fails there comes over ZeroMQ and through shared memory, as below.
+
 New weights replace the old ones without restarting the engine, the same way on GPUs and on the CPU
 build: the actor writes the version into node-local shared memory in buckets of one dtype (at most
 `actors.update_bucket_bytes` each) and every worker streams them into vLLM's in-place reload through
@@ -48,6 +52,7 @@ from streamrl.actors.backends.export import hf_folder
 from streamrl.actors.backends.specs import EngineOptions, options
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
 from streamrl.comm.weights.collective import plan
+from streamrl.comm.weights.engine_sync import InEngine
 from streamrl.config import Config, LoraConfig
 from streamrl.models.model import end_token_ids
 
@@ -192,6 +197,8 @@ class VLLMBackend(BackendDefaults):
         """state: {Hugging Face name: full tensor}, as the learner publishes it. Raises when a worker
         fails: the engine may then hold a partly loaded version and must not generate again. Inside an
         in-flight generate call the engine is paused first (mode="keep"); generate labels and resumes it."""
+        if isinstance(state, InEngine):  # the workers took it from the collective (receive_weight_sync)
+            return
         t0 = time.perf_counter()
         if self.lora is not None:
             self._load_adapter(state)
@@ -199,6 +206,27 @@ class VLLMBackend(BackendDefaults):
             return
         self.plan = self.plan or plan(state, self.opts.update_bucket_bytes)
         buckets = shm_weights.write(state, self.plan, self.weights_dir)
+        self._workers_load("load_weights_from_shm", len(state), {"folder": self.weights_dir, "buckets": buckets})
+        self.update_s.append(time.perf_counter() - t0)
+
+    def join_weight_sync(self, host: str, port: int, first_rank: int, world: int, timeout_s: float,
+                         rendezvous_s: float) -> None:
+        """Every worker joins the learner's weight-sync group (ranks first_rank...); blocks until it forms."""
+        self.llm.collective_rpc("join_weight_sync", kwargs={"host": host, "port": port, "first_rank": first_rank,
+                                                            "world": world, "timeout_s": timeout_s,
+                                                            "rendezvous_s": rendezvous_s})
+
+    def receive_weight_sync(self, buckets: list) -> None:
+        """Every worker takes the version now broadcast on the group (buckets: the announcement's TensorInfo lists)
+        and loads it in place; raises when a worker fails (then nothing of it was loaded there)."""
+        t0 = time.perf_counter()
+        entries = [[[t.name, t.dtype, list(t.shape)] for t in b] for b in buckets]
+        self._workers_load("receive_weight_sync", sum(len(b) for b in buckets), {"buckets": entries})
+        self.update_s.append(time.perf_counter() - t0)
+
+    def _workers_load(self, method: str, tensors: int, kwargs: dict) -> None:
+        """Run a loading method of the worker extension on every worker, paused first inside an in-flight generate
+        call (mode="keep"), and reset the prefix cache when no request holds it."""
         if self.generating:
             # Every load inside a call counts, the second of one pause too: two versions can land before the
             # call resumes, and the actor counts each (the vLLM CPU in-flight test caught 8 against 7).
@@ -206,12 +234,11 @@ class VLLMBackend(BackendDefaults):
             if not self.paused:
                 self.llm.sleep(level=0, mode="keep")  # stops between decoding steps; requests and KV stay
                 self.paused = True
-        counts = self.llm.collective_rpc("load_weights_from_shm", kwargs={"folder": self.weights_dir, "buckets": buckets})
-        if any(c != len(state) for c in counts):
-            raise RuntimeError(f"vllm weight update: the workers read {counts} tensors of {len(state)}")
+        counts = self.llm.collective_rpc(method, kwargs=kwargs)
+        if any(c != tensors for c in counts):
+            raise RuntimeError(f"vllm weight update: the workers loaded {counts} tensors of {tensors}")
         if not self.generating:  # in flight, requests hold the cache: reset when the call ends
             self.llm.reset_prefix_cache()
-        self.update_s.append(time.perf_counter() - t0)
 
     def _load_adapter(self, state: dict) -> None:
         """LoRA: the version's adapters (`state`, this model's names) as a PEFT folder in shared memory, named by a

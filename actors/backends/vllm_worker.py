@@ -11,6 +11,11 @@ post-load processing, which is what the CPU build's prepacked linear weights nee
 quantised GPU layers need. The tensors it gets are CPU views into the mapped files: the weight
 loaders copy each into its parameter, so the GPU never holds a second copy of the model.
 
+With `transport.weight_sync=collective` the workers take the versions from the learner's NCCL group themselves
+(gloo on the CPU build): `join_weight_sync` makes each worker a rank of the group, and `receive_weight_sync` takes
+one broadcast version (verified bucket by bucket against the learner's checksums before any of it loads) into the
+same in-place reload, so a version goes from the learner's GPU to the engine's without host memory or shared files.
+
 Why not the arguments of collective_rpc: they cross to the engine process as msgpack, which refuses
 a bytes object over 4 GiB (and turns a tensor in untyped kwargs into a plain list). The method name
 is not vLLM's: vLLM refuses an extension that shadows a Worker method.
@@ -39,3 +44,27 @@ class WorkerExtension:
 
         self.reload_weights(weights_iterator=weights())
         return count
+
+    def join_weight_sync(self, host: str, port: int, first_rank: int, world: int, timeout_s: float,
+                         rendezvous_s: float) -> int:
+        """Join the learner's weight-sync group (streamrl.comm.weights.collective) as rank first_rank + this worker's
+        rank; blocks until every member has joined. Returns the rank taken."""
+        from streamrl.comm.weights.collective import Group, group_backend
+
+        rank = first_rank + self.rank
+        self.streamrl_weight_sync = Group(host, port, rank, world, timeout_s, group_backend(), rendezvous_s)
+        return rank
+
+    def receive_weight_sync(self, buckets: list[list[list]]) -> int:
+        """Take the next version broadcast on the group (buckets: per bucket, its [name, dtype, shape] entries in
+        order) and load it in place; every tensor-parallel rank takes the whole version and keeps its shard. Raises
+        (nothing loaded) on a timeout or a bucket whose checksum differs. Returns how many tensors were loaded."""
+        from streamrl.comm.weights.collective import SyncPlan, receive
+        from streamrl.comm.wire import TensorInfo
+
+        plan = SyncPlan(buckets=[[TensorInfo(name=n, dtype=d, shape=list(shape)) for n, d, shape in b]
+                                 for b in buckets])
+        got: list = []
+        receive(self.streamrl_weight_sync, plan, got.extend)
+        self.reload_weights(weights_iterator=iter(got))
+        return len(got)

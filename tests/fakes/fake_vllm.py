@@ -11,6 +11,7 @@ or a GPU platform.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 import types
@@ -165,7 +166,7 @@ class LLM:
         self.paused = False
         self.next_request = 0
         self.llm_engine = LLMEngine(self.calls, self)
-        self.workers = [Worker() for _ in range(tensor_parallel_size)]
+        self.workers = [Worker(rank) for rank in range(tensor_parallel_size)]
         LLM.instances.append(self)
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
@@ -215,9 +216,12 @@ class LLM:
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list:
-        """Runs `method` of the worker extension on one fake Worker per tensor-parallel rank, as vLLM does."""
+        """Runs `method` of the worker extension on one fake Worker per tensor-parallel rank, all at once as vLLM's
+        workers do (a collective among them would wait forever one after another); a worker's error is raised."""
         self.calls.append(("collective_rpc", {"method": method, "args": args, "kwargs": kwargs}))
-        return [getattr(worker, method)(*args, **(kwargs or {})) for worker in self.workers]
+        with concurrent.futures.ThreadPoolExecutor(len(self.workers)) as pool:
+            runs = [pool.submit(getattr(worker, method), *args, **(kwargs or {})) for worker in self.workers]
+            return [run.result() for run in runs]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         self.calls.append(("reset_prefix_cache", {}))
@@ -250,7 +254,8 @@ class GPUModelRunner:
 class Worker(WorkerExtension):
     """vllm/v1/worker/gpu_worker.py's Worker, with the worker extension mixed in as vLLM mixes it."""
 
-    def __init__(self):
+    def __init__(self, rank: int = 0):
+        self.rank = rank  # vllm/v1/worker/worker_base.py: its rank in the engine's own group (tensor-parallel here)
         self.model_runner = GPUModelRunner()
 
     def reload_weights(self, *args, **kwargs) -> None:

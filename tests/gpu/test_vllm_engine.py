@@ -66,3 +66,41 @@ def test_real_vllm_engine_reports_the_nucleus_log_probs_with_top_p_below_1():
     finally:
         backend.close()
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_real_vllm_workers_take_a_version_from_the_learners_nccl_group(tp):
+    """transport.weight_sync=collective: the learner's end (rank 0, this process, on the last GPU) broadcasts over
+    NCCL to the engine's workers (ranks 1..tp, the first GPUs), which load it in place; then the engine's log-probs
+    are the new weights'. Needs tp + 1 GPUs (NCCL refuses two ranks on one)."""
+    import threading
+
+    if torch.cuda.device_count() < tp + 1:
+        pytest.skip(f"the learner's rank and {tp} engine worker(s) need {tp + 1} GPUs")
+    from streamrl.commands.launch import free_ports
+    from streamrl.comm.weights.collective import LearnerSync
+    from streamrl.comm.weights.engine_sync import EngineSync
+
+    torch.cuda.set_device(tp)  # the learner's rank: a GPU of its own (NCCL refuses two ranks on one device)
+    backend, m, tok = _build(f"actors.tensor_parallel_size={tp}", "transport.weight_sync=collective")
+    try:
+        (port,) = free_ports(1)
+        learner = LearnerSync("127.0.0.1", port, tp, 120, 120, 1 << 16, 120)
+        old = {k: v.clone() for k, v in m.state_dict().items()}
+        sync = EngineSync(lambda first, world: backend.join_weight_sync("127.0.0.1", port, first, world, 120, 120),
+                          backend.receive_weight_sync, 0, 1, tp, old)
+        assert sync.ready and learner.formed()
+        new = {k: (v * 1.5).cuda() for k, v in old.items()}
+        sent = threading.Thread(target=learner.send, args=(1, new))
+        msg = learner.announcement(1, new, "L")
+        sent.start()
+        assert sync.receive(msg) is not None
+        sent.join()
+        ps = prompts(tok)
+        again = backend.generate(ps, n=8, seed=1)
+        m.load_state_dict({k: v.cpu() for k, v in new.items()})
+        assert gap(m, tok, ps, again, TEMPERATURE) < TOL
+        print(f"\nvllm gpu collective (tp {tp}):", sync.report(), learner.report())
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()

@@ -255,17 +255,20 @@ def _actor_stats(log: Path) -> dict:
     return ast.literal_eval(line[line.index(": done {") + len(": done "):])
 
 
-def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("sync", ["zmq", "collective"])
+def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path, capsys, monkeypatch, sync):
+    """collective: the engine's worker is the group's rank 1 (gloo on the CPU build) and loads every version itself."""
     pytest.importorskip("vllm")
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
-    g, w, r = free_ports(3)
+    g, w, r, c = free_ports(4)
     steps = 6
     common = [str(REPO / "configs" / "tiny.yaml"), f"run_dir={tmp_path}", "name=vllm", f"steps={steps}",
               "on_policy=strict", "learner.batch_groups=4", "actors.num=1", f"actors.temperature={TEMPERATURE}",
               "actors.weights_timeout_s=600",  # a learner starting on a loaded 2-core machine can take minutes
               *VLLM_MODEL, f"transport.group_port={g}", f"transport.weights_port={w}",
-              f"transport.weights_request_port={r}"]
+              f"transport.weights_request_port={r}", f"transport.weight_sync={sync}",
+              f"transport.weight_sync_port={c}"]
     t0 = time.perf_counter()
     learner = spawn(["learner", *common], tmp_path / "learner.log")
     actor = spawn(["actor", *common, "--index", "0", "--learner", "127.0.0.1"], tmp_path / "actor.log")
@@ -285,6 +288,9 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     assert max(x["is_ratio_max_abs_dev"] for x in recs) < 1e-3
     assert stats["groups_sent"] >= steps * 4 and stats["versions_applied"] >= steps
     assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= steps
+    if sync == "collective":  # every version through the group (the learner's first publish waits for it)
+        assert s["weight_sync"]["failed"] is None and s["weight_sync"]["syncs"] >= steps, s["weight_sync"]
+        assert stats["weight_sync"] == {**s["weight_sync"], "sync_s": stats["weight_sync"]["sync_s"]}, stats
 
 
 def test_a_release_shaped_folder_trains_strictly_with_a_vllm_actor(release_model, tmp_path, capsys, monkeypatch):

@@ -7,5 +7,6 @@
 - `chunks`: a version of any size as messages under the size cap, and the checks of each on arrival.
 - `subscriber` and `assembly`: the actor's end, a version put together from its chunks (or deltas) and checked.
 - `collective`: GPU clusters' collective sync (NCCL; gloo in tests), announced on this channel.
+- `engine_sync`: the collective's actor end when the engine's own workers are its ranks (vLLM).
 - `ipc`: one node's CUDA IPC sync (the actors map the learner's GPU memory), announced on this channel.
 """

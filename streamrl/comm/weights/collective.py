@@ -273,46 +273,23 @@ def receive(group: Group, sync_plan: SyncPlan, load: Callable[[list[tuple[str, t
     return {"version": version, "buckets": count, "sync_s": t2 - t0, "paused_s": t2 - t1}
 
 
-def _backend() -> str:
+def group_backend() -> str:
+    """The group's backend in this process: NCCL where CUDA is, else gloo."""
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-class _Forming:
-    """A Group formed on a background thread (its rendezvous waits for every member)."""
+class SyncRecord:
+    """One end's record: versions that went over the collective, their time, and why it was left (for good)."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, rendezvous_s: float):
-        self.group: Group | None = None
+    def __init__(self):
         self.failed: str | None = None
         self.syncs = 0
         self.sync_s = 0.0
-        self.timeout_s = timeout_s
-        self.rendezvous_s = rendezvous_s
-        self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
-                                        name="weight-sync-rendezvous")
-        self._thread.start()
-
-    def _form(self, host: str, port: int, rank: int, world: int) -> None:
-        try:
-            self.group = Group(host, port, rank, world, self.timeout_s, _backend(), self.rendezvous_s)
-            log.info("weight sync: rank %d of %d joined the %s group at %s:%d", rank, world, _backend(), host, port)
-        except Exception as e:  # noqa: BLE001  (any failure means: stay on ZeroMQ)
-            self.fail(f"could not form the group: {e}")
 
     def fail(self, why: str) -> None:
         if self.failed is None:
             log.error("weight sync: %s; weights go over ZeroMQ from now on", why)
         self.failed = why
-
-    @property
-    def ready(self) -> bool:
-        return self.group is not None and self.failed is None
-
-    def close(self) -> None:
-        """Wait for a rendezvous still under way to give up (it does within the timeout): a process
-        that exits while that C++ call blocks its thread aborts instead of exiting cleanly."""
-        if self._thread.is_alive():
-            log.info("weight sync: waiting up to %.0fs for the group's rendezvous to end", self.rendezvous_s)
-            self._thread.join(self.rendezvous_s + 5)
 
     def _count(self, sync: Callable[[], dict]) -> bool:
         """Run one sync and count it; on failure leave the collective (False)."""
@@ -330,12 +307,45 @@ class _Forming:
         return {"syncs": self.syncs, "sync_s": round(self.sync_s, 3), "failed": self.failed}
 
 
-class LearnerSync(_Forming):
-    """Learner rank 0's end: rank 0 of a group with one rank per actor."""
+class _Forming(SyncRecord):
+    """A Group formed on a background thread (its rendezvous waits for every member)."""
 
-    def __init__(self, host: str, port: int, actors: int, timeout_s: float, rendezvous_s: float, bucket_bytes: int,
-                 first_wait_s: float):
-        super().__init__(host, port, 0, 1 + actors, timeout_s, rendezvous_s)
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, rendezvous_s: float):
+        super().__init__()
+        self.group: Group | None = None
+        self.timeout_s = timeout_s
+        self.rendezvous_s = rendezvous_s
+        self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
+                                        name="weight-sync-rendezvous")
+        self._thread.start()
+
+    def _form(self, host: str, port: int, rank: int, world: int) -> None:
+        try:
+            self.group = Group(host, port, rank, world, self.timeout_s, group_backend(), self.rendezvous_s)
+            log.info("weight sync: rank %d of %d joined the %s group at %s:%d", rank, world, group_backend(), host,
+                     port)
+        except Exception as e:  # noqa: BLE001  (any failure means: stay on ZeroMQ)
+            self.fail(f"could not form the group: {e}")
+
+    @property
+    def ready(self) -> bool:
+        return self.group is not None and self.failed is None
+
+    def close(self) -> None:
+        """Wait for a rendezvous still under way to give up (it does within the timeout): a process
+        that exits while that C++ call blocks its thread aborts instead of exiting cleanly."""
+        if self._thread.is_alive():
+            log.info("weight sync: waiting up to %.0fs for the group's rendezvous to end", self.rendezvous_s)
+            self._thread.join(self.rendezvous_s + 5)
+
+
+class LearnerSync(_Forming):
+    """Learner rank 0's end: rank 0 of a group with one rank per receiver (an actor, or each worker of an engine that
+    receives in its workers: `EngineSync`)."""
+
+    def __init__(self, host: str, port: int, receivers: int, timeout_s: float, rendezvous_s: float,
+                 bucket_bytes: int, first_wait_s: float):
+        super().__init__(host, port, 0, 1 + receivers, timeout_s, rendezvous_s)
         self.bucket_bytes = bucket_bytes
         self.plan: SyncPlan | None = None
         self.first_wait_s = first_wait_s
@@ -384,3 +394,4 @@ class ActorSync(_Forming):
             return None
         got: dict[str, torch.Tensor] = {}
         return got if self._count(lambda: receive(self.group, sync_plan, got.update)) else None
+
