@@ -39,6 +39,7 @@ CAPABILITIES = {
     "tensor_parallel": "backend: shards one engine over several GPUs (actors.tensor_parallel_size)",
     "engine_memory": "backend: its engine reserves a share of its GPU's memory (actors.gpu_memory_fraction)",
     "collective_sync": "backend: takes weights by a collective broadcast (transport.weight_sync=collective)",
+    "collective_in_engine": "backend: its engine's workers are the collective's ranks and load each version themselves",
     "ipc_sync": "backend: takes weights from CUDA IPC handles to the learner's GPU memory (weight_sync=ipc)",
     "full_logprobs": "backend: behaviour log-probs are of the untruncated distribution under top_p < 1",
     "cpu_fork": "backend: a CPU actor may start as a fork of a warm process",

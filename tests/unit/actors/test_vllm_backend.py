@@ -103,7 +103,7 @@ def test_weights_reach_every_worker_through_shared_memory_in_one_dtype_buckets_t
 def test_a_worker_that_read_fewer_tensors_fails_the_update(cpu_backend, monkeypatch):
     b, llm, _ = cpu_backend
     monkeypatch.setattr(llm, "collective_rpc", lambda method, timeout=None, args=(), kwargs=None: [1])
-    with pytest.raises(RuntimeError, match=r"the workers read \[1\] tensors of 2"):
+    with pytest.raises(RuntimeError, match=r"the workers loaded \[1\] tensors of 2"):
         b.load_weights({"w": torch.ones(2), "v": torch.ones(3)})
     assert b.engine_stats()["updates"] == 0
 
@@ -170,10 +170,13 @@ def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():
         shm_weights.remove(folder)
 
 
-def test_config_takes_the_vllm_backend_with_inflight_updates_but_not_collective_sync():
+def test_config_takes_the_vllm_backend_with_inflight_updates_and_collective_sync_without_lora_or_eval_every():
     assert config.load(None, ["actors.backend=vllm"]).actors.backend == "vllm"
-    with pytest.raises(config.ConfigError, match="collective"):
-        config.load(None, ["actors.backend=vllm", "transport.weight_sync=collective"])
+    assert config.load(None, ["actors.backend=vllm", "transport.weight_sync=collective"]).transport.weight_sync == \
+        "collective"
+    for other in ("lora.rank=8", "eval.every=5"):  # the engine's workers load a version: the actor keeps no copy
+        with pytest.raises(config.ConfigError, match=f"holds no copy.*{other.split('=')[0]}"):
+            config.load(None, ["actors.backend=vllm", "transport.weight_sync=collective", other])
     assert config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true"]).actors.inflight_updates
     with pytest.raises(config.ConfigError, match="inflight_updates=true: on_policy strict forbids it"):
         config.load(None, ["actors.backend=vllm", "actors.inflight_updates=true", "on_policy=strict"])

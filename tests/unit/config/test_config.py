@@ -358,7 +358,8 @@ def test_ipc_weight_sync_is_taken_for_hf_and_refused_on_the_engines():
 
 
 def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
-    assert "wired for actors.backend=hf only" in _error("actors.backend=sglang", "transport.weight_sync=collective")
+    assert "wired for actors.backend=hf or vllm only" in _error("actors.backend=sglang",
+                                                                "transport.weight_sync=collective")
     assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"
 
 
