@@ -100,6 +100,7 @@ class VLLMBackend(BackendDefaults):
         self.generating = self.paused = False  # inside an in-flight generate call; paused by load_weights
         self.label: int | None = None  # the version the engine labels its outputs with (in-flight updates)
         self.inflight_loads = 0
+        self.collective_updates = 0  # of update_s: versions the workers took from the collective group
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
         self.first_generate_s: float | None = None
         log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s, seed %d); new weights load in place "
@@ -223,6 +224,7 @@ class VLLMBackend(BackendDefaults):
         entries = [[[t.name, t.dtype, list(t.shape)] for t in b] for b in buckets]
         self._workers_load("receive_weight_sync", sum(len(b) for b in buckets), {"buckets": entries})
         self.update_s.append(time.perf_counter() - t0)
+        self.collective_updates += 1
 
     def _workers_load(self, method: str, tensors: int, kwargs: dict) -> None:
         """Run a loading method of the worker extension on every worker, paused first inside an in-flight generate
@@ -258,12 +260,14 @@ class VLLMBackend(BackendDefaults):
         self.lora_request = LoRARequest(lora_name=f"streamrl-{n}", lora_int_id=n, lora_path=str(folder))
 
     def engine_stats(self) -> dict:
-        """Figures for the actor's stats: engine start (s), weight updates (mean and max ms), generation
-        throughput (completion tokens per second of generate calls, the first call excluded)."""
+        """Figures for the actor's stats: engine start (s), weight updates (mean and max ms; collective_updates of
+        them through the collective group, the rest through shared memory), generation throughput (completion
+        tokens per second of generate calls, the first call excluded)."""
         ms = [s * 1000 for s in self.update_s]
         return {"backend": "vllm", "update_mode": "lora_request" if self.lora is not None else UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None, "inflight_loads": self.inflight_loads,
+                "collective_updates": self.collective_updates,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),
                 "tokens": self.tokens,
                 "tok_per_s": round(self.tokens / self.generate_s, 1) if self.generate_s else None}

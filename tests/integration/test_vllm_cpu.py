@@ -288,6 +288,7 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     assert max(x["is_ratio_max_abs_dev"] for x in recs) < 1e-3
     assert stats["groups_sent"] >= steps * 4 and stats["versions_applied"] >= steps
     assert stats["engine"]["update_mode"] == "shared_memory" and stats["engine"]["updates"] >= steps
+    assert stats["engine"]["collective_updates"] == (s["weight_sync"]["syncs"] if sync == "collective" else 0)
     if sync == "collective":  # every version through the group (the learner's first publish waits for it)
         assert s["weight_sync"]["failed"] is None and s["weight_sync"]["syncs"] >= steps, s["weight_sync"]
         assert stats["weight_sync"] == {**s["weight_sync"], "sync_s": stats["weight_sync"]["sync_s"]}, stats
