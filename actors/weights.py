@@ -2,11 +2,11 @@
 
 One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts; it asks
 for the newest weights through the actor's control `Inbox`), the collective group's end when
-`transport.weight_sync: collective` (the actor's, or its engine workers' where they receive themselves: vLLM) or the CUDA IPC receiver when `ipc` (an announced version that fails
-there is asked for over ZeroMQ instead, inside the subscriber), loading a version into the backend, noticing a
-restarted learner, and in-flight updates between decoding steps. The actor's loop calls `first`, `update` and
-`wait_newer`, hands `in_flight` to the backend, and reads `version` and `life`; the learner's notices
-(shutdown, demand, eval requests) are the inbox's.
+`transport.weight_sync: collective` (the actor's, or its engine workers' where they receive themselves: vLLM) or
+the CUDA IPC receiver when `ipc` (an announced version that fails there is asked for over ZeroMQ instead, inside
+the subscriber), loading a version into the backend, noticing a restarted learner, and in-flight updates between
+decoding steps. The actor's loop calls `first`, `update` and `wait_newer`, hands `in_flight` to the backend, and
+reads `version` and `life`; the learner's notices (shutdown, demand, eval requests) are the inbox's.
 """
 
 from __future__ import annotations

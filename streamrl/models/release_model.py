@@ -13,7 +13,8 @@ What differs: about ten million random-init parameters (hidden 32, 2 layers; nea
 151,936-row embedding and output layer), and a BPE trained in milliseconds on a small built-in
 text, its vocabulary padded with unreachable `<|reserved_i|>` entries up to Qwen3's first special id.
 
-    python -m streamrl.models.release_model OUT_DIR [--seed 0] [--shape qwen3-0.6b]   # then: streamrl run model.path=OUT_DIR
+    python -m streamrl.models.release_model OUT_DIR [--seed 0] [--shape qwen3-0.6b]
+    streamrl run model.path=OUT_DIR
 """
 
 from __future__ import annotations
