@@ -141,6 +141,19 @@ def _logsumexp_chunk(lm_head, h, targets, temperature: float, softcap, with_entr
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1), None
 
 
+def _device_figures(cfg: Config, shape: str, batch, flops: float, step_s: float, peak: int | None) -> dict:
+    """Where the learner's step ran and its FLOP rate; on a GPU (peak: its peak allocation, bytes) also the MFU
+    against the card's bf16 peak and the peak memory against `streamrl plan`'s estimate."""
+    device = torch.cuda.get_device_name() if peak is not None else "cpu"
+    row = {"device": device.replace(" ", "_"), "shape": shape, "flops_per_step": flops,
+           "achieved_tflops": flops / step_s / 1e12}
+    if peak is None:
+        return row
+    peak_flops = next((f for name, f in PEAK_BF16_FLOPS.items() if name in device), None)
+    return {**row, "mfu": None if peak_flops is None else flops / step_s / peak_flops, "peak_flops": peak_flops,
+            "peak_gb": peak / 1e9, "plan_gb": _plan_bytes(cfg, shape, batch.input_ids.shape[1]) / 1e9}
+
+
 def _plan_bytes(cfg: Config, shape: str, seq: int) -> int:
     """`streamrl plan`'s learner estimate per GPU for this model and batch (padded to `seq` tokens)."""
     import tempfile
@@ -227,14 +240,8 @@ def learner(short: bool = False, shape: str = "release") -> list[dict]:
         engine.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = batch.num_tokens
-    device = torch.cuda.get_device_name() if cuda else "cpu"
-    peak_flops = next((f for name, f in PEAK_BF16_FLOPS.items() if name in device), None)
-    gpu = {} if not cuda else {
-        "mfu": None if peak_flops is None else flops / med["learner"] / peak_flops, "peak_flops": peak_flops,
-        "peak_gb": peak / 1e9, "plan_gb": _plan_bytes(cfg, shape, batch.input_ids.shape[1]) / 1e9}
-    return [{"bench": "learner", "device": device.replace(" ", "_"), "shape": shape,
-             "params": sum(p.numel() for p in model.parameters()), "flops_per_step": flops,
-             "achieved_tflops": flops / med["learner"] / 1e12, **gpu,
+    return [{"bench": "learner", **_device_figures(cfg, shape, batch, flops, med["learner"], peak if cuda else None),
+             "params": sum(p.numel() for p in model.parameters()),
              "vocab": model.config.vocab_size, "rows": batch.input_ids.shape[0],
              "completion_tokens": tokens, "padded_len": batch.input_ids.shape[1], "micro_batches": micro_batches,
              "rounds": rounds, "learner_tokens_per_s": tokens / med["learner"],

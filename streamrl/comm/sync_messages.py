@@ -60,3 +60,12 @@ class WeightsIpcAck(Struct, tag="weights_ipc_ack", kw_only=True):
     version: int
     ok: bool = True
     reason: str = ""
+
+
+def mismatch(msg: WeightsCollective, expected: dict[str, TensorInfo]) -> str | None:
+    """Why an announced version cannot be taken by a model of `expected` tensors, or None."""
+    announced = {t.name: t for b in msg.buckets for t in b}
+    if announced == expected:
+        return None
+    return (f"version {msg.version}: the learner's tensors differ from this actor's model "
+            f"({sorted(set(announced) ^ set(expected))[:3] or 'dtypes or shapes'})")

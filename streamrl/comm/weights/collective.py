@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Iterator
 import msgspec
 import torch
 
+from streamrl.comm.sync_messages import mismatch
 from streamrl.comm.wire import TensorInfo, WeightsCollective
 
 log = logging.getLogger(__name__)
@@ -387,10 +388,8 @@ class ActorSync(_Forming):
         if not self.ready:
             return None
         sync_plan = SyncPlan(buckets=msg.buckets)
-        announced = {t.name: t for b in msg.buckets for t in b}
-        if announced != self.expected:
-            self.fail(f"version {msg.version}: the learner's tensors differ from this actor's model "
-                      f"({sorted(set(announced) ^ set(self.expected))[:3] or 'dtypes or shapes'})")
+        if why := mismatch(msg, self.expected):
+            self.fail(why)
             return None
         got: dict[str, torch.Tensor] = {}
         return got if self._count(lambda: receive(self.group, sync_plan, got.update)) else None

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from streamrl.comm.sync_messages import mismatch
 from streamrl.comm.weights.collective import SyncRecord, WeightSyncError
 from streamrl.comm.wire import TensorInfo, WeightsCollective
 
@@ -49,10 +50,8 @@ class EngineSync(SyncRecord):
     def receive(self, msg: WeightsCollective) -> dict[str, torch.Tensor] | None:
         if not self.ready:
             return None
-        announced = {t.name: t for b in msg.buckets for t in b}
-        if announced != self.expected:
-            self.fail(f"version {msg.version}: the learner's tensors differ from this actor's model "
-                      f"({sorted(set(announced) ^ set(self.expected))[:3] or 'dtypes or shapes'})")
+        if why := mismatch(msg, self.expected):
+            self.fail(why)
             return None
 
         def take() -> dict:
