@@ -99,6 +99,7 @@ class Engine:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         _init_distributed(cfg.learner.collective_timeout_s)
         self.cfg = cfg
+        self.drift_scale = 1.0  # optim.target_drift's lr scale, carried from step to step and checkpointed
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         if cfg.learner.activation_checkpointing:  # recompute each layer's activations in backward
             recompute_layers_in_backward(model)
@@ -169,14 +170,15 @@ class Engine:
         """
         advantages = baseline.baselined(self, batch, advantages, token_count, sequence_count)
         if self.cfg.learner.minibatches == 1:
-            return self.optimizer_step(batch, advantages, token_count, sequence_count)
+            return self.optimizer_step(batch, advantages, token_count, sequence_count, version=version)
         outs, info = minibatches.train(self, batch, advantages, token_count, sequence_count, version)
         return _concat(outs, batch.completion_mask.shape[1]), info
 
     def optimizer_step(self, batch: Batch, advantages: torch.Tensor, token_count: float | None = None,
-                        sequence_count: float | None = None, proximal: torch.Tensor | None = None
-                        ) -> tuple[losses.LossOutput, dict]:
-        """One optimizer step on `batch`; proximal: (B, L-1) the loss's proximal log-probs (None: the current).
+                        sequence_count: float | None = None, proximal: torch.Tensor | None = None,
+                        version: int | None = None) -> tuple[losses.LossOutput, dict]:
+        """One optimizer step on `batch`; proximal: (B, L-1) the loss's proximal log-probs (None: the current);
+        version: the learner version the batch is consumed at (its groups' lags, for optim.target_drift).
 
         The rows go through forward/backward in micro-batches of at most learner.micro_batch_tokens
         padded tokens, accumulating gradients; every micro-batch's loss is normalised by the whole
@@ -207,7 +209,7 @@ class Engine:
         steps_before = self.optimizer_steps
         # ZeRO-0 leaves full gradients on the module and DeepSpeed reports no norm there.
         local_norm = _grad_norm(self.engine.module) if self.cfg.learner.zero_stage == 0 else None
-        settle_s, scale = 0.0, stepsize.scale_step(self, out.weights, batch.completion_mask)
+        settle_s, (scale, drift) = 0.0, stepsize.scale_step(self, out, batch, version)
         if self.before_step is not None:
             s0 = time.perf_counter()
             self.before_step()
@@ -219,7 +221,7 @@ class Engine:
             "loss": float(out.loss),
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.optim.lr,
-            "step_scale": scale,
+            "step_scale": scale, "drift_per_version": drift,
             "optimizer_steps": self.optimizer_steps - steps_before, "optimizer_skipped": int(skipped),
             "micro_batches": len(parts),
             "micro_batches_idle": len(chunks) - len(parts),
@@ -363,16 +365,18 @@ class Engine:
     def save(self, directory: str, tag: str) -> None:
         """Model, optimizer and scheduler under directory/tag; `latest` is left to learner.checkpoints."""
         # LoRA: the frozen base is not saved (model.build makes it again from model.path or the seed)
-        self.engine.save_checkpoint(directory, tag=tag, save_latest=False, exclude_frozen_parameters=self.lora)
+        self.engine.save_checkpoint(directory, tag=tag, save_latest=False, exclude_frozen_parameters=self.lora,
+                                    client_state={"drift_scale": self.drift_scale})
         if self.world > 1:  # every rank's shard is on disk before rank 0 marks the checkpoint complete
             import torch.distributed as dist
 
             dist.barrier()
 
     def load(self, directory: str, tag: str) -> None:
-        path, _ = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=not self.lora)
+        path, client = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=not self.lora)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {directory}/{tag}")
+        self.drift_scale = float((client or {}).get("drift_scale", 1.0))  # (1.0: a checkpoint from before the bound)
         self._state_vars = None  # whatever loading replaced, the next publish looks again
         self._apply_optim_settings()
         log.info("resumed from %s", path)

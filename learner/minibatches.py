@@ -45,7 +45,7 @@ def train(engine, batch: Batch, advantages: torch.Tensor, token_count: float | N
     outs, infos = [], []
     for (part, g), prox in zip(parts, proximal):
         out, info = engine.optimizer_step(part, advantages[g], n_tokens * part.num_tokens / local,
-                                           n_seqs * (g.stop - g.start) / groups, proximal=prox)
+                                           n_seqs * (g.stop - g.start) / groups, proximal=prox, version=version)
         outs.append(out)
         infos.append(info)
     norms = [i["grad_norm"] for i in infos if i["grad_norm"] is not None]

@@ -138,7 +138,11 @@ class Step(msgspec.Struct, kw_only=True, dict=True):
     lr: float
     """The learning rate the step used."""
     step_scale: float = 1.0
-    """The ESS scale on the step's lr (loss.variance_control ess_step | both; the mean over minibatches), else 1."""
+    """The scale on the step's lr: the ESS scale (loss.variance_control ess_step | both) times the drift scale
+    (optim.target_drift); the mean over minibatches; else 1."""
+    drift_per_version: float | None = None
+    """KL(previous version ‖ next) per token measured on the batch's stale groups (optim.target_drift; None
+    without it or without a stale group)."""
     optimizer_steps: int
     """Optimizer steps taken on the batch; strict needs 1 with optimizer_skipped."""
     optimizer_skipped: int = 0

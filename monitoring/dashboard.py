@@ -138,13 +138,16 @@ ROWS = [
         Panel("timeseries", "Importance weights' effective sample size",
               "(sum w)^2 / (N sum w^2) over the last batch's N tokens: 1 when "
               "every token weighs the same, small when a few tokens carry the update (StreamrlImportanceESSCollapse); "
-              "the step scale is the lr multiplier loss.variance_control=ess_step takes from it (1 otherwise).",
+              "the step scale is the lr multiplier loss.variance_control=ess_step takes from it, times "
+              "optim.target_drift's (1 otherwise).",
               [(f"streamrl_importance_ess_fraction{L}", "ESS {{run}}"),
                (f"streamrl_step_scale{L}", "step scale {{run}}")], "percentunit"),
         Panel("timeseries", "Behaviour-learner KL",
               "KL(behaviour || learner) over the last batch's tokens: how far the policy that "
-              "sampled the batch is from the one training on it (staleness, engine mismatch).",
-              [(f"streamrl_behaviour_learner_kl{L}", "KL {{run}}")]),
+              "sampled the batch is from the one training on it (staleness, engine mismatch); per version: "
+              "that KL over the stale groups' lags, what optim.target_drift holds the step size to.",
+              [(f"streamrl_behaviour_learner_kl{L}", "KL {{run}}"),
+               (f"streamrl_drift_per_version{L}", "per version {{run}}")]),
     ]),
     Row("Pipeline health", [
         Panel("heatmap", "Staleness of consumed samples", "Lag (learner version - generating version) per interval.",

@@ -113,7 +113,8 @@ def one_run(spec: dict) -> dict:
                           "clipped_fraction": rec.clipped_fraction, "is_ratio_max": rec.is_ratio_max,
                           "is_ratio_min": rec.is_ratio_min, "truncated_fraction": rec.truncated_fraction,
                           "masked_fraction": rec.masked_fraction, "is_ess_fraction": rec.is_ess_fraction,
-                          "step_scale": rec.step_scale, "kl_behaviour_learner": rec.kl_behaviour_learner})
+                          "step_scale": rec.step_scale, "kl_behaviour_learner": rec.kl_behaviour_learner,
+                          "drift_per_version": rec.drift_per_version})
         train_s = time.perf_counter() - t0
         final = Evaluator(cfg, reward, copy.deepcopy(actor.model), tok).run(engine.full_state_dict())
     finally:

@@ -114,8 +114,12 @@ STEP_GAUGES = (
      "Effective sample size of the last batch's token importance weights over its tokens, (sum w)^2 / (N sum w^2)",
      "is_ess_fraction"),
     ("streamrl_step_scale",
-     "Multiplier on the last step's learning rate from its importance weights' ESS (loss.variance_control; else 1)",
+     "Multiplier on the last step's learning rate: its importance weights' ESS scale (loss.variance_control) times "
+     "the drift scale (optim.target_drift); else 1",
      "step_scale"),
+    ("streamrl_drift_per_version",
+     "KL(previous version || next) per token, measured on the last batch's stale groups (optim.target_drift)",
+     "drift_per_version"),
     ("streamrl_behaviour_learner_kl", "KL(behaviour || learner) estimated (k3) over the last batch's tokens",
      "kl_behaviour_learner"),
     ("streamrl_inflight_sample_fraction",

@@ -11,7 +11,7 @@ import pytest
 
 # A tiny run's first metrics.jsonl line (configs/tiny.yaml, before learner/step.py existed): a step without weight
 # statistics or an evaluation. The loop adds metrics_s, then the intake's accounting and elapsed_s. Added since:
-# samples_unscored, episode_counts (issue 37); optimizer_skipped, step_scale (issue 46).
+# samples_unscored, episode_counts (issue 37); optimizer_skipped, step_scale, drift_per_version (issue 46).
 METRICS_KEYS = [
     "step", "learner_version", "r_count", "r_loss", "loss_pos_sum", "loss_neg_sum", "adv_pos", "adv_neg", "adv_zero",
     "failed_positive_fraction", "corpo_phase_fraction", "census_failed_pos", "census_failed_nonpos",
@@ -21,7 +21,7 @@ METRICS_KEYS = [
     "version_span_max", "inflight_fraction", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_ratio_max_abs_dev",
     "kl_behaviour_learner", "group_kl_behaviour_learner_max", "log_ratio_abs_mean", "sample_log_ratio_abs_max",
     "clipped_fraction", "truncated_fraction", "masked_fraction", "is_ess_fraction", "loss", "grad_norm", "lr",
-    "step_scale", "optimizer_steps", "optimizer_skipped", "micro_batches", "micro_batches_idle",
+    "step_scale", "drift_per_version", "optimizer_steps", "optimizer_skipped", "micro_batches", "micro_batches_idle",
     "fwd_bwd_s", "backward_s", "optimizer_s", "wait_s", "batch_s", "train_s", "publish_s", "step_s", "samples",
     "tokens", "samples_per_s", "tokens_per_s", "metrics_s", "groups_received", "groups_used", "groups_dropped",
     "reward_failures", "episode_counts", "messages_rejected", "weight_requests_rejected", "weight_requests_served",

@@ -1,11 +1,12 @@
-"""loss.variance_control and loss.proximal on the real engine: the ESS scale lands on the step's learning rate (the
-update shrinks by exactly it), strict mode is untouched bit for bit, the minimum-variance baseline takes the weights
+"""loss.variance_control, optim.target_drift and loss.proximal on the real engine: the ESS and drift scales land on
+the step's learning rate (the update shrinks by exactly them), strict mode is untouched bit for bit, the minimum-variance baseline takes the weights
 the training forward then applies, and A-3PO's proximal takes no forward pass."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from pathlib import Path
 
 import pytest
 from fakes.stale_groups import stale_groups as _groups
@@ -40,7 +41,8 @@ def _run(out_path: str) -> None:
     pad = 0
 
     # ESS step: the same batch, the same start; the scaled engine's update is the unscaled one's times its scale
-    scaled, plain = engine("loss.name=tis", "loss.variance_control=ess_step"), engine("loss.name=tis")
+    off = "optim.target_drift=null"  # the ESS scale alone
+    scaled, plain = engine("loss.name=tis", "loss.variance_control=ess_step", off), engine("loss.name=tis", off)
     start = {k: v.clone() for k, v in plain.full_state_dict().items()}
     a, b = step.train(scaled, groups, scaled.cfg, pad, version=8), step.train(plain, groups, plain.cfg, pad, version=8)
     found["ess"] = [a.is_ess_fraction, b.is_ess_fraction]
@@ -48,16 +50,31 @@ def _run(out_path: str) -> None:
     da, db = delta(scaled, start), delta(plain, start)
     found["update_ratio_err"] = float((da - a.step_scale * db).abs().max() / db.abs().max())
 
-    # strict: both controls on, the objective sees behaviour = current, so nothing changes bit for bit
-    strict_vc, strict = engine("on_policy=strict", "loss.variance_control=both"), engine("on_policy=strict")
+    # drift: a lag-8 batch measures its token-mean KL / 8 per version; the update shrinks by the scale that gives
+    drifted, twin = engine("loss.name=tis", "optim.target_drift=1e-3"), engine("loss.name=tis", off)
+    start = {k: v.clone() for k, v in twin.full_state_dict().items()}
+    c, d = step.train(drifted, groups, drifted.cfg, pad, version=8), step.train(twin, groups, twin.cfg, pad, version=8)
+    found["drift"] = [c.drift_per_version, c.kl_behaviour_learner, c.step_scale, d.drift_per_version, d.step_scale]
+    dc, dd = delta(drifted, start), delta(twin, start)
+    found["drift_update_ratio_err"] = float((dc - c.step_scale * dd).abs().max() / dd.abs().max())
+    found["drift_second"] = step.train(drifted, groups, drifted.cfg, pad, version=9).step_scale
+    drifted.save(str(Path(out_path).parent / "ckpt"), "step-2")  # the scale goes on with a resumed run
+    resumed = engine("loss.name=tis", "optim.target_drift=1e-3")
+    resumed.load(str(Path(out_path).parent / "ckpt"), "step-2")
+    found["drift_resumed"] = resumed.drift_scale
+
+    # strict: every control on, the objective sees behaviour = current, so nothing changes bit for bit
+    strict_vc = engine("on_policy=strict", "loss.variance_control=both", "optim.target_drift=1e-3")
+    strict = engine("on_policy=strict", off)
     s1, s2 = step.train(strict_vc, groups, strict_vc.cfg, pad), step.train(strict, groups, strict.cfg, pad)
     found["strict"] = [s1.step_scale, s1.is_ess_fraction, s2.step_scale]
+    found["strict_drift"] = s1.drift_per_version
     sa, sb = strict_vc.full_state_dict(), strict.full_state_dict()
     found["strict_bit_for_bit"] = all(torch.equal(sa[k], sb[k]) for k in sa)
 
     # mvb: the advantages the step trains on are shifted by the baseline of the weights the training forward of a
     # twin engine (no mvb) applies
-    mvb, twin = engine("loss.name=tis", "loss.variance_control=mvb"), engine("loss.name=tis")
+    mvb, twin = engine("loss.name=tis", "loss.variance_control=mvb", off), engine("loss.name=tis", off)
     batch = collate(groups, pad)
     adv = advantages.compute(batch.rewards, "corpo", 0.5)
     seen = []
@@ -106,8 +123,19 @@ def test_the_ess_scale_shrinks_the_update_by_exactly_itself(found):
     assert found["update_ratio_err"] < 5e-3 < 1 - found["scale"][0]
 
 
-def test_strict_mode_with_both_controls_is_the_plain_strict_step_bit_for_bit(found):
+def test_the_drift_scale_follows_the_measured_drift_per_version_and_shrinks_the_update_by_itself(found):
+    drift, kl, scale, plain_drift, plain_scale = found["drift"]
+    assert drift == pytest.approx(kl / 8, rel=1e-9)  # every group 8 versions old
+    assert drift > 4e-3  # 4 x the target: the scale falls by the most one step may move it
+    assert scale == 0.5 and [plain_drift, plain_scale] == [None, 1.0]
+    assert found["drift_update_ratio_err"] < 5e-3  # up to float32 rounding of each weight's update
+    assert found["drift_second"] == 0.25  # carried from step to step, still too far
+    assert found["drift_resumed"] == 0.25  # and through a checkpoint
+
+
+def test_strict_mode_with_every_control_is_the_plain_strict_step_bit_for_bit(found):
     assert found["strict"] == [1.0, 1.0, 1.0]
+    assert found["strict_drift"] is None  # lag 0 everywhere: nothing measured, the lr untouched
     assert found["strict_bit_for_bit"]
 
 
