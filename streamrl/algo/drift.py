@@ -4,8 +4,8 @@
 Why the step size. A stale batch is corrected token by token (streamrl.algo.offpolicy), but no per-token weight can
 undo a policy that moved too far between the version that sampled and the one that trains: the staleness bench
 found every correction holding one task and collapsing another where consecutive versions differ by KL ~1e-2
-(docs/reference/benchmarks.md, "Three tasks, two drift regimes"), and copy tasks at lr 1e-3 reached 0.99 and fell
-to 0.44 with the batch's KL jumping from ~5e-3 to 0.1-0.2 as the policy sharpened. The drift a step causes is what
+(docs/reference/benchmarks.md, "Three tasks, two drift regimes"), and copy tasks at lr 1e-3 reached 0.90-0.99 and
+fell to 0.39-0.44, the batch's KL rising from ~5e-3 to 0.1-1.5 as the policy sharpened. The drift a step causes is what
 the objective must bridge; bounding it per version is a trust region measured instead of imposed. The same control
 is rsl_rl's and rl_games' "adaptive" PPO learning rate (lr divided or multiplied by 1.5 when the measured KL leaves
 [target / 2, 2 target]); here the update is continuous and uses that KL is quadratic in the step.
