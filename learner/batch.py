@@ -50,6 +50,13 @@ class Batch(msgspec.Struct):
         """(B, L, num_groups, G): everything `empty` needs to make a batch of this shape."""
         return (*self.input_ids.shape, *self.rewards.shape)  # type: ignore[return-value]
 
+    def sample_lags(self, version: int | None) -> torch.Tensor:
+        """(B,) int64 versions between each sample's group (its oldest version) and learner `version`; 0 for a group
+        newer than it, and every 0 when there is no version."""
+        lags = (version - self.policy_versions).clamp_min(0) if version is not None else \
+            torch.zeros_like(self.policy_versions)
+        return lags.repeat_interleave(self.rewards.shape[1])
+
     def tensors(self) -> list[torch.Tensor]:
         """Every field, in declaration order (what a collective sends one by one)."""
         return [getattr(self, name) for name in self.__struct_fields__]

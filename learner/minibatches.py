@@ -97,8 +97,7 @@ def interpolation(batch: Batch, j: int, k: int, version: int | None) -> torch.Te
     if version is None:
         raise ValueError("loss.proximal=interpolate: the batch's learner version is needed (Engine.train_step "
                          "version=...) to place each sample between its behaviour and the current policy")
-    G = batch.rewards.shape[1]
-    behind = ((version - batch.policy_versions).clamp_min(0) * k).double().repeat_interleave(G)  # (B,)
+    behind = (batch.sample_lags(version) * k).double()  # (B,)
     if j == 0:
         return torch.ones_like(behind)
     return behind / (behind + j)

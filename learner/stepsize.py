@@ -51,9 +51,7 @@ def scale_step(engine, out, batch, version: int | None) -> tuple[float, float | 
         scale = variance.step_scale(variance.ess_fraction_of(sums), lc.ess_step_rule, lc.ess_step_floor)
     if target is not None:  # on every rank alike (its sums are all-reduced), even with no version to measure from
         # a group sampled across versions (in-flight updates) counts from its oldest: its drift per version reads low
-        versions = batch.policy_versions
-        group_lags = (version - versions).clamp_min(0) if version is not None else torch.zeros_like(versions)
-        lags = group_lags.repeat_interleave(mask.shape[0] // group_lags.numel())  # (B,)
+        lags = batch.sample_lags(version)
         drift_now = drift.per_version(_summed(engine, drift.drift_sums(out.ratio, mask, lags)))
         engine.drift_scale = drift.next_scale(engine.drift_scale, drift_now, target)
         scale *= engine.drift_scale

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from streamrl.algo import learning_signal, mgrpo, staleness
+from streamrl.algo import drift, learning_signal, mgrpo, staleness
 from streamrl.algo.losses import LossOutput
 from streamrl.algo.variance import ess_fraction
 from streamrl.comm.wire import FilteredCensus
@@ -94,7 +94,7 @@ def log_ratio_stats(ratio: torch.Tensor, completion_mask: torch.Tensor, group_si
     mask = completion_mask.to(torch.float64)
     r = ratio.double()
     dev = r.log().abs() * mask
-    k3 = (r - 1 - r.log()) * mask  # ≥ 0 per token; its mean estimates KL(behaviour ‖ learner) without bias
+    k3 = drift.k3(r) * mask
     per_sample = dev.sum(-1) / mask.sum(-1).clamp_min(1)  # (B,)
     per_group = k3.view(-1, group_size, k3.shape[-1]).sum((1, 2)) / \
         mask.view(-1, group_size, mask.shape[-1]).sum((1, 2)).clamp_min(1)  # (groups,)

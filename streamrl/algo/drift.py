@@ -32,15 +32,20 @@ MAX_CHANGE = 2.0
 """The most the scale moves in one step, either way."""
 
 
+def k3(ratio: torch.Tensor) -> torch.Tensor:
+    """Per token, r - 1 - log r for r = π_learner / π_behaviour (any shape, in float64): ≥ 0, and its mean over tokens
+    sampled from the behaviour policy estimates KL(behaviour ‖ learner) without bias."""
+    r = ratio.double()
+    return r - 1 - r.log()
+
+
 def drift_sums(ratio: torch.Tensor, mask: torch.Tensor, lags: torch.Tensor) -> torch.Tensor:
     """(2,) float64 [Σ k3, Σ lag] over the completion tokens of rows whose lag is ≥ 1, what ranks add up before
     `per_version`. ratio: (B, T) π_learner / π_behaviour; mask: (B, T) completion tokens; lags: (B,) versions
     between each row's behaviour policy and the learner."""
     stale = mask.bool() & (lags.view(-1, 1) >= 1)
-    r = ratio.double()[stale]
-    k3 = r - 1 - r.log()
     lag = lags.view(-1, 1).expand_as(mask)[stale].double()
-    return torch.stack([k3.sum(), lag.sum()])
+    return torch.stack([k3(ratio[stale]).sum(), lag.sum()])
 
 
 def per_version(sums: torch.Tensor) -> float | None:
