@@ -63,6 +63,8 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
                                       enabled=cfg.actors.throttle or cfg.strict)
         telemetry.share.set(throttle.share)
         phases.mark("ready")
+        log.info("%s: up (%s backend); asking the learner at %s for weights", actor_id, cfg.actors.backend,
+                 learner_host or cfg.transport.host)
         evals = ActorEvals(cfg, actor_id, backend, tokenizer, reward, weights, sender, inbox)
         closing.callback(_report, stats, started, sender, inbox, backend, evals)
         weights.first(stopping)                                        # never generate before holding weights

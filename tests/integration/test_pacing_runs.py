@@ -5,6 +5,9 @@ the next version, so even a strict run takes it without a stale group."""
 from __future__ import annotations
 
 import json
+import signal
+import time
+from pathlib import Path
 
 import pytest
 from procs import REPO, free_ports, metrics, reaped, spawn, summary, wait_steps
@@ -18,6 +21,7 @@ def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_
     # strict needs 0"): it made a full share of the version it joined at, beside the two that had made that batch.
     group, weights, requests = free_ports(3)
     args = [str(REPO / "configs" / "tiny-strict.yaml"), "name=join", f"run_dir={tmp_path / 'runs'}", "steps=40",
+            "actors.weights_timeout_s=900", "learner.data_timeout_s=900",  # waits that span the held learner
             f"transport.group_port={group}", f"transport.weights_port={weights}",
             f"transport.weights_request_port={requests}", "monitoring.learner_port=0", "monitoring.actor_port=0",
             "log.samples_every=1", "log.samples_per_log=128"]
@@ -26,7 +30,12 @@ def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
         wait_steps(run, 10, learner, timeout=300)
+        # The learner is held while the third actor starts (CI's loaded cores once took longer than the 30 steps
+        # left, so it found the run over): it joins a run that is mid-way, whatever the machine's speed.
+        learner.send_signal(signal.SIGSTOP)
         actors.append(spawn(["actor", *args, "--index", "2"], tmp_path / "actor-2.log"))
+        wait_log(tmp_path / "actor-2.log", "asking the learner", actors[2], timeout=300)
+        learner.send_signal(signal.SIGCONT)
         assert learner.wait(timeout=400) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         for a in actors:
             assert a.wait(timeout=60) == 0
@@ -43,6 +52,14 @@ def test_a_third_actor_joining_a_strict_run_is_admitted_at_the_next_version(tmp_
     last = [x for x in samples if x["step"] == 39 and x["layer"] == 1]
     per_actor = {a: sum(x["actor"] == a for x in last) // 8 for a in ("actor-0", "actor-1", "actor-2")}
     assert per_actor == {"actor-0": 6, "actor-1": 5, "actor-2": 5}, per_actor
+
+
+def wait_log(log: Path, text: str, proc, timeout: float) -> None:
+    """Return once `text` is in the log of `proc`; fail if it exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
 
 
 @pytest.mark.long
