@@ -110,10 +110,14 @@ def _sync(cfg: Config):
     if t.weight_sync != "collective":
         return None
     from streamrl.comm.weights.collective import LearnerSync
+    from streamrl.comm.weights.named_group import ENGINE_GROUP
+    from streamrl.registry import BACKENDS
 
     # Its first publish waits for the group, but never so long that an actor waiting for weights gives up.
     first_wait_s = min(t.weight_sync_rendezvous_s, cfg.actors.weights_timeout_s / 2)
     # one rank per actor, or per engine worker where the engine's workers receive (vLLM: each tensor-parallel rank)
     receivers = cfg.actors.num * cfg.actors.engine_gpus()
+    # SGLang's workers form and take the group only in SGLang's own way (named_group)
+    named = ENGINE_GROUP if BACKENDS.can(cfg.actors.backend, "collective_named_group") else None
     return LearnerSync(t.host, t.weight_sync_port, receivers, t.weight_sync_timeout_s, t.weight_sync_rendezvous_s,
-                       t.weight_sync_bucket_bytes, first_wait_s)
+                       t.weight_sync_bucket_bytes, first_wait_s, named)

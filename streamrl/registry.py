@@ -40,6 +40,8 @@ CAPABILITIES = {
     "engine_memory": "backend: its engine reserves a share of its GPU's memory (actors.gpu_memory_fraction)",
     "collective_sync": "backend: takes weights by a collective broadcast (transport.weight_sync=collective)",
     "collective_in_engine": "backend: its engine's workers are the collective's ranks and load each version themselves",
+    "collective_named_group": "backend: its workers join and take the collective in their engine's own convention "
+                              "(SGLang's init_weights_update_group, one flat broadcast per bucket: named_group)",
     "ipc_sync": "backend: takes weights from CUDA IPC handles to the learner's GPU memory (weight_sync=ipc)",
     "full_logprobs": "backend: behaviour log-probs are of the untruncated distribution under top_p < 1",
     "cpu_fork": "backend: a CPU actor may start as a fork of a warm process",

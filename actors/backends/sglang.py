@@ -13,6 +13,12 @@ with the last bucket. Each of these calls returns `(success, message)` instead o
 one raises here (after closing the session), so an actor never stamps a new version on samples of
 the old or a partly loaded set of weights.
 
+With `transport.weight_sync=collective` the engine's workers join the learner's group through SGLang's own entry
+points (`init_weights_update_group`, then per version one session of `update_weights_from_distributed` calls, one per
+bucket, `load_format="flattened_bucket"`): a version goes from the learner's GPU into the engine's without passing
+through this process. The group is formed and fed in SGLang's convention (streamrl/comm/weights/named_group.py); a
+version that fails there comes over ZeroMQ and in tensor buckets, as above.
+
 With LoRA (`lora.rank` > 0) the engine starts on the plain base with `enable_lora`, and each version (the
 adapters only) is loaded from memory as a new named adapter (`load_lora_adapter_from_tensors`, PEFT's tensor
 names and adapter config), the previous one unloaded, and every request names the newest (`lora_path`).
@@ -31,7 +37,9 @@ from typing import Callable
 from streamrl.actors.backends.base import BackendDefaults, Completion
 from streamrl.actors.backends.export import hf_folder
 from streamrl.actors.backends.specs import EngineOptions, options
-from streamrl.comm.weights.collective import plan
+from streamrl.comm.weights.collective import group_backend, plan
+from streamrl.comm.weights.engine_sync import InEngine
+from streamrl.comm.weights.named_group import ENGINE_GROUP
 from streamrl.config import Config, LoraConfig
 from streamrl.models.model import end_token_ids
 
@@ -53,6 +61,7 @@ class SGLangBackend(BackendDefaults):
         self.opts = options(cfg.actors, EngineOptions)
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         self.update_s: list[float] = []
+        self.collective_updates = 0  # of update_s: versions the workers took from the collective group
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
             tp_size=self.opts.tensor_parallel_size,
@@ -102,6 +111,8 @@ class SGLangBackend(BackendDefaults):
 
     def load_weights(self, state: dict) -> None:
         """state: {Hugging Face name: full tensor}. Raises WeightUpdateError when SGLang refuses a step."""
+        if isinstance(state, InEngine):  # the workers took it from the collective (receive_weight_sync)
+            return
         t0 = time.perf_counter()
         if self.lora is not None:
             self._load_adapter(state)
@@ -121,6 +132,35 @@ class SGLangBackend(BackendDefaults):
         _check("end_weight_update", self.engine.end_weight_update())
         self.update_s.append(time.perf_counter() - t0)
 
+    def join_weight_sync(self, host: str, port: int, first_rank: int, world: int, timeout_s: float,
+                         rendezvous_s: float) -> None:
+        """The engine's workers join the learner's weight-sync group as ranks first_rank + their tensor-parallel rank;
+        blocks until it forms. SGLang takes no timeout here: its own (torch's default) bounds the rendezvous."""
+        _check("init_weights_update_group", self.engine.init_weights_update_group(
+            master_address=host, master_port=port, rank_offset=first_rank, world_size=world, group_name=ENGINE_GROUP,
+            backend=group_backend()))
+
+    def receive_weight_sync(self, buckets: list) -> None:
+        """The workers take the version now broadcast on the group (buckets: the announcement's TensorInfo lists), one
+        `update_weights_from_distributed` call per bucket inside one weight-update session, the cache flushed with the
+        last; raises WeightUpdateError when a step fails (the engine may then hold part of it: the actor asks for the
+        whole version over ZeroMQ)."""
+        t0 = time.perf_counter()
+        _check("begin_weight_update", self.engine.begin_weight_update())
+        try:
+            for i, bucket in enumerate(buckets):
+                _check(f"update_weights_from_distributed (bucket {i + 1} of {len(buckets)})",
+                       self.engine.update_weights_from_distributed(
+                           names=[t.name for t in bucket], dtypes=[t.dtype for t in bucket],
+                           shapes=[list(t.shape) for t in bucket], group_name=ENGINE_GROUP,
+                           flush_cache=i == len(buckets) - 1, load_format="flattened_bucket"))
+        except BaseException:
+            self.engine.end_weight_update()
+            raise
+        _check("end_weight_update", self.engine.end_weight_update())
+        self.update_s.append(time.perf_counter() - t0)
+        self.collective_updates += 1
+
     def _load_adapter(self, state: dict) -> None:
         """LoRA: the version's adapters (this model's names) straight from memory as a new named adapter
         (`load_lora_adapter_from_tensors`, PEFT's tensor names and adapter config), then the previous one unloaded.
@@ -139,6 +179,7 @@ class SGLangBackend(BackendDefaults):
         """Figures for the actor's stats: weight updates (count, mean and max ms)."""
         ms = [s * 1000 for s in self.update_s]
         return {"backend": "sglang", "update_mode": "tensor_buckets", "updates": len(ms),
+                "collective_updates": self.collective_updates,
                 "buckets": len(self.plan.buckets) if self.plan else None,
                 "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None}

@@ -52,5 +52,7 @@ VLLM = Plugin(load="streamrl.actors.backends.vllm:VLLMBackend", options=EngineOp
 """vLLM: in-flight updates between engine steps; log-probs of the top-p truncated distribution; its workers take
 collective versions themselves."""
 SGLANG = Plugin(load="streamrl.actors.backends.sglang:SGLangBackend", options=EngineOptions,
-                capabilities={"tensor_parallel", "engine_memory", "full_logprobs"})
-"""SGLang: weights between generate calls only."""
+                capabilities={"tensor_parallel", "engine_memory", "full_logprobs", "collective_sync",
+                              "collective_in_engine", "collective_named_group"})
+"""SGLang: weights between generate calls only; its workers take collective versions through SGLang's own entry points
+(`named_group`'s convention)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrl.comm.weights import collective
+from streamrl.comm.weights import checksums
 
 pytestmark = pytest.mark.gpu
 
@@ -16,11 +16,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_checksum_of_a_256_mib_bucket_allocates_at_most_a_few_slices_on_the_gpu(dtype):
     flat = torch.randn((256 << 20) // torch.tensor([], dtype=dtype).element_size(), device="cuda").to(dtype)
-    collective.checksum(flat[:10])  # the cached position weights (8 MiB) made before measuring
+    checksums.checksum(flat[:10])  # the cached position weights (8 MiB) made before measuring
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    got = collective.checksum(flat)
+    got = checksums.checksum(flat)
     extra = torch.cuda.max_memory_allocated() - base
     assert extra < 32 << 20, f"{extra / 2**20:.0f} MiB beyond the bucket"
-    assert got == pytest.approx(collective.checksum(flat.cpu()), rel=1e-9)  # the value a CPU receiver computes
+    assert got == pytest.approx(checksums.checksum(flat.cpu()), rel=1e-9)  # the value a CPU receiver computes

@@ -43,6 +43,8 @@ import msgspec
 import torch
 
 from streamrl.comm.sync_messages import mismatch
+from streamrl.comm.weights import named_group
+from streamrl.comm.weights.checksums import checksum
 from streamrl.comm.wire import TensorInfo, WeightsCollective
 
 log = logging.getLogger(__name__)
@@ -86,30 +88,6 @@ def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-_PERIOD = 1009
-_SLICE = _PERIOD * 1024  # elements per pass: a multiple of the period, so every slice has the same weights
-_WEIGHTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _weights(device: torch.device) -> torch.Tensor:
-    """(_SLICE,) float64 position weights 1 + (i + 1) mod 1009, made once per device (8 MiB)."""
-    if device not in _WEIGHTS:
-        _WEIGHTS[device] = torch.arange(1, _SLICE + 1, dtype=torch.float64, device=device).remainder_(_PERIOD).add_(1)
-    return _WEIGHTS[device]
-
-
-def checksum(flat: torch.Tensor) -> float:
-    """Order-sensitive float64 checksum of a bucket (n,): Σ x_i · (1 + (i + 1) mod 1009); a torn or misplaced
-    bucket changes it. Taken a slice at a time, so it needs 16 MiB beyond the bucket, not a float64 copy, a
-    float64 weight vector and their product (24 B per element: 1.5 GiB for a 256 MiB float32 bucket)."""
-    w = _weights(flat.device)
-    total = torch.zeros((), dtype=torch.float64, device=flat.device)
-    for a in range(0, flat.numel(), _SLICE):
-        x = flat[a:a + _SLICE].double()
-        total += torch.dot(x, w[:x.numel()])
-    return float(total)
-
-
 def collective_device(backend: str) -> torch.device:
     """The device whose tensors `backend`'s collectives take: CUDA (the current device) for nccl, CPU for gloo."""
     if backend == "nccl":
@@ -145,21 +123,27 @@ class Group:
     rendezvousing on a TCPStore at (host, port); separate from any group the learner trains in."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, backend: str = "nccl",
-                 rendezvous_s: float | None = None):
-        """timeout_s bounds every collective; rendezvous_s (default timeout_s) the wait for the others to join."""
+                 rendezvous_s: float | None = None, group_name: str | None = None):
+        """timeout_s bounds every collective; rendezvous_s (default timeout_s) the wait for the others to join;
+        group_name: the group formed as an engine's workers form theirs (`named_group`: SGLang), else streamrl's."""
         import torch.distributed as dist
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         meet_s = rendezvous_s or timeout_s
+        self.backend = backend
+        self.device = collective_device(backend)
         try:
+            if group_name is not None:
+                with _nccl_error_handling(NCCL_ERROR_HANDLING):
+                    self.store, self.pg = named_group.form(host, port, rank, world, backend, group_name, timeout,
+                                                           datetime.timedelta(seconds=meet_s))
+                return
             self.store = dist.TCPStore(host, port, world, is_master=rank == 0,
                                        timeout=datetime.timedelta(seconds=meet_s))
         except RuntimeError as e:  # the rendezvous itself timed out
             raise WeightSyncError(f"weight sync group {host}:{port}: rank {rank} of {world} could not meet the "
                                   f"others within {meet_s:.0f}s ({e})") from None
-        self.backend = backend
-        self.device = collective_device(backend)
         if backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -222,10 +206,15 @@ class Group:
             raise failure[0]
 
 
-def send(group: Group, version: int, sync_plan: SyncPlan, buckets: Iterator[torch.Tensor]) -> dict:
+def send(group: Group, version: int, sync_plan: SyncPlan, buckets: Iterator[torch.Tensor], bare: bool = False) -> dict:
     """Rank 0: broadcast `buckets` (flat tensors in plan order, made lazily: the next one is built
-    while the previous is sent). Returns timings for metrics."""
+    while the previous is sent); `bare`: each as bytes and nothing else (`named_group`: what SGLang's workers take).
+    Returns timings for metrics."""
     t0 = time.perf_counter()
+    if bare:
+        for i, flat in enumerate(buckets):
+            group.broadcast(named_group.as_bytes(flat.to(group.device)), f"version {version} bucket {i}")
+        return {"sync_s": time.perf_counter() - t0, "buckets": len(sync_plan.buckets)}
     group.broadcast(torch.tensor([version, len(sync_plan.buckets)], dtype=torch.int64, device=group.device), "header")
     sums = []
     for i, flat in enumerate(buckets):
@@ -311,9 +300,14 @@ class SyncRecord:
 class _Forming(SyncRecord):
     """A Group formed on a background thread (its rendezvous waits for every member)."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, rendezvous_s: float):
+    group_name: str | None = None
+    """The engine convention the group is formed in (`named_group`: SGLang), None for streamrl's own."""
+
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float, rendezvous_s: float,
+                 group_name: str | None = None):
         super().__init__()
         self.group: Group | None = None
+        self.group_name = group_name
         self.timeout_s = timeout_s
         self.rendezvous_s = rendezvous_s
         self._thread = threading.Thread(target=self._form, args=(host, port, rank, world), daemon=True,
@@ -322,7 +316,8 @@ class _Forming(SyncRecord):
 
     def _form(self, host: str, port: int, rank: int, world: int) -> None:
         try:
-            self.group = Group(host, port, rank, world, self.timeout_s, group_backend(), self.rendezvous_s)
+            self.group = Group(host, port, rank, world, self.timeout_s, group_backend(), self.rendezvous_s,
+                               self.group_name)
             log.info("weight sync: rank %d of %d joined the %s group at %s:%d", rank, world, group_backend(), host,
                      port)
         except Exception as e:  # noqa: BLE001  (any failure means: stay on ZeroMQ)
@@ -342,11 +337,11 @@ class _Forming(SyncRecord):
 
 class LearnerSync(_Forming):
     """Learner rank 0's end: rank 0 of a group with one rank per receiver (an actor, or each worker of an engine that
-    receives in its workers: `EngineSync`)."""
+    receives in its workers: `EngineSync`). group_name: the engine's own convention (`named_group`: SGLang)."""
 
     def __init__(self, host: str, port: int, receivers: int, timeout_s: float, rendezvous_s: float,
-                 bucket_bytes: int, first_wait_s: float):
-        super().__init__(host, port, 0, 1 + receivers, timeout_s, rendezvous_s)
+                 bucket_bytes: int, first_wait_s: float, group_name: str | None = None):
+        super().__init__(host, port, 0, 1 + receivers, timeout_s, rendezvous_s, group_name)
         self.bucket_bytes = bucket_bytes
         self.plan: SyncPlan | None = None
         self.first_wait_s = first_wait_s
@@ -370,7 +365,7 @@ class LearnerSync(_Forming):
         """Broadcast `state` (after its announcement); False (and the collective left) on failure."""
         assert self.group is not None and self.plan is not None
         buckets = (flatten(state[s.name] for s in b) for b in self.plan.buckets)
-        return self._count(lambda: send(self.group, version, self.plan, buckets))
+        return self._count(lambda: send(self.group, version, self.plan, buckets, bare=self.group_name is not None))
 
 
 class ActorSync(_Forming):

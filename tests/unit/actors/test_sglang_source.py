@@ -71,7 +71,8 @@ def _strings(tree: ast.Module) -> set[str]:
 
 
 ENGINE = "sglang/srt/entrypoints/engine.py"
-USED = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor", "shutdown")
+USED = ("generate", "begin_weight_update", "end_weight_update", "update_weights_from_tensor", "shutdown",
+        "init_weights_update_group", "update_weights_from_distributed")
 
 
 def test_the_fakes_engine_methods_have_the_released_signatures(wheel):
@@ -84,7 +85,8 @@ def test_weight_calls_answer_a_status_the_engine_passes_through(wheel):
     engine = _methods(_class(_module(wheel, ENGINE), "Engine"))
     mixin = _module(wheel, "sglang/srt/managers/tokenizer_control_mixin.py")
     tokenizer = {n.name: n for n in ast.walk(mixin) if isinstance(n, ast.AsyncFunctionDef)}
-    for name in ("begin_weight_update", "end_weight_update", "update_weights_from_tensor"):
+    for name in ("begin_weight_update", "end_weight_update", "update_weights_from_tensor", "init_weights_update_group",
+                 "update_weights_from_distributed"):
         # Engine.<name> returns self.loop.run_until_complete(self.tokenizer_manager.<name>(obj, None)) ...
         assert f"self.tokenizer_manager.{name}(obj, None)" in ast.unparse(engine[name]), name
         # ... which is a (success, message) tuple, never an exception
@@ -95,7 +97,8 @@ def test_updates_outside_a_session_are_refused_with_the_fakes_messages(wheel):
     updater = _module(wheel, "sglang/srt/managers/scheduler_components/weight_updater.py")
     messages = _strings(updater)
     fake = fake_sglang.Engine()
-    refused = [fake.update_weights_from_tensor(named_tensors=[]), fake.end_weight_update()]
+    refused = [fake.update_weights_from_tensor(named_tensors=[]), fake.end_weight_update(),
+               fake.update_weights_from_distributed(names=[], dtypes=[], shapes=[])]
     fake.begin_weight_update()
     refused.append(fake.begin_weight_update())
     for success, message in refused:
@@ -164,3 +167,26 @@ def test_the_lora_engine_arguments_the_backend_passes_are_server_args(wheel, mon
                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     used = {k for k in engine_cls.instances[-1].kwargs if "lora" in k}
     assert used == {"enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch"} <= lora_fields
+
+
+def test_the_collective_group_and_buckets_are_formed_and_received_as_sglangs_worker_does(wheel):
+    """What the learner's end (named_group) and the fake both do, in SGLang's own source: the group's rendezvous and
+    prefix, the worker's rank, one uint8 broadcast per flattened bucket, and the messages the fake answers with."""
+    common = ast.unparse(next(n for n in ast.walk(_module(wheel, "sglang/srt/utils/common.py"))
+                              if isinstance(n, ast.FunctionDef) and n.name == "init_custom_process_group"))
+    for step in ("rendezvous(init_method, rank, world_size, timeout=timeout)", "store = PrefixStore(group_name, store)",
+                 "_new_process_group_helper(world_size, rank, [], backend, store, group_name=group_name",
+                 "_world.pg_group_ranks[pg] = {i: i for i in range(world_size)}"):
+        assert step in common, step
+    runner = _module(wheel, "sglang/srt/model_executor/model_runner_components/weight_updater.py")
+    updater = ast.unparse(runner)
+    assert "rank = rank_offset + self.tp_rank" in updater and "init_method=na.to_tcp()" in updater
+    assert "if load_format == 'flattened_bucket':" in updater
+    assert "bucket = FlattenedTensorBucket.empty(names, dtypes, shapes, self.device)" in updater
+    assert "torch.distributed.broadcast(flattened_tensor, src=0, group=self._model_update_group[group_name])" in updater
+    bucket = ast.unparse(_module(wheel, "sglang/srt/weight_sync/tensor_bucket.py"))
+    assert "flattened_tensor=torch.empty(offset, dtype=torch.uint8, device=device)" in bucket
+    messages = _strings(runner) | _strings(_module(wheel, "sglang/srt/managers/scheduler_components/weight_updater.py"))
+    assert {"Succeeded to initialize custom process group.", "Succeeded to update parameter online."} <= messages
+    scheduler = ast.unparse(_module(wheel, "sglang/srt/managers/scheduler_components/weight_updater.py"))
+    assert "success, message = (False, f'Failed to receive weights: {e}')" in scheduler

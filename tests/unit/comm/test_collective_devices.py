@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.comm.weights import collective
+from streamrl.comm.weights import checksums, collective
 
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
@@ -161,11 +161,11 @@ def _reference_checksum(flat: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_sliced_checksum_is_the_whole_ones_value_and_still_order_sensitive(dtype):
     g = torch.Generator().manual_seed(0)
-    flat = torch.randn(2 * collective._SLICE + 12_345, generator=g).to(dtype)  # three slices, the last partial
-    assert collective.checksum(flat) == pytest.approx(_reference_checksum(flat), rel=1e-12)
+    flat = torch.randn(2 * checksums._SLICE + 12_345, generator=g).to(dtype)  # three slices, the last partial
+    assert checksums.checksum(flat) == pytest.approx(_reference_checksum(flat), rel=1e-12)
     swapped = flat.clone()
-    swapped[[7, collective._SLICE + 3]] = swapped[[collective._SLICE + 3, 7]]
-    assert collective.checksum(swapped) != pytest.approx(collective.checksum(flat), rel=1e-12)
+    swapped[[7, checksums._SLICE + 3]] = swapped[[checksums._SLICE + 3, 7]]
+    assert checksums.checksum(swapped) != pytest.approx(checksums.checksum(flat), rel=1e-12)
 
 
 def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_beyond_it():
@@ -176,7 +176,7 @@ def test_the_checksum_of_a_bucket_needs_a_small_fraction_of_the_buckets_size_bey
     import sys
 
     # Warmed up on a few slices first: the first passes also set up the BLAS library's own buffers.
-    code = ("import resource, torch\nfrom streamrl.comm.weights.collective import checksum, _SLICE\n"
+    code = ("import resource, torch\nfrom streamrl.comm.weights.checksums import checksum, _SLICE\n"
             "flat = torch.randn(32 << 20); checksum(flat[:3 * _SLICE])\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\nchecksum(flat)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")

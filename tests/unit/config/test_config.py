@@ -357,10 +357,13 @@ def test_ipc_weight_sync_is_taken_for_hf_and_refused_on_the_engines():
     assert load(None, []).transport.weight_sync == "zmq"  # the default stays
 
 
-def test_collective_weight_sync_is_refused_on_engines_whose_own_nccl_path_is_not_in_the_loop():
-    assert "wired for actors.backend=hf or vllm only" in _error("actors.backend=sglang",
-                                                                "transport.weight_sync=collective")
-    assert load(None, ["transport.weight_sync=collective"]).transport.weight_sync == "collective"
+def test_collective_weight_sync_is_taken_by_every_backend_and_refused_with_what_an_engine_cannot_keep():
+    for backend in ("hf", "vllm", "sglang"):
+        cfg = load(None, [f"actors.backend={backend}", "transport.weight_sync=collective"])
+        assert cfg.transport.weight_sync == "collective"
+    # the engines' workers load each version themselves: no host copy for adapters or an evaluation's version
+    assert "its engine's workers load each version themselves" in _error(
+        "actors.backend=sglang", "transport.weight_sync=collective", "lora.rank=8")
 
 
 def test_an_empty_yaml_file_is_refused_rather_than_running_the_default_job(tmp_path):
