@@ -1,7 +1,8 @@
 """A data row that lacks what the user's code reads is bad data, not the model's mistake.
 
 An environment, agent or SkyRL-Gym env gets its row as a `WatchedRow`: a dict that remembers each key read from it
-that it lacks. When the user's code then fails with that KeyError, the failure is the row's (`data_error`): its
+that it lacks, and each index read past the end of one of its list columns (`row["choices"][3]` of a row with three).
+When the user's code then fails with that KeyError or IndexError, the failure is the row's (`data_error`): its
 episodes are excluded from training (the group is not sent), they never count against the code's failure window
 (the code is not broken, the row is), and `BadRows` counts them by reason (`reward_failures/bad_data`, in samples),
 names each bad row once on the terminal by its file and line (`data/train.jsonl:17`), and keeps the first few for
@@ -34,9 +35,33 @@ class WatchedRow(dict):
         self.missing.append(key)
         raise KeyError(key)
 
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if type(value) is list:  # watched from its first read on, in place: the reader's changes stay in the row
+            value = WatchedList(value, key, self.missing)
+            super().__setitem__(key, value)
+        return value
+
     def derived(self, items) -> "WatchedRow":
         """A new row from `items` (an adapter's view of this one) whose missing keys count as this row's."""
         return WatchedRow(items, self.where, self.missing)
+
+
+class WatchedList(list):
+    """A list column of a WatchedRow (`column`): an index read past its end notes the IndexError itself in the row's
+    `missing` (the very exception, so one the reader caught and handled is never taken for a later failure)."""
+
+    def __init__(self, items, column, missing: list):
+        super().__init__(items)
+        self.column, self.missing = column, missing
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError as e:
+            e.add_note(f"column {self.column!r} has {len(self)} item(s); index {index} was read")
+            self.missing.append(e)
+            raise
 
 
 def data_error(row, err: BaseException | None) -> str | None:
@@ -46,8 +71,11 @@ def data_error(row, err: BaseException | None) -> str | None:
         return None
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, KeyError) and err.args and err.args[0] in row.missing:
+        if isinstance(err, KeyError) and err.args and any(err.args[0] == m for m in row.missing
+                                                          if not isinstance(m, BaseException)):
             return f"missing column {err.args[0]!r}"
+        if isinstance(err, IndexError) and any(err is m for m in row.missing):
+            return err.__notes__[-1]  # "column 'choices' has 3 item(s); index 3 was read"
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None

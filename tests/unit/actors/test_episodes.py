@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from streamrl import config
 from streamrl.actors import backends
@@ -307,6 +308,43 @@ def test_an_environment_reading_a_column_its_row_lacks_makes_the_row_bad_data_no
         assert groups == [] and done.reward_bad_data == 2, (cls, done)
         assert stats.step_raised == 0 and not runner.failures, runner.failures  # not the environment's failure
         assert runner.bad_rows.counts == {"missing column 'answer'": 2}
+
+
+def test_an_environment_reading_past_the_end_of_a_list_column_makes_the_row_bad_data(tmp_path):
+    env = tmp_path / "index_env.py"
+    env.write_text(textwrap.dedent("""
+        from streamrl.tasks.lookup import LookupEnv
+
+        class ReadsFifthHint(LookupEnv):
+            def __init__(self, row):
+                super().__init__(row)
+                self.r = row
+
+            def step(self, reply):
+                try:
+                    self.r["hints"][9]  # caught and handled: never the row's fault on its own
+                except IndexError:
+                    pass
+                return [], float(self.r["hints"][4] == reply), True
+
+        class OwnIndexError(ReadsFifthHint):
+            def step(self, reply):
+                self.r["hints"][0]
+                return [][0]  # the code's own IndexError: its failure, not the row's
+    """))
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:ReadsFifthHint"], reply=lambda t: "a")
+    prompts = [msgspec.structs.replace(p, columns={**p.columns, "hints": ["a"]}) for p in _prompts(reward.task, 1)]
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(prompts, 0)
+    runner.close()
+    assert groups == [] and done.reward_bad_data == 2, done
+    assert stats.step_raised == 0 and not runner.failures, runner.failures
+    assert list(runner.bad_rows.counts) == ["column 'hints' has 1 item(s); index 4 was read"]
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:OwnIndexError"], reply=lambda t: "a")
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    _, stats, done = runner.make_groups(prompts, 0)
+    runner.close()
+    assert done.reward_bad_data == 0 and stats.step_raised == 2
 
 
 def test_unknown_tools_and_unfit_arguments_are_errors_the_model_sees():
