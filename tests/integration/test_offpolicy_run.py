@@ -26,10 +26,12 @@ def _drift_scales(recs: list[dict], target: float = 3e-3) -> list[float]:
 
 @pytest.mark.long
 def test_a_lag_8_run_under_tis_trains_and_records_its_truncation_and_ess_in_range(run_job):
-    # Throttled actors run max_staleness versions ahead of a learner slowed a little; tis_cap 1.1 (not 2) so the
-    # tiny model's ratios at lag 8 (up to ~1.5) are truncated and the counts have something to count.
-    run = run_job("loss.name=tis", "loss.tis_cap=1.1", "max_staleness=8", "learner.slow_step_s=0.05",
-                  f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0", name="tis-lag8")
+    # Throttled actors run max_staleness versions ahead of a learner slowed a little (the drift bound off, so they
+    # stay there); tis_cap 1.1 (not 2) so the tiny model's ratios at lag 8 (up to ~1.5) are truncated and the counts
+    # have something to count.
+    run = run_job("loss.name=tis", "loss.tis_cap=1.1", "max_staleness=8", "max_drift=null",
+                  "learner.slow_step_s=0.05", f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0",
+                  name="tis-lag8")
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(STEPS))
     lagged = [r for r in recs if r["lag_max"] >= 8]
@@ -69,8 +71,8 @@ def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_ba
     # clipped against the log-probs from before the first.
     steps = 30
     run = run_job("loss.name=decoupled_ppo", "learner.minibatches=2", "loss.clip_low=0.01", "loss.clip_high=0.01",
-                  "max_staleness=4", "learner.slow_step_s=0.05", f"steps={steps}", "monitoring.learner_port=0",
-                  "monitoring.actor_port=0", name="dppo-2step")
+                  "max_staleness=4", "max_drift=null", "learner.slow_step_s=0.05", f"steps={steps}",
+                  "monitoring.learner_port=0", "monitoring.actor_port=0", name="dppo-2step")
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(steps))
     assert all(r["optimizer_steps"] == 2 for r in recs)
@@ -84,8 +86,9 @@ def test_a_stale_run_under_decoupled_ppo_with_two_minibatches_steps_twice_per_ba
 def test_a_lag_8_run_under_variance_control_trains_and_records_its_ess_and_step_scale(run_job):
     # VCPO's two controls around tis at lag >= 8: every record carries the ESS and the scale taken from it (sqrt,
     # no floor) times the drift scale, and the scale falls below 1 where the weights are unequal.
-    run = run_job("loss.name=tis", "loss.variance_control=both", "max_staleness=8", "learner.slow_step_s=0.05",
-                  f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0", name="vcpo-lag8")
+    run = run_job("loss.name=tis", "loss.variance_control=both", "max_staleness=8", "max_drift=null",
+                  "learner.slow_step_s=0.05", f"steps={STEPS}", "monitoring.learner_port=0", "monitoring.actor_port=0",
+                  name="vcpo-lag8")
     recs = metrics(run)
     assert [r["step"] for r in recs] == list(range(STEPS))
     lagged = [r for r in recs if r["lag_max"] >= 8]
