@@ -283,16 +283,31 @@ def test_an_environment_that_could_not_score_leaves_its_episode_unscored_counted
     runner.close()
 
 
+def _play_row_reader(env, cls: str, columns: dict | None = None):
+    """One prompt of the lookup task (its row given `columns` too) played by `cls` of the file `env`, whose episodes
+    read their row as self.r; (groups, stats, done, runner)."""
+    cfg, reward, tok, backend = _setup([f"task.environment={env}:{cls}"], reply=lambda t: "a")
+    prompts = [msgspec.structs.replace(p, columns={**p.columns, **(columns or {})}) for p in _prompts(reward.task, 1)]
+    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
+    groups, stats, done = runner.make_groups(prompts, 0)
+    runner.close()
+    return groups, stats, done, runner
+
+
+ROW_READER = """
+    from streamrl.tasks.lookup import LookupEnv
+
+    class RowReader(LookupEnv):
+        def __init__(self, row):
+            super().__init__(row)
+            self.r = row
+"""
+
+
 def test_an_environment_reading_a_column_its_row_lacks_makes_the_row_bad_data_not_an_environment_failure(tmp_path):
     env = tmp_path / "reads_env.py"
-    env.write_text(textwrap.dedent("""
-        from streamrl.tasks.lookup import LookupEnv
-
-        class ReadsAnswer(LookupEnv):
-            def __init__(self, row):
-                super().__init__(row)
-                self.r = row
-
+    env.write_text(textwrap.dedent(ROW_READER) + textwrap.dedent("""
+        class ReadsAnswer(RowReader):
             def step(self, reply):
                 return [], float(self.r["answer"] == reply), True
 
@@ -301,10 +316,7 @@ def test_an_environment_reading_a_column_its_row_lacks_makes_the_row_bad_data_no
                 return [{"role": "user", "content": self.r["answer"]}]
     """))
     for cls in ("ReadsAnswer", "OpensWithAnswer"):  # read in step, or while the episode opens
-        cfg, reward, tok, backend = _setup([f"task.environment={env}:{cls}"], reply=lambda t: "a")
-        runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-        groups, stats, done = runner.make_groups(_prompts(reward.task, 1), 0)
-        runner.close()
+        groups, stats, done, runner = _play_row_reader(env, cls)
         assert groups == [] and done.reward_bad_data == 2, (cls, done)
         assert stats.step_raised == 0 and not runner.failures, runner.failures  # not the environment's failure
         assert runner.bad_rows.counts == {"missing column 'answer'": 2}
@@ -312,14 +324,8 @@ def test_an_environment_reading_a_column_its_row_lacks_makes_the_row_bad_data_no
 
 def test_an_environment_reading_past_the_end_of_a_list_column_makes_the_row_bad_data(tmp_path):
     env = tmp_path / "index_env.py"
-    env.write_text(textwrap.dedent("""
-        from streamrl.tasks.lookup import LookupEnv
-
-        class ReadsFifthHint(LookupEnv):
-            def __init__(self, row):
-                super().__init__(row)
-                self.r = row
-
+    env.write_text(textwrap.dedent(ROW_READER) + textwrap.dedent("""
+        class ReadsFifthHint(RowReader):
             def step(self, reply):
                 try:
                     self.r["hints"][9]  # caught and handled: never the row's fault on its own
@@ -332,18 +338,11 @@ def test_an_environment_reading_past_the_end_of_a_list_column_makes_the_row_bad_
                 self.r["hints"][0]
                 return [][0]  # the code's own IndexError: its failure, not the row's
     """))
-    cfg, reward, tok, backend = _setup([f"task.environment={env}:ReadsFifthHint"], reply=lambda t: "a")
-    prompts = [msgspec.structs.replace(p, columns={**p.columns, "hints": ["a"]}) for p in _prompts(reward.task, 1)]
-    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    groups, stats, done = runner.make_groups(prompts, 0)
-    runner.close()
+    groups, stats, done, runner = _play_row_reader(env, "ReadsFifthHint", {"hints": ["a"]})
     assert groups == [] and done.reward_bad_data == 2, done
     assert stats.step_raised == 0 and not runner.failures, runner.failures
     assert list(runner.bad_rows.counts) == ["column 'hints' has 1 item(s); index 4 was read"]
-    cfg, reward, tok, backend = _setup([f"task.environment={env}:OwnIndexError"], reply=lambda t: "a")
-    runner = EnvironmentEpisodes(cfg, backend, tok, reward, "actor-0", [tok.eos_token_id])
-    _, stats, done = runner.make_groups(prompts, 0)
-    runner.close()
+    _, stats, done, _ = _play_row_reader(env, "OwnIndexError", {"hints": ["a"]})
     assert done.reward_bad_data == 0 and stats.step_raised == 2
 
 
