@@ -25,11 +25,14 @@ STEPS, SHORT_STEPS = 600, 20
 
 def time_to(records: list[dict], target: float, window: int = WINDOW) -> float | None:
     """Seconds (the learner's elapsed_s) at the first step whose rolling reward reaches target; None if none."""
+    rec = first_reaching(records, target, window)
+    return None if rec is None else rec.get("elapsed_s")
+
+
+def first_reaching(records: list[dict], target: float, window: int = WINDOW) -> dict | None:
+    """The record of the first step whose rolling reward (over `window` steps) reaches target; None if none."""
     curve = tinyruns.rolling([r["reward_mean"] for r in records], window)
-    for rec, value in zip(records, curve):
-        if value >= target:
-            return rec.get("elapsed_s")
-    return None
+    return next((rec for rec, value in zip(records, curve) if value >= target), None)
 
 
 def time_to_target(short: bool = False, values: list[int] | None = None, seeds: int | None = None,
@@ -56,7 +59,9 @@ def time_to_target(short: bool = False, values: list[int] | None = None, seeds: 
             r = done[f"ms{v}-seed{s}"]
             recs = r["records"]
             t = time_to(recs, target)
+            at = first_reaching(recs, target)
             runs.append({"max_staleness": v, "seed": s, "exit": r["rc"], "steps": len(recs), "reached": t is not None,
+                         "step_at_target": None if at is None else at["step"],
                          "seconds": t if t is not None else (recs[-1]["elapsed_s"] if recs else None),
                          "steps_per_s": len(recs) / recs[-1]["elapsed_s"] if recs and recs[-1]["elapsed_s"] else None,
                          "lag_mean": statistics.mean(x.get("lag_mean", 0.0) for x in recs) if recs else None})

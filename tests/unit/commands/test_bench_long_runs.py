@@ -39,6 +39,7 @@ def test_time_to_target_is_the_first_time_the_rolling_mean_reaches_it():
     # the 5-step mean first reaches 0.8 at the 4th step of ones: step index 13, elapsed (13 + 1) * 0.5
     assert time_to_target.time_to(recs, 0.8, window=5) == pytest.approx(7.0)
     assert time_to_target.time_to(recs, 1.01, window=5) is None
+    assert time_to_target.first_reaching(recs, 0.8, window=5)["step"] == 13  # the runs record it as step_at_target
 
 
 def test_slots_are_disjoint_sets_of_this_process_cores():
