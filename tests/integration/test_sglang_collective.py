@@ -120,6 +120,7 @@ def test_two_sglang_engines_take_a_version_from_the_learners_group_in_sglangs_ow
         assert a["syncs"] == 1 and a["stats"]["collective_updates"] == 1
 
 
+@pytest.mark.long
 def test_a_load_sglang_refuses_turns_both_ends_back_to_zeromq_within_the_timeout(tmp_path):
     out = _run(tmp_path, actors=1, failing={0})
     learner, actor = out["learner"], out["actor-0"]
