@@ -63,8 +63,6 @@ def run(cfg: Config, index: int = 0, learner_host: str | None = None, phases: Ph
                                       enabled=cfg.actors.throttle or cfg.strict)
         telemetry.share.set(throttle.share)
         phases.mark("ready")
-        log.info("%s: up (%s backend); asking the learner at %s for weights", actor_id, cfg.actors.backend,
-                 learner_host or cfg.transport.host)
         evals = ActorEvals(cfg, actor_id, backend, tokenizer, reward, weights, sender, inbox)
         closing.callback(_report, stats, started, sender, inbox, backend, evals)
         weights.first(stopping)                                        # never generate before holding weights
@@ -125,6 +123,7 @@ def _channels(cfg: Config, index: int, learner_host: str | None, backend, model,
     closing.callback(inbox.close)
     weights = ActorWeights(cfg, ctx, host, index, curve, backend, model, telemetry, health, inbox)
     closing.callback(lambda: (weights.close(), stats.update(weights.report())))
+    log.info("%s: up (%s backend); asking the learner at %s for weights", actor_id, cfg.actors.backend, host)
     return sender, inbox, weights
 
 

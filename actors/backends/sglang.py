@@ -30,6 +30,7 @@ tests/unit/actors/test_sglang_source.py, and written for a GPU in tests/gpu/test
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Callable
@@ -120,17 +121,24 @@ class SGLangBackend(BackendDefaults):
             return
         self.plan = self.plan or plan(state, self.opts.update_bucket_bytes)
         last = len(self.plan.buckets) - 1
-        _check("begin_weight_update", self.engine.begin_weight_update())
-        try:
+        with self._session():
             for i, bucket in enumerate(self.plan.buckets):
                 named = [(s.name, state[s.name]) for s in bucket]
                 _check(f"update_weights_from_tensor (bucket {i + 1} of {last + 1})",
                        self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=i == last))
+        self.update_s.append(time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def _session(self):
+        """One weight-update session (SGLang 0.5 requires one around every update), closed after a failed step too,
+        whose error is then the one reported."""
+        _check("begin_weight_update", self.engine.begin_weight_update())
+        try:
+            yield
         except BaseException:
-            self.engine.end_weight_update()  # close the session; the failed step is the error to report
+            self.engine.end_weight_update()
             raise
         _check("end_weight_update", self.engine.end_weight_update())
-        self.update_s.append(time.perf_counter() - t0)
 
     def join_weight_sync(self, host: str, port: int, first_rank: int, world: int, timeout_s: float,
                          rendezvous_s: float) -> None:
@@ -146,18 +154,13 @@ class SGLangBackend(BackendDefaults):
         last; raises WeightUpdateError when a step fails (the engine may then hold part of it: the actor asks for the
         whole version over ZeroMQ)."""
         t0 = time.perf_counter()
-        _check("begin_weight_update", self.engine.begin_weight_update())
-        try:
+        with self._session():
             for i, bucket in enumerate(buckets):
                 _check(f"update_weights_from_distributed (bucket {i + 1} of {len(buckets)})",
                        self.engine.update_weights_from_distributed(
                            names=[t.name for t in bucket], dtypes=[t.dtype for t in bucket],
                            shapes=[list(t.shape) for t in bucket], group_name=ENGINE_GROUP,
                            flush_cache=i == len(buckets) - 1, load_format="flattened_bucket"))
-        except BaseException:
-            self.engine.end_weight_update()
-            raise
-        _check("end_weight_update", self.engine.end_weight_update())
         self.update_s.append(time.perf_counter() - t0)
         self.collective_updates += 1
 
