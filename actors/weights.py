@@ -3,10 +3,11 @@
 One object owns everything weights on the actor side: the ZeroMQ subscriber (broadcasts; it asks
 for the newest weights through the actor's control `Inbox`), the collective group's end when
 `transport.weight_sync: collective` (the actor's, or its engine workers' where they receive themselves: vLLM) or
-the CUDA IPC receiver when `ipc` (an announced version that fails there is asked for over ZeroMQ instead, inside
-the subscriber), loading a version into the backend, noticing a restarted learner, and in-flight updates between
-decoding steps. The actor's loop calls `first`, `update` and `wait_newer`, hands `in_flight` to the backend, and
-reads `version` and `life`; the learner's notices (shutdown, demand, eval requests) are the inbox's.
+the CUDA IPC receiver when `ipc` (the engine's, through the backend, where it loads them itself; an announced version
+that fails there is asked for over ZeroMQ instead, inside the subscriber), loading a version into the backend,
+noticing a restarted learner, and in-flight updates between decoding steps. The actor's loop calls `first`,
+`update` and `wait_newer`, hands `in_flight` to the backend, and reads `version` and `life`; the learner's notices
+(shutdown, demand, eval requests) are the inbox's.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ActorWeights:
                                   t.weight_sync_rendezvous_s, lora.published(model.state_dict()))
             self.subscriber.sync = self.sync.receive
         elif t.weight_sync == "ipc":
-            self.sync = _ipc(self.actor_id, model, inbox)
+            self.sync = _ipc(self.actor_id, model, inbox, backend, BACKENDS.can(cfg.actors.backend, "ipc_in_engine"))
             self.subscriber.sync = self.sync.receive if self.sync else None
         self.version = 0
         """The policy version the backend holds (0 before any weights)."""
@@ -163,14 +164,18 @@ class ActorWeights:
         self.subscriber.close()
 
 
-def _ipc(actor_id: str, model: torch.nn.Module, inbox: Inbox):
-    """The CUDA IPC receiver on the model's device, or None (one log line) where this process has no CUDA."""
+def _ipc(actor_id: str, model: torch.nn.Module, inbox: Inbox, backend, engine: bool):
+    """The CUDA IPC receiver, or None (one log line) where this process has no CUDA. engine: the backend's engine
+    opens and loads each version itself (`receive_weight_ipc`), so the actor's own model may stay off the GPU."""
     from streamrl.comm.weights.ipc import CudaIpc, IpcReceiver
 
     device = next(model.parameters()).device
+    expected = lora.published(model.state_dict())
+    if engine:
+        return IpcReceiver(CudaIpc(), actor_id, expected, device, inbox.ack, into=backend.receive_weight_ipc)
     if device.type != "cuda":
         why = f"the model is on {device}, not a CUDA device"
         log.error("weight sync ipc: %s: %s; weights go over ZeroMQ", actor_id, why)
         inbox.ack(wire.WeightsIpcAck(actor_id=actor_id, version=-1, ok=False, reason=why))  # no handles for it
         return None
-    return IpcReceiver(CudaIpc(), actor_id, lora.published(model.state_dict()), device, inbox.ack)
+    return IpcReceiver(CudaIpc(), actor_id, expected, device, inbox.ack)

@@ -43,6 +43,7 @@ CAPABILITIES = {
     "collective_named_group": "backend: its workers join and take the collective in their engine's own convention "
                               "(SGLang's init_weights_update_group, one flat broadcast per bucket: named_group)",
     "ipc_sync": "backend: takes weights from CUDA IPC handles to the learner's GPU memory (weight_sync=ipc)",
+    "ipc_in_engine": "backend: its engine loads each IPC version itself (the actor keeps no copy of the weights)",
     "full_logprobs": "backend: behaviour log-probs are of the untruncated distribution under top_p < 1",
     "cpu_fork": "backend: a CPU actor may start as a fork of a warm process",
     "device_choice": "backend: runs on the device actors.device names (cpu: the actors take no GPU)",

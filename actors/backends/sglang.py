@@ -19,6 +19,11 @@ bucket, `load_format="flattened_bucket"`): a version goes from the learner's GPU
 through this process. The group is formed and fed in SGLang's convention (streamrl/comm/weights/named_group.py); a
 version that fails there comes over ZeroMQ and in tensor buckets, as above.
 
+With `transport.weight_sync=ipc` the actor opens the learner's CUDA IPC buffer on its GPU (`receive_weight_ipc`) and
+hands it to the engine in the same buckets, each a fresh copy (torch will not send on a tensor it received over IPC);
+`update_weights_from_tensor` passes CUDA tensors to SGLang's workers by CUDA IPC itself. Nothing goes through host
+memory; a failure leaves IPC for ZeroMQ.
+
 With LoRA (`lora.rank` > 0) the engine starts on the plain base with `enable_lora`, and each version (the
 adapters only) is loaded from memory as a new named adapter (`load_lora_adapter_from_tensors`, PEFT's tensor
 names and adapter config), the previous one unloaded, and every request names the newest (`lora_path`).
@@ -63,6 +68,7 @@ class SGLangBackend(BackendDefaults):
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         self.update_s: list[float] = []
         self.collective_updates = 0  # of update_s: versions the workers took from the collective group
+        self.ipc_updates = 0  # of update_s: versions opened from the learner's CUDA IPC buffer
         self.engine = sglang.Engine(
             model_path=hf_folder(cfg, model, tokenizer),
             tp_size=self.opts.tensor_parallel_size,
@@ -112,21 +118,42 @@ class SGLangBackend(BackendDefaults):
 
     def load_weights(self, state: dict) -> None:
         """state: {Hugging Face name: full tensor}. Raises WeightUpdateError when SGLang refuses a step."""
-        if isinstance(state, InEngine):  # the workers took it from the collective (receive_weight_sync)
+        if isinstance(state, InEngine):  # the engine took it itself (receive_weight_sync, receive_weight_ipc)
             return
         t0 = time.perf_counter()
         if self.lora is not None:
             self._load_adapter(state)
             self.update_s.append(time.perf_counter() - t0)
             return
+        self._buckets(state)
+        self.update_s.append(time.perf_counter() - t0)
+
+    def receive_weight_ipc(self, msg, handle: list) -> None:
+        """The version in the learner's CUDA IPC buffer (`handle`, this actor's, of the verified manifest `msg`),
+        opened here on this actor's GPU and handed to the engine bucket by bucket, as `load_weights` does; raises
+        WeightUpdateError when SGLang refuses a step (the actor then takes versions over ZeroMQ)."""
+        import torch
+
+        from streamrl.comm.weights import ipc
+
+        t0 = time.perf_counter()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        flat = ipc.provider(msg.provider).open(handle, device)
+        # torch refuses to send on a CUDA tensor this process received over IPC: each bucket goes as a fresh copy (one
+        # bucket's bytes on the GPU at a time), which SGLang shares with its workers by CUDA IPC in turn.
+        self._buckets(dict(ipc.views(flat, msg.tensors, msg.offsets, msg.total)), copy=True)
+        self.update_s.append(time.perf_counter() - t0)
+        self.ipc_updates += 1
+
+    def _buckets(self, state: dict, copy: bool = False) -> None:
+        """`state` into the engine in one weight-update session, one `update_weights_from_tensor` per bucket."""
         self.plan = self.plan or plan(state, self.opts.update_bucket_bytes)
         last = len(self.plan.buckets) - 1
         with self._session():
             for i, bucket in enumerate(self.plan.buckets):
-                named = [(s.name, state[s.name]) for s in bucket]
+                named = [(s.name, state[s.name].clone() if copy else state[s.name]) for s in bucket]
                 _check(f"update_weights_from_tensor (bucket {i + 1} of {last + 1})",
                        self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=i == last))
-        self.update_s.append(time.perf_counter() - t0)
 
     @contextlib.contextmanager
     def _session(self):
@@ -182,7 +209,7 @@ class SGLangBackend(BackendDefaults):
         """Figures for the actor's stats: weight updates (count, mean and max ms)."""
         ms = [s * 1000 for s in self.update_s]
         return {"backend": "sglang", "update_mode": "tensor_buckets", "updates": len(ms),
-                "collective_updates": self.collective_updates,
+                "collective_updates": self.collective_updates, "ipc_updates": self.ipc_updates,
                 "buckets": len(self.plan.buckets) if self.plan else None,
                 "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None}

@@ -48,11 +48,11 @@ HF = Plugin(load="streamrl.actors.backends.hf:HFBackend", options=HFOptions,
 full log-probs."""
 VLLM = Plugin(load="streamrl.actors.backends.vllm:VLLMBackend", options=EngineOptions,
               capabilities={"inflight_updates", "tensor_parallel", "engine_memory", "collective_sync",
-                            "collective_in_engine"})
+                            "collective_in_engine", "ipc_sync", "ipc_in_engine"})
 """vLLM: in-flight updates between engine steps; log-probs of the top-p truncated distribution; its workers take
-collective versions themselves."""
+collective and CUDA IPC versions themselves."""
 SGLANG = Plugin(load="streamrl.actors.backends.sglang:SGLangBackend", options=EngineOptions,
                 capabilities={"tensor_parallel", "engine_memory", "full_logprobs", "collective_sync",
-                              "collective_in_engine", "collective_named_group"})
+                              "collective_in_engine", "collective_named_group", "ipc_sync", "ipc_in_engine"})
 """SGLang: weights between generate calls only; its workers take collective versions through SGLang's own entry points
-(`named_group`'s convention)."""
+(`named_group`'s convention), and CUDA IPC versions from its actor through `update_weights_from_tensor`."""

@@ -10,6 +10,8 @@ them), which the learner does not recompute: strict mode refuses that combinatio
 With `transport.weight_sync=collective` each of the engine's workers joins the learner's group and takes each
 version from the broadcast into the same in-place reload (`join_weight_sync`, `receive_weight_sync`; the learner
 counts one rank per worker); a version that fails there comes over ZeroMQ and through shared memory, as below.
+With `ipc` each worker opens the learner's CUDA IPC buffer on its device and loads from it in place
+(`receive_weight_ipc`, vllm_worker.py says why not vLLM's own IPC engine); a failure there leaves IPC for ZeroMQ.
 
 New weights replace the old ones without restarting the engine, the same way on GPUs and on the CPU
 build: the actor writes the version into node-local shared memory in buckets of one dtype (at most
@@ -101,6 +103,7 @@ class VLLMBackend(BackendDefaults):
         self.label: int | None = None  # the version the engine labels its outputs with (in-flight updates)
         self.inflight_loads = 0
         self.collective_updates = 0  # of update_s: versions the workers took from the collective group
+        self.ipc_updates = 0  # of update_s: versions the workers opened from the learner's CUDA IPC buffer
         self.tokens, self.generate_s = 0, 0.0  # generated after the first call, and the time it took
         self.first_generate_s: float | None = None
         log.info("vllm engine up in %.1f s (tensor_parallel_size=%d, %s, seed %d); new weights load in place "
@@ -198,7 +201,7 @@ class VLLMBackend(BackendDefaults):
         """state: {Hugging Face name: full tensor}, as the learner publishes it. Raises when a worker
         fails: the engine may then hold a partly loaded version and must not generate again. Inside an
         in-flight generate call the engine is paused first (mode="keep"); generate labels and resumes it."""
-        if isinstance(state, InEngine):  # the workers took it from the collective (receive_weight_sync)
+        if isinstance(state, InEngine):  # the engine took it itself (receive_weight_sync, receive_weight_ipc)
             return
         t0 = time.perf_counter()
         if self.lora is not None:
@@ -225,6 +228,17 @@ class VLLMBackend(BackendDefaults):
         self._workers_load("receive_weight_sync", sum(len(b) for b in buckets), {"buckets": entries})
         self.update_s.append(time.perf_counter() - t0)
         self.collective_updates += 1
+
+    def receive_weight_ipc(self, msg, handle: list) -> None:
+        """Every worker opens the learner's CUDA IPC buffer (`handle`, this actor's, of the verified manifest `msg`) on
+        its device and loads the version in place from it; raises when a worker fails."""
+        t0 = time.perf_counter()
+        entries = [[[t.name, t.dtype, list(t.shape)] for t in msg.tensors]]
+        self._workers_load("load_weights_from_ipc", len(msg.tensors),
+                           {"handle": handle, "provider": msg.provider, "buckets": entries,
+                            "offsets": list(msg.offsets), "total": msg.total})
+        self.update_s.append(time.perf_counter() - t0)
+        self.ipc_updates += 1
 
     def _workers_load(self, method: str, tensors: int, kwargs: dict) -> None:
         """Run a loading method of the worker extension on every worker, paused first inside an in-flight generate
@@ -261,13 +275,13 @@ class VLLMBackend(BackendDefaults):
 
     def engine_stats(self) -> dict:
         """Figures for the actor's stats: engine start (s), weight updates (mean and max ms; collective_updates of
-        them through the collective group, the rest through shared memory), generation throughput (completion
-        tokens per second of generate calls, the first call excluded)."""
+        them through the collective group, ipc_updates from the learner's CUDA IPC buffer, the rest through shared
+        memory), generation throughput (completion tokens per second of generate calls, the first call excluded)."""
         ms = [s * 1000 for s in self.update_s]
         return {"backend": "vllm", "update_mode": "lora_request" if self.lora is not None else UPDATE_MODE, "start_s": round(self.start_s, 2),
                 "updates": len(ms), "update_ms": round(sum(ms) / len(ms), 1) if ms else None,
                 "update_ms_max": round(max(ms), 1) if ms else None, "inflight_loads": self.inflight_loads,
-                "collective_updates": self.collective_updates,
+                "collective_updates": self.collective_updates, "ipc_updates": self.ipc_updates,
                 "first_generate_s": None if self.first_generate_s is None else round(self.first_generate_s, 2),
                 "tokens": self.tokens,
                 "tok_per_s": round(self.tokens / self.generate_s, 1) if self.generate_s else None}

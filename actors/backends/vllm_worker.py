@@ -16,6 +16,13 @@ With `transport.weight_sync=collective` the workers take the versions from the l
 one broadcast version (verified bucket by bucket against the learner's checksums before any of it loads) into the
 same in-place reload, so a version goes from the learner's GPU to the engine's without host memory or shared files.
 
+With `transport.weight_sync=ipc` each worker opens the learner's CUDA IPC handle on its own device
+(`load_weights_from_ipc`) and streams views of that buffer into the same in-place reload: the weight loaders copy from
+the learner's GPU memory into the parameters, one device-to-device copy per tensor. vLLM has an IPC weight-transfer
+engine of its own (`weight_transfer_config` backend "ipc", 0.32), but its handles are `rebuild_cuda_tensor`'s argument
+tuples, torch classes included, which reach the workers only by pickle (VLLM_ALLOW_INSECURE_SERIALIZATION=1); the
+handle here is plain ints and bytes (streamrl.comm.weights.ipc.CudaIpc), opened by the same `rebuild_cuda_tensor`.
+
 Why not the arguments of collective_rpc: they cross to the engine process as msgpack, which refuses
 a bytes object over 4 GiB (and turns a tensor in untyped kwargs into a plain list). The method name
 is not vLLM's: vLLM refuses an extension that shadows a Worker method.
@@ -68,3 +75,17 @@ class WorkerExtension:
         receive(self.streamrl_weight_sync, plan, got.extend)
         self.reload_weights(weights_iterator=iter(got))
         return len(got)
+
+    def load_weights_from_ipc(self, handle: list, provider: str, buckets: list[list[list]], offsets: list[int],
+                              total: int) -> int:
+        """Open the learner's IPC `handle` (streamrl.comm.weights.ipc; `provider` names who opens it) on this worker's
+        device and load the version in place from views of it (buckets: one, its [name, dtype, shape] entries in the
+        buffer's order; offsets: each tensor's byte offset). Returns how many tensors were loaded."""
+        from streamrl.comm.weights import ipc
+        from streamrl.comm.wire import TensorInfo
+
+        tensors = [TensorInfo(name=n, dtype=d, shape=list(shape)) for b in buckets for n, d, shape in b]
+        flat = ipc.provider(provider).open(handle, self.device)
+        named = ipc.views(flat, tensors, offsets, total)
+        self.reload_weights(weights_iterator=iter(named))
+        return len(named)

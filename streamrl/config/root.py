@@ -116,9 +116,9 @@ class Config(_Section):
             raise ValueError(f"transport.weight_sync={sync}: wired for actors.backend="
                              f"{' or '.join(BACKENDS.with_capability(f'{sync}_sync'))} only (the {backend} engine "
                              "takes weights over ZeroMQ, from shared memory or in buckets); use zmq")
-        if sync == "collective" and can("collective_in_engine") and (self.lora.rank or self.eval.every):
-            raise ValueError(f"transport.weight_sync=collective with actors.backend={backend}: its engine's workers "
-                             "load each version themselves, so the actor holds no copy to make LoRA adapters from "
+        if sync != "zmq" and can(f"{sync}_in_engine") and (self.lora.rank or self.eval.every):
+            raise ValueError(f"transport.weight_sync={sync} with actors.backend={backend}: its engine "
+                             "loads each version itself, so the actor holds no copy to make LoRA adapters from "
                              f"(lora.rank={self.lora.rank}) or to go back to for an evaluation "
                              f"(eval.every={self.eval.every}); use weight_sync=zmq, or neither")
         if self.strict and self.actors.top_p < 1 and not can("full_logprobs"):

@@ -255,7 +255,10 @@ class Worker(WorkerExtension):
     """vllm/v1/worker/gpu_worker.py's Worker, with the worker extension mixed in as vLLM mixes it."""
 
     def __init__(self, rank: int = 0):
+        import torch
+
         self.rank = rank  # vllm/v1/worker/worker_base.py: its rank in the engine's own group (tensor-parallel here)
+        self.device = torch.device("cpu")  # Worker.init_device sets it (cuda:<visible index>; cpu_worker.py: cpu)
         self.model_runner = GPUModelRunner()
 
     def reload_weights(self, *args, **kwargs) -> None:

@@ -37,3 +37,35 @@ def nucleus_gap(m, prompts: list[list[int]], groups, temperature: float, top_p: 
             ref = float(cut.log_softmax(-1).gather(-1, torch.tensor(c.tokens)[:, None]).sum())
             worst = max(worst, abs(ref - sum(c.logprobs)))
     return worst
+
+
+def _export(state: dict, conn) -> None:
+    """The learner's end in a process of its own (a process cannot open its own CUDA IPC handle): exports `state`,
+    sends the manifest's bytes, holds the buffer until told to go."""
+    from streamrl.comm import wire
+    from streamrl.comm.weights.ipc import CudaIpc, IpcExporter
+
+    exporter = IpcExporter(CudaIpc(), actors=1)
+    msg = exporter.announcement(1, {k: v.cuda() for k, v in state.items()}, "learner")
+    conn.send_bytes(wire.encode(msg))
+    conn.recv_bytes()
+    exporter.close()
+
+
+class Exported:
+    """`state` exported over CUDA IPC by another process, as the learner does: `.msg` is its WeightsIpc manifest."""
+
+    def __init__(self, state: dict):
+        import torch.multiprocessing as mp
+
+        from streamrl.comm import wire
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_export, args=({k: v.cpu() for k, v in state.items()}, child))
+        self.proc.start()
+        self.msg = wire.decode_header(self.conn.recv_bytes())
+
+    def close(self) -> None:
+        self.conn.send_bytes(b"go")
+        self.proc.join(60)

@@ -11,7 +11,13 @@ actor still on IPC acknowledged it or a newer version, and never holds more than
 Handles come from a provider: `CudaIpc` is torch's own CUDA IPC (torch.multiprocessing.reductions: `reduce_tensor`
 makes the handle, `rebuild_cuda_tensor` opens it). Each `reduce_tensor` call registers a fresh reference counter
 with the exporting process, which keeps the memory alive until the opener lets go, hence one handle per actor. Tests
-pass a provider of their own (tests/fakes/ipc.py) to run this protocol on CPU.
+pass a provider of their own (tests/fakes/ipc.py) to run this protocol on CPU. A provider is found by the name the
+manifest carries (`PROVIDERS`), which is how an engine's worker process, that holds no receiver, opens a handle.
+
+Engines (vLLM, SGLang) take the version themselves (`IpcReceiver(into=...)`, the backend's `receive_weight_ipc`):
+vLLM's workers open the handle on their own devices and stream `views` of it into their in-place reload; SGLang's
+actor opens it and hands the engine one bucket at a time (its `update_weights_from_tensor` carries CUDA tensors to
+its workers by CUDA IPC itself). The acknowledgement follows the load, so the learner frees nothing still read.
 
 Fallback: the learner without CUDA (or whose weights are not on a GPU) announces nothing and sends over ZeroMQ, with
 one log line; an actor whose handle cannot be opened (another node, no CUDA, a peer-access failure) logs one line
@@ -33,6 +39,7 @@ import torch
 
 from streamrl.comm import wire
 from streamrl.comm.weights.chunks import Layout
+from streamrl.comm.weights.engine_sync import InEngine
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,27 @@ class CudaIpc:
 
     def release(self, flat: torch.Tensor) -> None:
         torch.cuda.ipc_collect()  # frees the buffers every opener has let go of
+
+
+PROVIDERS: dict[str, Provider] = {CudaIpc.name: CudaIpc()}
+"""Providers by the name a manifest carries: where a process that holds no receiver (an engine's worker) finds the
+one that opens a handle. Tests add theirs."""
+
+
+def provider(name: str) -> Provider:
+    if name not in PROVIDERS:
+        raise LookupError(f"no IPC handle provider named {name!r} in this process (known: {', '.join(PROVIDERS)})")
+    return PROVIDERS[name]
+
+
+def views(flat: torch.Tensor, tensors: list[wire.TensorInfo], offsets: list[int], total: int
+          ) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of an opened (n,) uint8 buffer, as views into it (no copy), in the manifest's order; raises
+    when the buffer is shorter than the manifest says."""
+    if flat.numel() < total:
+        raise ValueError(f"the buffer opened has {flat.numel()} bytes, the manifest says {total}")
+    return [(t.name, flat[o:o + _numel(t) * _size(t)].view(getattr(torch, t.dtype)).view(t.shape))
+            for t, o in zip(tensors, offsets)]
 
 
 def manifest_checksum(msg: wire.WeightsIpc) -> int:
@@ -219,11 +247,17 @@ class IpcExporter:
 
 class IpcReceiver:
     """An actor's end: `receive` is what the weight subscriber calls on a `WeightsIpc`; it returns {name: tensor}
-    (copies on `device`, the buffer let go of) or None (this actor left IPC: the subscriber asks over ZeroMQ)."""
+    (copies on `device`, the buffer let go of), `InEngine` (`into` loaded it in the engine), or None (this actor left
+    IPC: the subscriber asks over ZeroMQ).
+
+    into(msg, handle): an engine's load of the version this actor's `handle` names (the backend's
+    `receive_weight_ipc`); None: this process opens the handle and copies the tensors out (hf)."""
 
     def __init__(self, provider: Provider, actor_id: str, expected: dict[str, torch.Tensor], device: torch.device,
-                 ack: Callable[[wire.WeightsIpcAck], None]):
+                 ack: Callable[[wire.WeightsIpcAck], None],
+                 into: Callable[[wire.WeightsIpc, list], None] | None = None):
         self.provider, self.actor_id, self.device, self._ack = provider, actor_id, torch.device(device), ack
+        self.into = into
         self.index = int(actor_id.rsplit("-", 1)[1])
         self.expected = {name: wire.TensorInfo.of(name, t.dtype, t.shape) for name, t in expected.items()}
         self.failed: str | None = None
@@ -240,14 +274,13 @@ class IpcReceiver:
         try:
             if not handle:
                 raise LookupError(f"the learner sent no handle for {self.actor_id}")
-            flat = self.provider.open(handle, self.device)
-            if flat.numel() < msg.total:
-                raise ValueError(f"the buffer opened has {flat.numel()} bytes, the manifest says {msg.total}")
-            got = {t.name: flat[o:o + _numel(t) * _size(t)].view(getattr(torch, t.dtype)).view(t.shape)
-                   .to(self.device, copy=True) for t, o in zip(msg.tensors, msg.offsets)}
-            del flat  # the learner may free it once acknowledged
-        except Exception as e:  # noqa: BLE001  (any failure to open means: ZeroMQ for this actor)
-            reason = f"version {msg.version}: the handle could not be opened on {self.device} ({type(e).__name__}: {e})"
+            got = InEngine() if self.into is not None else self._copy(msg, handle)
+            if self.into is not None:
+                self.into(msg, handle)
+        except Exception as e:  # noqa: BLE001  (any failure to open or load means: ZeroMQ for this actor)
+            where = "in the engine" if self.into is not None else f"on {self.device}"
+            reason = (f"version {msg.version}: the handle could not be opened or loaded {where} "
+                      f"({type(e).__name__}: {e})")
             self.failed = reason
             log.error("weight sync ipc: %s; weights go over ZeroMQ from now on", reason)
             self._ack(wire.WeightsIpcAck(actor_id=self.actor_id, version=msg.version, ok=False, reason=reason))
@@ -256,6 +289,12 @@ class IpcReceiver:
         self.syncs += 1
         self.sync_s += time.perf_counter() - t0
         return got
+
+    def _copy(self, msg: wire.WeightsIpc, handle: list) -> dict[str, torch.Tensor]:
+        """The version's tensors copied onto this actor's device; the buffer is let go of (the learner may free it
+        once acknowledged)."""
+        flat = self.provider.open(handle, self.device)
+        return {name: t.to(self.device, copy=True) for name, t in views(flat, msg.tensors, msg.offsets, msg.total)}
 
     def report(self) -> dict:
         return {"syncs": self.syncs, "sync_s": round(self.sync_s, 3), "failed": self.failed}

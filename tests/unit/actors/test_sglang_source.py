@@ -190,3 +190,14 @@ def test_the_collective_group_and_buckets_are_formed_and_received_as_sglangs_wor
     assert {"Succeeded to initialize custom process group.", "Succeeded to update parameter online."} <= messages
     scheduler = ast.unparse(_module(wheel, "sglang/srt/managers/scheduler_components/weight_updater.py"))
     assert "success, message = (False, f'Failed to receive weights: {e}')" in scheduler
+
+
+def test_tensors_given_to_update_weights_from_tensor_reach_the_workers_by_torchs_own_sharing(wheel):
+    """weight_sync=ipc hands the engine CUDA tensors (receive_weight_ipc): SGLang pickles them for each tensor-parallel
+    rank with torch's ForkingPickler, which shares a CUDA tensor by CUDA IPC rather than copying it through the host
+    (and refuses one this process received over IPC itself: the backend sends fresh copies)."""
+    engine = ast.unparse(_module(wheel, "sglang/srt/entrypoints/engine.py"))
+    assert "serialized_named_tensors = self._serialize_tensors_per_rank(named_tensors, load_format)" in engine
+    assert "return [MultiprocessingSerializer.serialize(tensors) for _ in range(get_parallel().tp_size)]" in engine
+    common = ast.unparse(_module(wheel, "sglang/srt/utils/common.py"))
+    assert "ForkingPickler(buf).dump(obj)" in common

@@ -335,6 +335,16 @@ def test_the_worker_extension_shadows_no_worker_method_where_vllm_is_installed()
     assert ours and not [a for a in ours if hasattr(Worker, a)]
 
 
+def test_the_workers_device_the_ipc_path_opens_handles_on_is_set_by_vllm_where_installed():
+    _real_vllm()
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+
+    # load_weights_from_ipc opens the learner's buffer on `self.device`: vLLM's own IPC engine reads the same one
+    assert 'self.device = torch.device(f"cuda:{visible_device_index}")' in inspect.getsource(Worker.init_device)
+    assert 'self.device = torch.device("cpu")' in inspect.getsource(CPUWorker.init_device)
+
+
 def _real_vllm():
     if isinstance(sys.modules.get("vllm"), types.ModuleType) and not hasattr(sys.modules["vllm"], "__file__"):
         pytest.skip("the fake vllm is installed")

@@ -246,7 +246,7 @@ def test_weight_sync_ipc_carries_versions_from_learner_to_actor_and_frees_them_o
 
     provider = SameProcess()  # CUDA IPC's stand-in on CPU: learner and actor share this process
     monkeypatch.setattr(sys.modules[LearnerWeights.__module__], "CudaIpc", lambda: provider)
-    monkeypatch.setattr(sys.modules[ActorWeights.__module__], "_ipc", lambda actor_id, model, inbox: ipc.IpcReceiver(
+    monkeypatch.setattr(sys.modules[ActorWeights.__module__], "_ipc", lambda actor_id, model, inbox, *_: ipc.IpcReceiver(
         provider, actor_id, engine_at(0.0).state, torch.device("cpu"), inbox.ack))
     new_learner, new_actor = setup_ipc
     learner, backend = new_learner(1.0), Recorder()

@@ -350,20 +350,19 @@ def test_difficulty_band_needs_low_below_high():
     assert "difficulty.low=0.5" in msg and "high (0.4)" in msg
 
 
-def test_ipc_weight_sync_is_taken_for_hf_and_refused_on_the_engines():
-    assert "transport.weight_sync=ipc: wired for actors.backend=hf only" in _error("actors.backend=vllm",
-                                                                                  "transport.weight_sync=ipc")
-    assert load(None, ["transport.weight_sync=ipc"]).transport.weight_sync == "ipc"
+def test_ipc_and_collective_weight_sync_are_taken_by_every_backend_and_refused_with_what_an_engine_cannot_keep():
+    for sync in ("collective", "ipc"):
+        for backend in ("hf", "vllm", "sglang"):
+            cfg = load(None, [f"actors.backend={backend}", f"transport.weight_sync={sync}"])
+            assert cfg.transport.weight_sync == sync
+        # the engines load each version themselves: no host copy for adapters or an evaluation's version
+        for extra in ("lora.rank=8", "eval.every=5"):
+            for backend in ("vllm", "sglang"):
+                msg = _error(f"actors.backend={backend}", f"transport.weight_sync={sync}", extra)
+                assert f"transport.weight_sync={sync} with actors.backend={backend}: its engine loads each version " \
+                       "itself" in msg and extra.split("=")[0] in msg
+        assert load(None, ["transport.weight_sync=" + sync, "lora.rank=8"]).lora.rank == 8  # hf keeps its copy
     assert load(None, []).transport.weight_sync == "zmq"  # the default stays
-
-
-def test_collective_weight_sync_is_taken_by_every_backend_and_refused_with_what_an_engine_cannot_keep():
-    for backend in ("hf", "vllm", "sglang"):
-        cfg = load(None, [f"actors.backend={backend}", "transport.weight_sync=collective"])
-        assert cfg.transport.weight_sync == "collective"
-    # the engines' workers load each version themselves: no host copy for adapters or an evaluation's version
-    assert "its engine's workers load each version themselves" in _error(
-        "actors.backend=sglang", "transport.weight_sync=collective", "lora.rank=8")
 
 
 def test_an_empty_yaml_file_is_refused_rather_than_running_the_default_job(tmp_path):
