@@ -1,8 +1,13 @@
 """An engine that loads models from a folder (vLLM, SGLang) gets the tiny random-init model saved
-to one, in Hugging Face layout (streamrl.models.hf_folder: the same writer as `streamrl export`)."""
+to one, in Hugging Face layout (streamrl.models.hf_folder: the same writer as `streamrl export`).
+
+Such a folder is temporary: it goes when the engine closes (`remove`) or, at the latest, when the process exits,
+so no actor start leaves a model behind in the temporary directory."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 
 from streamrl.config import Config, LoraConfig
@@ -14,8 +19,22 @@ def hf_folder(cfg: Config, model, tokenizer) -> str:
     if cfg.model.path:
         return cfg.model.path
     folder = tempfile.mkdtemp(prefix="streamrl-model-")
+    if not _made:
+        atexit.register(lambda: [remove(f) for f in list(_made)])
+    _made.add(folder)
     hf_folder_lib.save(folder, _base_of(model, cfg.lora), tokenizer)  # with LoRA the base alone
     return folder
+
+
+_made: set[str] = set()
+"""The temporary folders hf_folder made in this process and has not removed yet."""
+
+
+def remove(folder: str) -> None:
+    """Remove `folder` if hf_folder made it (a user's model.path is never touched)."""
+    if folder in _made:
+        _made.discard(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _base_of(model, lora_cfg: LoraConfig):

@@ -41,7 +41,7 @@ import time
 from typing import Callable
 
 from streamrl.actors.backends.base import BackendDefaults, Completion
-from streamrl.actors.backends.export import hf_folder
+import streamrl.actors.backends.export as export
 from streamrl.actors.backends.specs import EngineOptions, options
 from streamrl.comm.weights.collective import group_backend, plan
 from streamrl.comm.weights.engine_sync import InEngine
@@ -69,8 +69,9 @@ class SGLangBackend(BackendDefaults):
         self.update_s: list[float] = []
         self.collective_updates = 0  # of update_s: versions the workers took from the collective group
         self.ipc_updates = 0  # of update_s: versions opened from the learner's CUDA IPC buffer
+        self.model_dir = export.hf_folder(cfg, model, tokenizer)
         self.engine = sglang.Engine(
-            model_path=hf_folder(cfg, model, tokenizer),
+            model_path=self.model_dir,
             tp_size=self.opts.tensor_parallel_size,
             dtype=engine_dtype(cfg.model.dtype),
             random_seed=cfg.seed,  # this actor's own: backends.build gives each actor seed + index
@@ -216,6 +217,7 @@ class SGLangBackend(BackendDefaults):
 
     def close(self) -> None:
         self.engine.shutdown()
+        export.remove(self.model_dir)
 
 
 def engine_dtype(model_dtype: str) -> str:

@@ -50,7 +50,7 @@ from typing import Callable
 
 import streamrl.actors.backends.shm_weights as shm_weights
 from streamrl.actors.backends.base import BackendDefaults, Completion
-from streamrl.actors.backends.export import hf_folder
+import streamrl.actors.backends.export as export
 from streamrl.actors.backends.specs import EngineOptions, options
 from streamrl.actors.backends.vllm_worker import WORKER_EXTENSION
 from streamrl.comm.weights.collective import plan
@@ -80,8 +80,9 @@ class VLLMBackend(BackendDefaults):
         self.weights_dir = shm_weights.new_folder()
         self.plan = None  # the bucket plan, made from the first version (every version has the same tensors)
         t0 = time.perf_counter()
+        self.model_dir = export.hf_folder(cfg, model, tokenizer)
         self.llm = LLM(
-            model=hf_folder(cfg, model, tokenizer),
+            model=self.model_dir,
             skip_tokenizer_init=True,
             tensor_parallel_size=self.opts.tensor_parallel_size,
             dtype=cfg.model.dtype,
@@ -291,6 +292,7 @@ class VLLMBackend(BackendDefaults):
         if engine_core is not None:
             engine_core.shutdown()
         shm_weights.remove(self.weights_dir)
+        export.remove(self.model_dir)
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -37,6 +37,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   each run kept of its peak rolling reward (stability.py).
 - time-to-target (optional, only when named): the whole tiny job at each max_staleness, wall time to a reward
   target against the default max_staleness's (time_to_target.py).
+- admission (optional, only when named): whole runs of the staleness bench's tasks at each max_staleness, the final
+  policy's reward against strict runs', with the lag the actors ran at (admission.py).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
 # never part of a plain `streamrl bench`: trl needs TRL installed; soak runs for hours at its full length;
 # staleness trains dozens of runs (minutes to hours)
 OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness"),
-            "stability": ("stability", "stability"), "time-to-target": ("time_to_target", "time_to_target")}
-SWEEPS = ("staleness", "stability", "time-to-target")  # the benches that take the `sweeps` options
+            "stability": ("stability", "stability"), "time-to-target": ("time_to_target", "time_to_target"),
+            "admission": ("admission", "admission")}
+SWEEPS = ("staleness", "stability", "time-to-target", "admission")  # the benches that take the `sweeps` options
 OPTIONED = (*SWEEPS, "learner")  # the benches given the command's options their function takes (learner: --shape)
 
 
@@ -97,8 +100,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("names", nargs="*", choices=[*names(), []],
                    help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`), soak "
                         "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default), staleness (reward against "
-                        "forced lag: many training runs), stability (5,000-step runs) and time-to-target "
-                        "(max_staleness against wall time to a reward)")
+                        "forced lag: many training runs), stability (5,000-step runs), time-to-target "
+                        "(max_staleness against wall time to a reward) and admission (max_staleness against the "
+                        "final policy's reward, whole runs)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     from streamrl.models.release_model import SHAPES  # plain data: the module imports torch only when it builds
 
@@ -114,17 +118,20 @@ def add_parser(subparsers) -> None:
     s.add_argument("--lags", nargs="+", type=int, metavar="K", help="forced lags (default: 0 1 2 4 8 16 32)")
     s.add_argument("--seeds", type=int, help="seeds per setting (default: 3)")
     s.add_argument("--steps", type=int, help="learner steps per run (default: staleness 300, stability 5000, "
-                                             "time-to-target 600)")
-    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default), copy, copy-long, chat-dataset")
+                                             "time-to-target 600, admission 300)")
+    s.add_argument("--tasks", nargs="+", metavar="TASK", help="reverse (default; admission: reverse, chat-dataset and "
+                                                             "copy-long), copy, copy-long, chat-dataset")
     s.add_argument("--jobs", type=int, help="runs at once (staleness: one torch thread each, default 2; stability, "
-                                            "time-to-target: default as many as --cores-per-run allows)")
+                                            "time-to-target, admission: default as many as --cores-per-run allows)")
     s.add_argument("--cores-per-run", type=int, dest="cores_per_run",
-                   help="stability, time-to-target: cores pinned to each whole run (default: 2)")
+                   help="stability, time-to-target, admission: cores pinned to each whole run (default: 2)")
     s.add_argument("--max-staleness", nargs="+", type=int, dest="values", metavar="K",
-                   help="time-to-target: the max_staleness values (default: 1 2 4 8, and the default's)")
+                   help="time-to-target: the max_staleness values (default: 1 2 4 8, and the default's); "
+                        "admission: those besides strict (default: 2 8 16)")
     s.add_argument("--target", type=float, help="time-to-target: the reward target (default: 0.75)")
     s.add_argument("--timeout", type=float, dest="timeout_s", metavar="S",
-                   help="stability, time-to-target: stop a run after S seconds and report the steps it made")
+                   help="stability, time-to-target, admission: stop a run after S seconds and report the steps it "
+                        "made")
     s.add_argument("--out", metavar="DIR", help="write DIR/staleness.json (every run) and DIR/staleness.png")
     s.add_argument("--set", nargs="+", dest="overrides", metavar="KEY=VALUE", help="config overrides for every run")
 

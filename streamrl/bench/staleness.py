@@ -231,14 +231,19 @@ def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: 
              for k in lags for t in tasks for o in objectives for s in range(seeds)
              if k or o == objectives[0] or o in multi]
     if "chat-dataset" in tasks:
-        data = _chat_data(data_dir / "chat-dataset")
+        paths = chat_paths(data_dir)
         for spec in specs:
             if spec["task"] == "chat-dataset":
-                # the recipe's paths are relative to where the command runs: every one made absolute
-                spec["overrides"] = [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
-                                     f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word",
-                                     *spec["overrides"]]
+                spec["overrides"] = [*paths, *spec["overrides"]]
     return specs
+
+
+def chat_paths(data_dir: Path) -> list[str]:
+    """chat-dataset's rows written under data_dir, and the overrides that point its recipe at them: the recipe's
+    paths are relative to where the command runs, so every one is made absolute."""
+    data = _chat_data(data_dir / "chat-dataset")
+    return [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
+            f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word"]
 
 
 def staleness(short: bool = False, objectives: list[str] | None = None, lags: list[int] | None = None,

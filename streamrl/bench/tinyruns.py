@@ -51,7 +51,8 @@ def read_metrics(path: Path) -> list[dict]:
 def run_all(specs: list[tuple[str, list[str]]], folder: Path, cores_per_run: int = 2, jobs: int | None = None,
             timeout_s: float | None = None, log=print) -> dict[str, dict]:
     """Run every (name, overrides) spec as `streamrl run` in `folder`, as many at once as there are slots; a run
-    past `timeout_s` is killed (its metrics so far are kept). Returns name -> {rc, wall_s, killed, records}."""
+    past `timeout_s` is killed (its metrics so far are kept). Returns name -> {rc, wall_s, killed, records}.
+    A spec's overrides may start with a recipe (a YAML file: `streamrl run`'s CONFIG, which goes first)."""
     pending, running, done = list(specs), {}, {}
     free = slots(cores_per_run, jobs)
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,9 @@ def run_all(specs: list[tuple[str, list[str]]], folder: Path, cores_per_run: int
         while pending and free:
             name, overrides = pending.pop(0)
             cores = free.pop(0)
-            cmd = [sys.executable, "-m", "streamrl", "run", f"run_dir={folder}", f"name={name}",
+            recipe = overrides[:1] if overrides and overrides[0].endswith((".yaml", ".yml")) else []
+            overrides = overrides[len(recipe):]
+            cmd = [sys.executable, "-m", "streamrl", "run", *recipe, f"run_dir={folder}", f"name={name}",
                    "transport.group_port=0", "transport.weights_port=0", "transport.weights_request_port=0",
                    "monitoring.learner_port=0", "monitoring.actor_port=0", *overrides]
             out = open(folder / f"{name}.out", "wb")

@@ -255,9 +255,10 @@ def _actor_stats(log: Path) -> dict:
     return ast.literal_eval(line[line.index(": done {") + len(": done "):])
 
 
-@pytest.mark.parametrize("sync", ["zmq", "collective"])
+@pytest.mark.parametrize("sync", ["zmq", "collective", "ipc"])
 def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path, capsys, monkeypatch, sync):
-    """collective: the engine's worker is the group's rank 1 (gloo on the CPU build) and loads every version itself."""
+    """collective: the engine's worker is the group's rank 1 (gloo on the CPU build) and loads every version itself.
+    ipc: a learner without CUDA exports nothing, says so once, and every version goes over ZeroMQ."""
     pytest.importorskip("vllm")
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
@@ -292,6 +293,10 @@ def test_learner_and_a_vllm_actor_train_strictly_on_policy_on_loopback(tmp_path,
     if sync == "collective":  # every version through the group (the learner's first publish waits for it)
         assert s["weight_sync"]["failed"] is None and s["weight_sync"]["syncs"] >= steps, s["weight_sync"]
         assert stats["weight_sync"] == {**s["weight_sync"], "sync_s": stats["weight_sync"]["sync_s"]}, stats
+    if sync == "ipc":
+        assert s["weight_sync"]["failed"] == "no CUDA on the learner" and s["weight_sync"]["ipc_versions"] == 0
+        assert stats["weight_sync"]["syncs"] == 0 and stats["engine"]["ipc_updates"] == 0
+        assert "weight sync ipc: no CUDA on the learner" in (tmp_path / "learner.log").read_text()
 
 
 def test_a_release_shaped_folder_trains_strictly_with_a_vllm_actor(release_model, tmp_path, capsys, monkeypatch):

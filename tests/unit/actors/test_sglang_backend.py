@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from fakes.fake_sglang import install
@@ -147,8 +149,6 @@ def test_the_engine_backend_keeps_no_reference_to_the_actors_host_model(monkeypa
 
 
 def test_with_lora_each_version_is_a_new_adapter_from_tensors_named_in_every_request(monkeypatch):
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     from streamrl.models import lora
@@ -180,3 +180,11 @@ def test_a_refused_adapter_load_stops_the_actor_with_sglangs_message(monkeypatch
     m, _ = model.build(config.load(None, ["lora.rank=4"]))
     with pytest.raises(WeightUpdateError, match="load_lora_adapter_from_tensors failed: out of adapter memory"):
         b.load_weights(lora.published(m.state_dict()))
+
+
+def test_close_shuts_the_engine_down_and_removes_the_temporary_model_folder(backend):
+    b, engine = backend[0], backend[1]
+    model_dir = b.model_dir
+    assert engine.kwargs["model_path"] == model_dir and (Path(model_dir) / "config.json").is_file()
+    b.close()
+    assert engine.calls[-1] == ("shutdown", {}) and not Path(model_dir).exists()

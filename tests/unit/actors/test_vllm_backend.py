@@ -145,11 +145,20 @@ def test_engine_stats_give_start_update_time_and_throughput_without_the_warm_up_
     assert s["tokens"] == 8 and s["tok_per_s"] > 0 and s["start_s"] >= 0 and s["updates"] == 1 and s["update_ms"] > 0
 
 
-def test_close_shuts_the_engine_down_and_removes_the_weights_folder(cpu_backend):
+def test_close_shuts_the_engine_down_and_removes_the_weights_and_temporary_model_folders(cpu_backend):
     b, llm, _ = cpu_backend
-    folder = b.weights_dir
+    folder, model_dir = b.weights_dir, b.model_dir
+    assert (Path(model_dir) / "config.json").is_file()  # the engine loaded the tiny model from it
     b.close()
-    assert llm.calls[-1] == ("shutdown", {}) and not Path(folder).exists()
+    assert llm.calls[-1] == ("shutdown", {}) and not Path(folder).exists() and not Path(model_dir).exists()
+
+
+def test_closing_an_engine_never_removes_a_users_model_folder(tmp_path):
+    from streamrl.actors.backends import export
+
+    (tmp_path / "config.json").write_text("{}")
+    export.remove(str(tmp_path))  # not a folder hf_folder made: left alone
+    assert (tmp_path / "config.json").is_file()
 
 
 def test_worker_extension_streams_the_buckets_into_vllms_in_place_reload():

@@ -1,5 +1,5 @@
-"""`streamrl bench stability` and `time-to-target`: their arithmetic on made-up curves, the core slots the runs are
-pinned to, and (long) both benches end to end on the real command."""
+"""`streamrl bench stability`, `time-to-target` and `admission`: their arithmetic on made-up curves and runs, the
+core slots the runs are pinned to, and (long) the benches end to end on the real command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from streamrl.bench import cli, stability, time_to_target, tinyruns
+from streamrl.bench import admission, cli, stability, time_to_target, tinyruns
 
 
 def _records(rewards, seconds_per_step=0.1):
@@ -58,7 +58,7 @@ def test_a_torn_last_metrics_line_is_left_out(tmp_path):
 
 
 def test_the_long_run_benches_run_only_when_named_and_take_the_sweep_options():
-    for name in ("stability", "time-to-target"):
+    for name in ("stability", "time-to-target", "admission"):
         assert name in cli.names() and name not in cli.BENCHES and name in cli.SWEEPS
 
 
@@ -76,3 +76,38 @@ def test_both_benches_run_the_real_command_and_a_run_past_its_time_limit_keeps_i
     # machine (the long tier runs three tests at a time) took 25 s, so a 10 s limit killed it before its first step
     cut = stability.stability(seeds=1, steps=100_000, jobs=1, cores_per_run=1, timeout_s=45)
     assert cut[0]["exit"] != 0 and 0 < cut[0]["steps"] < 100_000
+
+
+def test_admission_rows_are_each_settings_final_reward_against_the_same_tasks_strict_runs():
+    def run(task, setting, seed, final, lag):
+        return {"task": task, "setting": setting, "seed": seed, "final_reward": final, "lag_mean": lag}
+
+    runs = [run("copy", "strict", 0, 0.8, 0.0), run("copy", "strict", 1, 0.6, 0.0),
+            run("copy", "16", 0, 0.7, 9.0), run("copy", "16", 1, None, 11.0),  # a run that left no checkpoint
+            run("reverse", "strict", 0, 0.5, 0.0), run("reverse", "16", 0, 0.25, 15.0)]
+    rows = admission._rows(runs, ["copy", "reverse"], ["strict", 16])
+    copy16 = rows[1]
+    assert (copy16["task"], copy16["max_staleness"], copy16["seeds"], copy16["scored"]) == ("copy", 16, 2, 1)
+    assert copy16["ratio_to_strict"] == pytest.approx(0.7 / 0.7) and copy16["per_seed"] == [0.7, None]
+    assert copy16["lag_mean"] == pytest.approx(10.0) and rows[0]["ratio_to_strict"] == pytest.approx(1.0)
+    assert rows[3]["ratio_to_strict"] == pytest.approx(0.5)  # each task against its own strict runs
+    with pytest.raises(ValueError, match="task 'nope' unknown; allowed: reverse, copy"):
+        admission._task("nope", None)
+
+
+def test_a_recipe_leads_a_runs_command_and_its_data_paths_are_absolute(tmp_path):
+    got = admission._task("chat-dataset", tmp_path)
+    assert got[0].endswith("examples/chat-dataset/config.yaml") and os.path.isabs(got[0])
+    data = [o.split("=", 1)[1] for o in got if o.startswith(("task.data=", "task.eval_data="))]
+    assert len(data) == 2 and all(os.path.isabs(p) and os.path.getsize(p) > 0 for p in data)
+    assert admission._task("copy", tmp_path)[0] == "eval.prompts=128"  # the tiny job: no recipe
+
+
+@pytest.mark.long
+def test_the_admission_bench_scores_whole_runs_final_policies_against_strict(tmp_path):
+    rows = cli.run(["admission"], short=True, sweeps={"tasks": ["chat-dataset"], "jobs": 1, "out": str(tmp_path)})
+    assert [r["max_staleness"] for r in rows] == ["strict", 2]
+    assert all(r["scored"] == 1 and 0 <= r["final_reward"] <= 1 for r in rows)
+    assert rows[0]["ratio_to_strict"] == 1 and rows[0]["lag_mean"] == 0 and rows[1]["lag_mean"] > 0
+    runs = json.loads((tmp_path / "admission.json").read_text())["runs"]
+    assert [r["steps"] for r in runs] == [admission.SHORT_STEPS] * 2 and {r["task"] for r in runs} == {"chat-dataset"}
