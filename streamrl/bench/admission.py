@@ -76,7 +76,7 @@ def _scored(folder: Path, name: str, run: dict, overrides: list[str] | None) -> 
     return {"task": task, "setting": setting, "seed": int(seed.removeprefix("seed")), "exit": run["rc"],
             "steps": len(recs), "final_reward": final, "wall_s": run["wall_s"],
             "lag_mean": statistics.mean(r.get("lag_mean", 0.0) for r in recs) if recs else None,
-            "lag_max_step_mean": max((r.get("lag_mean", 0.0) for r in recs), default=None)}
+            "lag_mean_max": max((r.get("lag_mean", 0.0) for r in recs), default=None)}
 
 
 def _rows(runs: list[dict], tasks: list[str], settings: list) -> list[dict]:

@@ -41,7 +41,7 @@ class Config(_Section):
     """strict: lag 0 on every consumed group and one step per batch, checked every step."""
     max_staleness: NonNegInt = 2
     """Drop groups whose lag (learner version - generating version) exceeds this (on_policy strict makes it 0)."""
-    max_drift: PositiveFloat | None = 0.03
+    max_drift: PositiveFloat | None = 0.01
     """Actors hold to one batch share per version while a step's largest group KL(behaviour‖learner) exceeds this."""
     run_dir: str = "runs"
     """Parent folder of run directories."""
