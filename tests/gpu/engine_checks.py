@@ -69,3 +69,19 @@ class Exported:
     def close(self) -> None:
         self.conn.send_bytes(b"go")
         self.proc.join(60)
+
+
+def load_over_ipc(backend, m, new: dict) -> dict:
+    """`new` exported by another process, as the learner does, and loaded through the actor's IPC receiver into
+    `backend` (its `receive_weight_ipc`); returns the receiver's report. Fails if the version was refused."""
+    from streamrl.comm.weights.ipc import CudaIpc, IpcReceiver
+
+    exported = Exported(new)
+    try:
+        acks: list = []
+        receiver = IpcReceiver(CudaIpc(), "actor-0", m.state_dict(), torch.device("cpu"), acks.append,
+                               into=backend.receive_weight_ipc)
+        assert receiver.receive(exported.msg) is not None and acks[0].ok, acks
+        return receiver.report()
+    finally:
+        exported.close()

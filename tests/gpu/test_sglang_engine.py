@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from engine_checks import Exported, gap, prompts
+from engine_checks import gap, load_over_ipc, prompts
 
 pytestmark = pytest.mark.gpu
 TEMPERATURE = 2.0
@@ -102,23 +102,16 @@ def test_real_sglang_engine_takes_a_version_from_the_learners_cuda_ipc_buffer():
     """transport.weight_sync=ipc: another process (the learner's end) exports a version; the actor opens it on its GPU
     and hands SGLang fresh copies bucket by bucket (update_weights_from_tensor shares them with its worker by CUDA
     IPC); then the engine's log-probs are the new weights'."""
-    from streamrl.comm.weights.ipc import CudaIpc, IpcReceiver
-
     backend, m, tok = _build("transport.weight_sync=ipc")
-    new = {k: v * 1.5 for k, v in m.state_dict().items()}
-    exported = Exported(new)
     try:
-        acks: list = []
-        receiver = IpcReceiver(CudaIpc(), "actor-0", m.state_dict(), torch.device("cpu"), acks.append,
-                               into=backend.receive_weight_ipc)
-        assert receiver.receive(exported.msg) is not None, acks
+        new = {k: v * 1.5 for k, v in m.state_dict().items()}
+        report = load_over_ipc(backend, m, new)
         ps = prompts(tok)
         again = backend.generate(ps, n=8)
         m.load_state_dict(new)
         assert gap(m, tok, ps, again, TEMPERATURE) < TOL
         assert backend.engine_stats()["ipc_updates"] == 1
-        print("\nsglang gpu ipc:", receiver.report(), backend.engine_stats())
+        print("\nsglang gpu ipc:", report, backend.engine_stats())
     finally:
-        exported.close()
         backend.close()
         torch.cuda.empty_cache()

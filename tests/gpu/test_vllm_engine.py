@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from engine_checks import Exported, gap, nucleus_gap, prompts
+from engine_checks import gap, load_over_ipc, nucleus_gap, prompts
 
 pytestmark = pytest.mark.gpu
 TEMPERATURE = 2.0
@@ -112,23 +112,16 @@ def test_real_vllm_workers_open_the_learners_cuda_ipc_buffer_and_load_from_it(tp
     handle on its own GPU and loads from it in place; then the engine's log-probs are the new weights'."""
     if torch.cuda.device_count() < tp:
         pytest.skip(f"tensor parallel over {tp} GPUs")
-    from streamrl.comm.weights.ipc import CudaIpc, IpcReceiver
-
     backend, m, tok = _build(f"actors.tensor_parallel_size={tp}", "transport.weight_sync=ipc")
-    new = {k: v * 1.5 for k, v in m.state_dict().items()}
-    exported = Exported(new)
     try:
-        acks: list = []
-        receiver = IpcReceiver(CudaIpc(), "actor-0", m.state_dict(), torch.device("cpu"), acks.append,
-                               into=backend.receive_weight_ipc)
-        assert receiver.receive(exported.msg) is not None, acks
-        assert acks[0].ok
+        new = {k: v * 1.5 for k, v in m.state_dict().items()}
+        report = load_over_ipc(backend, m, new)
         ps = prompts(tok)
         again = backend.generate(ps, n=8, seed=1)
         m.load_state_dict(new)
         assert gap(m, tok, ps, again, TEMPERATURE) < TOL
-        print(f"\nvllm gpu ipc (tp {tp}):", receiver.report(), backend.engine_stats())
+        assert backend.engine_stats()["ipc_updates"] == 1
+        print(f"\nvllm gpu ipc (tp {tp}):", report, backend.engine_stats())
     finally:
-        exported.close()
         backend.close()
         torch.cuda.empty_cache()
