@@ -19,8 +19,6 @@ def hf_folder(cfg: Config, model, tokenizer) -> str:
     if cfg.model.path:
         return cfg.model.path
     folder = tempfile.mkdtemp(prefix="streamrl-model-")
-    if not _made:
-        atexit.register(lambda: [remove(f) for f in list(_made)])
     _made.add(folder)
     hf_folder_lib.save(folder, _base_of(model, cfg.lora), tokenizer)  # with LoRA the base alone
     return folder
@@ -35,6 +33,12 @@ def remove(folder: str) -> None:
     if folder in _made:
         _made.discard(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@atexit.register
+def _remove_all() -> None:
+    for folder in list(_made):
+        remove(folder)
 
 
 def _base_of(model, lora_cfg: LoraConfig):
