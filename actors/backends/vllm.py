@@ -234,9 +234,9 @@ class VLLMBackend(BackendDefaults):
         """Every worker opens the learner's CUDA IPC buffer (`handle`, this actor's, of the verified manifest `msg`) on
         its device and loads the version in place from it; raises when a worker fails."""
         t0 = time.perf_counter()
-        entries = [[[t.name, t.dtype, list(t.shape)] for t in msg.tensors]]
+        entries = [[t.name, t.dtype, list(t.shape)] for t in msg.tensors]
         self._workers_load("load_weights_from_ipc", len(msg.tensors),
-                           {"handle": handle, "provider": msg.provider, "buckets": entries,
+                           {"handle": handle, "provider": msg.provider, "entries": entries,
                             "offsets": list(msg.offsets), "total": msg.total})
         self.update_s.append(time.perf_counter() - t0)
         self.ipc_updates += 1

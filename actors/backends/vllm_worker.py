@@ -76,15 +76,15 @@ class WorkerExtension:
         self.reload_weights(weights_iterator=iter(got))
         return len(got)
 
-    def load_weights_from_ipc(self, handle: list, provider: str, buckets: list[list[list]], offsets: list[int],
+    def load_weights_from_ipc(self, handle: list, provider: str, entries: list[list], offsets: list[int],
                               total: int) -> int:
         """Open the learner's IPC `handle` (streamrl.comm.weights.ipc; `provider` names who opens it) on this worker's
-        device and load the version in place from views of it (buckets: one, its [name, dtype, shape] entries in the
+        device and load the version in place from views of it (entries: each tensor's [name, dtype, shape] in the
         buffer's order; offsets: each tensor's byte offset). Returns how many tensors were loaded."""
         from streamrl.comm.weights import ipc
         from streamrl.comm.wire import TensorInfo
 
-        tensors = [TensorInfo(name=n, dtype=d, shape=list(shape)) for b in buckets for n, d, shape in b]
+        tensors = [TensorInfo(name=n, dtype=d, shape=list(shape)) for n, d, shape in entries]
         flat = ipc.provider(provider).open(handle, self.device)
         named = ipc.views(flat, tensors, offsets, total)
         self.reload_weights(weights_iterator=iter(named))

@@ -84,6 +84,7 @@ def _rows(runs: list[dict], tasks: list[str], settings: list) -> list[dict]:
     for t in tasks:
         strict = [r["final_reward"] for r in runs if r["task"] == t and r["setting"] == STRICT
                   and r["final_reward"] is not None]
+        base = statistics.mean(strict) if strict else None
         for v in settings:
             mine = [r for r in runs if r["task"] == t and r["setting"] == str(v)]
             scored = [r["final_reward"] for r in mine if r["final_reward"] is not None]
@@ -92,8 +93,7 @@ def _rows(runs: list[dict], tasks: list[str], settings: list) -> list[dict]:
                          "scored": len(scored), "final_reward": mean,
                          "per_seed": [None if r["final_reward"] is None else round(r["final_reward"], 3)
                                       for r in mine],
-                         "ratio_to_strict": mean / statistics.mean(strict) if mean is not None and strict
-                         and statistics.mean(strict) else None,
+                         "ratio_to_strict": mean / base if mean is not None and base else None,
                          "lag_mean": statistics.mean(r["lag_mean"] for r in mine if r["lag_mean"] is not None)
                          if any(r["lag_mean"] is not None for r in mine) else None})
     return rows

@@ -274,9 +274,11 @@ class IpcReceiver:
         try:
             if not handle:
                 raise LookupError(f"the learner sent no handle for {self.actor_id}")
-            got = InEngine() if self.into is not None else self._copy(msg, handle)
-            if self.into is not None:
+            if self.into is None:
+                got = self._copy(msg, handle)
+            else:
                 self.into(msg, handle)
+                got = InEngine()
         except Exception as e:  # noqa: BLE001  (any failure to open or load means: ZeroMQ for this actor)
             where = "in the engine" if self.into is not None else f"on {self.device}"
             reason = (f"version {msg.version}: the handle could not be opened or loaded {where} "
