@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from procs import FREE_PORTS, REPO, free_ports, reaped, spawn, streamrl, summary, wait_steps
+from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, spawn, streamrl, summary, wait_steps
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -87,9 +87,9 @@ def test_a_refused_resume_changes_nothing_on_disk_and_says_its_own_cause(tmp_pat
 @pytest.mark.long
 @pytest.mark.timeout(300)
 def test_an_actor_killed_and_not_restarted_has_its_dealt_prompts_dealt_again_within_seconds(tmp_path):
-    rows = 48
+    rows = 96
     group, weights, requests = free_ports(3)
-    args = _dataset(tmp_path, "orphan", rows, "task.epochs=1", "learner.batch_groups=8", "learner.slow_step_s=0.3",
+    args = _dataset(tmp_path, "orphan", rows, "task.epochs=1", "learner.batch_groups=8", "learner.slow_step_s=1.0",
                     f"transport.group_port={group}", f"transport.weights_port={weights}",
                     f"transport.weights_request_port={requests}", "monitoring.learner_port=0",
                     "monitoring.actor_port=0")
@@ -97,7 +97,12 @@ def test_an_actor_killed_and_not_restarted_has_its_dealt_prompts_dealt_again_wit
     learner = spawn(["learner", *args], log)
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        wait_steps(run, 2, learner)
+        # Both must share the epoch first: an actor that starts late can find a run its peer already finished (seen
+        # in CI, where actor-1 started after a 6-step run's end); 12 steps of >= 1 s leave it time to
+        while "starting at policy version" not in (tmp_path / "actor-1.log").read_text(errors="replace"):
+            assert learner.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        wait_steps(run, len(metrics(run)) + 2 if (run / "metrics.jsonl").exists() else 2, learner)
         actors[1].send_signal(signal.SIGKILL)  # mid-epoch, holding its call's prompts and those dealt ahead
         actors[1].wait()
         killed = time.monotonic()
