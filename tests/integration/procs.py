@@ -46,6 +46,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
+def steps_done(run_dir: Path) -> int:
+    """How many steps the learner of run_dir has logged so far (0 before its first)."""
+    return len(metrics(run_dir)) if (run_dir / "metrics.jsonl").exists() else 0
+
+
 def probe(script: str, cwd: Path, env: dict, timeout: float = 500) -> dict:
     """Run a test module as a script in a fresh process (an engine's own, away from pytest's) and return the JSON
     its last stdout line holds."""
@@ -91,6 +96,19 @@ def wait_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 1
     while not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= n):
         assert proc.poll() is None and time.monotonic() < deadline, f"learner stopped or stalled before step {n}"
         time.sleep(0.05)
+
+
+def wait_started(actor_log: Path, *alive: subprocess.Popen, timeout: float = 180) -> None:
+    """Return once the actor logging to `actor_log` has its first weights and starts generating; fail if any of
+    `alive` (the actor, the learner) stops first or it takes longer than `timeout`."""
+    deadline = time.monotonic() + timeout
+    def text() -> str:
+        return actor_log.read_text(errors="replace") if actor_log.exists() else ""
+
+    while "starting at policy version" not in text():
+        assert all(p.poll() is None for p in alive) and time.monotonic() < deadline, \
+            f"{actor_log.name}: no start in sight\n{text()[-3000:]}"
+        time.sleep(0.1)
 
 
 def children_of_run(run_dir: Path) -> list[int]:

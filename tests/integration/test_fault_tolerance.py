@@ -10,7 +10,8 @@ import signal
 import time
 
 import pytest
-from procs import REPO, free_ports, metrics, reaped, rss_mb, spawn, streamrl, summary, wait_steps
+from procs import (REPO, free_ports, metrics, reaped, rss_mb, spawn, steps_done, streamrl, summary, wait_started,
+                   wait_steps)
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -37,7 +38,8 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
     learner = spawn(["learner", *args], tmp_path / "learner.log")
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        wait_steps(run, 20, learner)
+        wait_started(tmp_path / "actor-1.log", learner, actors[1])  # a late start would leave it no session to count
+        wait_steps(run, max(20, steps_done(run) + 5), learner)
         actors[1].send_signal(signal.SIGKILL)
         actors[1].wait()
         wait_steps(run, 40, learner)
@@ -45,10 +47,7 @@ def test_an_actor_killed_and_restarted_mid_run_leaves_every_group_accounted_for(
         actors.append(spawn(["actor", *args, "--index", "1"], again))
         # The learner trains on until the restarted actor has joined and worked beside it for 10 steps (a
         # fixed step count raced the new process's start-up), then stops as Ctrl-C stops it.
-        deadline = time.monotonic() + 240
-        while "actor-1: starting at policy version" not in again.read_text(errors="replace"):
-            assert actors[2].poll() is None and time.monotonic() < deadline, again.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_started(again, actors[2], timeout=240)
         wait_steps(run, len(metrics(run)) + 10, learner)
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=240) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 from procs import (FREE_PORTS, REPO, children_of_run, free_ports, metrics, reaped, send_raw, spawn, streamrl, summary,
-                   wait_for_steps)
+                   wait_for_steps, wait_started)
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -159,10 +159,7 @@ def test_an_actor_restarted_by_hand_keeps_the_run_alive_when_the_other_started_a
         log = tmp_path / "by-hand.log"
         again = spawn(["actor", str(run / "config.yaml"), "--index", "0"], log)
         with reaped(again):
-            deadline = time.monotonic() + 120
-            while "starting at policy version" not in log.read_text(errors="replace"):
-                assert again.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.1)
+            wait_started(log, again, timeout=120)
             os.kill(actor(1), signal.SIGKILL)  # every actor `streamrl run` started is now dead
             steps = len(metrics(run))
             deadline = time.monotonic() + 90

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from procs import FREE_PORTS, REPO, free_ports, metrics, reaped, spawn, streamrl, summary, wait_steps
+from procs import FREE_PORTS, REPO, free_ports, reaped, spawn, steps_done, streamrl, summary, wait_started, wait_steps
 
 pytestmark = pytest.mark.slow
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -99,10 +99,8 @@ def test_an_actor_killed_and_not_restarted_has_its_dealt_prompts_dealt_again_wit
     with reaped(learner, actors):
         # Both must share the epoch first: an actor that starts late can find a run its peer already finished (seen
         # in CI, where actor-1 started after a 6-step run's end); 12 steps of >= 1 s leave it time to
-        while "starting at policy version" not in (tmp_path / "actor-1.log").read_text(errors="replace"):
-            assert learner.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.05)
-        wait_steps(run, len(metrics(run)) + 2 if (run / "metrics.jsonl").exists() else 2, learner)
+        wait_started(tmp_path / "actor-1.log", learner, actors[1])
+        wait_steps(run, steps_done(run) + 2, learner)
         actors[1].send_signal(signal.SIGKILL)  # mid-epoch, holding its call's prompts and those dealt ahead
         actors[1].wait()
         killed = time.monotonic()
