@@ -102,6 +102,7 @@ def wait_started(actor_log: Path, *alive: subprocess.Popen, timeout: float = 180
     """Return once the actor logging to `actor_log` has its first weights and starts generating; fail if any of
     `alive` (the actor, the learner) stops first or it takes longer than `timeout`."""
     deadline = time.monotonic() + timeout
+
     def text() -> str:
         return actor_log.read_text(errors="replace") if actor_log.exists() else ""
 

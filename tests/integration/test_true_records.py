@@ -97,8 +97,8 @@ def test_an_actor_killed_and_not_restarted_has_its_dealt_prompts_dealt_again_wit
     learner = spawn(["learner", *args], log)
     actors = [spawn(["actor", *args, "--index", str(i)], tmp_path / f"actor-{i}.log") for i in range(2)]
     with reaped(learner, actors):
-        # Both must share the epoch first: an actor that starts late can find a run its peer already finished (seen
-        # in CI, where actor-1 started after a 6-step run's end); 12 steps of >= 1 s leave it time to
+        # Actor-1 must hold prompts when killed: in CI it once started only after its peer had fed a 6-step run to
+        # the end. So the kill waits for its start, and 12 steps of at least 1 s keep the kill mid-epoch.
         wait_started(tmp_path / "actor-1.log", learner, actors[1])
         wait_steps(run, steps_done(run) + 2, learner)
         actors[1].send_signal(signal.SIGKILL)  # mid-epoch, holding its call's prompts and those dealt ahead
