@@ -29,8 +29,7 @@ def _task(task: str, data_dir: Path) -> list[str]:
         raise ValueError(f"admission bench: task {task!r} unknown; allowed: {', '.join(staleness.TASKS)}")
     recipe, extra = staleness.TASKS[task]
     head = [str(staleness.EXAMPLES.parent / recipe)] if recipe else []
-    paths = staleness.chat_paths(data_dir) if task == "chat-dataset" else []
-    return [*head, *staleness.COMMON, *extra, *paths]
+    return [*head, *staleness.COMMON, *extra, *staleness.data_paths(task, data_dir)]
 
 
 def _setting(value) -> list[str]:
@@ -49,9 +48,9 @@ def admission(short: bool = False, values: list[int] | None = None, seeds: int |
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="streamrl-admission-") as tmp:
         folder = Path(tmp)
+        args = {t: _task(t, folder) for t in tasks}  # a task's data files written once
         # seed-major: a sweep cut short has every task and setting at the first seeds
-        specs = [(f"{t}-{v}-seed{s}", [*_task(t, folder), *_setting(v), f"seed={s}", f"steps={steps}",
-                                       *(overrides or [])])
+        specs = [(f"{t}-{v}-seed{s}", [*args[t], *_setting(v), f"seed={s}", f"steps={steps}", *(overrides or [])])
                  for s in range(seeds) for t in tasks for v in settings]
         done = tinyruns.run_all(specs, folder, cores_per_run=cores_per_run, jobs=jobs, timeout_s=timeout_s)
         runs = [_scored(folder, name, done[name], overrides) for name, _ in specs]
@@ -88,12 +87,12 @@ def _rows(runs: list[dict], tasks: list[str], settings: list) -> list[dict]:
         for v in settings:
             mine = [r for r in runs if r["task"] == t and r["setting"] == str(v)]
             scored = [r["final_reward"] for r in mine if r["final_reward"] is not None]
+            lags = [r["lag_mean"] for r in mine if r["lag_mean"] is not None]
             mean = statistics.mean(scored) if scored else None
             rows.append({"bench": "admission", "task": t, "max_staleness": v, "seeds": len(mine),
                          "scored": len(scored), "final_reward": mean,
                          "per_seed": [None if r["final_reward"] is None else round(r["final_reward"], 3)
                                       for r in mine],
                          "ratio_to_strict": mean / base if mean is not None and base else None,
-                         "lag_mean": statistics.mean(r["lag_mean"] for r in mine if r["lag_mean"] is not None)
-                         if any(r["lag_mean"] is not None for r in mine) else None})
+                         "lag_mean": statistics.mean(lags) if lags else None})
     return rows

@@ -230,17 +230,18 @@ def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: 
     specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides}
              for k in lags for t in tasks for o in objectives for s in range(seeds)
              if k or o == objectives[0] or o in multi]
-    if "chat-dataset" in tasks:
-        paths = chat_paths(data_dir)
-        for spec in specs:
-            if spec["task"] == "chat-dataset":
-                spec["overrides"] = [*paths, *spec["overrides"]]
+    paths = {t: data_paths(t, data_dir) for t in tasks}
+    for spec in specs:
+        spec["overrides"] = [*paths[spec["task"]], *spec["overrides"]]
     return specs
 
 
-def chat_paths(data_dir: Path) -> list[str]:
-    """chat-dataset's rows written under data_dir, and the overrides that point its recipe at them: the recipe's
-    paths are relative to where the command runs, so every one is made absolute."""
+def data_paths(task: str, data_dir: Path) -> list[str]:
+    """The overrides that point `task`'s recipe at its rows, written under data_dir (chat-dataset's; the other tasks
+    make their prompts and have none): the recipe's paths are relative to where the command runs, so every one is
+    made absolute."""
+    if task != "chat-dataset":
+        return []
     data = _chat_data(data_dir / "chat-dataset")
     return [f"task.data={data / 'train.jsonl'}", f"task.eval_data={data / 'eval.jsonl'}",
             f"task.reward={EXAMPLES / 'chat-dataset' / 'reward.py'}:first_word"]
