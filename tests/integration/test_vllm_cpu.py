@@ -133,12 +133,14 @@ def _inflight_probe() -> dict:
     cfg = config.load(None, [*VLLM_MODEL, f"actors.temperature={TEMPERATURE}", "actors.max_new_tokens=16", "seed=3"])
     m, tok = model.build(cfg)
     backend = build("vllm", cfg, m, tok)
-    spans = {}  # (prompt tokens, completion tokens) -> vLLM's [(version, start, end)]
+    # id(completion) -> vLLM's [(version, start, end)]; by object, not by tokens: two samples often end alike
+    # (short completions, the same prompt) while the load reached one of them only
+    spans = {}
     plain = vllm_backend.VLLMBackend._completion
 
     def completion(out, in_flight=False):
         c = plain(out, in_flight)
-        spans[tuple(c.tokens)] = [(s.version, s.start, s.end) for s in (out.weight_versions or [])]
+        spans[id(c)] = [(s.version, s.start, s.end) for s in (out.weight_versions or [])]
         return c
 
     vllm_backend.VLLMBackend._completion = staticmethod(completion)
@@ -165,7 +167,7 @@ def _inflight_probe() -> dict:
            "old_span_gap_vs_old": 0.0, "new_span_gap_vs_old": [], "spans_seen": []}
     for p, group in zip(prompts, out):
         for c in group:
-            s = spans[tuple(c.tokens)]
+            s = spans[id(c)]
             res["spans_seen"].append(s)
             ref_old = per_token(old, p, c.tokens)
             for version, start, end in s:
