@@ -25,11 +25,8 @@ STRICT = "strict"
 
 def _task(task: str, data_dir: Path) -> list[str]:
     """`streamrl run`'s recipe (when the task has one) and overrides for one of the staleness bench's tasks."""
-    if task not in staleness.TASKS:
-        raise ValueError(f"admission bench: task {task!r} unknown; allowed: {', '.join(staleness.TASKS)}")
-    recipe, extra = staleness.TASKS[task]
-    head = [str(staleness.EXAMPLES.parent / recipe)] if recipe else []
-    return [*head, *staleness.COMMON, *extra, *staleness.data_paths(task, data_dir)]
+    path, extra = staleness.recipe(task, "admission bench")
+    return [*([path] if path else []), *staleness.COMMON, *extra, *staleness.data_paths(task, data_dir)]
 
 
 def _setting(value) -> list[str]:

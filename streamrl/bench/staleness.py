@@ -57,16 +57,20 @@ def objective_overrides(objective: str) -> list[str]:
     return [f"loss.name={name}", *extra]
 
 
+def recipe(task: str, bench: str = "staleness bench") -> tuple[str | None, list[str]]:
+    """`task`'s recipe path (None: the tiny job's config) and its overrides; an unknown task is `bench`'s error."""
+    if task not in TASKS:
+        raise ValueError(f"{bench}: task {task!r} unknown; allowed: {', '.join(TASKS)}")
+    path, overrides = TASKS[task]
+    return (str(EXAMPLES.parent / path) if path is not None else None), overrides
+
+
 def _config(task: str, objective: str, seed: int, steps: int, extra: list[str]):
     from streamrl import config
 
-    if task not in TASKS:
-        raise ValueError(f"staleness bench: task {task!r} unknown; allowed: {', '.join(TASKS)}")
-    recipe, overrides = TASKS[task]
-    if recipe is not None:
-        recipe = str(EXAMPLES.parent / recipe)
-    return config.load(recipe, [*COMMON, *overrides, *objective_overrides(objective), f"seed={seed}", f"steps={steps}",
-                                *extra])
+    path, overrides = recipe(task)
+    return config.load(path, [*COMMON, *overrides, *objective_overrides(objective), f"seed={seed}", f"steps={steps}",
+                              *extra])
 
 
 def one_run(spec: dict) -> dict:
@@ -221,8 +225,8 @@ def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: 
          overrides: list[str]) -> list[dict]:
     """The sweep's run specs, lag-major in the order of `lags`; chat-dataset's rows written under data_dir."""
     # a bad objective or task fails here, not in a worker after the other runs
-    multi = {o for t in tasks for o in objectives
-             if _config(t, o, 0, steps, [] if TASKS[t][0] is None else ["task.data=/dev/null"]).learner.minibatches > 1}
+    paths = {t: data_paths(t, data_dir) for t in tasks}
+    multi = {o for t in tasks for o in objectives if _config(t, o, 0, steps, paths[t]).learner.minibatches > 1}
     # Lag 0 runs once per seed, with the first objective: there every importance weight is 1 (to rounding), so
     # every one-step objective's gradient is the on-policy one (tests/unit/algo/test_offpolicy.py) and strict is
     # shared; an objective of several optimizer steps per batch (learner.minibatches) runs its own lag 0 too.
@@ -230,7 +234,6 @@ def plan(objectives: list[str], lags: list[int], seeds: int, steps: int, tasks: 
     specs = [{"task": t, "objective": o, "lag": k, "seed": s, "steps": steps, "overrides": overrides}
              for k in lags for t in tasks for o in objectives for s in range(seeds)
              if k or o == objectives[0] or o in multi]
-    paths = {t: data_paths(t, data_dir) for t in tasks}
     for spec in specs:
         spec["overrides"] = [*paths[spec["task"]], *spec["overrides"]]
     return specs
