@@ -363,7 +363,7 @@ def decode_header(frames: Sequence) -> Header:
     except msgspec.ValidationError as e:
         raise WireError("bad_header", f"header does not match any message type: {e}") from None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
-        # Bad UTF-8 in a string field or absurd nesting surface as these, not as DecodeError.
+        # Bad UTF-8 in a string field (UnicodeDecodeError before msgspec 0.23) or absurd nesting surface as these too.
         raise WireError("bad_frame", f"frame 0 is not a msgpack header: {type(e).__name__}: {e}") from None
     if header.schema != SCHEMA_VERSION:
         raise WireError(

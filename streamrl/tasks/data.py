@@ -119,8 +119,10 @@ def _refuse_other_bom(src: str, head: bytes) -> None:
                              "save it as UTF-8, e.g. iconv -f " + name + " -t UTF-8")
 
 
-def _not_utf8(data: bytes, base: int, whole_file: bool = False) -> str:
-    """Where `data` (a line, or the whole file, starting at byte `base` of the file) stops being UTF-8, in words."""
+def _not_utf8(data: bytes, base: int, whole_file: bool = False) -> str | None:
+    """Where `data` (a line, or the whole file, starting at byte `base` of the file) stops being UTF-8, in words;
+    None if it is UTF-8. Asked after the JSON decoder fails, whatever it raised: msgspec 0.22 raised
+    UnicodeDecodeError on a byte that is not UTF-8, 0.23 a DecodeError ("Invalid UTF-8 encoded string")."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -128,7 +130,7 @@ def _not_utf8(data: bytes, base: int, whole_file: bool = False) -> str:
         where = f"line {newlines + 1}" if whole_file else f"column {e.start + 1} of its line"
         return (f"not UTF-8: byte 0x{data[e.start]:02x} at byte {base + e.start} of the file ({where}); {ENCODINGS}: "
                 "save it as UTF-8, e.g. iconv -f latin1 -t UTF-8")
-    return "not UTF-8 (a string the JSON decoder could not take)"
+    return None
 
 
 def _jsonl(p: Path, limit: int) -> Iterator[tuple[int, Any] | Problem]:
@@ -152,10 +154,8 @@ def _jsonl(p: Path, limit: int) -> Iterator[tuple[int, Any] | Problem]:
                 continue
             try:
                 yield n, msgspec.json.decode(line)
-            except UnicodeDecodeError:
-                yield Problem(src, n, _not_utf8(line, start))
-            except msgspec.DecodeError as e:
-                yield Problem(src, n, f"not valid JSON: {e}")
+            except (msgspec.DecodeError, UnicodeDecodeError) as e:
+                yield Problem(src, n, _not_utf8(line, start) or f"not valid JSON: {e}")
 
 
 def _skip_line(f) -> int:
@@ -178,10 +178,9 @@ def _json(p: Path, limit: int) -> Iterator[tuple[int, Any] | Problem]:
     base = len(UTF8_BOM) if raw.startswith(UTF8_BOM) else 0
     try:
         data = msgspec.json.decode(memoryview(raw)[base:])
-    except UnicodeDecodeError:
-        raise ValueError(f"{src}: {_not_utf8(raw[base:], base, whole_file=True)}") from None
-    except msgspec.DecodeError as e:
-        raise ValueError(f"{src}: not valid JSON ({e}); a .json file holds a list of row objects") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{src}: " + (_not_utf8(raw[base:], base, whole_file=True)
+                                       or f"not valid JSON ({e}); a .json file holds a list of row objects")) from None
     if not isinstance(data, list):
         raise ValueError(f"{src}: a .json file holds a list of row objects, got {type(data).__name__}")
     return _table(src, data, limit)
