@@ -83,6 +83,7 @@ for run in sorted(Path(sys.argv[1]).glob("q06-*")):
           f"  ratio_dev_lag0 {max(lag0) if lag0 else None}")
     s = run / "summary.json"
     summary = json.loads(s.read_text()) if s.exists() else {}
-    print("   ", {k: summary.get(k) for k in ("status", "publish_bytes_per_version", "weight_sync")})
+    print("   ", {k: summary.get(k) for k in ("status", "publish_bytes_per_version", "weights_host_copy_s",
+                                      "weights_versions_skipped", "weight_sync")})
 EOF
 tar -C "$OUT" -czf "$OUT/runs.tgz" runs 2>/dev/null && rm -rf "$OUT/runs" "$OUT/qwen3-shaped" "$OUT/qwen3-0.6b"

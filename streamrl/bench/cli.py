@@ -8,7 +8,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   groups whose every 4th token is an environment token (a model-token mask) and with 4 turns a sample against the
   same groups without either; and the codec in process on those groups against them without their turns.
 - weights: WeightPublisher → 2 WeightSubscriber processes, a version in chunks (2 GB in the full run), against
-  raw PUB/SUB of the same bytes in the same chunks; and the learner's blocked share of the transfer.
+  raw PUB/SUB of the same bytes in the same chunks; the learner's blocked share of the transfer; and, with no step
+  between publish and settle, its blocked time with a host copy first against sending from the parameters.
 - overlap: the tiny job strict vs async, against the ideal overlap bound from the strict run's timings.
 - advantages: `advantages.compute(..., "corpo")` against the bare tensor expression it wraps.
 - batching: the learner's collate (16 groups → padded tensors) against copying the same bytes.

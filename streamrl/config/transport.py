@@ -30,6 +30,8 @@ class TransportConfig(_Section):
     """Weights to actors: zmq, collective (NCCL broadcast, gloo on CPU) or ipc (CUDA IPC, one node); else zmq."""
     weights_delta: Literal["auto", "on", "off"] | bool = "off"
     """Weights as differences from the previous version (XOR, zstd, CRC-32 checked; full when needed): on, auto (when smaller), off."""
+    weights_host_copy: Literal["auto", "on", "off"] | bool = "auto"
+    """Copy full versions to host memory first (the learner waits for that, not the network): auto (GPU), on, off."""
     weights_delta_full_every: PositiveInt = 20
     """With weights_delta: every this many versions one goes full, so a lost base costs at most this many versions."""
     weight_sync_port: Port = 29613
@@ -42,6 +44,7 @@ class TransportConfig(_Section):
     """Collective weight sync: tensors of one dtype share a broadcast up to this many bytes."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.weights_delta, bool):  # YAML reads a bare on/off as a boolean
-            self.weights_delta = "on" if self.weights_delta else "off"
+        for name in ("weights_delta", "weights_host_copy"):  # YAML reads a bare on/off as a boolean
+            if isinstance(getattr(self, name), bool):
+                setattr(self, name, "on" if getattr(self, name) else "off")
 

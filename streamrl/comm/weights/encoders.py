@@ -5,8 +5,10 @@ The publisher (streamrl.comm.weights.publisher) hands every send to its encoder 
 
 - `FullEncoder` ("off"): every version in full, each chunk sent zero-copy from the parameters' own memory (or from a
   pool buffer it is copied into: `send_state`), so the learner waits until nothing sent reads them.
-- `DeltaEncoder` ("on", "auto"): every version copied into a host base first, so the learner never waits for the
-  network, then sent as its difference from the previous version (or in full).
+- `HostCopyEncoder` ("off", weights on a GPU): every version copied whole into host memory first (pinned: a DMA over
+  PCIe), then sent in full from that copy, so the learner waits for the copy, never for the network.
+- `DeltaEncoder` ("on", "auto"): every version copied into a host base first, as `HostCopyEncoder` does, then sent as
+  its difference from the previous version (or in full).
 
 A delta: a version's flat buffer (streamrl.comm.weights.chunks.Layout) is XORed with the previous version's, chunk
 by chunk, and the XOR compressed with zstd: an element the optimizer step left alone is all zero bits, and where
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import threading
 import time
 import zlib
@@ -34,6 +37,8 @@ import numpy as np
 from streamrl.comm import wire
 from streamrl.comm.weights import chunks
 from streamrl.comm.wire import WeightsChunk, WeightsDelta, WireError
+
+log = logging.getLogger(__name__)
 
 LEVEL = 1  # zstd's fastest level: the XOR of a small step is mostly zero bytes, which any level packs
 
@@ -75,9 +80,12 @@ class Encoder(Protocol):
         """For the run's summary (skipped: versions the publisher skipped)."""
 
 
-def make(mode: str, full_every: int) -> Encoder:
-    """The encoder for transport.weights_delta `mode` ("off", "on", "auto")."""
-    return FullEncoder() if mode == "off" else DeltaEncoder(mode, full_every)
+def make(mode: str, full_every: int, host_copy: bool = False) -> Encoder:
+    """The encoder for transport.weights_delta `mode` ("off", "on", "auto"); host_copy: with "off", copy each version
+    whole into host memory before sending it (the weights live on a GPU, where they must be copied to be sent)."""
+    if mode != "off":
+        return DeltaEncoder(mode, full_every)
+    return HostCopyEncoder() if host_copy else FullEncoder()
 
 
 def send_state(link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
@@ -161,44 +169,114 @@ def apply(payload, base: np.ndarray, header: WeightsDelta) -> np.ndarray:
     return new
 
 
-class DeltaEncoder(FullEncoder):
-    """The learner's end: each version as delta or full messages, and the base copy they need.
-
-    mode "on": every version a delta but the first after a start or a layout change, those a request is
-    waiting for (a new or lost actor) and every `full_every`-th; "auto": as "on", but a delta only when
-    its bytes are fewer than the full version's. A re-broadcast of the base's version goes from the base (in full);
-    one of another version (it went another way) goes from the parameters, as `FullEncoder` sends it.
-    """
+class HostCopyEncoder(FullEncoder):
+    """Every version copied whole into a host buffer (the base) on the publishing thread, then `copied` is set and the
+    version is sent in full from the base. The learner's `settle` waits for the copy only (for weights on a GPU, a DMA
+    into pinned memory), never for the network: a version whose copy has not begun because the one before it is still
+    being sent is skipped (`detached`), and the next goes once that send is done. A re-broadcast of the base's version
+    goes from the base; one of another version (it went another way) from the parameters, as `FullEncoder` sends it.
+    Costs one host copy of the published weights."""
 
     detached = True
 
-    def __init__(self, mode: str, full_every: int, level: int = LEVEL):
-        if mode not in ("on", "auto"):
-            raise ValueError(f"transport.weights_delta: {mode!r} is not a delta mode (on, auto)")
-        self.mode, self.full_every, self.level = mode, full_every, level
+    def __init__(self):
         self.base: np.ndarray | None = None
         """The flat bytes of `base_version` (padding zero)."""
         self.base_version = -1
         self._key = None
+        self.copy_s = 0.0
+        """Seconds spent copying versions into the base."""
+
+    def reset(self) -> None:
+        """The base is not the version just published (it went another way)."""
+        self.base_version = -1
+
+    def job(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
+            fresh: bool, asked_have: int) -> Callable[[], None]:
+        if fresh:
+            return self._fresh(link, version, state, layout, copied, asked_have)
+        if self.base_version == version:
+            copied.set()  # a re-broadcast from the base: the learner never waits for this send either
+            return functools.partial(self._send_base, link, version, layout)
+        return super().job(link, version, state, layout, copied, fresh, asked_have)
+
+    def _fresh(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
+               asked_have: int) -> Callable[[], None]:
+        return functools.partial(self._copy_and_send, link, version, state, layout, copied)
+
+    def _copy_and_send(self, link: Link, version: int, state: dict, layout: chunks.Layout,
+                       copied: threading.Event) -> None:
+        """On the publishing thread: the version copied into the base (then `copied` is set), and sent from it."""
+        try:
+            t0 = time.perf_counter()
+            base = self._base(layout)
+            self.base_version = -1  # a copy that fails midway leaves no version in the base
+            chunks.copy_chunk(layout, list(state.values()), 0, base)
+            self.base_version = version
+            self.copy_s += time.perf_counter() - t0
+        finally:
+            copied.set()
+        self._send_base(link, version, layout)
+
+    def _base(self, layout: chunks.Layout):
+        """The base as a uint8 CPU tensor of layout.total bytes (made, or made anew for a new layout): pinned where
+        CUDA is, so a GPU → host copy is a DMA; `self.base` is its numpy view."""
+        import torch
+
+        if self.base is None or self._key != layout.key:
+            self.base, self._key, self.base_version = None, layout.key, -1  # the old one freed first
+            try:
+                t = torch.zeros(layout.total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            except RuntimeError as e:  # pinned memory is limited (ulimit -l, containers): pageable still works
+                log.warning("weights: no pinned host memory for a %.2f GB copy of the weights (%s); using "
+                            "pageable memory, which copies from the GPU more slowly", layout.total / 1e9, e)
+                t = torch.zeros(layout.total, dtype=torch.uint8)
+            self._base_t, self.base = t, t.numpy()
+        return self._base_t
+
+    def _send_base(self, link: Link, version: int, layout: chunks.Layout) -> None:
+        """On the publishing thread: the version the base holds, sent in full from it (the next copy runs on this
+        thread, so only after this send)."""
+        heads = chunks.headers(version, layout, link.chunk_bytes, link.session)
+        trackers = []
+        for h in heads:
+            frames = [self._slice(h, link.chunk_bytes, layout.total)]
+            trackers += link.send_chunk(chunks.encode_chunk_header(h, frames), frames)
+        link.sent["full"] += layout.total
+        link.wait_sent(trackers)
+
+    def _slice(self, h: WeightsChunk, chunk_bytes: int, total: int) -> np.ndarray:
+        start = h.index * chunk_bytes
+        return self.base[start:min(start + chunk_bytes, total)]
+
+    def report(self, skipped: int = 0) -> dict:
+        """For the run's summary: the seconds spent copying versions to the host, and the versions skipped."""
+        return {"weights_host_copy_s": self.copy_s, "weights_versions_skipped": skipped}
+
+
+class DeltaEncoder(HostCopyEncoder):
+    """The learner's end: each version as delta or full messages, and the base copy they need.
+
+    mode "on": every version a delta but the first after a start or a layout change, those a request is
+    waiting for (a new or lost actor) and every `full_every`-th; "auto": as "on", but a delta only when
+    its bytes are fewer than the full version's. Re-broadcasts go as `HostCopyEncoder` sends them.
+    """
+
+    def __init__(self, mode: str, full_every: int, level: int = LEVEL):
+        if mode not in ("on", "auto"):
+            raise ValueError(f"transport.weights_delta: {mode!r} is not a delta mode (on, auto)")
+        super().__init__()
+        self.mode, self.full_every, self.level = mode, full_every, level
         self._since_full = 0
         self.stats = {"full": [0, 0], "delta": [0, 0]}
         """{kind: [versions, bytes on the wire]} of the versions encoded."""
         self.encode_s = 0.0
         """Seconds spent copying, XORing and compressing."""
 
-    def reset(self) -> None:
-        """The next version goes full (the last one published did not go through this encoder)."""
-        self.base_version = -1
-
-    def job(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
-            fresh: bool, asked_have: int) -> Callable[[], None]:
-        if fresh:
-            full = asked_have < self.base_version  # an asker lacks the base
-            return functools.partial(self._encode_and_send, link, version, state, layout, copied, full)
-        if self.base_version == version:
-            copied.set()  # a re-broadcast from the base: the learner never waits for this send either
-            return functools.partial(self._send_base, link, version, layout)
-        return super().job(link, version, state, layout, copied, fresh, asked_have)
+    def _fresh(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
+               asked_have: int) -> Callable[[], None]:
+        full = asked_have < self.base_version  # an asker lacks the base
+        return functools.partial(self._encode_and_send, link, version, state, layout, copied, full)
 
     def _encode_and_send(self, link: Link, version: int, state: dict, layout: chunks.Layout,
                          copied: threading.Event, full: bool) -> None:
@@ -212,17 +290,6 @@ class DeltaEncoder(FullEncoder):
         trackers = []
         for header, *frames in messages:
             trackers += link.send_chunk(header, frames)
-        link.wait_sent(trackers)
-
-    def _send_base(self, link: Link, version: int, layout: chunks.Layout) -> None:
-        """On the publishing thread: the version the base holds, sent in full from it (the next encode runs on this
-        thread, so only after this send)."""
-        heads = chunks.headers(version, layout, link.chunk_bytes, link.session)
-        trackers = []
-        for h in heads:
-            frames = [self._slice(h, link.chunk_bytes, layout.total)]
-            trackers += link.send_chunk(chunks.encode_chunk_header(h, frames), frames)
-        link.sent["full"] += layout.total
         link.wait_sent(trackers)
 
     def encode(self, version: int, layout: chunks.Layout, tensors: list, chunk_bytes: int, learner: str,

@@ -40,8 +40,8 @@ class WeightPublisher:
     the next publish.
 
     The encoder (transport.weights_delta: streamrl.comm.weights.encoders) makes and sends each version. A detached
-    one (deltas) copies every version off the parameters before it is sent, so the learner never waits for the
-    network: a version whose send has not begun when `settle` comes (the one before it still on its way: a slow
+    one (deltas, or weights on a GPU) copies every version off the parameters into host memory before it is sent, so
+    the learner never waits for the network: a version whose send has not begun when `settle` comes (the one before it still on its way: a slow
     or dead subscriber holds the broadcast) is skipped, not waited for, and the next goes from the last one sent
     (`skipped` counts them); a subscriber that missed a version asks, as after any gap. Otherwise chunks are sent
     from the parameters themselves, and `settle` waits until they are out. Either way a send that a subscriber
@@ -58,10 +58,10 @@ class WeightPublisher:
     def __init__(self, ctx: zmq.Context, pub_addr: str, max_bytes: int,
                  curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
                  pool_chunks: int | None = None, stall_s: float = 10.0, delta_mode: str = "off",
-                 full_every: int = 20, encoder: encoders.Encoder | None = None):
+                 full_every: int = 20, encoder: encoders.Encoder | None = None, host_copy: bool = False):
         """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4);
-        delta_mode, full_every: transport.weights_delta and weights_delta_full_every, which pick the encoder
-        (encoders.make) unless one is given."""
+        delta_mode, full_every, host_copy: transport.weights_delta, weights_delta_full_every and whether the
+        weights live on a GPU, which pick the encoder (encoders.make) unless one is given."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self._ctx, self._curve = ctx, curve
@@ -81,7 +81,7 @@ class WeightPublisher:
         answered from it."""
         self._asked = 0  # requests waiting for a re-broadcast
         self._asked_have = 1 << 62  # the oldest version those requests hold: a delta from a newer base is no use
-        self.encoder: encoders.Encoder = encoder or encoders.make(delta_mode, full_every)
+        self.encoder: encoders.Encoder = encoder or encoders.make(delta_mode, full_every, host_copy)
         """How each version goes on the wire: in full, or as deltas from the previous one (a host copy of it)."""
         self.version = -1
         self.sent = {"full": 0, "delta": 0}

@@ -37,7 +37,7 @@ def engine_at(value: float):
     """What LearnerWeights reads from the DeepSpeed engine: full_state_dict(), and the before_step hook."""
     state = {"w": torch.full((4, 3), value), "b": torch.zeros(3)}
     return types.SimpleNamespace(full_state_dict=lambda: state, published_state=lambda: state, before_step=None,
-                                 state=state)
+                                 state=state, device=torch.device("cpu"))
 
 
 @pytest.fixture
@@ -191,7 +191,7 @@ def test_prometheus_counts_the_bytes_actually_sent_full_and_as_deltas_apart():
     registry = prometheus_metrics.new_registry()
     telemetry = prometheus_metrics.LearnerMetrics(registry, "t", "corpo", [0, 1], 2)
     state = {"w": torch.randn(256, 256), "b": torch.zeros(256)}
-    engine = types.SimpleNamespace(published_state=lambda: state, before_step=None)
+    engine = types.SimpleNamespace(published_state=lambda: state, before_step=None, device=torch.device("cpu"))
     learner = LearnerWeights(cfg, ctx, None, engine, telemetry)
     try:
         learner.publish(0)  # the first version goes full
@@ -264,3 +264,21 @@ def test_weight_sync_ipc_carries_versions_from_learner_to_actor_and_frees_them_o
     until(lambda: serving(learner)() or learner.sync.acked.get("actor-0") == 2)
     assert provider.held == 0
     assert learner.report()["weight_sync"]["ipc_versions"] == 3
+
+
+@pytest.mark.parametrize("device,encoder", [("cpu", "FullEncoder"), ("cuda:0", "HostCopyEncoder")])
+def test_a_learner_on_a_gpu_copies_each_version_to_host_memory_and_one_on_the_cpu_sends_from_its_parameters(
+        device, encoder):
+    """On a GPU the parameters must be copied to be sent anyway: a whole host copy lets the learner go on while the
+    network takes it. On the CPU they are sent in place (no copy of the model is made)."""
+    weights_port, request_port = free_ports(2)
+    cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}"])
+    ctx = zmq.Context()
+    telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0, 1], 2)
+    engine = types.SimpleNamespace(published_state=lambda: {}, before_step=None, device=torch.device(device))
+    learner = LearnerWeights(cfg, ctx, None, engine, telemetry)
+    try:
+        assert type(learner.publisher.encoder).__name__ == encoder
+    finally:
+        learner.close()
+        ctx.destroy(linger=0)

@@ -498,3 +498,47 @@ def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_paramete
     pub.publish(2, live)
     got = sub.wait_for(1, timeout_s=20.0, ask_first=True, ask_every_s=0.5, stop=_serving(pub_ctl))
     assert (got[0], got[1]["w"].unique().tolist()) in ((1, [1.0]), (2, [-1.0]))
+
+
+def test_weights_copied_to_host_memory_free_the_learner_before_a_subscriber_reads_and_skip_a_version_behind_a_send(
+        zmq_ctx):
+    """host_copy (the weights live on a GPU): `settle` waits for the copy, not the network, so the optimizer changes the
+    parameters while a subscriber that has read nothing yet still gets the version as published; versions whose copy
+    could not begin (the one before still on its way) are skipped, and the next publish after the send goes out."""
+    ctx, track = zmq_ctx
+    pub, _ = _learner(ctx, track, max_bytes=MAX_BYTES, host_copy=True)
+    assert isinstance(pub.encoder, encoders.HostCopyEncoder) and pub.encoder.detached
+    pub.pub.setsockopt(zmq.SNDBUF, 4096)  # (for connections made from here on)
+    late = track(ctx.socket(zmq.SUB))  # reads nothing until the learner has moved on: the chunks wait in the queue
+    late.setsockopt(zmq.RCVHWM, 1)
+    late.setsockopt(zmq.RCVBUF, 4096)
+    late.setsockopt(zmq.SUBSCRIBE, b"")
+    late.connect(bound(pub.pub))
+    joined(pub.pub, late)
+    live = {"w": torch.arange(3 << 20, dtype=torch.float32), "b": torch.ones(5, dtype=torch.bfloat16)}  # 12 MB
+    published = {}
+
+    def step(v: int) -> None:
+        pub.publish(v, live, wait=False)
+        pub.settle()  # before the optimizer step: with the sends held up, it waits for the copy or skips the version
+        published[v] = {k: t.clone() for k, t in live.items()}
+        for t in live.values():
+            t.add_(1)  # the optimizer step, in place
+
+    def read(n: int) -> tuple[int, dict]:
+        messages = []
+        while len(messages) < n and late.poll(5000):
+            messages.append(late.recv_multipart())
+        return assembly.decode_weights(messages)  # chunk_lost if one was dropped
+
+    for v in (1, 2, 3):
+        step(v)
+    assert pub.skipped == 2 and pub.reopened == 0  # 2 and 3 were queued behind 1's send; nothing was given up
+    chunks_per_version = -(-chunks.Layout(live).total // pub.chunk_bytes)
+    version, got = read(chunks_per_version)
+    assert version == 1 and all(torch.equal(got[k], published[1][k]) for k in live)  # not the changed parameters
+    pub.flush()  # 1's send is done: the next version goes at once
+    step(4)
+    version, got = read(chunks_per_version)
+    assert version == 4 and all(torch.equal(got[k], published[4][k]) for k in live)
+    assert pub.report()["weights_versions_skipped"] == 2 and pub.report()["weights_host_copy_s"] > 0

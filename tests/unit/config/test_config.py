@@ -64,6 +64,15 @@ def test_overrides_apply_on_top_of_a_file_and_keep_its_other_values(tmp_path):
     assert cfg.optim.betas == (0.5, 0.6)
 
 
+def test_a_bare_yaml_on_or_off_reads_as_the_mode_it_names(tmp_path):
+    """YAML 1.1 reads `on`/`off` as booleans: transport's on/off/auto switches take them as their words."""
+    f = tmp_path / "c.yaml"
+    f.write_text("transport:\n  weights_delta: on\n  weights_host_copy: off\n")
+    t = load(f, []).transport
+    assert (t.weights_delta, t.weights_host_copy) == ("on", "off")
+    assert load(None, []).transport.weights_host_copy == "auto"
+
+
 def _error(*overrides: str) -> str:
     with pytest.raises(ConfigError) as e:
         load(None, list(overrides))
