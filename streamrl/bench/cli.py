@@ -40,6 +40,8 @@ Each lives in a module of this package, named for it (transport, advantages and 
   target against the default max_staleness's (time_to_target.py).
 - admission (optional, only when named): whole runs of the staleness bench's tasks at each max_staleness, the final
   policy's reward against strict runs', with the lag the actors ran at (admission.py).
+- host-copy (optional, only when named; root): whole runs over network namespaces whose links are slower than the
+  learner's step, each version sent from the parameters against from a host copy, per max_staleness (host_copy.py).
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ BENCHES = {"transport": ("groups", "transport"), "weights": ("weights", "weights
 # staleness trains dozens of runs (minutes to hours)
 OPTIONAL = {"trl": ("trl", "trl"), "soak": ("soak", "soak"), "staleness": ("staleness", "staleness"),
             "stability": ("stability", "stability"), "time-to-target": ("time_to_target", "time_to_target"),
-            "admission": ("admission", "admission")}
-SWEEPS = ("staleness", "stability", "time-to-target", "admission")  # the benches that take the `sweeps` options
+            "admission": ("admission", "admission"), "host-copy": ("host_copy", "host_copy")}
+SWEEPS = ("staleness", "stability", "time-to-target", "admission", "host-copy")  # those that take the `sweeps` options
 OPTIONED = (*SWEEPS, "learner")  # the benches given the command's options their function takes (learner: --shape)
 
 
@@ -102,8 +104,9 @@ def add_parser(subparsers) -> None:
                    help="default: all but trl (streamrl against TRL's GRPOTrainer; needs `pip install trl`), soak "
                         "(memory over STREAMRL_SOAK_STEPS steps, 20,000 by default), staleness (reward against "
                         "forced lag: many training runs), stability (5,000-step runs), time-to-target "
-                        "(max_staleness against wall time to a reward) and admission (max_staleness against the "
-                        "final policy's reward, whole runs)")
+                        "(max_staleness against wall time to a reward), admission (max_staleness against the "
+                        "final policy's reward, whole runs) and host-copy (weights sent from a host copy over slow "
+                        "links; root)")
     p.add_argument("--short", action="store_true", help="a quick pass that proves the benchmarks run")
     from streamrl.models.release_model import SHAPES  # plain data: the module imports torch only when it builds
 
@@ -128,7 +131,7 @@ def add_parser(subparsers) -> None:
                    help="stability, time-to-target, admission: cores pinned to each whole run (default: 2)")
     s.add_argument("--max-staleness", nargs="+", type=int, dest="values", metavar="K",
                    help="time-to-target: the max_staleness values (default: 1 2 4 8, and the default's); "
-                        "admission: those besides strict (default: 2 8 16)")
+                        "admission: those besides strict (default: 2 8 16); host-copy: default 2 4 8")
     s.add_argument("--target", type=float, help="time-to-target: the reward target (default: 0.75)")
     s.add_argument("--timeout", type=float, dest="timeout_s", metavar="S",
                    help="stability, time-to-target, admission: stop a run after S seconds and report the steps it "

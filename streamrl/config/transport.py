@@ -31,7 +31,7 @@ class TransportConfig(_Section):
     weights_delta: Literal["auto", "on", "off"] | bool = "off"
     """Weights as differences from the previous version (XOR, zstd, CRC-32 checked; full when needed): on, auto (when smaller), off."""
     weights_host_copy: Literal["auto", "on", "off"] | bool = "auto"
-    """Copy full versions to host memory first (the learner waits for that, not the network): auto (GPU), on, off."""
+    """Send full versions from a host copy, so the learner may outrun the network within max_staleness: auto/on/off."""
     weights_delta_full_every: PositiveInt = 20
     """With weights_delta: every this many versions one goes full, so a lost base costs at most this many versions."""
     weight_sync_port: Port = 29613

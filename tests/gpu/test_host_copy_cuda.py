@@ -29,7 +29,7 @@ def _publish(out_path: str) -> None:
             "head": torch.randn(1024, 1000, generator=g).cuda(), "steps": torch.arange(7).cuda()}
     published = {k: t.cpu().clone() for k, t in live.items()}
     ctx = zmq.Context()
-    pub = WeightPublisher(ctx, "tcp://127.0.0.1:*", max_bytes=16 << 20, host_copy=True)
+    pub = WeightPublisher(ctx, "tcp://127.0.0.1:*", max_bytes=16 << 20, host_copy=0)
     pub.pub.setsockopt(zmq.SNDBUF, 4096)
     late = ctx.socket(zmq.SUB)  # reads nothing until the parameters have changed
     late.setsockopt(zmq.RCVHWM, 1)

@@ -1,12 +1,14 @@
-"""How a weights version goes on the wire: one interface (`Encoder`), two encoders (transport.weights_delta).
+"""How a weights version goes on the wire: one interface (`Encoder`), three encoders (transport.weights_delta and
+weights_host_copy).
 
 The publisher (streamrl.comm.weights.publisher) hands every send to its encoder and never asks which one it has:
 `job` picks, on the caller's thread, what to send and returns the send to run on the publishing thread.
 
 - `FullEncoder` ("off"): every version in full, each chunk sent zero-copy from the parameters' own memory (or from a
   pool buffer it is copied into: `send_state`), so the learner waits until nothing sent reads them.
-- `HostCopyEncoder` ("off", weights on a GPU): every version copied whole into host memory first (pinned: a DMA over
-  PCIe), then sent in full from that copy, so the learner waits for the copy, never for the network.
+- `HostCopyEncoder` ("off" with transport.weights_host_copy): every version copied whole into host memory first
+  (pinned: a DMA from a GPU), then sent in full from that copy, so the learner waits for the copy, and for the network
+  only once it has skipped `run_ahead` versions behind one send.
 - `DeltaEncoder` ("on", "auto"): every version copied into a host base first, as `HostCopyEncoder` does, then sent as
   its difference from the previous version (or in full).
 
@@ -63,9 +65,12 @@ class Encoder(Protocol):
     """How the publisher's versions go on the wire."""
 
     detached: bool
-    """True: a version is copied off the parameters before it is sent, so the learner never waits for the network,
+    """True: a version is copied off the parameters before it is sent, so the learner need not wait for the network,
     and a version whose send has not begun when the learner moves on may be skipped (the next goes from the last one
     sent). False: chunks are sent from the parameters themselves, and the learner waits until they are out."""
+    run_ahead: int | None
+    """Detached: how many versions past the one being sent the learner may skip before it waits for that send (None:
+    any number)."""
 
     def job(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
             fresh: bool, asked_have: int) -> Callable[[], None]:
@@ -80,12 +85,13 @@ class Encoder(Protocol):
         """For the run's summary (skipped: versions the publisher skipped)."""
 
 
-def make(mode: str, full_every: int, host_copy: bool = False) -> Encoder:
+def make(mode: str, full_every: int, host_copy: int | None = None) -> Encoder:
     """The encoder for transport.weights_delta `mode` ("off", "on", "auto"); host_copy: with "off", copy each version
-    whole into host memory before sending it (the weights live on a GPU, where they must be copied to be sent)."""
+    whole into host memory before sending it, skipping at most this many versions behind a send (None: send from the
+    parameters)."""
     if mode != "off":
         return DeltaEncoder(mode, full_every)
-    return HostCopyEncoder() if host_copy else FullEncoder()
+    return FullEncoder() if host_copy is None else HostCopyEncoder(host_copy)
 
 
 def send_state(link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event) -> None:
@@ -125,6 +131,7 @@ class FullEncoder:
     """transport.weights_delta "off": every version in full, sent from the parameters themselves (`send_state`)."""
 
     detached = False
+    run_ahead = None
 
     def job(self, link: Link, version: int, state: dict, layout: chunks.Layout, copied: threading.Event,
             fresh: bool, asked_have: int) -> Callable[[], None]:
@@ -171,15 +178,17 @@ def apply(payload, base: np.ndarray, header: WeightsDelta) -> np.ndarray:
 
 class HostCopyEncoder(FullEncoder):
     """Every version copied whole into a host buffer (the base) on the publishing thread, then `copied` is set and the
-    version is sent in full from the base. The learner's `settle` waits for the copy only (for weights on a GPU, a DMA
-    into pinned memory), never for the network: a version whose copy has not begun because the one before it is still
-    being sent is skipped (`detached`), and the next goes once that send is done. A re-broadcast of the base's version
-    goes from the base; one of another version (it went another way) from the parameters, as `FullEncoder` sends it.
-    Costs one host copy of the published weights."""
+    version is sent in full from the base. The learner's `settle` waits for the copy (for weights on a GPU, a DMA into
+    pinned memory), not for the network, while the versions it publishes behind a send still going on number at most
+    `run_ahead`: those are skipped (`detached`); the next one waits for that send, then for its own copy. A skipped
+    version is one more version the actors run behind, so `run_ahead` comes from the staleness the run allows. A
+    re-broadcast of the base's version goes from the base; one of another version (it went another way) from the
+    parameters, as `FullEncoder` sends it. Costs one host copy of the published weights."""
 
     detached = True
 
-    def __init__(self):
+    def __init__(self, run_ahead: int | None = None):
+        self.run_ahead = run_ahead
         self.base: np.ndarray | None = None
         """The flat bytes of `base_version` (padding zero)."""
         self.base_version = -1
@@ -265,7 +274,7 @@ class DeltaEncoder(HostCopyEncoder):
     def __init__(self, mode: str, full_every: int, level: int = LEVEL):
         if mode not in ("on", "auto"):
             raise ValueError(f"transport.weights_delta: {mode!r} is not a delta mode (on, auto)")
-        super().__init__()
+        super().__init__()  # any number of versions skipped: a delta is small, and only a slow or dead link holds one
         self.mode, self.full_every, self.level = mode, full_every, level
         self._since_full = 0
         self.stats = {"full": [0, 0], "delta": [0, 0]}

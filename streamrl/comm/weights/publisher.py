@@ -40,10 +40,11 @@ class WeightPublisher:
     the next publish.
 
     The encoder (transport.weights_delta: streamrl.comm.weights.encoders) makes and sends each version. A detached
-    one (deltas, or weights on a GPU) copies every version off the parameters into host memory before it is sent, so
-    the learner never waits for the network: a version whose send has not begun when `settle` comes (the one before it still on its way: a slow
-    or dead subscriber holds the broadcast) is skipped, not waited for, and the next goes from the last one sent
-    (`skipped` counts them); a subscriber that missed a version asks, as after any gap. Otherwise chunks are sent
+    one (deltas, or a host copy) copies every version off the parameters into host memory before it is sent, so the
+    learner need not wait for the network: a version whose send has not begun when `settle` comes (the one before it
+    still on its way: a slow link, or a slow or dead subscriber holding the broadcast) is skipped, not waited for, up
+    to the encoder's `run_ahead` versions past the one being sent, and the next goes from the last one sent (`skipped`
+    counts them); a subscriber that missed a version asks, as after any gap. Otherwise chunks are sent
     from the parameters themselves, and `settle` waits until they are out. Either way a send that a subscriber
     holds up (it stopped reading: a dead link, a stopped process) is given up after `superseded_stall_s` without
     progress once the learner or a newer version waits for it (`stall_s` otherwise): the PUB socket is reopened,
@@ -58,10 +59,10 @@ class WeightPublisher:
     def __init__(self, ctx: zmq.Context, pub_addr: str, max_bytes: int,
                  curve: Curve | None = None, chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
                  pool_chunks: int | None = None, stall_s: float = 10.0, delta_mode: str = "off",
-                 full_every: int = 20, encoder: encoders.Encoder | None = None, host_copy: bool = False):
+                 full_every: int = 20, encoder: encoders.Encoder | None = None, host_copy: int | None = None):
         """pool_chunks: chunk buffers a publish may hold (default: chunks.POOL_BYTES of them, at least 4);
-        delta_mode, full_every, host_copy: transport.weights_delta, weights_delta_full_every and whether the
-        weights live on a GPU, which pick the encoder (encoders.make) unless one is given."""
+        delta_mode, full_every, host_copy: transport.weights_delta, weights_delta_full_every and the versions a host
+        copy may skip (None: none made), which pick the encoder (encoders.make) unless one is given."""
         self.chunk_bytes = chunks.chunk_bytes_for(max_bytes, chunk_bytes)
         pool_chunks = pool_chunks or max(4, chunks.POOL_BYTES // self.chunk_bytes)
         self._ctx, self._curve = ctx, curve
@@ -107,6 +108,7 @@ class WeightPublisher:
         self._copied: threading.Event | None = None  # set when the pending job's last chunk is copied
         self._job: concurrent.futures.Future | None = None  # the pending copy-and-send
         self._sending: concurrent.futures.Future | None = None  # the job before the pending one (maybe still sending)
+        self._job_version = self._sending_version = -1  # the versions those two carry
         self._job_asked = (0, 1 << 62)  # the requests the pending job answers (given back if it is skipped)
         self._error: BaseException | None = None  # a failed background copy, for `settle` to raise
 
@@ -141,7 +143,7 @@ class WeightPublisher:
         """fresh: a new version (a delta may carry it); else a re-broadcast, always full."""
         copied = threading.Event()
         self._copied = copied
-        self._sending = self._job
+        self._sending, self._sending_version, self._job_version = self._job, self._job_version, version
         if fresh and self._sending is not None and not self._sending.done():
             self._superseded.set()  # the send going on is of an older version (a step behind already)
         send = self.encoder.job(self, version, state, self._layout, copied, fresh, self._asked_have)
@@ -251,14 +253,19 @@ class WeightPublisher:
     def settle(self) -> None:
         """Block until the pending publish has copied `state`; from here on the caller may change the
         parameters (call it before the optimizer step), and requests wait for the next publish. With a detached
-        encoder, a version whose copy has not begun (the one before it is still being sent) is skipped instead."""
+        encoder, a version whose copy has not begun (the one before it is still being sent) is skipped instead, as
+        long as it is at most the encoder's `run_ahead` versions past the one being sent."""
         t0 = time.perf_counter()
         job = self._job
         behind = self._sending is not None and not self._sending.done()  # queued behind a send still going
-        if self.encoder.detached and job is not None and self._copied is not None and behind and job.cancel():
+        bound = self.encoder.run_ahead
+        within = bound is None or self._job_version - self._sending_version <= bound
+        skip = self.encoder.detached and job is not None and self._copied is not None and behind and within
+        if skip and job.cancel():
             self.skipped += 1
             self._superseded.set()
             self._copied, self._job = None, self._sending  # that one, maybe still on its way, is the pending job
+            self._job_version = self._sending_version
             self.requests_served -= self._job_asked[0]  # those requests are answered by a later send
             self._asked += self._job_asked[0]
             self._asked_have = min(self._asked_have, self._job_asked[1])

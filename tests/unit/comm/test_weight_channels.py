@@ -17,7 +17,7 @@ from streamrl.comm.control import ControlServer, Inbox
 from streamrl.comm.sockets import endpoint
 from streamrl.commands.launch import free_ports
 from streamrl.config import load
-from streamrl.learner.weights import LearnerWeights
+from streamrl.learner.weights import LearnerWeights, host_copy_run_ahead
 from streamrl.telemetry import actor_metrics, exporter, prometheus_metrics
 
 pytestmark = pytest.mark.timeout(60)
@@ -266,19 +266,32 @@ def test_weight_sync_ipc_carries_versions_from_learner_to_actor_and_frees_them_o
     assert learner.report()["weight_sync"]["ipc_versions"] == 3
 
 
-@pytest.mark.parametrize("device,encoder", [("cpu", "FullEncoder"), ("cuda:0", "HostCopyEncoder")])
-def test_a_learner_on_a_gpu_copies_each_version_to_host_memory_and_one_on_the_cpu_sends_from_its_parameters(
-        device, encoder):
-    """On a GPU the parameters must be copied to be sent anyway: a whole host copy lets the learner go on while the
-    network takes it. On the CPU they are sent in place (no copy of the model is made)."""
+@pytest.mark.parametrize("mode,max_staleness,on_gpu,run_ahead", [
+    ("auto", 2, False, None), ("auto", 8, False, None),  # on the CPU the parameters are sent in place
+    ("auto", 2, True, None), ("auto", 3, True, None),  # a copy that could skip nothing is not made
+    ("auto", 4, True, 1), ("auto", 8, True, 3), ("auto", 16, True, 7),
+    ("on", 2, False, 0), ("on", 8, False, 3), ("off", 8, True, None)])
+def test_a_host_copy_skips_only_as_many_versions_as_the_staleness_bound_can_absorb(mode, max_staleness, on_gpu,
+                                                                                    run_ahead):
+    """Skipping R versions behind each send lets groups reach the learner up to 2R + 2 versions old."""
+    cfg = load(None, [f"transport.weights_host_copy={mode}", f"max_staleness={max_staleness}"])
+    assert host_copy_run_ahead(cfg, on_gpu) == run_ahead
+    if run_ahead is not None:
+        assert 2 * run_ahead + 2 <= max(cfg.max_staleness, 2)
+    assert host_copy_run_ahead(load(None, [f"transport.weights_host_copy={mode}", "on_policy=strict"]), on_gpu) in (
+        None, 0)  # strict: every version is delivered before its groups come
+
+
+def test_the_learners_weight_channel_takes_the_host_copy_its_device_and_staleness_call_for():
     weights_port, request_port = free_ports(2)
-    cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}"])
+    cfg = load(None, [f"transport.weights_port={weights_port}", f"transport.weights_request_port={request_port}",
+                      "max_staleness=8"])
     ctx = zmq.Context()
     telemetry = prometheus_metrics.LearnerMetrics(prometheus_metrics.new_registry(), "t", "corpo", [0, 1], 2)
-    engine = types.SimpleNamespace(published_state=lambda: {}, before_step=None, device=torch.device(device))
+    engine = types.SimpleNamespace(published_state=lambda: {}, before_step=None, device=torch.device("cuda", 0))
     learner = LearnerWeights(cfg, ctx, None, engine, telemetry)
     try:
-        assert type(learner.publisher.encoder).__name__ == encoder
+        assert type(learner.publisher.encoder).__name__ == "HostCopyEncoder" and learner.publisher.encoder.run_ahead == 3
     finally:
         learner.close()
         ctx.destroy(linger=0)

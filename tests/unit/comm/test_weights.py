@@ -4,6 +4,7 @@ stalled subscribers)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import msgspec
@@ -500,14 +501,14 @@ def test_a_subscriber_that_stops_reading_cannot_hold_the_learner_or_see_paramete
     assert (got[0], got[1]["w"].unique().tolist()) in ((1, [1.0]), (2, [-1.0]))
 
 
-def test_weights_copied_to_host_memory_free_the_learner_before_a_subscriber_reads_and_skip_a_version_behind_a_send(
+def test_weights_copied_to_host_memory_free_the_learner_before_a_subscriber_reads_and_skip_versions_up_to_a_bound(
         zmq_ctx):
-    """host_copy (the weights live on a GPU): `settle` waits for the copy, not the network, so the optimizer changes the
-    parameters while a subscriber that has read nothing yet still gets the version as published; versions whose copy
-    could not begin (the one before still on its way) are skipped, and the next publish after the send goes out."""
+    """A host copy: `settle` waits for the copy, not the network, so the optimizer changes the parameters while a
+    subscriber that has read nothing yet still gets the version as published; versions whose copy could not begin
+    (the one before still on its way) are skipped, up to `run_ahead` past the one being sent; the next waits for it."""
     ctx, track = zmq_ctx
-    pub, _ = _learner(ctx, track, max_bytes=MAX_BYTES, host_copy=True)
-    assert isinstance(pub.encoder, encoders.HostCopyEncoder) and pub.encoder.detached
+    pub, _ = _learner(ctx, track, max_bytes=MAX_BYTES, host_copy=2)
+    assert isinstance(pub.encoder, encoders.HostCopyEncoder) and pub.encoder.detached and pub.encoder.run_ahead == 2
     pub.pub.setsockopt(zmq.SNDBUF, 4096)  # (for connections made from here on)
     late = track(ctx.socket(zmq.SUB))  # reads nothing until the learner has moved on: the chunks wait in the queue
     late.setsockopt(zmq.RCVHWM, 1)
@@ -516,29 +517,31 @@ def test_weights_copied_to_host_memory_free_the_learner_before_a_subscriber_read
     late.connect(bound(pub.pub))
     joined(pub.pub, late)
     live = {"w": torch.arange(3 << 20, dtype=torch.float32), "b": torch.ones(5, dtype=torch.bfloat16)}  # 12 MB
-    published = {}
+    per_version = -(-chunks.Layout(live).total // pub.chunk_bytes)
+    published, got = {}, {}
 
     def step(v: int) -> None:
         pub.publish(v, live, wait=False)
-        pub.settle()  # before the optimizer step: with the sends held up, it waits for the copy or skips the version
+        pub.settle()  # before the optimizer step: with the sends held up, it skips the version or waits
         published[v] = {k: t.clone() for k, t in live.items()}
         for t in live.values():
             t.add_(1)  # the optimizer step, in place
 
-    def read(n: int) -> tuple[int, dict]:
-        messages = []
-        while len(messages) < n and late.poll(5000):
-            messages.append(late.recv_multipart())
-        return assembly.decode_weights(messages)  # chunk_lost if one was dropped
+    def read(versions: int) -> None:
+        for _ in range(versions):
+            messages = []
+            while len(messages) < per_version and late.poll(10000):
+                messages.append(late.recv_multipart())
+            version, tensors = assembly.decode_weights(messages)  # chunk_lost if one was dropped
+            got[version] = tensors
 
     for v in (1, 2, 3):
         step(v)
     assert pub.skipped == 2 and pub.reopened == 0  # 2 and 3 were queued behind 1's send; nothing was given up
-    chunks_per_version = -(-chunks.Layout(live).total // pub.chunk_bytes)
-    version, got = read(chunks_per_version)
-    assert version == 1 and all(torch.equal(got[k], published[1][k]) for k in live)  # not the changed parameters
-    pub.flush()  # 1's send is done: the next version goes at once
-    step(4)
-    version, got = read(chunks_per_version)
-    assert version == 4 and all(torch.equal(got[k], published[4][k]) for k in live)
+    reader = threading.Thread(target=read, args=(2,))
+    reader.start()
+    step(4)  # 3 versions past the one on its way, more than run_ahead: it waits for that send, then goes out
+    reader.join(30)
+    assert pub.skipped == 2 and sorted(got) == [1, 4]
+    assert all(torch.equal(got[v][k], published[v][k]) for v in got for k in live)  # not the changed parameters
     assert pub.report()["weights_versions_skipped"] == 2 and pub.report()["weights_host_copy_s"] > 0
