@@ -268,8 +268,9 @@ def weights(short: bool = False) -> list[dict]:
 def _short_step_blocked(ours: _Broadcast, state: dict, first: int, n: int) -> tuple[list[float], list[float]]:
     """The learner's blocked seconds per version when its step is far shorter than the transfer (a GPU's: 0.14 s
     against 0.93 s at 0.75B): sent from the parameters (the default on the CPU) against copied whole into host memory
-    first (transport.weights_host_copy, the default on a GPU), n versions each, alternated on the same sockets and
-    subscribers. The publisher takes either encoder; each version is delivered before the next is published."""
+    first (transport.weights_host_copy, the default on a GPU at max_staleness >= 4), n versions each, alternated on
+    the same sockets and subscribers. The publisher takes either encoder; each version is delivered before the next
+    is published."""
     from streamrl.comm.weights import encoders
 
     in_place, host = encoders.FullEncoder(), encoders.HostCopyEncoder()
@@ -281,4 +282,3 @@ def _short_step_blocked(ours: _Broadcast, state: dict, first: int, n: int) -> tu
     ours.publisher.flush()
     ours.publisher.encoder = in_place
     return out
-

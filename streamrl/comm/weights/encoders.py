@@ -191,6 +191,7 @@ class HostCopyEncoder(FullEncoder):
         self.run_ahead = run_ahead
         self.base: np.ndarray | None = None
         """The flat bytes of `base_version` (padding zero)."""
+        self._base_t = None  # the tensor `base` views (HostCopyEncoder's own; a DeltaEncoder's base is numpy's)
         self.base_version = -1
         self._key = None
         self.copy_s = 0.0
@@ -233,7 +234,8 @@ class HostCopyEncoder(FullEncoder):
         import torch
 
         if self.base is None or self._key != layout.key:
-            self.base, self._key, self.base_version = None, layout.key, -1  # the old one freed first
+            self._base_t = self.base = None  # the old one freed before the new one is made
+            self._key, self.base_version = layout.key, -1
             try:
                 t = torch.zeros(layout.total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             except RuntimeError as e:  # pinned memory is limited (ulimit -l, containers): pageable still works
