@@ -186,12 +186,14 @@ class HostCopyEncoder(FullEncoder):
     parameters, as `FullEncoder` sends it. Costs one host copy of the published weights."""
 
     detached = True
+    pinned = True
+    """The base in pinned memory where CUDA is: the versions are copied into it straight from the GPU."""
 
     def __init__(self, run_ahead: int | None = None):
         self.run_ahead = run_ahead
         self.base: np.ndarray | None = None
         """The flat bytes of `base_version` (padding zero)."""
-        self._base_t = None  # the tensor `base` views (HostCopyEncoder's own; a DeltaEncoder's base is numpy's)
+        self._base_t = None  # the tensor `base` views
         self.base_version = -1
         self._key = None
         self.copy_s = 0.0
@@ -229,15 +231,16 @@ class HostCopyEncoder(FullEncoder):
         self._send_base(link, version, layout)
 
     def _base(self, layout: chunks.Layout):
-        """The base as a uint8 CPU tensor of layout.total bytes (made, or made anew for a new layout): pinned where
-        CUDA is, so a GPU → host copy is a DMA; `self.base` is its numpy view."""
+        """The base as a zeroed uint8 CPU tensor of layout.total bytes (made, or made anew with no version in it for
+        a new layout): pinned where CUDA is and `pinned`, so a GPU → host copy is a DMA; `self.base` is its numpy
+        view."""
         import torch
 
         if self.base is None or self._key != layout.key:
             self._base_t = self.base = None  # the old one freed before the new one is made
             self._key, self.base_version = layout.key, -1
             try:
-                t = torch.zeros(layout.total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+                t = torch.zeros(layout.total, dtype=torch.uint8, pin_memory=self.pinned and torch.cuda.is_available())
             except RuntimeError as e:  # pinned memory is limited (ulimit -l, containers): pageable still works
                 log.warning("weights: no pinned host memory for a %.2f GB copy of the weights (%s); using "
                             "pageable memory, which copies from the GPU more slowly", layout.total / 1e9, e)
@@ -272,6 +275,8 @@ class DeltaEncoder(HostCopyEncoder):
     waiting for (a new or lost actor) and every `full_every`-th; "auto": as "on", but a delta only when
     its bytes are fewer than the full version's. Re-broadcasts go as `HostCopyEncoder` sends them.
     """
+
+    pinned = False  # each chunk is copied off the GPU into a scratch buffer, then XORed with the base
 
     def __init__(self, mode: str, full_every: int, level: int = LEVEL):
         if mode not in ("on", "auto"):
@@ -313,8 +318,7 @@ class DeltaEncoder(HostCopyEncoder):
         import zstandard
 
         t0 = time.perf_counter()
-        if self.base is None or self._key != layout.key:
-            self.base, self._key, self.base_version = np.zeros(layout.total, dtype=np.uint8), layout.key, -1
+        self._base(layout)
         full = full or self.base_version < 0 or self._since_full + 1 >= self.full_every
         heads = chunks.headers(version, layout, chunk_bytes, learner)
         scratch = torch.zeros(min(chunk_bytes, layout.total), dtype=torch.uint8)
